@@ -1,0 +1,31 @@
+# Everything a fresh machine needs: `make quickstart` runs the main job, `make test` the tests.
+# Both create .venv with pinned dependencies (constraints.txt) when it is missing or stale.
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PIP_ARGS ?=
+
+.PHONY: quickstart test lint fmt clean-venv
+
+$(STAMP): pyproject.toml constraints.txt
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --disable-pip-version-check -q $(PIP_ARGS) -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+quickstart: $(STAMP)
+	$(BIN)/tandem quickstart
+
+test: $(STAMP)
+	$(BIN)/ruff check src tests bench
+	$(BIN)/python -m pytest tests
+
+lint: $(STAMP)
+	$(BIN)/ruff check src tests bench
+
+fmt: $(STAMP)
+	$(BIN)/ruff check --fix src tests bench
+	$(BIN)/ruff format src tests bench
+
+clean-venv:
+	rm -rf $(VENV)
