@@ -1,0 +1,267 @@
+"""Advantage estimators: (token_level_rewards, response_mask, ...) -> (advantages, returns), both (B, T).
+
+Every estimator takes the same keywords (`index`, `values`, `reward_baselines`, `gamma`, `lam`,
+`norm_adv_by_std`, `epsilon`) and ignores the ones it does not use, so the trainer can call any of
+them the same way. Outputs are 0 at padding and carry no gradient.
+
+Group-relative estimators (grpo, dr_grpo, rloo, opo, gpg, reinforce_plus_plus_baseline) compare a
+sample with the other samples of its prompt (`index` = the prompt's uid). A group of one has
+nothing to compare with, so its advantage is 0; a group whose scores are all equal also gets 0.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tandem.algos.core import GroupIndex, group_min, group_stats, group_sum, masked_whiten
+from tandem.algos.registry import ADV_ESTIMATORS
+
+
+def _require(value: Any, what: str, estimator: str, meaning: str) -> Any:
+    if value is None:
+        raise ValueError(f"{estimator} needs `{what}` ({meaning})")
+    return value
+
+
+def _index(index: GroupIndex | None, estimator: str) -> GroupIndex:
+    return _require(index, "index", estimator, "the group id of each sample, e.g. the prompt uid")
+
+
+def _prepare(token_level_rewards: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor]:
+    rewards = token_level_rewards if token_level_rewards.is_floating_point() else token_level_rewards.float()
+    return rewards.detach(), response_mask.to(rewards.dtype)
+
+
+def _scores(rewards: Tensor, mask: Tensor) -> Tensor:
+    return (rewards * mask).sum(dim=-1)
+
+
+def _broadcast(per_seq: Tensor, mask: Tensor) -> Tensor:
+    return per_seq[:, None] * mask
+
+
+@ADV_ESTIMATORS.register("gae", needs_critic=True, needs_groups=False, needs_reward_baselines=False)
+@torch.no_grad()
+def gae(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    values: Tensor | None = None,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    **_: Any,
+) -> tuple[Tensor, Tensor]:
+    """GAE: delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1}; R = A + V; A whitened.
+
+    t+1 means the next valid token: padding inside a sequence is skipped, not a boundary.
+    """
+    values = _require(values, "values", "gae", "the critic's values on response tokens")
+    rewards, mask = _prepare(token_level_rewards, response_mask)
+    values = values.detach().to(rewards.dtype)
+    batch, length = rewards.shape
+    next_value = rewards.new_zeros(batch)
+    next_adv = rewards.new_zeros(batch)
+    advantages = torch.zeros_like(rewards)
+    for t in reversed(range(length)):
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        adv_t = delta + gamma * lam * next_adv
+        valid = mask[:, t] > 0
+        next_value = torch.where(valid, values[:, t], next_value)
+        next_adv = torch.where(valid, adv_t, next_adv)
+        advantages[:, t] = adv_t
+    advantages = advantages * mask
+    returns = (advantages + values) * mask
+    return masked_whiten(advantages, mask), returns
+
+
+def _group_centered(
+    rewards: Tensor, mask: Tensor, index: GroupIndex | None, estimator: str, *, norm_by_std: bool, epsilon: float
+) -> Tensor:
+    scores = _scores(rewards, mask)
+    mean, std, count = group_stats(scores, _index(index, estimator))
+    centered = scores - mean
+    if norm_by_std:
+        centered = centered / (std + epsilon)
+    return torch.where(count > 1, centered, torch.zeros_like(centered))
+
+
+@ADV_ESTIMATORS.register("grpo", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
+@torch.no_grad()
+def grpo(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    index: GroupIndex | None = None,
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+    **_: Any,
+) -> tuple[Tensor, Tensor]:
+    """GRPO: A_i = (s_i - mean_g(s)) / (std_g(s) + eps), s_i = sum_t r_i,t, unbiased std; returns = A."""
+    rewards, mask = _prepare(token_level_rewards, response_mask)
+    adv = _group_centered(rewards, mask, index, "grpo", norm_by_std=norm_adv_by_std, epsilon=epsilon)
+    advantages = _broadcast(adv, mask)
+    return advantages, advantages.clone()
+
+
+@ADV_ESTIMATORS.register("dr_grpo", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
+@torch.no_grad()
+def dr_grpo(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    index: GroupIndex | None = None,
+    epsilon: float = 1e-6,
+    **_: Any,
+) -> tuple[Tensor, Tensor]:
+    """Dr. GRPO: A_i = s_i - mean_g(s) (no std division, whatever `norm_adv_by_std` says); returns = A."""
+    rewards, mask = _prepare(token_level_rewards, response_mask)
+    adv = _group_centered(rewards, mask, index, "dr_grpo", norm_by_std=False, epsilon=epsilon)
+    advantages = _broadcast(adv, mask)
+    return advantages, advantages.clone()
+
+
+@ADV_ESTIMATORS.register("rloo", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
+@torch.no_grad()
+def rloo(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    index: GroupIndex | None = None,
+    **_: Any,
+) -> tuple[Tensor, Tensor]:
+    """RLOO: A_i = s_i - (sum_g s - s_i) / (n_g - 1), the mean of the other samples; returns = A."""
+    rewards, mask = _prepare(token_level_rewards, response_mask)
+    scores = _scores(rewards, mask)
+    mean, _, count = group_stats(scores, _index(index, "rloo"))
+    # s_i - (n s_bar - s_i) / (n - 1) = n / (n - 1) (s_i - s_bar): exactly 0 when the scores are equal.
+    adv = torch.where(count > 1, count / (count - 1).clamp(min=1) * (scores - mean), torch.zeros_like(scores))
+    advantages = _broadcast(adv, mask)
+    return advantages, advantages.clone()
+
+
+def _discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
+    """G_t = r_t + gamma G_{t+1} over valid tokens (padding skipped), G = 0 after the sequence ends."""
+    running = rewards.new_zeros(rewards.shape[0])
+    returns = torch.zeros_like(rewards)
+    for t in reversed(range(rewards.shape[1])):
+        valid = mask[:, t] > 0
+        running = torch.where(valid, rewards[:, t] + gamma * running, running)
+        returns[:, t] = running
+    return returns * mask
+
+
+@ADV_ESTIMATORS.register(
+    "reinforce_plus_plus", needs_critic=False, needs_groups=False, needs_reward_baselines=False
+)
+@torch.no_grad()
+def reinforce_plus_plus(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    gamma: float = 1.0,
+    **_: Any,
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++: G_t = sum_{k>=t} gamma^(k-t) r_k; A = whiten_batch(G); returns = G."""
+    rewards, mask = _prepare(token_level_rewards, response_mask)
+    returns = _discounted_returns(rewards, mask, gamma)
+    return masked_whiten(returns, mask), returns
+
+
+@ADV_ESTIMATORS.register(
+    "reinforce_plus_plus_baseline", needs_critic=False, needs_groups=True, needs_reward_baselines=False
+)
+@torch.no_grad()
+def reinforce_plus_plus_baseline(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    index: GroupIndex | None = None,
+    **_: Any,
+) -> tuple[Tensor, Tensor]:
+    """REINFORCE++-baseline: A = whiten_batch(s_i - mean_g(s)) over tokens; returns = A."""
+    rewards, mask = _prepare(token_level_rewards, response_mask)
+    adv = _group_centered(
+        rewards, mask, index, "reinforce_plus_plus_baseline", norm_by_std=False, epsilon=0.0
+    )
+    advantages = masked_whiten(_broadcast(adv, mask), mask)
+    return advantages, advantages.clone()
+
+
+@ADV_ESTIMATORS.register("remax", needs_critic=False, needs_groups=False, needs_reward_baselines=True)
+@torch.no_grad()
+def remax(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    reward_baselines: Tensor | None = None,
+    **_: Any,
+) -> tuple[Tensor, Tensor]:
+    """ReMax: G_t = sum_{k>=t} r_k; A_t = G_t - b, b = the greedy response's score."""
+    baselines = _require(
+        reward_baselines, "reward_baselines", "remax", "the score of the greedy response to each prompt"
+    )
+    rewards, mask = _prepare(token_level_rewards, response_mask)
+    returns = _discounted_returns(rewards, mask, 1.0)
+    advantages = (returns - baselines.detach().to(rewards.dtype)[:, None]) * mask
+    return advantages, returns
+
+
+@ADV_ESTIMATORS.register("opo", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
+@torch.no_grad()
+def opo(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    index: GroupIndex | None = None,
+    **_: Any,
+) -> tuple[Tensor, Tensor]:
+    """OPO: A_i = s_i - b_g, b_g = sum_g(l_j s_j) / sum_g(l_j), l_j = response length; returns = A."""
+    rewards, mask = _prepare(token_level_rewards, response_mask)
+    scores = _scores(rewards, mask)
+    index = _index(index, "opo")
+    lengths = mask.sum(dim=-1)
+    count = group_sum(torch.ones_like(scores), index)
+    # Work on s - min_g(s) (same advantage) so that a group of equal scores gets exactly 0.
+    shifted = scores - group_min(scores, index)
+    total_length = group_sum(lengths, index)
+    baseline = group_sum(lengths * shifted, index) / total_length.clamp(min=1e-8)
+    keep = (count > 1) & (total_length > 0)
+    adv = torch.where(keep, shifted - baseline, torch.zeros_like(scores))
+    advantages = _broadcast(adv, mask)
+    return advantages, advantages.clone()
+
+
+@ADV_ESTIMATORS.register("gpg", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
+@torch.no_grad()
+def gpg(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    index: GroupIndex | None = None,
+    **_: Any,
+) -> tuple[Tensor, Tensor]:
+    """GPG: A_i = alpha (s_i - mean_g(s)), alpha = B / M, M = #samples whose group's scores vary.
+
+    No std normalisation (the paper's default). alpha rescales the batch mean so that groups with
+    no signal (all scores equal, or a single sample) do not dilute the gradient; M = 0 gives
+    alpha = 1 (every advantage is 0 then anyway).
+    """
+    rewards, mask = _prepare(token_level_rewards, response_mask)
+    scores = _scores(rewards, mask)
+    mean, std, count = group_stats(scores, _index(index, "gpg"))
+    informative = (count > 1) & (std > 0)
+    num_informative = int(informative.sum().item())
+    alpha = scores.shape[0] / num_informative if num_informative else 1.0
+    adv = torch.where(informative, alpha * (scores - mean), torch.zeros_like(scores))
+    advantages = _broadcast(adv, mask)
+    return advantages, advantages.clone()
+
+
+def compute_advantages(
+    name: str, token_level_rewards: Tensor, response_mask: Tensor, **kwargs: Any
+) -> tuple[Tensor, Tensor]:
+    """Look `name` up in ADV_ESTIMATORS and call it: (A, R) = estimator(r, mask, **kwargs)."""
+    return ADV_ESTIMATORS.get(name)(token_level_rewards, response_mask, **kwargs)

@@ -1,0 +1,146 @@
+"""Policy losses (PPO clip with dual clip, GSPO, REINFORCE) and the clipped value loss.
+
+Every policy loss takes (old_log_probs, log_probs, advantages, response_mask) as (B, T) tensors and
+the same keywords, and returns (scalar loss, metrics). The scalar is aggregated by `agg_loss`
+(`loss_agg_mode`, with `agg_kwargs` = the global counts; see aggregation.py for the contract).
+Metrics are detached 0-d tensors: pg_clipfrac, pg_clipfrac_lower, ppo_kl for every loss, so that
+the trainer logs the same keys whichever loss runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tandem.algos.aggregation import agg_loss
+from tandem.algos.core import masked_mean
+from tandem.algos.registry import POLICY_LOSSES
+
+# exp() of a log-ratio beyond this overflows float32 / explodes the loss; the clamp kills its gradient.
+MAX_LOG_RATIO = 20.0
+
+
+def _weighted(per_token: Tensor, is_weights: Tensor | None) -> Tensor:
+    return per_token if is_weights is None else per_token * is_weights.detach()
+
+
+def _metrics(
+    old_log_probs: Tensor, log_probs: Tensor, mask: Tensor, clipped: Tensor, clipped_lower: Tensor
+) -> dict[str, Tensor]:
+    return {
+        "pg_clipfrac": masked_mean(clipped.to(log_probs.dtype), mask).detach(),
+        "pg_clipfrac_lower": masked_mean(clipped_lower.to(log_probs.dtype), mask).detach(),
+        "ppo_kl": masked_mean(old_log_probs - log_probs, mask).detach(),
+    }
+
+
+def _clipped_surrogate(
+    ratio: Tensor, advantages: Tensor, clip_ratio_low: float, clip_ratio_high: float
+) -> tuple[Tensor, Tensor]:
+    """max(-A r, -A clip(r, 1 - low, 1 + high)) and where the clipped branch is the larger."""
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high)
+    return torch.maximum(unclipped, clipped), clipped > unclipped
+
+
+@POLICY_LOSSES.register("vanilla")
+def vanilla(
+    old_log_probs: Tensor,
+    log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    is_weights: Tensor | None = None,
+    agg_kwargs: dict[str, Any] | None = None,
+    **_: Any,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """PPO clip: max(-A r, -A clip(r, 1-lo, 1+hi)), r = exp(logp - old); for A < 0 min(., -A c) (dual clip)."""
+    if clip_ratio_c <= 1.0:
+        raise ValueError(f"clip_ratio_c (the dual-clip bound) must be > 1, got {clip_ratio_c}")
+    log_ratio = torch.clamp(log_probs - old_log_probs, -MAX_LOG_RATIO, MAX_LOG_RATIO)
+    ratio = torch.exp(log_ratio)
+    pg, clipped = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
+    dual_bound = -advantages * clip_ratio_c
+    negative = advantages < 0
+    clipped_lower = negative & (pg > dual_bound)
+    pg = torch.where(negative, torch.minimum(pg, dual_bound), pg)
+    loss = agg_loss(_weighted(pg, is_weights), response_mask, loss_agg_mode, **(agg_kwargs or {}))
+    return loss, _metrics(old_log_probs, log_probs, response_mask, clipped, clipped_lower)
+
+
+@POLICY_LOSSES.register("gspo")
+def gspo(
+    old_log_probs: Tensor,
+    log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    is_weights: Tensor | None = None,
+    agg_kwargs: dict[str, Any] | None = None,
+    **_: Any,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GSPO-token: s_i,t = sg(s_i) exp(logp_t - sg(logp_t)), s_i = exp(mean_t(logp - old)); PPO-clipped.
+
+    The GSPO paper clips with tiny ranges (about 3e-4 / 4e-4); pass them as clip_ratio_low/high,
+    nothing here overrides the defaults. No dual clip. With loss_agg_mode="seq-mean-token-mean"
+    the gradient is the paper's sequence-level one: s_i A_i mean_t grad logp_t.
+    """
+    mask = response_mask.to(log_probs.dtype)
+    seq_log_ratio = masked_mean(log_probs - old_log_probs, mask, dim=-1)
+    log_ratio = seq_log_ratio.detach()[:, None] + log_probs - log_probs.detach()
+    ratio = torch.exp(torch.clamp(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+    pg, clipped = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
+    loss = agg_loss(_weighted(pg, is_weights), response_mask, loss_agg_mode, **(agg_kwargs or {}))
+    return loss, _metrics(old_log_probs, log_probs, response_mask, clipped, torch.zeros_like(clipped))
+
+
+@POLICY_LOSSES.register("reinforce")
+def reinforce(
+    old_log_probs: Tensor,
+    log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    is_weights: Tensor | None = None,
+    agg_kwargs: dict[str, Any] | None = None,
+    **_: Any,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """REINFORCE: l_t = -A_t logp_t (times the IS weight when given); no ratio, no clip."""
+    pg = -advantages * log_probs
+    loss = agg_loss(_weighted(pg, is_weights), response_mask, loss_agg_mode, **(agg_kwargs or {}))
+    no_clip = torch.zeros_like(response_mask, dtype=torch.bool)
+    return loss, _metrics(old_log_probs, log_probs, response_mask, no_clip, no_clip)
+
+
+def policy_loss(name: str, *args: Any, **kwargs: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    """Look `name` up in POLICY_LOSSES and call it: (loss, metrics) = fn(old, logp, A, mask, **kw)."""
+    return POLICY_LOSSES.get(name)(*args, **kwargs)
+
+
+def value_loss(
+    values: Tensor,
+    old_values: Tensor,
+    returns: Tensor,
+    response_mask: Tensor,
+    cliprange_value: float,
+    loss_agg_mode: str = "token-mean",
+    agg_kwargs: dict[str, Any] | None = None,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clipped value loss: 0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)."""
+    clipped_values = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
+    unclipped_sq = (values - returns) ** 2
+    clipped_sq = (clipped_values - returns) ** 2
+    loss_mat = 0.5 * torch.maximum(unclipped_sq, clipped_sq)
+    loss = agg_loss(loss_mat, response_mask, loss_agg_mode, **(agg_kwargs or {}))
+    clipfrac = masked_mean((clipped_sq > unclipped_sq).to(values.dtype), response_mask)
+    return loss, {"vf_clipfrac": clipfrac.detach()}

@@ -1,0 +1,67 @@
+"""Name -> function registries, so config strings pick the RL math (`adv_estimator: grpo`)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    fn: Callable[..., Any]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Registry:
+    """A named table of functions with free-form metadata (e.g. `needs_critic=True`)."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        self._entries: dict[str, Entry] = {}
+
+    def register(self, name: str, **info: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+            if name in self._entries:
+                raise ValueError(f"{self.kind} '{name}' is registered twice")
+            self._entries[name] = Entry(name, fn, dict(info))
+            return fn
+
+        return wrap
+
+    def entry(self, name: str) -> Entry:
+        try:
+            return self._entries[name]
+        except KeyError:
+            raise KeyError(self.unknown_message(name)) from None
+
+    def get(self, name: str) -> Callable[..., Any]:
+        return self.entry(name).fn
+
+    def info(self, name: str) -> dict[str, Any]:
+        return self.entry(name).info
+
+    def unknown_message(self, name: str) -> str:
+        close = difflib.get_close_matches(str(name), self.names(), n=1)
+        hint = f" Did you mean '{close[0]}'?" if close else ""
+        return f"unknown {self.kind} '{name}'.{hint} Known: {', '.join(self.names())}."
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._entries
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+
+# The registries the rest of Tandem looks names up in. `import tandem.algos` fills them.
+ADV_ESTIMATORS = Registry("advantage estimator")  # info: needs_critic, needs_groups, needs_reward_baselines
+POLICY_LOSSES = Registry("policy loss")
+KL_ESTIMATORS = Registry("KL estimator")
+AGG_MODES = Registry("loss aggregation mode")
+KL_CONTROLLERS = Registry("KL controller")
+IS_LEVELS = Registry("importance-sampling correction level")
