@@ -72,13 +72,21 @@ def gae(
         next_value = torch.where(valid, values[:, t], next_value)
         next_adv = torch.where(valid, adv_t, next_adv)
         advantages[:, t] = adv_t
-    advantages = advantages * mask
-    returns = (advantages + values) * mask
+    # where(), not multiply: values at padding may be anything, and inf * 0 is NaN.
+    valid = mask > 0
+    advantages = torch.where(valid, advantages, torch.zeros_like(advantages))
+    returns = torch.where(valid, advantages + values, torch.zeros_like(advantages))
     return masked_whiten(advantages, mask), returns
 
 
 def _group_centered(
-    rewards: Tensor, mask: Tensor, index: GroupIndex | None, estimator: str, *, norm_by_std: bool, epsilon: float
+    rewards: Tensor,
+    mask: Tensor,
+    index: GroupIndex | None,
+    estimator: str,
+    *,
+    norm_by_std: bool,
+    epsilon: float,
 ) -> Tensor:
     scores = _scores(rewards, mask)
     mean, std, count = group_stats(scores, _index(index, estimator))

@@ -61,25 +61,19 @@ def _masked(loss_mat: Tensor, mask: Tensor) -> Tensor:
 
 
 @AGG_MODES.register("token-mean")
-def token_mean(
-    loss_mat: Tensor, mask: Tensor, *, global_num_tokens: Count = None, **_: Any
-) -> Tensor:
+def token_mean(loss_mat: Tensor, mask: Tensor, *, global_num_tokens: Count = None, **_: Any) -> Tensor:
     """sum_{i,t} m l / global_num_tokens."""
     return _masked(loss_mat, mask).sum() / _count(global_num_tokens, (mask != 0).sum())
 
 
 @AGG_MODES.register("seq-mean-token-sum")
-def seq_mean_token_sum(
-    loss_mat: Tensor, mask: Tensor, *, global_num_seqs: Count = None, **_: Any
-) -> Tensor:
+def seq_mean_token_sum(loss_mat: Tensor, mask: Tensor, *, global_num_seqs: Count = None, **_: Any) -> Tensor:
     """sum_i (sum_t m l) / global_num_seqs."""
     return _masked(loss_mat, mask).sum() / _count(global_num_seqs, (mask != 0).any(dim=-1).sum())
 
 
 @AGG_MODES.register("seq-mean-token-mean")
-def seq_mean_token_mean(
-    loss_mat: Tensor, mask: Tensor, *, global_num_seqs: Count = None, **_: Any
-) -> Tensor:
+def seq_mean_token_mean(loss_mat: Tensor, mask: Tensor, *, global_num_seqs: Count = None, **_: Any) -> Tensor:
     """sum_i (sum_t m l / n_i) / global_num_seqs; rows with n_i = 0 contribute 0."""
     n_tokens = (mask != 0).sum(dim=-1).clamp(min=1).to(loss_mat.dtype)
     per_seq = _masked(loss_mat, mask).sum(dim=-1) / n_tokens
@@ -123,4 +117,3 @@ def agg_loss(
         global_num_seqs=global_num_seqs,
         norm_length=norm_length,
     )
-

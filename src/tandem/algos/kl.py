@@ -141,7 +141,8 @@ def apply_kl_penalty(
     Sequences without a valid token do not enter the KL mean.
     """
     mask = response_mask.to(token_level_scores.dtype)
-    kl = kl_penalty(log_probs, ref_log_probs, kind).to(token_level_scores.dtype) * mask
+    kl = kl_penalty(log_probs, ref_log_probs, kind).to(token_level_scores.dtype)
+    kl = torch.where(mask > 0, kl, torch.zeros_like(kl))
     beta = kl_ctrl.value
     rewards = token_level_scores - beta * kl
     per_seq = masked_mean(kl, mask, dim=-1)

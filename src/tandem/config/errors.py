@@ -35,7 +35,7 @@ class Problems:
 
     def add(self, keys: str | Iterable[str], message: str) -> None:
         keys = (keys,) if isinstance(keys, str) else tuple(keys)
-        note = next((self.notes[k] for k in keys if k in self.notes), None)
+        note = next((self.notes[k.split("[")[0]] for k in keys if k.split("[")[0] in self.notes), None)
         self.items.append(Problem(keys, f"{message} ({note})" if note else message))
 
     def bad_keys(self) -> set[str]:

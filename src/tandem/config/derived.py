@@ -1,0 +1,117 @@
+"""Batch-size normalisation, done once: every number the runtime derives from the batch settings.
+
+Workers read these instead of recomputing `train_batch_size * n // world_size` themselves.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from tandem.config.schema import TandemConfig
+
+
+@dataclass(frozen=True)
+class Derived:
+    """Sizes computed from a validated config. Units as in the schema: PROMPTS, SAMPLES, RANKS."""
+
+    world_size: int  # RANKS: trainer.nnodes * trainer.workers_per_node
+    dp_size: int  # RANKS the batch is split over: world_size / (model-parallel or sequence-parallel ranks)
+    samples_per_step: int  # SAMPLES per training step, global: data.train_batch_size * rollout.n
+    samples_per_rank: int  # SAMPLES per step on one data-parallel rank
+    gen_prompts_per_round: int  # PROMPTS per generation round (dynamic sampling may run several)
+    actor_mini_batch_samples: int  # SAMPLES per actor optimizer step, global
+    actor_mini_batch_samples_per_rank: int  # SAMPLES per actor optimizer step on one rank
+    actor_grad_accum_steps: int | None  # micro-batches per mini-batch; None with use_dynamic_bsz (varies)
+    actor_mini_batches_per_step: int  # actor mini-batches per training step (one epoch)
+    actor_optimizer_steps_per_step: int  # actor optimizer steps per training step (all epochs)
+    critic_mini_batch_samples: int  # as the actor's; 0 when there is no critic
+    critic_mini_batch_samples_per_rank: int
+    critic_grad_accum_steps: int | None
+    critic_mini_batches_per_step: int
+    critic_optimizer_steps_per_step: int
+    critic_needed: bool  # a critic is built and trained
+    reference_needed: bool  # a reference model is loaded (KL loss or KL in reward)
+    reward_model_needed: bool  # a reward model is loaded
+    reward_baselines_needed: bool  # the estimator needs a baseline reward (ReMax: a greedy sample per prompt)
+
+
+def data_parallel_size(cfg: TandemConfig) -> tuple[int, int]:
+    """(world size, data-parallel size); the latter is 0 when the parallel sizes do not divide."""
+    world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
+    if cfg.actor.strategy == "megatron":
+        mp = cfg.actor.megatron
+        model_parallel = mp.tensor_parallel * mp.pipeline_parallel * mp.context_parallel
+    else:
+        model_parallel = cfg.actor.fsdp.sequence_parallel
+    if model_parallel <= 0 or world % model_parallel:
+        return world, 0
+    return world, world // model_parallel
+
+
+def compute_derived(cfg: TandemConfig, *, estimator_info: dict) -> Derived:
+    """Sizes of a config that passed validation (so every division below is exact)."""
+    world, dp = data_parallel_size(cfg)
+    n = cfg.rollout.n
+    samples = cfg.data.train_batch_size * n
+    actor = _update_sizes(
+        cfg.data.train_batch_size,
+        cfg.actor.ppo_mini_batch_size,
+        n,
+        dp,
+        cfg.actor.micro_batch_size_per_rank,
+        cfg.actor.use_dynamic_bsz,
+        cfg.actor.ppo_epochs,
+    )
+    critic_needed = cfg.critic.enable is True
+    if critic_needed:
+        critic = _update_sizes(
+            cfg.data.train_batch_size,
+            cfg.critic.ppo_mini_batch_size,
+            n,
+            dp,
+            cfg.critic.micro_batch_size_per_rank,
+            cfg.actor.use_dynamic_bsz,
+            cfg.critic.ppo_epochs,
+        )
+    else:
+        critic = (0, 0, 0, 0, 0)
+    return Derived(
+        world_size=world,
+        dp_size=dp,
+        samples_per_step=samples,
+        samples_per_rank=samples // dp,
+        gen_prompts_per_round=cfg.algorithm.dynamic_sampling.gen_batch_size or cfg.data.train_batch_size,
+        actor_mini_batch_samples=actor[0],
+        actor_mini_batch_samples_per_rank=actor[1],
+        actor_grad_accum_steps=actor[2],
+        actor_mini_batches_per_step=actor[3],
+        actor_optimizer_steps_per_step=actor[4],
+        critic_mini_batch_samples=critic[0],
+        critic_mini_batch_samples_per_rank=critic[1],
+        critic_grad_accum_steps=critic[2],
+        critic_mini_batches_per_step=critic[3],
+        critic_optimizer_steps_per_step=critic[4],
+        critic_needed=critic_needed,
+        reference_needed=cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,
+        reward_model_needed=cfg.reward.reward_model.enable,
+        reward_baselines_needed=bool(estimator_info.get("needs_reward_baselines", False)),
+    )
+
+
+def _update_sizes(
+    prompts: int,
+    mini_prompts: int | None,
+    n: int,
+    dp: int,
+    micro: int | None,
+    dynamic: bool,
+    epochs: int | None,
+) -> tuple[int, int, int | None, int, int]:
+    assert mini_prompts is not None and micro is not None and epochs is not None  # filled in by resolve
+    mini_samples = mini_prompts * n
+    per_rank = mini_samples // dp
+    grad_accum = None if dynamic else per_rank // micro
+    mini_batches = prompts // mini_prompts
+    return mini_samples, per_rank, grad_accum, mini_batches, mini_batches * epochs

@@ -1,0 +1,419 @@
+"""Start-up checks: every rule names the keys involved and says how to fix them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from tandem.config.derived import compute_derived, data_parallel_size
+from tandem.config.errors import Problems, closest
+
+if TYPE_CHECKING:
+    from tandem.algos.registry import Registry
+    from tandem.config.schema import TandemConfig
+
+_DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
+
+
+def finalize(cfg: TandemConfig, problems: Problems, *, require_data: bool = False) -> None:
+    """Resolve `auto` / `None = the actor's` values in place, check every rule, then compute `cfg.derived`."""
+    cfg._derived = None
+    regs = _registries()
+    info = _estimator_info(cfg.algorithm.adv_estimator, regs)
+    resolve(cfg, info)
+    before = len(problems.items)
+    check_names(cfg, problems, regs)
+    check_values(cfg, problems)
+    check_algorithm(cfg, problems, info)
+    check_batch_sizes(cfg, problems)
+    check_parallel(cfg, problems)
+    if require_data:
+        check_data(cfg, problems)
+    if len(problems.items) == before:
+        cfg._derived = compute_derived(cfg, estimator_info=info)
+
+
+def resolve(cfg: TandemConfig, info: dict[str, Any]) -> None:
+    """Fill in settings that default to another setting, so consumers never see `auto` or None."""
+    critic = cfg.critic
+    if critic.enable == "auto":
+        critic.enable = bool(info.get("needs_critic", False))
+    if critic.model_path is None:
+        critic.model_path = cfg.actor.model_path
+    if critic.ppo_mini_batch_size is None:
+        critic.ppo_mini_batch_size = cfg.actor.ppo_mini_batch_size
+    if critic.micro_batch_size_per_rank is None:
+        critic.micro_batch_size_per_rank = cfg.actor.micro_batch_size_per_rank
+    if critic.ppo_epochs is None:
+        critic.ppo_epochs = cfg.actor.ppo_epochs
+
+
+# --- registry names -----------------------------------------------------------------------------
+
+
+def _registries() -> dict[str, Registry]:
+    import tandem.algos  # noqa: F401 - importing registers the built-in names
+    from tandem.algos import registry
+
+    return {
+        "adv": registry.ADV_ESTIMATORS,
+        "loss": registry.POLICY_LOSSES,
+        "kl": registry.KL_ESTIMATORS,
+        "agg": registry.AGG_MODES,
+        "ctrl": registry.KL_CONTROLLERS,
+        "is": registry.IS_LEVELS,
+    }
+
+
+def _estimator_info(name: str, regs: dict[str, Registry]) -> dict[str, Any]:
+    return dict(regs["adv"].info(name)) if name in regs["adv"] else {}
+
+
+def _check_name(
+    problems: Problems, key: str, value: str, registry: Registry, extra: tuple[str, ...] = ()
+) -> None:
+    known = [*extra, *registry.names()]
+    if not registry.names() or value in known:  # an empty registry means tandem.algos is not built yet
+        return
+    match = closest(str(value), known)
+    hint = f" Did you mean '{match}'?" if match else ""
+    problems.add(key, f"{key}: '{value}' is not a known {registry.kind}.{hint} Known: {', '.join(known)}.")
+
+
+def check_names(cfg: TandemConfig, problems: Problems, regs: dict[str, Registry]) -> None:
+    _check_name(problems, "algorithm.adv_estimator", cfg.algorithm.adv_estimator, regs["adv"])
+    _check_name(problems, "actor.policy_loss", cfg.actor.policy_loss, regs["loss"])
+    _check_name(problems, "actor.loss_agg_mode", cfg.actor.loss_agg_mode, regs["agg"])
+    _check_name(problems, "critic.loss_agg_mode", cfg.critic.loss_agg_mode, regs["agg"])
+    _check_name(problems, "actor.kl_loss_type", cfg.actor.kl_loss_type, regs["kl"])
+    _check_name(problems, "algorithm.kl_penalty", cfg.algorithm.kl_penalty, regs["kl"])
+    _check_name(problems, "algorithm.kl_ctrl.type", cfg.algorithm.kl_ctrl.type, regs["ctrl"])
+    _check_name(problems, "rollout.is_correction", cfg.rollout.is_correction, regs["is"], extra=("none",))
+
+
+# --- single values ------------------------------------------------------------------------------
+
+
+def _at_least(problems: Problems, key: str, value: float | None, low: float, what: str = "") -> None:
+    if value is not None and value < low:
+        problems.add(key, f"{key}={value} must be >= {low}{what}")
+
+
+def _within(problems: Problems, key: str, value: float, low: float, high: float, how: str) -> None:
+    ok = {"[]": low <= value <= high, "(]": low < value <= high, "[)": low <= value < high}[how]
+    if not ok:
+        problems.add(key, f"{key}={value} must be in {how[0]}{low}, {high}{how[1]}")
+
+
+def check_values(cfg: TandemConfig, problems: Problems) -> None:
+    d, a, r, c, t = cfg.data, cfg.actor, cfg.rollout, cfg.critic, cfg.trainer
+    for key, value in [
+        ("data.max_prompt_length", d.max_prompt_length),
+        ("data.max_response_length", d.max_response_length),
+        ("data.train_batch_size", d.train_batch_size),
+        ("data.val_batch_size", d.val_batch_size),
+        ("actor.ppo_mini_batch_size", a.ppo_mini_batch_size),
+        ("actor.micro_batch_size_per_rank", a.micro_batch_size_per_rank),
+        ("actor.max_tokens_per_micro_batch", a.max_tokens_per_micro_batch),
+        ("actor.ppo_epochs", a.ppo_epochs),
+        ("actor.fsdp.sequence_parallel", a.fsdp.sequence_parallel),
+        ("actor.megatron.tensor_parallel", a.megatron.tensor_parallel),
+        ("actor.megatron.pipeline_parallel", a.megatron.pipeline_parallel),
+        ("actor.megatron.context_parallel", a.megatron.context_parallel),
+        ("actor.megatron.expert_parallel", a.megatron.expert_parallel),
+        ("rollout.n", r.n),
+        ("rollout.val.n", r.val.n),
+        ("rollout.tensor_parallel", r.tensor_parallel),
+        ("rollout.log_prob_micro_batch_size_per_rank", r.log_prob_micro_batch_size_per_rank),
+        ("reference.log_prob_micro_batch_size_per_rank", cfg.reference.log_prob_micro_batch_size_per_rank),
+        ("critic.ppo_mini_batch_size", c.ppo_mini_batch_size),
+        ("critic.micro_batch_size_per_rank", c.micro_batch_size_per_rank),
+        ("critic.ppo_epochs", c.ppo_epochs),
+        ("reward.reward_model.micro_batch_size_per_rank", cfg.reward.reward_model.micro_batch_size_per_rank),
+        ("trainer.total_epochs", t.total_epochs),
+        ("trainer.total_training_steps", t.total_training_steps),
+        ("trainer.nnodes", t.nnodes),
+        ("trainer.workers_per_node", t.workers_per_node),
+        ("trainer.max_checkpoints_to_keep", t.max_checkpoints_to_keep),
+    ]:
+        _at_least(problems, key, value, 1)
+    for key, value in [("trainer.save_freq", t.save_freq), ("trainer.test_freq", t.test_freq)]:
+        if value == 0 or value < -1:
+            problems.add(key, f"{key}={value}: use a number of steps >= 1, or -1 for never")
+    _at_least(problems, "trainer.critic_warmup", t.critic_warmup, 0)
+    _at_least(problems, "reward.num_workers", cfg.reward.num_workers, 0)
+    if cfg.reward.timeout_s <= 0:
+        problems.add("reward.timeout_s", f"reward.timeout_s={cfg.reward.timeout_s} must be > 0 seconds")
+    if r.temperature <= 0:
+        problems.add(
+            "rollout.temperature",
+            f"rollout.temperature={r.temperature}: training rollouts must "
+            "sample (temperature > 0, usually 1.0); greedy decoding gives a group no variety. "
+            "For greedy validation set rollout.val.temperature=0 instead",
+        )
+    _at_least(problems, "rollout.val.temperature", r.val.temperature, 0)
+    if r.val.n > 1 and r.val.temperature == 0:
+        problems.add(
+            ("rollout.val.n", "rollout.val.temperature"),
+            f"rollout.val.n={r.val.n} with "
+            "rollout.val.temperature=0 gives identical greedy samples: set rollout.val.n=1 or a temperature > 0",
+        )
+    _within(problems, "rollout.top_p", r.top_p, 0, 1, "(]")
+    _within(problems, "rollout.val.top_p", r.val.top_p, 0, 1, "(]")
+    if r.top_k == 0 or r.top_k < -1:
+        problems.add("rollout.top_k", f"rollout.top_k={r.top_k}: use -1 (off) or a number of tokens >= 1")
+    _within(problems, "rollout.gpu_memory_utilization", r.gpu_memory_utilization, 0, 1, "(]")
+    if r.is_threshold <= 0:
+        problems.add("rollout.is_threshold", f"rollout.is_threshold={r.is_threshold} must be > 0")
+    for name, optim in (("actor", a.optim), ("critic", c.optim)):
+        if optim.lr <= 0:
+            problems.add(f"{name}.optim.lr", f"{name}.optim.lr={optim.lr} must be > 0")
+        _at_least(problems, f"{name}.optim.weight_decay", optim.weight_decay, 0)
+        for i, beta in enumerate(optim.betas):
+            _within(problems, f"{name}.optim.betas[{i}]", beta, 0, 1, "[)")
+        if optim.eps <= 0:
+            problems.add(f"{name}.optim.eps", f"{name}.optim.eps={optim.eps} must be > 0")
+        _at_least(problems, f"{name}.optim.warmup_steps", optim.warmup_steps, 0)
+        _within(problems, f"{name}.optim.warmup_ratio", optim.warmup_ratio, 0, 1, "[)")
+        _within(problems, f"{name}.optim.min_lr_ratio", optim.min_lr_ratio, 0, 1, "[]")
+    for key, clip in (("actor.grad_clip", a.grad_clip), ("critic.grad_clip", c.grad_clip)):
+        if clip is not None and clip <= 0:
+            problems.add(key, f"{key}={clip} must be > 0; use null for no clipping")
+    _within(problems, "actor.clip_ratio_low", a.clip_ratio_low, 0, 1, "[)")
+    _at_least(problems, "actor.clip_ratio_high", a.clip_ratio_high, 0)
+    if a.clip_ratio_c <= 1:
+        problems.add(
+            "actor.clip_ratio_c",
+            f"actor.clip_ratio_c={a.clip_ratio_c} must be > 1: it bounds the loss "
+            "of negative-advantage tokens at clip_ratio_c * advantage (3.0 is usual)",
+        )
+    _at_least(problems, "actor.kl_loss_coef", a.kl_loss_coef, 0)
+    _at_least(problems, "critic.cliprange_value", c.cliprange_value, 0)
+    if cfg.reward.custom_reward_file and not Path(cfg.reward.custom_reward_file).expanduser().is_file():
+        problems.add(
+            "reward.custom_reward_file",
+            f"reward.custom_reward_file: '{cfg.reward.custom_reward_file}' "
+            "does not exist (relative paths start at the current folder)",
+        )
+    rm = cfg.reward.reward_model
+    if rm.enable and not rm.model_path:
+        problems.add(
+            ("reward.reward_model.enable", "reward.reward_model.model_path"),
+            "reward.reward_model.enable=true needs reward.reward_model.model_path",
+        )
+    _check_reward_terms(cfg, problems)
+    if t.resume not in ("auto", "disable") and not Path(t.resume).expanduser().exists():
+        problems.add(
+            "trainer.resume",
+            f"trainer.resume='{t.resume}' is not a checkpoint path; use auto, "
+            "disable, or an existing checkpoint folder",
+        )
+
+
+def _check_reward_terms(cfg: TandemConfig, problems: Problems) -> None:
+    over, fmt = cfg.reward.overlong, cfg.reward.format
+    if over.enable:
+        if not 0 < over.buffer_len < cfg.data.max_response_length:
+            problems.add(
+                ("reward.overlong.buffer_len", "data.max_response_length"),
+                f"reward.overlong.buffer_len={over.buffer_len} must be > 0 and below "
+                f"data.max_response_length={cfg.data.max_response_length}: the penalty ramps over the "
+                "last buffer_len tokens. Lower buffer_len or raise max_response_length",
+            )
+        _at_least(problems, "reward.overlong.penalty_factor", over.penalty_factor, 0)
+    if fmt.enable:
+        try:
+            re.compile(fmt.pattern)
+        except re.error as err:
+            problems.add(
+                "reward.format.pattern",
+                f"reward.format.pattern={fmt.pattern!r} is not a valid regular expression: {err}",
+            )
+
+
+# --- algorithm combinations ---------------------------------------------------------------------
+
+
+def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any]) -> None:
+    alg, est = cfg.algorithm, cfg.algorithm.adv_estimator
+    if info.get("needs_critic") and cfg.critic.enable is False:
+        problems.add(
+            ("critic.enable", "algorithm.adv_estimator"),
+            f"algorithm.adv_estimator={est} needs a value model but critic.enable=false: set "
+            "critic.enable=auto (or true), or pick a critic-free estimator such as grpo or rloo",
+        )
+    if info.get("needs_groups") and cfg.rollout.n < 2:
+        problems.add(
+            ("rollout.n", "algorithm.adv_estimator"),
+            f"algorithm.adv_estimator={est} compares samples of the same prompt, but rollout.n="
+            f"{cfg.rollout.n}: a group of one has no baseline. Set rollout.n>=2 (4-16 is usual)",
+        )
+    if alg.dynamic_sampling.enable and cfg.rollout.n < 2:
+        problems.add(
+            ("algorithm.dynamic_sampling.enable", "rollout.n"),
+            "algorithm.dynamic_sampling.enable=true drops groups whose samples all score the same; "
+            f"with rollout.n={cfg.rollout.n} every group would be dropped. Set rollout.n>=2",
+        )
+    _at_least(
+        problems,
+        "algorithm.dynamic_sampling.max_num_gen_batches",
+        alg.dynamic_sampling.max_num_gen_batches,
+        0,
+    )
+    _at_least(problems, "algorithm.dynamic_sampling.gen_batch_size", alg.dynamic_sampling.gen_batch_size, 1)
+    if cfg.trainer.critic_warmup > 0 and cfg.critic.enable is False:
+        problems.add(
+            ("trainer.critic_warmup", "critic.enable"),
+            f"trainer.critic_warmup={cfg.trainer.critic_warmup} but there is no critic: set it to 0",
+        )
+    _within(problems, "algorithm.gamma", alg.gamma, 0, 1, "[]")
+    _within(problems, "algorithm.lam", alg.lam, 0, 1, "[]")
+    _at_least(problems, "algorithm.kl_ctrl.kl_coef", alg.kl_ctrl.kl_coef, 0)
+    if alg.kl_ctrl.type == "adaptive":
+        if alg.kl_ctrl.target_kl <= 0:
+            problems.add(
+                "algorithm.kl_ctrl.target_kl",
+                f"algorithm.kl_ctrl.target_kl={alg.kl_ctrl.target_kl} "
+                "must be > 0 for the adaptive controller",
+            )
+        _at_least(problems, "algorithm.kl_ctrl.horizon", alg.kl_ctrl.horizon, 1)
+
+
+# --- batch sizes and parallelism ----------------------------------------------------------------
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0) if n > 0 else "none"
+
+
+def check_batch_sizes(cfg: TandemConfig, problems: Problems) -> None:
+    world, dp = data_parallel_size(cfg)
+    if dp == 0 or min(cfg.data.train_batch_size, cfg.rollout.n, world) < 1:
+        return  # reported by check_parallel / check_values
+    prompts, n = cfg.data.train_batch_size, cfg.rollout.n
+    ranks = f"{dp} data-parallel ranks (trainer.nnodes x trainer.workers_per_node = {world}"
+    ranks += ")" if dp == world else f", divided by the model-parallel size {world // dp})"
+    if (prompts * n) % dp:
+        problems.add(
+            ("data.train_batch_size", "rollout.n", "trainer.workers_per_node"),
+            f"data.train_batch_size={prompts} prompts x rollout.n={n} = {prompts * n} samples per step "
+            f"does not split evenly over {ranks}. Make train_batch_size * n a multiple of {dp}",
+        )
+    roles = [("actor", cfg.actor.ppo_mini_batch_size, cfg.actor.micro_batch_size_per_rank)]
+    if cfg.critic.enable is True:
+        roles.append(("critic", cfg.critic.ppo_mini_batch_size, cfg.critic.micro_batch_size_per_rank))
+    for role, mini, micro in roles:
+        if mini is None or micro is None or mini < 1 or micro < 1:
+            continue
+        if prompts % mini:
+            problems.add(
+                (f"{role}.ppo_mini_batch_size", "data.train_batch_size"),
+                f"{role}.ppo_mini_batch_size={mini} does not divide data.train_batch_size={prompts} "
+                f"(both count prompts), so a step would not split into whole mini-batches. "
+                f"Use one of: {_divisors(prompts)}",
+            )
+            continue
+        if (mini * n) % dp:
+            problems.add(
+                (f"{role}.ppo_mini_batch_size", "rollout.n", "trainer.workers_per_node"),
+                f"{role} mini-batch of {role}.ppo_mini_batch_size={mini} prompts x rollout.n={n} = "
+                f"{mini * n} samples does not split evenly over {ranks}. "
+                f"Make {role}.ppo_mini_batch_size * rollout.n a multiple of {dp}",
+            )
+            continue
+        per_rank = mini * n // dp
+        if not cfg.actor.use_dynamic_bsz and per_rank % micro:
+            problems.add(
+                (f"{role}.micro_batch_size_per_rank", f"{role}.ppo_mini_batch_size"),
+                f"{role}.micro_batch_size_per_rank={micro} does not divide the per-rank mini-batch of "
+                f"{per_rank} samples ({role}.ppo_mini_batch_size={mini} x rollout.n={n} / {dp} ranks). "
+                f"Use one of: {_divisors(per_rank)}, or set actor.use_dynamic_bsz=true",
+            )
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    if cfg.actor.use_dynamic_bsz and cfg.actor.max_tokens_per_micro_batch < longest:
+        problems.add(
+            ("actor.max_tokens_per_micro_batch", "data.max_response_length"),
+            f"actor.max_tokens_per_micro_batch={cfg.actor.max_tokens_per_micro_batch} cannot hold one "
+            f"full-length sample (data.max_prompt_length + data.max_response_length = {longest} tokens). "
+            f"Raise it to at least {longest}",
+        )
+
+
+def check_parallel(cfg: TandemConfig, problems: Problems) -> None:
+    world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
+    if world < 1:
+        return
+    a, r = cfg.actor, cfg.rollout
+    if a.strategy == "megatron":
+        mp = a.megatron
+        size = mp.tensor_parallel * mp.pipeline_parallel * mp.context_parallel
+        if size >= 1 and world % size:
+            problems.add(
+                (
+                    "actor.megatron.tensor_parallel",
+                    "actor.megatron.pipeline_parallel",
+                    "actor.megatron.context_parallel",
+                    "trainer.workers_per_node",
+                ),
+                f"actor.megatron tensor_parallel={mp.tensor_parallel} x pipeline_parallel="
+                f"{mp.pipeline_parallel} x context_parallel={mp.context_parallel} = {size} does not "
+                f"divide the world size {world} (trainer.nnodes x trainer.workers_per_node)",
+            )
+        expert_pool = world // max(1, mp.tensor_parallel * mp.pipeline_parallel)
+        if (
+            mp.expert_parallel >= 1
+            and world % max(1, mp.tensor_parallel * mp.pipeline_parallel) == 0
+            and expert_pool % mp.expert_parallel
+        ):
+            problems.add(
+                ("actor.megatron.expert_parallel", "trainer.workers_per_node"),
+                f"actor.megatron.expert_parallel={mp.expert_parallel} does not divide world size / "
+                f"(tensor_parallel x pipeline_parallel) = {expert_pool}",
+            )
+    elif a.fsdp.sequence_parallel >= 1 and world % a.fsdp.sequence_parallel:
+        problems.add(
+            ("actor.fsdp.sequence_parallel", "trainer.workers_per_node"),
+            f"actor.fsdp.sequence_parallel={a.fsdp.sequence_parallel} does not divide the world size "
+            f"{world} (trainer.nnodes x trainer.workers_per_node)",
+        )
+    if r.tensor_parallel >= 1 and world % r.tensor_parallel:
+        problems.add(
+            ("rollout.tensor_parallel", "trainer.workers_per_node"),
+            f"rollout.tensor_parallel={r.tensor_parallel} does not divide the world size {world}: "
+            "each inference engine spans tensor_parallel ranks",
+        )
+    if r.engine == "hf" and r.tensor_parallel != 1:
+        problems.add(
+            ("rollout.tensor_parallel", "rollout.engine"),
+            "rollout.engine=hf generates on each rank alone: set rollout.tensor_parallel=1 or use vllm",
+        )
+    if r.engine == "sglang" and cfg.trainer.device == "cpu":
+        problems.add(
+            ("rollout.engine", "trainer.device"),
+            "rollout.engine=sglang has no CPU path: use rollout.engine=vllm or hf on trainer.device=cpu",
+        )
+
+
+def check_data(cfg: TandemConfig, problems: Problems) -> None:
+    """Only when about to train: the data must be there."""
+    d, t = cfg.data, cfg.trainer
+    if not d.train_files:
+        problems.add(
+            "data.train_files",
+            "data.train_files is empty: give parquet / jsonl files, e.g. data.train_files=[train.parquet]",
+        )
+    for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
+        for path in files:
+            if "://" not in path and path.endswith(_DATA_SUFFIXES) and not Path(path).expanduser().is_file():
+                problems.add(key, f"{key}: '{path}' does not exist")
+    if not d.val_files and (t.test_freq > 0 or t.val_before_train):
+        problems.add(
+            ("data.val_files", "trainer.test_freq"),
+            "trainer.test_freq / trainer.val_before_train ask for validation but data.val_files is "
+            "empty: add val files or set trainer.test_freq=-1 and trainer.val_before_train=false",
+        )
+    if not cfg.actor.model_path:
+        problems.add(
+            "actor.model_path", "actor.model_path is not set: point it at a local Hugging Face folder"
+        )

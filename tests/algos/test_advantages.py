@@ -1,0 +1,209 @@
+"""Advantage estimators against hand-computed values and a plain-loop GAE reference."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from tandem.algos import ADV_ESTIMATORS, compute_advantages, masked_whiten
+
+GROUP_ESTIMATORS = ["grpo", "dr_grpo", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline"]
+
+
+def outcome_rewards(scores, mask):
+    """Token-level rewards with each score on the sequence's last valid token."""
+    mask = torch.as_tensor(mask, dtype=torch.float32)
+    rewards = torch.zeros_like(mask)
+    last = mask.shape[1] - 1 - mask.flip(-1).argmax(-1)
+    rewards[torch.arange(mask.shape[0]), last] = torch.as_tensor(scores, dtype=torch.float32)
+    return rewards, mask
+
+
+# Six samples, non-contiguous string uids: p1 = {0, 2, 4} scores (1, 0, 1); p2 = {1, 5} scores
+# (0, 0) all equal; p3 = {3} a group of one. Padding in the middle of the batch (rows 1, 3, 5).
+UIDS = ["p1", "p2", "p1", "p3", "p1", "p2"]
+SCORES = [1.0, 0.0, 0.0, 5.0, 1.0, 0.0]
+MASK = [[1, 1, 1], [1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 0]]
+
+
+def grouped_batch():
+    rewards, mask = outcome_rewards(SCORES, MASK)
+    rewards[1, 2] = 7.0  # junk at a padded position must be ignored
+    return rewards, mask
+
+
+def expect_broadcast(per_seq):
+    return torch.tensor(per_seq)[:, None] * torch.tensor(MASK, dtype=torch.float32)
+
+
+def test_every_estimator_declares_its_needs():
+    for name in ADV_ESTIMATORS:
+        info = ADV_ESTIMATORS.info(name)
+        assert set(info) == {"needs_critic", "needs_groups", "needs_reward_baselines"}
+        assert all(isinstance(v, bool) for v in info.values())
+    assert ADV_ESTIMATORS.info("gae")["needs_critic"]
+    assert ADV_ESTIMATORS.info("remax")["needs_reward_baselines"]
+    assert all(ADV_ESTIMATORS.info(n)["needs_groups"] for n in GROUP_ESTIMATORS)
+
+
+def test_grpo_hand_computed():
+    # p1: mean 2/3, deviations (1/3, -2/3, 1/3), unbiased var (1/9 + 4/9 + 1/9) / 2 = 1/3
+    rewards, mask = grouped_batch()
+    adv, ret = compute_advantages("grpo", rewards, mask, index=UIDS, epsilon=1e-6)
+    s = math.sqrt(1 / 3) + 1e-6
+    expected = expect_broadcast([(1 / 3) / s, 0.0, (-2 / 3) / s, 0.0, (1 / 3) / s, 0.0])
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(ret, expected)
+
+
+def test_grpo_without_std_and_dr_grpo():
+    # score - group mean: p1 (1/3, -2/3, 1/3), p2 (0, 0), p3 alone -> 0
+    rewards, mask = grouped_batch()
+    expected = expect_broadcast([1 / 3, 0.0, -2 / 3, 0.0, 1 / 3, 0.0])
+    adv, _ = compute_advantages("grpo", rewards, mask, index=UIDS, norm_adv_by_std=False)
+    torch.testing.assert_close(adv, expected)
+    adv, _ = compute_advantages("dr_grpo", rewards, mask, index=np.array(UIDS), norm_adv_by_std=True)
+    torch.testing.assert_close(adv, expected)
+
+
+def test_rloo_hand_computed():
+    # p1: 1 - (0 + 1)/2 = 0.5; 0 - (1 + 1)/2 = -1; 1 - (1 + 0)/2 = 0.5
+    rewards, mask = grouped_batch()
+    adv, ret = compute_advantages("rloo", rewards, mask, index=UIDS)
+    torch.testing.assert_close(adv, expect_broadcast([0.5, 0.0, -1.0, 0.0, 0.5, 0.0]))
+    torch.testing.assert_close(ret, adv)
+
+
+def test_opo_length_weighted_baseline():
+    # a: lengths (1, 3), scores (1, 0) -> b = (1*1 + 3*0) / 4 = 0.25 -> (0.75, -0.25)
+    # b: scores (2, 2) equal -> 0; c: alone -> 0
+    mask = [[1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 0], [1, 1, 1]]
+    rewards, mask_t = outcome_rewards([1.0, 0.0, 2.0, 2.0, 4.0], mask)
+    adv, _ = compute_advantages("opo", rewards, mask_t, index=["a", "a", "b", "b", "c"])
+    expected = torch.tensor([0.75, -0.25, 0.0, 0.0, 0.0])[:, None] * mask_t
+    torch.testing.assert_close(adv, expected)
+
+
+def test_gpg_scales_by_informative_fraction():
+    # groups 0: (1, 0) varies; 1: (2, 2) equal; 2: (9) alone -> M = 2 informative of B = 5
+    # alpha = 5 / 2; adv = 2.5 * (0.5, -0.5) = (1.25, -1.25), the rest 0
+    rewards, mask = outcome_rewards([1.0, 0.0, 2.0, 2.0, 9.0], torch.ones(5, 2))
+    adv, _ = compute_advantages("gpg", rewards, mask, index=torch.tensor([0, 0, 1, 1, 2]))
+    torch.testing.assert_close(adv, torch.tensor([1.25, -1.25, 0.0, 0.0, 0.0])[:, None] * mask)
+
+
+def test_gpg_no_informative_group_is_zero():
+    rewards, mask = outcome_rewards([1.0, 1.0, 3.0], torch.ones(3, 2))
+    adv, _ = compute_advantages("gpg", rewards, mask, index=[0, 0, 1])
+    assert torch.equal(adv, torch.zeros(3, 2))
+
+
+def test_reinforce_plus_plus_baseline_hand_computed():
+    # centred scores (0.5, -0.5, 0, 0, 0) on 2 tokens each: 10 tokens, mean 0, sum sq 4 * 0.25 = 1
+    # unbiased var 1/9 -> whitened 0.5 / (1/3) = 1.5
+    rewards, mask = outcome_rewards([1.0, 0.0, 2.0, 2.0, 9.0], torch.ones(5, 2))
+    adv, _ = compute_advantages("reinforce_plus_plus_baseline", rewards, mask, index=[0, 0, 1, 1, 2])
+    expected = torch.tensor([1.5, -1.5, 0.0, 0.0, 0.0])[:, None].expand(5, 2)
+    torch.testing.assert_close(adv, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_reinforce_plus_plus_hand_computed():
+    # gamma 0.5; row 0 r (1, 0, 2): G = (1 + 0.5 * 1, 0 + 0.5 * 2, 2) = (1.5, 1, 2)
+    # row 1 r (0, 4, junk) mask (1, 1, 0): G = (2, 4, 0)
+    # whiten over 1.5, 1, 2, 2, 4: mean 2.1, sq dev .36 + 1.21 + .01 + .01 + 3.61 = 5.2, var 1.3
+    rewards = torch.tensor([[1.0, 0.0, 2.0], [0.0, 4.0, 9.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    adv, ret = compute_advantages("reinforce_plus_plus", rewards, mask, gamma=0.5)
+    torch.testing.assert_close(ret, torch.tensor([[1.5, 1.0, 2.0], [2.0, 4.0, 0.0]]))
+    expected = (ret - 2.1) / math.sqrt(1.3) * mask
+    torch.testing.assert_close(adv, expected, atol=1e-6, rtol=1e-6)
+
+
+def test_reinforce_plus_plus_skips_middle_padding():
+    # mask (1, 0, 1), r (1, 5, 2), gamma 0.5: G_2 = 2, G_0 = 1 + 0.5 * 2 = 2, G_1 = 0 (padding)
+    _, ret = compute_advantages(
+        "reinforce_plus_plus", torch.tensor([[1.0, 5.0, 2.0]]), torch.tensor([[1.0, 0.0, 1.0]]), gamma=0.5
+    )
+    torch.testing.assert_close(ret, torch.tensor([[2.0, 0.0, 2.0]]))
+
+
+def test_remax_hand_computed():
+    # returns = reverse cumsum: row 0 (0, 1, 2) -> (3, 3, 2); row 1 (3, junk, junk) mask (1, 0, 0) -> (3, 0, 0)
+    # baselines (1, 5): adv (2, 2, 1), (-2, 0, 0)
+    rewards = torch.tensor([[0.0, 1.0, 2.0], [3.0, 8.0, 8.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    adv, ret = compute_advantages("remax", rewards, mask, reward_baselines=torch.tensor([1.0, 5.0]))
+    torch.testing.assert_close(ret, torch.tensor([[3.0, 3.0, 2.0], [3.0, 0.0, 0.0]]))
+    torch.testing.assert_close(adv, torch.tensor([[2.0, 2.0, 1.0], [-2.0, 0.0, 0.0]]))
+
+
+def gae_reference(rewards, values, mask, gamma, lam):
+    """Plain Python loop over each row's valid tokens."""
+    advantages = [[0.0] * len(row) for row in rewards]
+    for i in range(len(rewards)):
+        valid = [t for t in range(len(rewards[i])) if mask[i][t]]
+        next_value, next_adv = 0.0, 0.0
+        for t in reversed(valid):
+            delta = rewards[i][t] + gamma * next_value - values[i][t]
+            next_adv = delta + gamma * lam * next_adv
+            next_value = values[i][t]
+            advantages[i][t] = next_adv
+    return torch.tensor(advantages, dtype=torch.float64)
+
+
+def test_gae_hand_computed_with_middle_padding():
+    # valid t0, t2 (t1 padding, junk 99); gamma .9, lam .8
+    # t2: delta = 1 - 0.4 = 0.6 -> A2 = 0.6; t0: delta = 0 + .9 * .4 - .2 = .16 -> A0 = .16 + .72 * .6 = .592
+    # returns = A + V = (.792, 0, 1.0)
+    rewards = torch.tensor([[0.0, 99.0, 1.0]], dtype=torch.float64)
+    values = torch.tensor([[0.2, 99.0, 0.4]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 0.0, 1.0]], dtype=torch.float64)
+    _, ret = compute_advantages("gae", rewards, mask, values=values, gamma=0.9, lam=0.8)
+    torch.testing.assert_close(ret, torch.tensor([[0.792, 0.0, 1.0]], dtype=torch.float64))
+
+
+def test_gae_matches_loop_reference():
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+    values = torch.randn(4, 6, generator=gen, dtype=torch.float64)
+    mask = torch.tensor(
+        [[1, 1, 1, 1, 1, 1], [1, 1, 1, 0, 0, 0], [1, 0, 1, 1, 0, 1], [0, 0, 0, 0, 0, 0]], dtype=torch.float64
+    )
+    values[3] = float("inf")  # an all-padding row with garbage values: still no NaN
+    adv, ret = compute_advantages("gae", rewards, mask, values=values, gamma=0.95, lam=0.9)
+    raw = gae_reference(rewards.tolist(), values.tolist(), mask.tolist(), 0.95, 0.9)
+    torch.testing.assert_close(ret, torch.where(mask > 0, raw + values, 0.0))
+    torch.testing.assert_close(adv, masked_whiten(raw, mask))
+    assert torch.isfinite(adv).all() and torch.isfinite(ret).all()
+
+
+def test_missing_inputs_name_what_is_needed():
+    rewards, mask = outcome_rewards([1.0, 0.0], torch.ones(2, 2))
+    with pytest.raises(ValueError, match=r"gae needs `values` \(the critic's values"):
+        compute_advantages("gae", rewards, mask)
+    with pytest.raises(ValueError, match="remax needs `reward_baselines`"):
+        compute_advantages("remax", rewards, mask)
+    for name in GROUP_ESTIMATORS:
+        with pytest.raises(ValueError, match=f"{name} needs `index`"):
+            compute_advantages(name, rewards, mask)
+
+
+@pytest.mark.parametrize("name", GROUP_ESTIMATORS)
+def test_singletons_and_equal_rewards_give_zero(name):
+    rewards, mask = outcome_rewards([1.0, 3.0, 2.0, 2.0], [[1, 1], [1, 0], [1, 1], [1, 1]])
+    adv, ret = compute_advantages(name, rewards, mask, index=["x", "y", "z", "z"])
+    assert torch.equal(adv, torch.zeros_like(adv))
+    assert torch.isfinite(ret).all()
+
+
+@pytest.mark.parametrize("name", sorted(ADV_ESTIMATORS))
+def test_zero_at_padding_and_no_grad(name):
+    rewards, mask = grouped_batch()
+    rewards.requires_grad_(True)
+    kwargs = {"index": UIDS, "values": torch.randn(6, 3), "reward_baselines": torch.ones(6)}
+    adv, ret = compute_advantages(name, rewards, mask, **kwargs)
+    assert adv.shape == ret.shape == (6, 3)
+    assert torch.equal(adv * (1 - mask), torch.zeros_like(adv))
+    assert torch.equal(ret * (1 - mask), torch.zeros_like(ret))
+    assert not adv.requires_grad and torch.isfinite(adv).all()

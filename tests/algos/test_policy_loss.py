@@ -1,0 +1,178 @@
+"""Policy losses and the value loss: hand-computed values, hand-derived gradients, gradcheck."""
+
+import math
+
+import pytest
+import torch
+
+from tandem.algos import POLICY_LOSSES, gspo, policy_loss, reinforce, value_loss, vanilla
+
+
+def ppo_batch():
+    # tokens: ratio r, advantage A                (clip 0.2, dual clip c = 3)
+    # t0 r 1.5 A +1: max(-1.5, -1.2) = -1.2      clipped
+    # t1 r 0.9 A +1: max(-0.9, -0.9) = -0.9
+    # t2 r 0.5 A -1: max(0.5, 0.8)   = 0.8       clipped, under c: 0.8
+    # t3 r 5.0 A -1: max(5.0, 1.2)   = 5 -> min(5, 3) = 3   dual clip
+    # t4 r 1.1 A -2: max(2.2, 2.2)   = 2.2, under 6
+    # t5 padding (r 100, A 5)
+    ratios = [1.5, 0.9, 0.5, 5.0, 1.1, 100.0]
+    log_probs = torch.tensor([[math.log(r) for r in ratios]], dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(1, 6, dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, -1.0, -1.0, -2.0, 5.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 1.0, 1.0, 0.0]], dtype=torch.float64)
+    return old, log_probs, adv, mask
+
+
+def test_vanilla_hand_computed():
+    old, logp, adv, mask = ppo_batch()
+    loss, metrics = vanilla(old, logp, adv, mask)
+    # token-mean: (-1.2 - 0.9 + 0.8 + 3 + 2.2) / 5 = 3.9 / 5
+    assert loss.item() == pytest.approx(0.78)
+    assert metrics["pg_clipfrac"].item() == pytest.approx(2 / 5)
+    assert metrics["pg_clipfrac_lower"].item() == pytest.approx(1 / 5)
+    # ppo_kl = mean(old - logp) = -log(1.5 * 0.9 * 0.5 * 5 * 1.1) / 5
+    assert metrics["ppo_kl"].item() == pytest.approx(-math.log(3.7125) / 5)
+    assert not any(m.requires_grad for m in metrics.values())
+
+
+def test_vanilla_gradient_zero_on_clipped_tokens():
+    old, logp, adv, mask = ppo_batch()
+    loss, _ = vanilla(old, logp, adv, mask)
+    loss.backward()
+    # d(-A r)/dlogp = -A r on unclipped tokens, / 5 tokens: t1 -0.9/5, t4 2.2/5; clipped / dual / pad: 0
+    expected = torch.tensor([[0.0, -0.18, 0.0, 0.0, 0.44, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_vanilla_asymmetric_clip_and_is_weights():
+    old, logp, adv, mask = ppo_batch()
+    # clip_ratio_high 0.6: t0 r 1.5 now unclipped -> -1.5; total (-1.5 - 0.9 + 0.8 + 3 + 2.2) / 5 = 0.72
+    loss, _ = vanilla(old, logp, adv, mask, clip_ratio_high=0.6)
+    assert loss.item() == pytest.approx(0.72)
+    # IS weights (2, 1, 1, 1, 0.5, 7): (-2.4 - 0.9 + 0.8 + 3 + 1.1) / 5 = 0.32; weights get no gradient
+    weights = torch.tensor([[2.0, 1.0, 1.0, 1.0, 0.5, 7.0]], dtype=torch.float64, requires_grad=True)
+    loss, _ = vanilla(old, logp, adv, mask, is_weights=weights)
+    assert loss.item() == pytest.approx(0.32)
+    loss.backward()
+    assert weights.grad is None
+
+
+def test_vanilla_rejects_bad_dual_clip():
+    old, logp, adv, mask = ppo_batch()
+    with pytest.raises(ValueError, match="clip_ratio_c"):
+        vanilla(old, logp, adv, mask, clip_ratio_c=1.0)
+
+
+def test_vanilla_huge_log_ratio_is_finite():
+    old = torch.zeros(1, 2)
+    logp = torch.tensor([[500.0, -500.0]], requires_grad=True)
+    loss, _ = vanilla(old, logp, torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2))
+    loss.backward()
+    assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
+
+
+def gspo_batch():
+    # row 0: logp - old = (0.2, 0.0, 0.1), mean 0.1 -> s0 = e^0.1 = 1.10517 (inside 0.8..1.2)
+    # row 1: (0.0, 0.6, pad 99), mean 0.3 -> s1 = e^0.3 = 1.34986 -> clipped at 1.2; A = 1 everywhere
+    logp = torch.tensor([[0.2, 0.0, 0.1], [0.0, 0.6, 99.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    adv = torch.ones(2, 3, dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    return old, logp, adv, mask
+
+
+def test_gspo_hand_computed():
+    old, logp, adv, mask = gspo_batch()
+    s0 = math.exp(0.1)
+    loss, metrics = gspo(old, logp, adv, mask)
+    assert loss.item() == pytest.approx((3 * -s0 + 2 * -1.2) / 5)
+    assert metrics["pg_clipfrac"].item() == pytest.approx(2 / 5)
+    loss, _ = gspo(old, logp, adv, mask, loss_agg_mode="seq-mean-token-mean")
+    assert loss.item() == pytest.approx((-s0 - 1.2) / 2)
+    loss.backward()
+    # sequence-level gradient: d(-A s_i)/dlogp_t = -A s_i / |y_i|, / 2 seqs; row 1 clipped -> 0
+    expected = torch.tensor([[-s0 / 6] * 3, [0.0, 0.0, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_gspo_tiny_clip_range():
+    old, logp, adv, mask = gspo_batch()
+    _, metrics = gspo(old, logp, adv, mask, clip_ratio_low=3e-4, clip_ratio_high=4e-4)
+    assert metrics["pg_clipfrac"].item() == 1.0  # every sequence ratio is outside 1 +- 4e-4
+
+
+def test_reinforce_hand_computed():
+    # -A logp: -(2 * -1) = 2, -(-1 * -3) = -3; pad ignored; token-mean -0.5; grad -A / 2 = (-1, 0.5)
+    logp = torch.tensor([[-1.0, -3.0, -9.0]], requires_grad=True)
+    adv = torch.tensor([[2.0, -1.0, 4.0]])
+    loss, metrics = reinforce(logp.detach(), logp, adv, torch.tensor([[1.0, 1.0, 0.0]]))
+    assert loss.item() == pytest.approx(-0.5)
+    assert metrics["pg_clipfrac"].item() == 0.0
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1.0, 0.5, 0.0]]))
+
+
+def test_value_loss_hand_computed():
+    # c = 0.2
+    # t0 v 1, old .5 -> vc .7, R 1: max(0, .09) = .09 -> .045   clipped
+    # t1 v 2, old .5 -> vc .7, R 0: max(4, .49) = 4 -> 2
+    # t2 v 0, old 0 -> vc 0, R 5: 25 both -> 12.5
+    values = torch.tensor([[1.0, 2.0, 0.0, 3.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[0.5, 0.5, 0.0, 0.0]], dtype=torch.float64)
+    returns = torch.tensor([[1.0, 0.0, 5.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 1.0, 0.0]], dtype=torch.float64)
+    loss, metrics = value_loss(values, old, returns, mask, cliprange_value=0.2)
+    assert loss.item() == pytest.approx((0.045 + 2 + 12.5) / 3)
+    assert metrics["vf_clipfrac"].item() == pytest.approx(1 / 3)
+    loss.backward()
+    # t0 clipped branch, clamp saturated -> 0; t1 (v - R) / 3; t2 (v - R) / 3
+    torch.testing.assert_close(values.grad, torch.tensor([[0.0, 2 / 3, -5 / 3, 0.0]], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("name", ["vanilla", "reinforce"])  # gspo's gradient is not its value's, see below
+@pytest.mark.parametrize("mode", ["token-mean", "seq-mean-token-mean"])
+def test_policy_losses_gradcheck(name, mode):
+    # ratios chosen away from the clip kinks (|log r| <= 0.12 vs log 1.2 = 0.18) or far past them
+    old = torch.tensor([[0.0, -0.5, -1.0], [-0.2, -0.1, 0.0]], dtype=torch.float64)
+    delta = torch.tensor([[0.05, -0.1, 0.12], [0.5, -0.07, 0.0]], dtype=torch.float64)
+    adv = torch.tensor([[1.0, -0.5, 2.0], [-1.5, 0.7, 3.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    logp = (old + delta).requires_grad_(True)
+    fn = POLICY_LOSSES.get(name)
+    assert torch.autograd.gradcheck(lambda lp: fn(old, lp, adv, mask, loss_agg_mode=mode)[0], (logp,))
+
+
+def test_gspo_gradient_is_the_sequence_objective_gradient():
+    # GSPO: J = mean_i max(-A_i s_i, -A_i clip(s_i)), s_i = exp(mean_t(logp - old)), A per sequence.
+    # The token-wise form with seq-mean-token-mean must give the same gradient (not the same value
+    # derivative token by token, hence no gradcheck on gspo itself). Row 2 is clipped.
+    old = torch.tensor([[0.0, -0.5, -1.0], [-0.2, -0.1, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64)
+    delta = torch.tensor([[0.05, -0.1, 0.12], [0.1, -0.07, 0.0], [0.4, 0.5, 0.6]], dtype=torch.float64)
+    adv = torch.tensor([1.0, -1.5, 2.0], dtype=torch.float64)[:, None].expand(3, 3)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 1.0, 1.0]], dtype=torch.float64)
+    logp = (old + delta).requires_grad_(True)
+    loss, _ = gspo(old, logp, adv, mask, loss_agg_mode="seq-mean-token-mean")
+    (grad,) = torch.autograd.grad(loss, logp)
+    seq_ratio = torch.exp(((logp - old) * mask).sum(-1) / mask.sum(-1))
+    a = adv[:, 0]
+    reference = torch.maximum(-a * seq_ratio, -a * seq_ratio.clamp(0.8, 1.2)).mean()
+    (ref_grad,) = torch.autograd.grad(reference, logp)
+    torch.testing.assert_close(grad, ref_grad)
+    torch.testing.assert_close(loss, reference)
+    assert grad[2].abs().sum() == 0
+
+
+def test_value_loss_gradcheck():
+    values = torch.tensor([[0.3, 1.0, -0.4]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[0.25, 0.5, 0.0]], dtype=torch.float64)
+    returns = torch.tensor([[1.0, 0.0, 0.1]], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.float64)
+    assert torch.autograd.gradcheck(lambda v: value_loss(v, old, returns, mask, 0.2)[0], (values,))
+
+
+def test_policy_loss_by_name_and_agg_kwargs():
+    old, logp, adv, mask = ppo_batch()
+    # the same token sum over a global count of 10 tokens: 3.9 / 10
+    loss, _ = policy_loss("vanilla", old, logp, adv, mask, agg_kwargs={"global_num_tokens": 10})
+    assert loss.item() == pytest.approx(0.39)
