@@ -1,0 +1,149 @@
+"""The RL prompt dataset: chat-message prompts rendered, tokenized and length-checked once, up front."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from tandem.batch import Batch
+from tandem.data.padding import pad_sequences, position_ids_from_mask
+from tandem.data.rows import (
+    DataError,
+    FileList,
+    as_paths,
+    check_prompt,
+    check_row,
+    iter_rows,
+    optional_dict,
+    render_prompt,
+    require,
+    resolve_mode,
+    tokenize,
+)
+
+logger = logging.getLogger(__name__)
+
+TRUNCATION_MODES = ("error", "filter", "left", "right")
+NON_TENSOR_KEYS = ("raw_prompt", "data_source", "ground_truth", "extra_info", "index")
+
+
+class PromptDataset:
+    """Prompts from parquet / jsonl files in the verl-style row schema.
+
+    Each item: ``input_ids`` (list of ints), ``raw_prompt`` (the messages), ``data_source``,
+    ``ground_truth`` (``reward_model.ground_truth``, None when the row has no ``reward_model``),
+    ``extra_info`` (dict, may be empty) and ``index`` (``extra_info.index``, else the row's
+    position over all files).
+
+    Prompts longer than ``max_prompt_length`` tokens: ``truncation="error"`` raises, ``"filter"``
+    drops them, ``"left"`` keeps their last tokens, ``"right"`` their first. ``report`` counts
+    ``total``, ``kept``, ``filtered`` and ``truncated`` rows.
+    """
+
+    def __init__(
+        self,
+        files: FileList,
+        tokenizer: Any,
+        *,
+        max_prompt_length: int,
+        prompt_key: str = "prompt",
+        truncation: str = "error",
+        chat_template: str = "auto",
+    ) -> None:
+        if truncation not in TRUNCATION_MODES:
+            raise ValueError(f"data.truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
+        if max_prompt_length < 1:
+            raise ValueError(f"data.max_prompt_length must be >= 1, got {max_prompt_length}")
+        mode = resolve_mode(chat_template, tokenizer)
+        self.files = as_paths(files)
+        self.max_prompt_length = max_prompt_length
+
+        rows, locations, texts = [], [], []
+        for path in self.files:
+            for location, row in iter_rows(path):
+                row = check_row(location, row)
+                rows.append(_parse_row(location, row, prompt_key, mode, position=len(rows)))
+                locations.append(location)
+                texts.append(render_prompt(rows[-1]["raw_prompt"], tokenizer, mode))
+
+        self._items: list[dict[str, Any]] = []
+        filtered = truncated = 0
+        for item, location, ids in zip(rows, locations, tokenize(tokenizer, texts)):
+            if not ids:
+                raise DataError(
+                    f"{location}: field {prompt_key!r} renders to no tokens; give the prompt some text"
+                )
+            if len(ids) > max_prompt_length:
+                if truncation == "error":
+                    raise DataError(
+                        f"{location}: prompt is {len(ids)} tokens, longer than data.max_prompt_length="
+                        f"{max_prompt_length}; raise data.max_prompt_length or set data.truncation to "
+                        f"filter, left or right"
+                    )
+                if truncation == "filter":
+                    filtered += 1
+                    continue
+                ids = ids[-max_prompt_length:] if truncation == "left" else ids[:max_prompt_length]
+                truncated += 1
+            item["input_ids"] = list(ids)
+            self._items.append(item)
+
+        self.report = {
+            "total": len(rows),
+            "kept": len(self._items),
+            "filtered": filtered,
+            "truncated": truncated,
+        }
+        logger.info(
+            "prompts from %d file(s): %d rows, %d kept, %d filtered, %d truncated (max_prompt_length=%d, %s)",
+            len(self.files), len(rows), len(self._items), filtered, truncated, max_prompt_length, truncation,
+        )  # fmt: skip
+        if not self._items:
+            raise DataError(
+                f"no prompts left out of {len(rows)} rows in {', '.join(map(str, self.files))}: all are "
+                f"longer than data.max_prompt_length={max_prompt_length}; raise it or truncate instead"
+            )
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        return self._items[i]
+
+
+def _parse_row(
+    location: str, row: dict[str, Any], prompt_key: str, mode: str, position: int
+) -> dict[str, Any]:
+    prompt = require(
+        location, row, prompt_key, object, " Set data.prompt_key if the prompts are in another field."
+    )
+    prompt = check_prompt(location, prompt, prompt_key, mode)
+    data_source = require(location, row, "data_source", str, " It picks the reward function for the row.")
+    reward_model = optional_dict(location, row, "reward_model") or {}
+    extra_info = optional_dict(location, row, "extra_info") or {}
+    index = extra_info.get("index")
+    return {
+        "raw_prompt": prompt,
+        "data_source": data_source,
+        "ground_truth": reward_model.get("ground_truth"),
+        "extra_info": extra_info,
+        "index": position if index is None else index,
+    }
+
+
+def collate_prompts(items: Sequence[dict[str, Any]], pad_token_id: int) -> Batch:
+    """Items of a :class:`PromptDataset` as a Batch: LEFT-padded ``input_ids`` [N, longest],
+    ``attention_mask``, ``position_ids`` (0 on padding), and the per-sample non-tensors."""
+    if not items:
+        raise ValueError("collate_prompts got no items")
+    input_ids = pad_sequences([item["input_ids"] for item in items], pad_token_id, side="left")
+    lengths = [len(item["input_ids"]) for item in items]
+    attention_mask = pad_sequences([[1] * n for n in lengths], 0, side="left")
+    tensors = {
+        "input_ids": input_ids,
+        "attention_mask": attention_mask,
+        "position_ids": position_ids_from_mask(attention_mask),
+    }
+    non_tensors = {key: [item[key] for item in items] for key in NON_TENSOR_KEYS}
+    return Batch.from_dict(tensors, non_tensors)

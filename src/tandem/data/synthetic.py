@@ -1,0 +1,147 @@
+"""Built-in synthetic tasks written as parquet / jsonl files in the verl-style row schema.
+
+A row: ``{"prompt": [{"role": "user", "content": ...}], "data_source": str,
+"reward_model": {"ground_truth": ..., "style": "rule"}, "extra_info": {"index": i, "split": ...},
+"response": str}`` (``response`` is one correct answer, for SFT). Prompts are kept short because
+the tiny model's tokenizer spends one token per character.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+Row = dict[str, Any]
+
+
+def _row(task: str, content: str, ground_truth: Any, response: str, index: int, split: str) -> Row:
+    return {
+        "prompt": [{"role": "user", "content": content}],
+        "data_source": task,
+        "reward_model": {"ground_truth": ground_truth, "style": "rule"},
+        "extra_info": {"index": index, "split": split},
+        "response": response,
+    }
+
+
+def addition_row(rng: random.Random, index: int, split: str, *, digits: int = 2) -> Row:
+    """``a+b=`` with ``a, b`` uniform in ``[0, 10**digits)``; the answer as a string."""
+    if digits < 1:
+        raise ValueError(f"addition: digits must be >= 1, got {digits}")
+    a, b = rng.randrange(10**digits), rng.randrange(10**digits)
+    answer = str(a + b)
+    return _row("addition", f"{a}+{b}=", answer, answer, index, split)
+
+
+_PRECEDENCE = {"+": 1, "-": 1, "*": 2}
+
+
+def _combine(left: tuple[str, int, int], op: str, right: tuple[str, int, int]) -> tuple[str, int, int]:
+    """Join two (text, value, precedence) sub-expressions, adding only the brackets needed."""
+    left_text, left_value, left_prec = left
+    right_text, right_value, right_prec = right
+    prec = _PRECEDENCE[op]
+    if left_prec < prec:
+        left_text = f"({left_text})"
+    # a-(b+c) and a*(b+c) need brackets on the right; a+(b-c) does not.
+    if right_prec < prec or (right_prec == prec and op == "-"):
+        right_text = f"({right_text})"
+    value = {"+": left_value + right_value, "-": left_value - right_value, "*": left_value * right_value}[op]
+    return f"{left_text}{op}{right_text}", value, prec
+
+
+def countdown_row(
+    rng: random.Random,
+    index: int,
+    split: str,
+    *,
+    num_numbers: int = 3,
+    max_number: int = 9,
+    max_target: int = 100,
+) -> Row:
+    """Reach a target with + - * using each number exactly once.
+
+    Built backwards: draw the numbers, join them into a random expression tree, and take its
+    value as the target (redrawn until ``1 <= target <= max_target``), so a solution exists.
+    """
+    if num_numbers not in (3, 4):
+        raise ValueError(f"countdown: num_numbers must be 3 or 4, got {num_numbers}")
+    if max_number < 1 or max_target < 1:
+        raise ValueError("countdown: max_number and max_target must be >= 1")
+    while True:
+        numbers = [rng.randint(1, max_number) for _ in range(num_numbers)]
+        # Leaves in random order, each a (text, value, precedence); atoms bind tightest.
+        parts = [(str(n), n, 3) for n in rng.sample(numbers, len(numbers))]
+        while len(parts) > 1:
+            i = rng.randrange(len(parts) - 1)
+            parts[i : i + 2] = [_combine(parts[i], rng.choice("+-*"), parts[i + 1])]
+        expression, target, _ = parts[0]
+        if 1 <= target <= max_target:
+            break
+    listed = " ".join(str(n) for n in numbers)
+    ground_truth = {"target": target, "numbers": numbers}
+    return _row(
+        "countdown", f"Use {listed} and + - * to make {target}.", ground_truth, expression, index, split
+    )
+
+
+TASKS: dict[str, Callable[..., Row]] = {"addition": addition_row, "countdown": countdown_row}
+
+
+def make_rows(task: str, n: int, seed: int | str, *, split: str = "train", **task_kwargs: Any) -> list[Row]:
+    """``n`` rows of ``task``, the same for the same arguments."""
+    if task not in TASKS:
+        raise ValueError(f"unknown synthetic task {task!r}; known tasks: {sorted(TASKS)}")
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    rng = random.Random(f"{task}:{seed}")
+    return [TASKS[task](rng, i, split, **task_kwargs) for i in range(n)]
+
+
+def write_rows(rows: list[Row], path: str | Path) -> Path:
+    """Write rows to ``path``: parquet for ``.parquet``, one JSON object a line for ``.jsonl``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.suffix == ".parquet":
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    elif path.suffix == ".jsonl":
+        with path.open("w") as f:
+            for row in rows:
+                f.write(json.dumps(row, sort_keys=True) + "\n")
+    else:
+        raise ValueError(f"cannot write {path}: the file name must end in .parquet or .jsonl")
+    return path
+
+
+def write_task(
+    task: str, path: str | Path, n: int, seed: int | str, *, split: str = "train", **task_kwargs: Any
+) -> Path:
+    """Write ``n`` rows of ``task`` to ``path`` (.parquet or .jsonl); same seed, same file."""
+    return write_rows(make_rows(task, n, seed, split=split, **task_kwargs), path)
+
+
+def write_splits(
+    task: str,
+    out_dir: str | Path,
+    *,
+    n_train: int,
+    n_val: int,
+    seed: int = 0,
+    fmt: str = "parquet",
+    **task_kwargs: Any,
+) -> dict[str, Path]:
+    """``train.<fmt>`` and ``val.<fmt>`` in ``out_dir`` from independent streams of one seed.
+
+    Small tasks can repeat a problem across splits; that is accepted for a smoke-test task.
+    """
+    out_dir = Path(out_dir)
+    return {
+        split: write_task(task, out_dir / f"{split}.{fmt}", n, f"{seed}:{split}", split=split, **task_kwargs)
+        for split, n in (("train", n_train), ("val", n_val))
+    }

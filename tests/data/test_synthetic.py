@@ -1,0 +1,113 @@
+import ast
+import json
+from collections import Counter
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from tandem.data.synthetic import make_rows, write_splits, write_task
+
+_OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b}
+
+
+def evaluate(expression: str) -> tuple[int, list[int]]:
+    """Value of an expression of integers and + - * (nothing else allowed), and the numbers it uses."""
+    used: list[int] = []
+
+    def walk(node: ast.AST) -> int:
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            return _OPS[type(node.op)](walk(node.left), walk(node.right))
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            used.append(node.value)
+            return node.value
+        raise ValueError(f"not allowed in a countdown answer: {ast.dump(node)}")
+
+    return walk(ast.parse(expression, mode="eval").body), used
+
+
+def test_evaluate_rejects_anything_but_arithmetic():
+    assert evaluate("3*(4-1)+2") == (11, [3, 4, 1, 2])
+    for bad in ("__import__('os')", "2**3", "7/2", "x+1"):
+        with pytest.raises(ValueError):
+            evaluate(bad)
+
+
+def test_addition_rows_are_correct():
+    rows = make_rows("addition", 50, seed=1, digits=3)
+    for i, row in enumerate(rows):
+        content = row["prompt"][0]["content"]
+        a, b = content.removesuffix("=").split("+")
+        assert content.endswith("=") and len(a) <= 3 and len(b) <= 3
+        assert row["reward_model"] == {"ground_truth": str(int(a) + int(b)), "style": "rule"}
+        assert row["response"] == row["reward_model"]["ground_truth"]
+        assert row["data_source"] == "addition"
+        assert row["extra_info"] == {"index": i, "split": "train"}
+        assert row["prompt"][0]["role"] == "user" and len(row["prompt"]) == 1
+    assert max(int(r["response"]) for r in rows) > 100  # three digits really used
+
+
+@pytest.mark.parametrize("num_numbers", [3, 4])
+def test_countdown_answers_reach_target_using_each_number_once(num_numbers):
+    rows = make_rows("countdown", 100, seed=7, num_numbers=num_numbers, split="val")
+    for row in rows:
+        truth = row["reward_model"]["ground_truth"]
+        value, used = evaluate(row["response"])
+        assert value == truth["target"] and 1 <= value <= 100
+        assert Counter(used) == Counter(truth["numbers"]) and len(used) == num_numbers
+        listed = " ".join(map(str, truth["numbers"]))
+        assert row["prompt"][0]["content"] == f"Use {listed} and + - * to make {truth['target']}."
+        assert row["data_source"] == "countdown" and row["extra_info"]["split"] == "val"
+    assert len({r["response"] for r in rows}) > 80  # varied problems, not one repeated
+    assert any("(" in r["response"] for r in rows)  # bracketed sub-expressions do occur
+
+
+def test_unknown_task_and_bad_options():
+    with pytest.raises(ValueError, match="unknown synthetic task 'multiply'.*addition"):
+        make_rows("multiply", 3, 0)
+    with pytest.raises(ValueError, match="num_numbers must be 3 or 4"):
+        make_rows("countdown", 3, 0, num_numbers=5)
+    with pytest.raises(TypeError):
+        make_rows("addition", 3, 0, num_numbers=3)
+
+
+@pytest.mark.parametrize("suffix", ["parquet", "jsonl"])
+def test_same_seed_same_file(tmp_path, suffix):
+    a = write_task("countdown", tmp_path / f"a.{suffix}", 20, seed=5)
+    b = write_task("countdown", tmp_path / f"b.{suffix}", 20, seed=5)
+    c = write_task("countdown", tmp_path / f"c.{suffix}", 20, seed=6)
+    assert a.read_bytes() == b.read_bytes()
+    assert a.read_bytes() != c.read_bytes()
+
+
+def test_parquet_schema_and_contents_match_jsonl(tmp_path):
+    pq_path = write_task("countdown", tmp_path / "cd.parquet", 10, seed=0, num_numbers=4)
+    jl_path = write_task("countdown", tmp_path / "cd.jsonl", 10, seed=0, num_numbers=4)
+    table = pq.read_table(pq_path)
+    schema = table.schema
+    assert schema.field("prompt").type == pa.list_(
+        pa.struct([("role", pa.string()), ("content", pa.string())])
+    )
+    assert schema.field("data_source").type == pa.string()
+    assert schema.field("response").type == pa.string()
+    truth = pa.struct([("target", pa.int64()), ("numbers", pa.list_(pa.int64()))])
+    assert schema.field("reward_model").type == pa.struct([("ground_truth", truth), ("style", pa.string())])
+    assert schema.field("extra_info").type == pa.struct([("index", pa.int64()), ("split", pa.string())])
+    jsonl_rows = [json.loads(line) for line in jl_path.read_text().splitlines()]
+    assert table.to_pylist() == jsonl_rows == make_rows("countdown", 10, 0, num_numbers=4)
+
+    addition = pq.read_table(write_task("addition", tmp_path / "add.parquet", 3, seed=0)).schema
+    assert addition.field("reward_model").type == pa.struct(
+        [("ground_truth", pa.string()), ("style", pa.string())]
+    )
+
+
+def test_write_splits(tmp_path):
+    paths = write_splits("addition", tmp_path / "add", n_train=6, n_val=4, seed=2)
+    assert {k: p.name for k, p in paths.items()} == {"train": "train.parquet", "val": "val.parquet"}
+    train, val = (pq.read_table(paths[k]).to_pylist() for k in ("train", "val"))
+    assert (len(train), len(val)) == (6, 4)
+    assert {r["extra_info"]["split"] for r in val} == {"val"}
+    assert [r["prompt"] for r in train[:4]] != [r["prompt"] for r in val]
+    with pytest.raises(ValueError, match=r"\.parquet or \.jsonl"):
+        write_task("addition", tmp_path / "x.csv", 2, seed=0)
