@@ -1,1 +1,45 @@
+"""Rewards: rule-based scorers, composable terms, and the manager that turns a batch of
+responses into token-level scores, with time limits and process isolation for user code."""
 
+from tandem.rewards.custom import load_function
+from tandem.rewards.manager import RewardManager, RewardResult
+from tandem.rewards.pool import ScorerPool
+from tandem.rewards.registry import (
+    DATA_SOURCES,
+    SCORERS,
+    ScorerFn,
+    UnknownDataSourceError,
+    default_scorer_for,
+    register_scorer,
+)
+from tandem.rewards.scorers import (
+    addition_score,
+    countdown_score,
+    evaluate_arithmetic,
+    gsm8k_score,
+    math_score,
+)
+from tandem.rewards.terms import FormatTerm, LengthTerm, Term, TermInput, soft_overlong_penalty
+
+__all__ = [
+    "DATA_SOURCES",
+    "SCORERS",
+    "FormatTerm",
+    "LengthTerm",
+    "RewardManager",
+    "RewardResult",
+    "ScorerFn",
+    "ScorerPool",
+    "Term",
+    "TermInput",
+    "UnknownDataSourceError",
+    "addition_score",
+    "countdown_score",
+    "default_scorer_for",
+    "evaluate_arithmetic",
+    "gsm8k_score",
+    "load_function",
+    "math_score",
+    "register_scorer",
+    "soft_overlong_penalty",
+]

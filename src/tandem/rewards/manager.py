@@ -1,0 +1,258 @@
+"""RewardManager: a batch of generated responses -> token-level scores, extras and metrics."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import pickle
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from tandem.rewards.custom import load_function, split_file_spec
+from tandem.rewards.pool import ScorerPool
+from tandem.rewards.registry import (
+    SCORERS,
+    UnknownDataSourceError,
+    scorer_name_for,
+    unknown_data_source_message,
+)
+from tandem.rewards.scoring import Outcome, ScorerSpec, Task, resolve, score_tasks, spec_key
+from tandem.rewards.terms import Term, TermInput, check_terms
+
+logger = logging.getLogger(__name__)
+
+RESERVED_EXTRA = ("score", "scorer_score", "error")
+
+
+@dataclass
+class RewardResult:
+    token_level_scores: torch.Tensor  # [N, R] float32: the total score on the last valid response token
+    scores: torch.Tensor  # [N] float32: scorer score + terms (0 where the scorer failed)
+    extra: dict[str, np.ndarray]  # per-sample: "scorer_score", one column per term, "error", scorer fields
+    metrics: dict[str, float]
+    first_error: str | None = None  # "sample i (data_source 'x'): ..." of the first failure in this batch
+
+
+class RewardManager:
+    """Scores responses with rule-based scorers in worker processes, with time limits.
+
+    Which scorer scores a sample, first match wins: `scorer_overrides[data_source]` (a registered
+    scorer name, or "path/file.py:function"), then `custom_reward_file` (for every data_source),
+    then the scorer registered for the data_source, then the one named by `extra_info["style"]`.
+    A data_source none of these covers is an error naming the ways to fix it.
+
+    `num_workers=0` scores in this process, one sample after another: good for debugging, but
+    there is no hard time limit there (a hung scorer hangs the call; slow ones are logged).
+    Not thread-safe: call it from one thread at a time.
+    """
+
+    def __init__(
+        self,
+        tokenizer: Any,
+        *,
+        custom_reward_file: str | os.PathLike | None = None,
+        custom_reward_function: str = "compute_score",
+        scorer_overrides: Mapping[str, str] | None = None,
+        terms: Iterable[Term] = (),
+        timeout_s: float = 10.0,
+        num_workers: int = 2,
+        max_response_length: int | None = None,
+        chunk_size: int | None = None,
+    ) -> None:
+        if not timeout_s > 0:
+            raise ValueError(f"RewardManager timeout_s must be > 0, got {timeout_s}")
+        if num_workers < 0:
+            raise ValueError(f"RewardManager num_workers must be >= 0 (0 scores in-process), got {num_workers}")
+        if chunk_size is not None and chunk_size < 1:
+            raise ValueError(f"RewardManager chunk_size must be >= 1 or None, got {chunk_size}")
+        self.tokenizer = tokenizer
+        self.timeout_s = float(timeout_s)
+        self.num_workers = num_workers
+        self.chunk_size = chunk_size
+        self.terms = check_terms(terms, max_response_length)
+        clashes = [t.name for t in self.terms if t.name in RESERVED_EXTRA]
+        if clashes:
+            raise ValueError(f"reward term names {clashes} are taken by the result's own columns {RESERVED_EXTRA}")
+        # Load user code here, in the caller's process, so a wrong path fails now, not in a worker.
+        self._custom: ScorerSpec | None = None
+        if custom_reward_file is not None:
+            self._custom = (os.fspath(custom_reward_file), custom_reward_function)
+            load_function(*self._custom)
+        self._overrides = {source: self._override_spec(source, target) for source, target in (scorer_overrides or {}).items()}
+        self._resolved: dict[tuple[str, str | None], tuple[str, ScorerSpec]] = {}
+        self._pool: ScorerPool | None = None
+        self.first_error: str | None = None  # the first failure over this manager's life
+
+    @staticmethod
+    def _override_spec(data_source: str, target: str) -> ScorerSpec:
+        file_spec = split_file_spec(target)
+        if file_spec is not None:
+            load_function(*file_spec)
+            return file_spec
+        if target not in SCORERS:
+            raise ValueError(
+                f"scorer_overrides['{data_source}'] = '{target}' is neither a registered scorer "
+                f"({', '.join(sorted(SCORERS))}) nor a 'path/to/file.py:function'"
+            )
+        return SCORERS[target]
+
+    # --- scorer resolution ---------------------------------------------------------------------
+
+    def _scorer_for(self, data_source: str, style: str | None) -> tuple[str, ScorerSpec]:
+        cached = self._resolved.get((data_source, style))
+        if cached is not None:
+            return cached
+        if data_source in self._overrides:
+            spec = self._overrides[data_source]
+        elif self._custom is not None:
+            spec = self._custom
+        else:
+            name = scorer_name_for(data_source, style)
+            if name is None:
+                raise UnknownDataSourceError(unknown_data_source_message(data_source))
+            spec = SCORERS[name]
+        if self.num_workers > 0 and not isinstance(spec, tuple):
+            try:
+                pickle.dumps(spec)
+            except Exception as error:
+                raise TypeError(
+                    f"the scorer for data_source '{data_source}' ({spec!r}) cannot be sent to worker processes "
+                    f"({error}); define it at the top level of an importable module, or use num_workers=0"
+                ) from None
+        self._resolved[(data_source, style)] = result = (spec_key(spec), spec)
+        return result
+
+    # --- the call --------------------------------------------------------------------------------
+
+    def _decode(self, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:
+        ids = [row[valid].tolist() for row, valid in zip(responses, mask.bool())]
+        if hasattr(self.tokenizer, "batch_decode"):
+            return list(self.tokenizer.batch_decode(ids, skip_special_tokens=True))
+        return [self.tokenizer.decode(x, skip_special_tokens=True) for x in ids]
+
+    def _score(self, tasks: list[Task], specs: dict[str, ScorerSpec]) -> list[Outcome]:
+        if self.num_workers == 0:
+            cache = {key: resolve(spec) for key, spec in specs.items()}
+            outcomes = []
+            for i, task in enumerate(tasks):
+                started = time.monotonic()
+                outcomes.extend(score_tasks([task], specs, cache))
+                if time.monotonic() - started > self.timeout_s:
+                    logger.warning(
+                        "reward: sample %d (data_source '%s') took %.1f s > timeout_s=%g; num_workers=0 has no "
+                        "hard time limit", i, task.data_source, time.monotonic() - started, self.timeout_s,
+                    )
+            return outcomes
+        if self._pool is None:
+            self._pool = ScorerPool(self.num_workers, self.timeout_s)
+        chunk_size = self.chunk_size or max(1, min(64, math.ceil(len(tasks) / (4 * self.num_workers))))
+        return self._pool.run(tasks, specs, chunk_size)
+
+    def __call__(self, batch: Any) -> RewardResult:
+        for key in ("responses", "response_mask", "data_source", "ground_truth"):
+            if key not in batch:
+                raise KeyError(f"RewardManager needs '{key}' in the batch (has: {', '.join(batch.keys())})")
+        responses, mask = batch["responses"], batch["response_mask"]
+        n = len(batch)
+        data_sources = [str(s) for s in batch["data_source"]]
+        ground_truths = list(batch["ground_truth"])
+        extra_infos = list(batch["extra_info"]) if "extra_info" in batch else [None] * n
+        texts = self._decode(responses, mask)
+        lengths = mask.sum(-1).tolist()
+
+        specs: dict[str, ScorerSpec] = {}
+        tasks = []
+        for i in range(n):
+            info = extra_infos[i] if isinstance(extra_infos[i], dict) else None
+            style = info.get("style") if info is not None else None
+            key, spec = self._scorer_for(data_sources[i], style if isinstance(style, str) else None)
+            specs[key] = spec
+            tasks.append(Task(key, data_sources[i], texts[i], ground_truths[i], extra_infos[i]))
+        outcomes = self._score(tasks, specs)
+
+        term_values = {t.name: np.zeros(n) for t in self.terms}
+        for i, outcome in enumerate(outcomes):
+            if outcome.error is None:  # a failed sample scores 0 in total: no format bonus on a crash
+                sample = TermInput(texts[i], int(lengths[i]), data_sources[i], extra_infos[i])
+                for term in self.terms:
+                    term_values[term.name][i] = float(term(sample))
+        scorer_scores = np.array([o.score for o in outcomes], dtype=np.float64)
+        totals = scorer_scores + sum(term_values.values(), np.zeros(n))
+        scores = torch.tensor(totals, dtype=torch.float32)
+
+        token_level_scores = torch.zeros(responses.shape, dtype=torch.float32)
+        valid = mask.bool()
+        has_tokens = valid.any(-1)
+        positions = torch.arange(valid.shape[-1]).expand_as(valid)
+        last = torch.where(valid, positions, -1).max(-1).values
+        rows = torch.nonzero(has_tokens).squeeze(-1)
+        token_level_scores[rows, last[rows]] = scores[rows]
+
+        errors = [o.error or "" for o in outcomes]
+        extra: dict[str, np.ndarray] = {"scorer_score": scorer_scores, **term_values}
+        extra["error"] = np.array(errors, dtype=object)
+        extra.update(self._field_columns(outcomes, taken=set(extra)))
+
+        first_error = next((f"sample {i} (data_source '{data_sources[i]}'): {e}" for i, e in enumerate(errors) if e), None)
+        n_timeouts = sum(o.timed_out for o in outcomes)
+        n_errors = sum(1 for o in outcomes if o.error is not None) - n_timeouts
+        if first_error is not None:
+            self.first_error = self.first_error or first_error
+            logger.warning(
+                "reward: %d scorer error(s) and %d timeout(s) in %d samples (scored 0); first: %s",
+                n_errors, n_timeouts, n, first_error,
+            )
+        metrics = {
+            "reward/score_mean": float(totals.mean()) if n else 0.0,
+            "reward/error_count": float(n_errors),
+            "reward/timeout_count": float(n_timeouts),
+            "reward/empty_response_count": float(n - int(has_tokens.sum())),
+        }
+        sources = np.array(data_sources, dtype=object)
+        for source in sorted(set(data_sources)):
+            metrics[f"reward/score_mean/{source}"] = float(totals[sources == source].mean())
+        for name, values in term_values.items():
+            metrics[f"reward/{name}_mean"] = float(values.mean()) if n else 0.0
+        return RewardResult(token_level_scores, scores, extra, metrics, first_error)
+
+    @staticmethod
+    def _field_columns(outcomes: list[Outcome], taken: set[str]) -> dict[str, np.ndarray]:
+        """One column per field any scorer returned: float (NaN where missing) if all numbers, else object."""
+        keys = sorted({k for o in outcomes for k in o.fields})
+        columns = {}
+        for key in keys:
+            values = [o.fields.get(key) for o in outcomes]
+            present = [v for v in values if v is not None]
+            numeric = all(isinstance(v, bool | int | float) for v in present)
+            name = key if key not in taken else f"scorer_{key}"
+            if numeric:
+                columns[name] = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+            else:
+                columns[name] = np.empty(len(values), dtype=object)
+                columns[name][:] = values
+        return columns
+
+    # --- lifetime --------------------------------------------------------------------------------
+
+    @property
+    def worker_pids(self) -> list[int | None]:
+        """Process ids of the scorer workers (None: not started yet); empty with num_workers=0."""
+        return self._pool.pids if self._pool is not None else []
+
+    def close(self) -> None:
+        """Stop the worker processes (also done at garbage collection and interpreter exit)."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
+
+    def __enter__(self) -> RewardManager:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

@@ -1,0 +1,89 @@
+"""Scorer registry: which function scores which `data_source`.
+
+A scorer has the signature
+`fn(data_source: str, solution_str: str, ground_truth, extra_info: dict | None) -> float | dict`;
+a dict must hold "score" and may hold more per-sample fields (e.g. "acc"), reported in the
+reward result's `extra`.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Callable
+from typing import Any
+
+ScorerFn = Callable[[str, str, Any, "dict | None"], "float | dict"]
+
+# scorer name -> function; the name also matches as a data_source.
+SCORERS: dict[str, ScorerFn] = {}
+# extra data_source aliases -> scorer name (e.g. "openai/gsm8k" -> "gsm8k").
+DATA_SOURCES: dict[str, str] = {}
+
+
+class UnknownDataSourceError(KeyError):
+    """No scorer is registered for a data_source (and no override or custom file covers it)."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message, quotes and all
+        return str(self.args[0]) if self.args else ""
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
+
+
+def register_scorer(name: str, *data_sources: str) -> Callable[[ScorerFn], ScorerFn]:
+    """Register `fn` as scorer `name`, used for data_source `name` and each of `data_sources`.
+
+    Registering the same function again (a re-imported module) replaces the old entry;
+    a different function under a taken name or data_source is an error.
+    """
+
+    def wrap(fn: ScorerFn) -> ScorerFn:
+        old = SCORERS.get(name)
+        if old is not None and _qualname(old) != _qualname(fn):
+            raise ValueError(f"scorer '{name}' is already registered ({_qualname(old)}); pick another name")
+        if DATA_SOURCES.get(name, name) != name:
+            raise ValueError(f"'{name}' is already a data_source of scorer '{DATA_SOURCES[name]}'")
+        for source in data_sources:
+            owner = DATA_SOURCES.get(source) or (source if source in SCORERS else None)
+            if owner is not None and owner != name:
+                raise ValueError(f"data_source '{source}' is already scored by scorer '{owner}'")
+        SCORERS[name] = fn
+        for source in data_sources:
+            DATA_SOURCES[source] = name
+        return fn
+
+    return wrap
+
+
+def scorer_name_for(data_source: str, style: str | None = None) -> str | None:
+    """The registered scorer name for `data_source`, else for `style` (e.g. "math"), else None."""
+    if data_source in SCORERS:
+        return data_source
+    if data_source in DATA_SOURCES:
+        return DATA_SOURCES[data_source]
+    if style is not None and style in SCORERS:
+        return style
+    return None
+
+
+def unknown_data_source_message(data_source: str) -> str:
+    known = sorted(set(SCORERS) | set(DATA_SOURCES))
+    close = difflib.get_close_matches(str(data_source), known, n=1)
+    hint = f" Did you mean '{close[0]}'?" if close else ""
+    return (
+        f"no reward scorer for data_source '{data_source}'.{hint} Known data sources: {', '.join(known)}. "
+        f"Fix: map it to a built-in scorer with RewardManager(scorer_overrides={{'{data_source}': 'gsm8k'}}), "
+        f"point to your own function with scorer_overrides={{'{data_source}': 'path/to/file.py:compute_score'}} "
+        "or custom_reward_file='path/to/file.py' (custom_reward_function='compute_score'), "
+        f"register one with @register_scorer('my_scorer', '{data_source}'), "
+        "or set extra_info['style'] to a scorer name (e.g. 'math')."
+    )
+
+
+def default_scorer_for(data_source: str, style: str | None = None) -> ScorerFn:
+    """The built-in (or registered) scorer for `data_source`; raises UnknownDataSourceError."""
+    name = scorer_name_for(data_source, style)
+    if name is None:
+        raise UnknownDataSourceError(unknown_data_source_message(data_source))
+    return SCORERS[name]

@@ -1,0 +1,132 @@
+"""Scorers for the synthetic arithmetic tasks: "addition" and "countdown".
+
+A wrong or malformed answer scores 0.0; only a broken ground truth raises (counted as an error).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import operator
+import re
+from collections import Counter
+from fractions import Fraction
+from typing import Any
+
+from tandem.rewards.registry import register_scorer
+
+_NUMBER = re.compile(r"(?<![\d.])-?\d+(?:\.\d+)?")
+_THOUSANDS_COMMA = re.compile(r"(?<=\d),(?=\d{3}(?!\d))")
+
+
+def last_number(text: str) -> str | None:
+    """The last number in `text` as written ("1,234" reads as "1234", "42.5" stays "42.5"), or None."""
+    found = _NUMBER.findall(_THOUSANDS_COMMA.sub("", text))
+    return found[-1] if found else None
+
+
+def last_integer(text: str) -> int | None:
+    """The last number in `text` if it is a whole number ("42", "42.0"), else None ("42.5", none)."""
+    number = last_number(text)
+    if number is None or (("." in number) and float(number) != int(float(number))):
+        return None
+    return int(float(number)) if "." in number else int(number)
+
+
+@register_scorer("addition")
+def addition_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict:
+    """1.0 if the last integer in the response equals the ground truth (e.g. "42"), else 0.0."""
+    target = int(str(ground_truth).strip())
+    pred = last_integer(solution_str)
+    correct = pred is not None and pred == target
+    return {"score": float(correct), "acc": correct, "pred": last_number(solution_str)}
+
+
+# --- countdown ---------------------------------------------------------------------------------
+
+MAX_EXPRESSION_CHARS = 200  # longer "expressions" are junk; also bounds parser recursion depth
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_ANSWER_PREFIX = re.compile(r"answer\s*:", re.IGNORECASE)
+_EXPRESSION_RUN = re.compile(r"[\d\s+\-*/().]+")
+_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
+
+
+def extract_countdown_expression(text: str) -> str | None:
+    """The answer expression of a countdown response, or None.
+
+    Where it is looked for: the last `<answer>...</answer>` block if any, else the text after
+    the last "Answer:", else the whole response. In that region, lines are read from the last
+    one up; anything from the first "=" on is dropped ("(5-3)*4*3 = 24"); on a line, the last
+    run of characters from `0-9 + - * / ( ) .` and spaces that holds an operator is taken. If
+    no line has one, the last run holding a digit is returned (a bare number).
+    """
+    tags = _ANSWER_TAG.findall(text)
+    if tags:
+        region = tags[-1]
+    else:
+        prefixes = list(_ANSWER_PREFIX.finditer(text))
+        region = text[prefixes[-1].end() :] if prefixes else text
+    bare_number = None
+    for line in reversed(region.splitlines()):
+        runs = [r.strip().rstrip(".").strip() for r in _EXPRESSION_RUN.findall(line.split("=")[0])]
+        runs = [r for r in runs if any(c.isdigit() for c in r)]
+        with_operator = [r for r in runs if any(c in "+-*/" for c in r)]
+        if with_operator:
+            return with_operator[-1]
+        if runs and bare_number is None:
+            bare_number = runs[-1]
+    return bare_number
+
+
+def _evaluate(node: ast.AST, literals: list[int]) -> Fraction:
+    if isinstance(node, ast.Constant) and type(node.value) is int:
+        literals.append(node.value)
+        return Fraction(node.value)
+    if isinstance(node, ast.BinOp):
+        left, right = _evaluate(node.left, literals), _evaluate(node.right, literals)
+        if isinstance(node.op, ast.Div):
+            if right == 0:
+                raise ValueError("division by zero")
+            return left / right
+        op = _OPERATORS.get(type(node.op))
+        if op is not None:
+            return op(left, right)
+    # Unary minus, powers, names, calls, attributes, floats, ...: not part of the game.
+    raise ValueError(f"not allowed in a countdown expression: {ast.dump(node)[:80]}")
+
+
+def evaluate_arithmetic(expression: str) -> tuple[Fraction, list[int]] | None:
+    """Exact value and integer literals of `expression`, or None if it is not a valid one.
+
+    Only integer literals, binary + - * / and parentheses are allowed; nothing is executed
+    (the expression is walked as an `ast` tree), division is exact (Fraction).
+    """
+    if len(expression) > MAX_EXPRESSION_CHARS:
+        return None
+    try:
+        tree = ast.parse(expression.strip(), mode="eval")
+        literals: list[int] = []
+        return _evaluate(tree.body, literals), literals
+    except (SyntaxError, ValueError, RecursionError, MemoryError, ZeroDivisionError):
+        return None
+
+
+def _countdown_problem(ground_truth: Any) -> tuple[int, list[int]]:
+    if isinstance(ground_truth, str | bytes):
+        ground_truth = json.loads(ground_truth)
+    if not isinstance(ground_truth, dict) or "target" not in ground_truth or "numbers" not in ground_truth:
+        raise ValueError(f'countdown ground_truth must be {{"target": int, "numbers": [int, ...]}}, got {ground_truth!r}')
+    return int(ground_truth["target"]), [int(n) for n in ground_truth["numbers"]]
+
+
+@register_scorer("countdown")
+def countdown_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict:
+    """1.0 if the answer expression equals the target and uses each given number exactly once."""
+    target, numbers = _countdown_problem(ground_truth)
+    expression = extract_countdown_expression(solution_str)
+    result = evaluate_arithmetic(expression) if expression is not None else None
+    correct = False
+    if result is not None:
+        value, literals = result
+        correct = value == target and Counter(literals) == Counter(numbers)
+    return {"score": float(correct), "acc": correct, "pred": expression}

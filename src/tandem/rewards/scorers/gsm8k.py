@@ -1,0 +1,34 @@
+"""GSM8K-style scorer: the final number after "####", else the last number, compared exactly."""
+
+from __future__ import annotations
+
+import re
+from fractions import Fraction
+from typing import Any
+
+from tandem.rewards.registry import register_scorer
+
+# "1,234.5", "-3", "72": thousands commas only in groups of three, so "3,4" reads as 3 and 4.
+_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+
+
+def extract_gsm8k_answer(text: str) -> str | None:
+    """The first number after the last "####", else the last number in `text`; commas removed."""
+    if "####" in text:
+        found = _NUMBER.findall(text.rsplit("####", 1)[1])
+        answer = found[0] if found else None
+    else:
+        found = _NUMBER.findall(text)
+        answer = found[-1] if found else None
+    return None if answer is None else answer.replace(",", "")
+
+
+@register_scorer("gsm8k", "openai/gsm8k")
+def gsm8k_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict:
+    """1.0 if the response's final number equals the ground truth's (a number, or a full "... #### 72")."""
+    gold = extract_gsm8k_answer(str(ground_truth))
+    if gold is None:
+        raise ValueError(f"gsm8k ground_truth holds no number: {ground_truth!r}")
+    pred = extract_gsm8k_answer(solution_str)
+    correct = pred is not None and Fraction(pred) == Fraction(gold)
+    return {"score": float(correct), "acc": correct, "pred": pred}

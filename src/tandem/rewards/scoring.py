@@ -1,0 +1,119 @@
+"""Score one sample with one scorer and turn whatever happens into an `Outcome`.
+
+Shared by the in-process path and the worker processes, so both treat results the same way.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import traceback
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from tandem.rewards.custom import load_function
+
+# What the worker processes are told to run: a function picklable by reference
+# (a module-level function, e.g. a registered scorer) or (file path, function name).
+ScorerSpec = Callable[..., Any] | tuple[str, str]
+
+MAX_ERROR_CHARS = 1000
+
+
+class Task(NamedTuple):
+    scorer_key: str
+    data_source: str
+    solution_str: str
+    ground_truth: Any
+    extra_info: Any
+
+
+class Outcome(NamedTuple):
+    score: float  # the scorer's score; 0.0 when it failed
+    fields: dict[str, Any]  # the scorer's other returned fields ("acc", ...)
+    error: str | None = None
+    timed_out: bool = False
+
+
+def spec_key(spec: ScorerSpec) -> str:
+    """A stable name for a spec, the same in every process."""
+    if isinstance(spec, tuple):
+        return f"{os.path.realpath(spec[0])}:{spec[1]}"
+    return f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
+
+
+def resolve(spec: ScorerSpec) -> Callable[..., Any]:
+    return load_function(*spec) if isinstance(spec, tuple) else spec
+
+
+def describe_error(error: BaseException) -> str:
+    """"ValueError: bad input (at file.py:12 in fn)", cut to MAX_ERROR_CHARS."""
+    text = f"{type(error).__name__}: {error}"
+    frames = traceback.extract_tb(error.__traceback__)
+    if frames:
+        last = frames[-1]
+        text += f" (at {os.path.basename(last.filename)}:{last.lineno} in {last.name})"
+    return text[:MAX_ERROR_CHARS]
+
+
+def _plain(value: Any) -> Any:
+    """Per-sample extra fields travel between processes and into numpy arrays: keep them plain."""
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, np.generic):
+        return value.item()
+    return repr(value)[:MAX_ERROR_CHARS]
+
+
+def to_outcome(value: Any) -> Outcome:
+    """Check a scorer's return value (a number, or a dict with "score") and normalize it."""
+    fields: dict[str, Any] = {}
+    if isinstance(value, dict):
+        if "score" not in value:
+            raise TypeError(f"a scorer's dict must hold 'score'; got keys {sorted(map(str, value))}")
+        fields = {str(k): _plain(v) for k, v in value.items() if k != "score"}
+        value = value["score"]
+    if isinstance(value, str | bytes) or value is None:
+        raise TypeError(f"a scorer must return a number or a dict with 'score', got {value!r}")
+    try:
+        score = float(value)
+    except (TypeError, ValueError):
+        raise TypeError(f"a scorer must return a number or a dict with 'score', got {type(value).__name__}") from None
+    if not math.isfinite(score):
+        raise ValueError(f"the scorer returned a non-finite score ({score})")
+    return Outcome(score, fields)
+
+
+def score_task(fn: Callable[..., Any], task: Task) -> Outcome:
+    """Run `fn` on one sample; an exception (or sys.exit) becomes an error Outcome."""
+    try:
+        return to_outcome(fn(task.data_source, task.solution_str, task.ground_truth, task.extra_info))
+    except (Exception, SystemExit) as error:
+        return Outcome(0.0, {}, describe_error(error))
+
+
+def score_tasks(
+    tasks: list[Task],
+    specs: dict[str, ScorerSpec],
+    cache: dict[str, Callable[..., Any]],
+    on_start: Callable[[], None] | None = None,
+) -> list[Outcome]:
+    """Score `tasks` one after another here; `cache` maps scorer keys to loaded functions.
+
+    `on_start()` runs before each sample (the worker processes count progress with it).
+    """
+    outcomes = []
+    for task in tasks:
+        if on_start is not None:
+            on_start()
+        fn = cache.get(task.scorer_key)
+        if fn is None:
+            try:
+                fn = cache[task.scorer_key] = resolve(specs[task.scorer_key])
+            except (Exception, SystemExit) as error:
+                outcomes.append(Outcome(0.0, {}, f"cannot load the scorer: {describe_error(error)}"))
+                continue
+        outcomes.append(score_task(fn, task))
+    return outcomes

@@ -1,0 +1,181 @@
+from fractions import Fraction
+
+import pytest
+
+from tandem.rewards import addition_score, countdown_score, evaluate_arithmetic, gsm8k_score, math_score
+from tandem.rewards.scorers.arithmetic import extract_countdown_expression
+from tandem.rewards.scorers.gsm8k import extract_gsm8k_answer
+from tandem.rewards.scorers.math_answer import last_boxed, normalize_answer
+
+
+def score(fn, solution, ground_truth, source="x"):
+    return fn(source, solution, ground_truth, None)["score"]
+
+
+# --- addition ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("42", 1.0),
+        ("12+30=42", 1.0),
+        ("The answer is 42.", 1.0),
+        ("42 or maybe 41", 0.0),  # the LAST integer counts
+        ("41", 0.0),
+        ("forty-two", 0.0),
+        ("", 0.0),
+        ("420", 0.0),
+        ("42.5", 0.0),  # not read as "5": the last number is 42.5, not a whole number
+        ("42.0", 1.0),
+        ("1,042", 0.0),
+        ("-42", 0.0),
+    ],
+)
+def test_addition(response, expected):
+    assert score(addition_score, response, "42") == expected
+
+
+def test_addition_reports_prediction_and_rejects_broken_ground_truth():
+    assert addition_score("addition", "12+30=42", "42", None) == {"score": 1.0, "acc": True, "pred": "42"}
+    assert addition_score("addition", "none", "42", None)["pred"] is None
+    assert addition_score("addition", "42.5", "42", None) == {"score": 0.0, "acc": False, "pred": "42.5"}
+    with pytest.raises(ValueError):
+        addition_score("addition", "42", "forty-two", None)
+
+
+# --- countdown --------------------------------------------------------------------------------
+
+PROBLEM = {"target": 24, "numbers": [3, 4, 5]}
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "(5 + 3) * 4 - 8",  # = 24, but 8 is not a given number
+        "Answer: (5 - 3 + 4) * 4",  # = 24, but uses 4 twice
+        "<answer>4 * (3 + 5)</answer>",  # right numbers, = 32
+        "<answer>4*5+3</answer>",  # = 23
+        "<answer>(5 + 3) * 3</answer>",  # = 24 with a 3 that is not there, and 4 unused
+    ],
+)
+def test_countdown_wrong_answers(response):
+    assert score(countdown_score, response, PROBLEM) == 0.0
+
+
+def test_countdown_needs_every_number():
+    assert score(countdown_score, "<answer>(5 + 3) * 3</answer>", {"target": 24, "numbers": [5, 3, 3, 4]}) == 0.0
+
+
+@pytest.mark.parametrize(
+    ("response", "problem"),
+    [
+        ("<answer>(5 + 3) * 3</answer>", {"target": 24, "numbers": [5, 3, 3]}),
+        ("Answer: (5 - 3) * 4 * 3", {"target": 24, "numbers": [3, 3, 4, 5]}),
+        ("Let me think.\n(5 - 3) * 4 * 3 = 24", {"target": 24, "numbers": [3, 4, 3, 5]}),
+        ("<answer>8 / (3 - 8 / 3)</answer>", {"target": 24, "numbers": [8, 3, 8, 3]}),  # exact division
+        ("<answer>((((4 * 5))) + ((1)))</answer>", {"target": 21, "numbers": [4, 5, 1]}),  # nested parentheses
+        ("<answer>12 / 4 + 5</answer>", '{"target": 8, "numbers": [12, 4, 5]}'),  # ground truth as JSON
+    ],
+)
+def test_countdown_right_answers(response, problem):
+    assert score(countdown_score, response, problem) == 1.0
+
+
+@pytest.mark.parametrize(
+    "response",
+    [
+        "<answer>3 * 4 * 5 / (5 - 5)</answer>",  # division by zero
+        "<answer>-3 + 4 * 5 + 7</answer>",  # unary minus is not allowed
+        "<answer>3 ** 4</answer>",
+        "<answer>2 ** 2 ** 2 ** 2 ** 2 ** 2</answer>",  # a huge power is rejected, not computed
+        "<answer>__import__('os').system('echo pwned')</answer>",
+        "Answer: __import__('os')",
+        "<answer>(3).__class__</answer>",
+        "<answer>3 // 4</answer>",
+        "<answer>3.0 * 8</answer>",
+        "I have no idea",
+        "",
+        "<answer>" + "(" * 150 + "3" + ")" * 150 + "</answer>",
+    ],
+)
+def test_countdown_malformed_answers_score_zero(response):
+    assert score(countdown_score, response, {"target": 24, "numbers": [3, 8]}) == 0.0
+
+
+def test_countdown_extraction_rules():
+    assert extract_countdown_expression("blah <answer>1+2</answer> then <answer> (3+4)*5 </answer>") == "(3+4)*5"
+    assert extract_countdown_expression("Answer: 3*8.") == "3*8"
+    assert extract_countdown_expression("(5-3)*4*3 = 24\nSo the answer is 24.") == "(5-3)*4*3"
+    assert extract_countdown_expression("Using 3, 4 and 5: 3*4+5 works") == "3*4+5"
+    assert extract_countdown_expression("just 24") == "24"
+    assert extract_countdown_expression("nothing here") is None
+
+
+def test_evaluate_arithmetic_is_exact_and_safe():
+    assert evaluate_arithmetic("8 / (3 - 8 / 3)") == (Fraction(24), [8, 3, 8, 3])
+    assert evaluate_arithmetic("1 / 3 + 1 / 6") == (Fraction(1, 2), [1, 3, 1, 6])
+    for bad in ("__import__('os')", "x + 1", "2 ** 100", "-1", "1 / 0", "[1, 2]", "abs(3)", "1 if 1 else 2", "9" * 300):
+        assert evaluate_arithmetic(bad) is None, bad
+
+
+def test_countdown_broken_ground_truth_raises():
+    with pytest.raises(ValueError, match="target"):
+        countdown_score("countdown", "1+2", {"numbers": [1, 2]}, None)
+
+
+# --- gsm8k ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("She has 3 apples, then 5 more.\n#### 1,234", 1.0),
+        ("#### 1234.0", 1.0),
+        ("The total is $1,234.", 1.0),  # no ####: last number
+        ("#### 1234 and then 5 more", 1.0),  # the number right after ####
+        ("1234 first, but #### 5", 0.0),
+        ("The total is 1,233.", 0.0),
+        ("no number", 0.0),
+    ],
+)
+def test_gsm8k(response, expected):
+    assert score(gsm8k_score, response, "1234", "openai/gsm8k") == expected
+
+
+def test_gsm8k_ground_truth_with_rationale_and_negative():
+    assert score(gsm8k_score, "so #### -7", "He loses 7 <<3-10=-7>>\n#### -7") == 1.0
+    assert score(gsm8k_score, "#### 0.5", "0.50") == 1.0
+    assert extract_gsm8k_answer("3,4 and 1,000,000") == "1000000"
+    with pytest.raises(ValueError):
+        gsm8k_score("gsm8k", "1", "none", None)
+
+
+# --- math -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("response", "ground_truth", "expected"),
+    [
+        ("So the answer is \\boxed{\\frac{1}{2}}.", "0.5", 1.0),
+        ("\\boxed{0.5}", "\\frac{1}{2}", 1.0),
+        ("\\boxed{\\dfrac{2}{4}}", "\\boxed{\\frac12}", 1.0),
+        ("first \\boxed{3} then \\boxed{3\\sqrt{2}}", "3\\sqrt{2}", 1.0),  # the last box counts
+        ("\\boxed{3}", "3\\sqrt{2}", 0.0),
+        ("The answer is 1/2", "0.5", 0.0),  # no box, no score
+        ("\\boxed{\\frac{1}{2}", "0.5", 0.0),  # cut off: unbalanced braces
+        ("\\boxed{x^2 + 2x + 1}", "(x+1)^2", 1.0),
+        ("\\boxed{\\text{Monday}}", "\\text{monday}", 1.0),  # string fallback
+    ],
+)
+def test_math(response, ground_truth, expected):
+    assert score(math_score, response, ground_truth, "math") == expected
+
+
+def test_math_helpers():
+    assert last_boxed("a \\boxed{\\frac{1}{\\sqrt{2}}} b") == "\\frac{1}{\\sqrt{2}}"
+    assert last_boxed("\\boxed 5$") == "5"
+    assert last_boxed("\\fbox{7}") == "7"
+    assert last_boxed("none") is None
+    assert normalize_answer("\\left( 3, 4 \\right).") == "(3,4)"
+    assert math_score("math", "no box", "1", None) == {"score": 0.0, "acc": False, "pred": None}
