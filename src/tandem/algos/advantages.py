@@ -96,6 +96,21 @@ def _group_centered(
     return torch.where(count > 1, centered, torch.zeros_like(centered))
 
 
+def _group_relative(
+    estimator: str,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: GroupIndex | None,
+    norm_by_std: bool,
+    epsilon: float,
+) -> tuple[Tensor, Tensor]:
+    """The GRPO family: group-centred (optionally std-normalised) scores on every valid token; returns = A."""
+    rewards, mask = _prepare(token_level_rewards, response_mask)
+    adv = _group_centered(rewards, mask, index, estimator, norm_by_std=norm_by_std, epsilon=epsilon)
+    advantages = _broadcast(adv, mask)
+    return advantages, advantages.clone()
+
+
 @ADV_ESTIMATORS.register("grpo", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
 @torch.no_grad()
 def grpo(
@@ -108,10 +123,7 @@ def grpo(
     **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """GRPO: A_i = (s_i - mean_g(s)) / (std_g(s) + eps), s_i = sum_t r_i,t, unbiased std; returns = A."""
-    rewards, mask = _prepare(token_level_rewards, response_mask)
-    adv = _group_centered(rewards, mask, index, "grpo", norm_by_std=norm_adv_by_std, epsilon=epsilon)
-    advantages = _broadcast(adv, mask)
-    return advantages, advantages.clone()
+    return _group_relative("grpo", token_level_rewards, response_mask, index, norm_adv_by_std, epsilon)
 
 
 @ADV_ESTIMATORS.register("dr_grpo", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
@@ -125,10 +137,7 @@ def dr_grpo(
     **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """Dr. GRPO: A_i = s_i - mean_g(s) (no std division, whatever `norm_adv_by_std` says); returns = A."""
-    rewards, mask = _prepare(token_level_rewards, response_mask)
-    adv = _group_centered(rewards, mask, index, "dr_grpo", norm_by_std=False, epsilon=epsilon)
-    advantages = _broadcast(adv, mask)
-    return advantages, advantages.clone()
+    return _group_relative("dr_grpo", token_level_rewards, response_mask, index, False, epsilon)
 
 
 @ADV_ESTIMATORS.register("rloo", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
