@@ -17,15 +17,15 @@ quickstart: $(STAMP)
 	$(BIN)/tandem quickstart
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest tests
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests bench
+	$(BIN)/ruff check .
 
 fmt: $(STAMP)
-	$(BIN)/ruff check --fix src tests bench
-	$(BIN)/ruff format src tests bench
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
 
 clean-venv:
 	rm -rf $(VENV)
