@@ -207,3 +207,35 @@ def test_zero_at_padding_and_no_grad(name):
     assert torch.equal(adv * (1 - mask), torch.zeros_like(adv))
     assert torch.equal(ret * (1 - mask), torch.zeros_like(ret))
     assert not adv.requires_grad and torch.isfinite(adv).all()
+
+
+@pytest.mark.parametrize("garbage", [float("inf"), float("nan")])
+@pytest.mark.parametrize("name", sorted(ADV_ESTIMATORS))
+def test_garbage_rewards_at_padding_ignored(name, garbage):
+    # before the fix: the group estimators summed rewards * mask, and inf * 0 = NaN
+    rewards, mask = grouped_batch()
+    kwargs = {
+        "index": UIDS,
+        "values": torch.linspace(-1, 1, 18).reshape(6, 3),
+        "reward_baselines": torch.ones(6),
+    }
+    clean_adv, clean_ret = compute_advantages(name, rewards, mask, **kwargs)
+    dirty = torch.where(mask > 0, rewards, torch.tensor(garbage))
+    adv, ret = compute_advantages(name, dirty, mask, **kwargs)
+    torch.testing.assert_close(adv, clean_adv)
+    torch.testing.assert_close(ret, clean_ret)
+
+
+@pytest.mark.parametrize("name", sorted(ADV_ESTIMATORS))
+def test_low_precision_rewards_computed_in_float32(name):
+    # bf16 rewards / values: the result is the float32 one of the same numbers, not a bf16 rounding
+    gen = torch.Generator().manual_seed(0)
+    rewards = torch.randn(6, 3, generator=gen).bfloat16()
+    values = torch.randn(6, 3, generator=gen).bfloat16()
+    mask = torch.tensor(MASK, dtype=torch.float32)
+    kwargs = {"index": UIDS, "gamma": 0.99, "lam": 0.95, "reward_baselines": torch.ones(6)}
+    adv, ret = compute_advantages(name, rewards, mask, values=values, **kwargs)
+    ref_adv, ref_ret = compute_advantages(name, rewards.float(), mask, values=values.float(), **kwargs)
+    assert adv.dtype == ret.dtype == torch.float32
+    torch.testing.assert_close(adv, ref_adv)
+    torch.testing.assert_close(ret, ref_ret)

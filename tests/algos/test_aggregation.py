@@ -80,3 +80,26 @@ def test_shape_mismatch_and_unknown_mode():
         agg_loss(LOSS, MASK, "token_mean")
     with pytest.raises(ValueError, match="norm_length"):
         agg_loss(LOSS, MASK, "seq-mean-token-sum-norm", norm_length=0)
+
+
+@pytest.mark.parametrize("garbage", [float("inf"), float("-inf"), float("nan")])
+@pytest.mark.parametrize("mode", MODES)
+def test_garbage_at_padding_ignored_in_value_and_gradient(mode, garbage):
+    # before the fix: loss * mask made inf * 0 = NaN
+    clean = LOSS.clone().requires_grad_(True)
+    expected = agg_loss(clean, MASK, mode)
+    expected.backward()
+    dirty = torch.where(MASK > 0, LOSS, torch.tensor(garbage)).requires_grad_(True)
+    out = agg_loss(dirty, MASK, mode)
+    out.backward()
+    assert out.item() == pytest.approx(expected.item())
+    torch.testing.assert_close(dirty.grad, clean.grad)
+
+
+def test_low_precision_sum_does_not_overflow():
+    # two sequences of 40000 tokens of loss 1 in fp16: a fp16 sum is 80000 > 65504 = inf
+    loss = torch.ones(2, 40000, dtype=torch.float16)
+    mask = torch.ones(2, 40000)
+    out = agg_loss(loss, mask, "seq-mean-token-sum")
+    assert out.dtype == torch.float32 and out.item() == 40000.0
+    assert agg_loss(loss.bfloat16(), mask, "token-mean").item() == 1.0

@@ -57,6 +57,15 @@ def test_whiten_single_token_and_constant_is_zero_not_nan():
     assert torch.equal(masked_whiten(torch.full((2, 2), 3.0), torch.ones(2, 2)), torch.zeros(2, 2))
 
 
+@pytest.mark.parametrize("garbage", [float("inf"), float("nan")])
+def test_masked_stats_ignore_garbage_at_padding(garbage):
+    dirty = torch.where(M > 0, X, torch.tensor(garbage))
+    assert masked_sum(dirty, M).item() == pytest.approx(7.0)
+    torch.testing.assert_close(masked_mean(dirty, M, dim=-1), torch.tensor([1.5, 4.0]))
+    assert masked_var(dirty, M).item() == pytest.approx(7 / 3)
+    torch.testing.assert_close(masked_whiten(dirty, M, eps=0.0), (X - 7 / 3) / math.sqrt(7 / 3) * M)
+
+
 def test_group_stats_noncontiguous_string_ids():
     # a: 1, 3, 5 -> mean 3, unbiased std sqrt((4 + 0 + 4) / 2) = 2; b: 2 alone; c: 10 alone
     scores = torch.tensor([1.0, 2.0, 3.0, 10.0, 5.0])
@@ -114,6 +123,23 @@ def test_entropy_huge_logits_finite_and_stable():
     torch.testing.assert_close(h.double(), reference, atol=1e-6, rtol=1e-6)
     h.sum().backward()
     assert torch.isfinite(logits.grad).all()
+
+
+def test_entropy_with_masked_vocabulary():
+    # -inf logits (a masked vocabulary entry) have p = 0 and add nothing: H([1, 0, -inf]) = H([1, 0]).
+    # Before the fix: p * z = 0 * -inf = NaN in value and gradient.
+    logits = torch.tensor([[1.0, 0.0, float("-inf")]], dtype=torch.float64, requires_grad=True)
+    two = torch.tensor([[1.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    h, h_two = entropy_from_logits(logits), entropy_from_logits(two)
+    p = 1 / (1 + math.exp(-1.0))
+    assert h.item() == pytest.approx(-(p * math.log(p) + (1 - p) * math.log(1 - p)))
+    torch.testing.assert_close(h, h_two)
+    h.backward()
+    h_two.backward()
+    torch.testing.assert_close(logits.grad[:, :2], two.grad)
+    assert logits.grad[0, 2].item() == 0.0
+    bf16 = entropy_from_logits(logits.detach().bfloat16())
+    assert bf16.item() == pytest.approx(h.item(), rel=1e-6)
 
 
 def test_entropy_uniform_and_bf16():

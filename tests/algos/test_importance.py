@@ -61,3 +61,17 @@ def test_mismatch_metrics_all_padding():
     m = mismatch_metrics(OLD.detach(), ROLLOUT, torch.zeros(2, 3), threshold=2.0)
     assert all(isinstance(v, float) and math.isfinite(v) for v in m.values())
     assert m["mismatch_max_ratio"] == 1.0 and m["mismatch_kl"] == 0.0
+
+
+def test_low_precision_log_probs_computed_in_float32():
+    # bf16 log-probs: the weights are those of the same numbers in float64 (before the fix the
+    # differences and the sequence sum were taken in bf16: a few % off after exp()).
+    gen = torch.Generator().manual_seed(0)
+    old = (torch.randn(3, 64, generator=gen) - 3.0).bfloat16()
+    rollout = (old.float() + 0.02 * torch.randn(3, 64, generator=gen)).bfloat16()
+    mask = (torch.arange(64)[None, :] < torch.tensor([[64], [40], [7]])).float()
+    for level in ("token", "sequence"):
+        w = is_weights(old, rollout, mask, level=level, threshold=100.0)
+        ref = is_weights(old.double(), rollout.double(), mask, level=level, threshold=100.0)
+        assert w.dtype == torch.float32
+        torch.testing.assert_close(w, ref.float(), msg=level)

@@ -6,9 +6,11 @@ import pytest
 import torch
 
 from tandem.algos import (
+    KL_ESTIMATORS,
     AdaptiveKLController,
     FixedKLController,
     apply_kl_penalty,
+    kl_loss,
     kl_penalty,
     make_kl_controller,
 )
@@ -36,14 +38,70 @@ def test_estimators_hand_computed(kind, expected):
     torch.testing.assert_close(out, torch.tensor([expected], dtype=torch.float64))
 
 
-def test_low_var_kl_clamped_and_finite_gradient():
-    # x = -30 -> k3 = e^-30 + 29 > 10; x = 30 -> e^30 - 31 > 10: both clamp to 10, no overflow
+def test_low_var_kl_clamped_and_zero_gradient():
+    # x = -30 -> k3 = e^-30 + 29 > 10; x = 30 -> e^30 - 31 > 10: both clamp to 10, no overflow;
+    # clamped values carry no gradient
     logp = torch.tensor([[0.0, -30.0]], requires_grad=True)
     ref = torch.tensor([[-30.0, 0.0]])
     out = kl_penalty(logp, ref, "low_var_kl")
     assert out.tolist() == [[10.0, 10.0]]
     out.sum().backward()
-    assert torch.isfinite(logp.grad).all()
+    assert torch.equal(logp.grad, torch.zeros(1, 2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_low_precision_estimators_float32_and_finite(dtype):
+    # fp16: exp(12) = 162755 overflows (max 65504); before the fix k3's gradient was 0 * inf = NaN.
+    logp = torch.tensor([[0.0, -1.0]], dtype=dtype, requires_grad=True)
+    ref = torch.tensor([[12.0, -0.5]], dtype=dtype)
+    out = kl_penalty(logp, ref, "low_var_kl")
+    assert out.dtype == torch.float32
+    # x = ref - logp = (12, 0.5): k3 = (clamped 10, e^0.5 - 1.5); gradient (0, 1 - e^0.5)
+    torch.testing.assert_close(out, torch.tensor([[10.0, math.exp(0.5) - 1.5]]))
+    out.sum().backward()
+    torch.testing.assert_close(
+        logp.grad.float(), torch.tensor([[0.0, 1 - math.exp(0.5)]]), atol=1e-2, rtol=1e-2
+    )
+    assert logp.grad[0, 0].item() == 0.0
+
+
+def test_verl_style_plus_aliases():
+    for short, long in (("k1+", "kl+"), ("k2+", "mse+"), ("k3+", "low_var_kl+")):
+        assert short in KL_ESTIMATORS
+        torch.testing.assert_close(kl_penalty(LOGP, REF, short), kl_penalty(LOGP, REF, long))
+
+
+# logp (-1, -2, pad -inf), ref (-1.5, -1, pad -inf): x = ref - logp = (-0.5, 1)
+KL_LOGP = [[-1.0, -2.0, float("-inf")]]
+KL_REF = torch.tensor([[-1.5, -1.0, float("-inf")]], dtype=torch.float64)
+KL_MASK = torch.tensor([[1.0, 1.0, 0.0]], dtype=torch.float64)
+
+
+def test_kl_loss_hand_computed_value_and_gradient():
+    logp = torch.tensor(KL_LOGP, dtype=torch.float64, requires_grad=True)
+    loss = kl_loss(logp, KL_REF, KL_MASK)  # low_var_kl, token-mean
+    assert loss.item() == pytest.approx((math.exp(-0.5) - 0.5 + math.e - 2) / 2)
+    loss.backward()
+    # d/dlogp (e^x - x - 1) = 1 - e^x, / 2 tokens; padding: 0, not NaN
+    expected = torch.tensor([[(1 - math.exp(-0.5)) / 2, (1 - math.e) / 2, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_kl_loss_straight_through_and_global_counts():
+    logp = torch.tensor(KL_LOGP, dtype=torch.float64, requires_grad=True)
+    # seq-mean-token-sum over 4 global sequences: (k3_0 + k3_1) / 4; gradient k2's: (logp - ref) / 4
+    loss = kl_loss(logp, KL_REF, KL_MASK, "k3+", "seq-mean-token-sum", {"global_num_seqs": 4})
+    assert loss.item() == pytest.approx((math.exp(-0.5) - 0.5 + math.e - 2) / 4)
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.125, -0.25, 0.0]], dtype=torch.float64))
+
+
+def test_kl_loss_reference_gets_no_gradient():
+    logp = torch.tensor(KL_LOGP, dtype=torch.float64, requires_grad=True)
+    ref = KL_REF.clone().requires_grad_(True)
+    kl_loss(logp, ref, KL_MASK, "kl").backward()
+    assert ref.grad is None
+    torch.testing.assert_close(logp.grad, torch.tensor([[0.5, 0.5, 0.0]], dtype=torch.float64))
 
 
 @pytest.mark.parametrize("kind", ["kl", "abs", "mse", "low_var_kl"])

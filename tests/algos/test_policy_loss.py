@@ -176,3 +176,79 @@ def test_policy_loss_by_name_and_agg_kwargs():
     # the same token sum over a global count of 10 tokens: 3.9 / 10
     loss, _ = policy_loss("vanilla", old, logp, adv, mask, agg_kwargs={"global_num_tokens": 10})
     assert loss.item() == pytest.approx(0.39)
+
+
+def test_vanilla_huge_log_ratio_values_and_gradient():
+    # t0 log r = 500 (clamped to 20), A = -1: max(e^20, 1.2) = e^20 -> dual clip min(e^20, 3) = 3
+    # t1 log r = -500 (clamped to -20), A = 1: max(-e^-20, -0.8) = -e^-20
+    # the clamp and the dual clip both cut the gradient: exactly 0 on both tokens
+    old = torch.zeros(1, 2)
+    logp = torch.tensor([[500.0, -500.0]], requires_grad=True)
+    loss, metrics = vanilla(old, logp, torch.tensor([[-1.0, 1.0]]), torch.ones(1, 2))
+    assert loss.item() == pytest.approx((3.0 - math.exp(-20.0)) / 2)
+    assert metrics["pg_clipfrac_lower"].item() == 0.5
+    loss.backward()
+    assert torch.equal(logp.grad, torch.zeros(1, 2))
+
+
+@pytest.mark.parametrize("garbage", [float("-inf"), float("nan")])
+@pytest.mark.parametrize("name", ["vanilla", "gspo", "reinforce"])
+def test_padding_garbage_reaches_neither_loss_nor_gradient(name, garbage):
+    # Pad tokens may carry -inf / NaN log-probs (old, new) and advantages: same loss, gradient and
+    # metrics as with clean padding. (Before the fix: gspo's loss and every ppo_kl were NaN.)
+    old, logp, adv, mask = ppo_batch()
+    clean_loss, clean_metrics = policy_loss(name, old, logp, adv, mask)
+    (clean_grad,) = torch.autograd.grad(clean_loss, logp)
+    dirty_old, dirty_adv = old.clone(), adv.clone()
+    dirty_old[0, 5], dirty_adv[0, 5] = garbage, garbage
+    dirty_logp = torch.cat([logp[:, :5], torch.full((1, 1), garbage, dtype=logp.dtype)], dim=1)
+    loss, metrics = policy_loss(name, dirty_old, dirty_logp, dirty_adv, mask)
+    (grad,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(loss, clean_loss)
+    torch.testing.assert_close(grad, clean_grad)
+    for key, value in clean_metrics.items():
+        torch.testing.assert_close(metrics[key], value, msg=key)
+
+
+def test_low_precision_log_probs_finite_gradient():
+    # fp16: exp(15) overflows (max 65504); before the fix the clipped token's gradient was 0 * inf = NaN.
+    # t0 r = e^15, A = 1: clipped -> -1.2, gradient 0; t1 r = e^-1: -r, gradient -r / 2
+    logp = torch.tensor([[15.0, -1.0]], dtype=torch.float16, requires_grad=True)
+    old = torch.zeros(1, 2, dtype=torch.float16)
+    adv = torch.ones(1, 2, dtype=torch.float16)
+    loss, metrics = vanilla(old, logp, adv, torch.ones(1, 2))
+    assert loss.dtype == torch.float32
+    assert loss.item() == pytest.approx((-1.2 - math.exp(-1.0)) / 2, rel=1e-6)
+    assert metrics["ppo_kl"].item() == pytest.approx(-7.0)
+    loss.backward()
+    assert logp.grad[0, 0].item() == 0.0
+    assert logp.grad[0, 1].item() == pytest.approx(-math.exp(-1.0) / 2, rel=1e-3)  # fp16 gradient
+
+
+def test_bf16_matches_float32_of_the_same_values():
+    # The same bf16 numbers, computed in bf16 vs upcast: the loss is the float32 one, not a bf16 rounding.
+    gen = torch.Generator().manual_seed(0)
+    old = (torch.randn(4, 16, generator=gen) * 0.3 - 2.0).bfloat16()
+    logp = (old.float() + 0.05 * torch.randn(4, 16, generator=gen)).bfloat16()
+    adv = torch.randn(4, 16, generator=gen).bfloat16()
+    mask = (torch.arange(16)[None, :] < torch.tensor([[16], [9], [3], [12]])).float()
+    for name in ["vanilla", "gspo", "reinforce"]:
+        loss, _ = policy_loss(name, old, logp, adv, mask)
+        ref, _ = policy_loss(name, old.float(), logp.float(), adv.float(), mask)
+        assert loss.dtype == torch.float32
+        torch.testing.assert_close(loss, ref, msg=name)
+    values = logp.float().requires_grad_(True)
+    loss, _ = value_loss(values.bfloat16(), old, adv, mask, 0.2)
+    ref, _ = value_loss(values.bfloat16().float(), old.float(), adv.float(), mask, 0.2)
+    assert loss.dtype == torch.float32
+    torch.testing.assert_close(loss, ref)
+
+
+def test_old_log_probs_are_a_constant():
+    # On-policy callers may pass old = the same graph as logp; the ratio is 1 but its gradient must
+    # still be -A d logp (a constant old), not 0 (both sides differentiated).
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    adv = torch.tensor([[1.0, -2.0]], dtype=torch.float64)
+    loss, _ = vanilla(logp, logp, adv, torch.ones(1, 2, dtype=torch.float64))
+    (grad,) = torch.autograd.grad(loss, logp)
+    torch.testing.assert_close(grad, torch.tensor([[-0.5, 1.0]], dtype=torch.float64))

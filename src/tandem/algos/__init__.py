@@ -31,6 +31,7 @@ from tandem.algos.kl import (
     FixedKLController,
     KLController,
     apply_kl_penalty,
+    kl_loss,
     kl_penalty,
     make_kl_controller,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "grpo",
     "gspo",
     "is_weights",
+    "kl_loss",
     "kl_penalty",
     "log_probs_from_logits",
     "make_kl_controller",

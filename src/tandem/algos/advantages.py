@@ -2,7 +2,8 @@
 
 Every estimator takes the same keywords (`index`, `values`, `reward_baselines`, `gamma`, `lam`,
 `norm_adv_by_std`, `epsilon`) and ignores the ones it does not use, so the trainer can call any of
-them the same way. Outputs are 0 at padding and carry no gradient.
+them the same way. Outputs are 0 at padding (whatever the rewards hold there), carry no gradient,
+and are float32 at least (bf16 / fp16 inputs are upcast).
 
 Group-relative estimators (grpo, dr_grpo, rloo, opo, gpg, reinforce_plus_plus_baseline) compare a
 sample with the other samples of its prompt (`index` = the prompt's uid). A group of one has
@@ -16,7 +17,15 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tandem.algos.core import GroupIndex, group_min, group_stats, group_sum, masked_whiten
+from tandem.algos.core import (
+    GroupIndex,
+    group_min,
+    group_stats,
+    group_sum,
+    masked_sum,
+    masked_whiten,
+    upcast,
+)
 from tandem.algos.registry import ADV_ESTIMATORS
 
 
@@ -31,12 +40,17 @@ def _index(index: GroupIndex | None, estimator: str) -> GroupIndex:
 
 
 def _prepare(token_level_rewards: Tensor, response_mask: Tensor) -> tuple[Tensor, Tensor]:
-    rewards = token_level_rewards if token_level_rewards.is_floating_point() else token_level_rewards.float()
+    """Rewards in float32 at least (a bf16 GAE / whitening loses digits), detached; mask in that dtype."""
+    rewards = (
+        upcast(token_level_rewards)
+        if token_level_rewards.is_floating_point()
+        else token_level_rewards.float()
+    )
     return rewards.detach(), response_mask.to(rewards.dtype)
 
 
 def _scores(rewards: Tensor, mask: Tensor) -> Tensor:
-    return (rewards * mask).sum(dim=-1)
+    return masked_sum(rewards, mask, dim=-1)
 
 
 def _broadcast(per_seq: Tensor, mask: Tensor) -> Tensor:
@@ -270,8 +284,8 @@ def gpg(
     scores = _scores(rewards, mask)
     mean, std, count = group_stats(scores, _index(index, "gpg"))
     informative = (count > 1) & (std > 0)
-    num_informative = int(informative.sum().item())
-    alpha = scores.shape[0] / num_informative if num_informative else 1.0
+    # Kept on the device (no .item() sync); where M = 0 every advantage is 0 whatever alpha is.
+    alpha = scores.shape[0] / informative.sum().clamp(min=1).to(scores.dtype)
     adv = torch.where(informative, alpha * (scores - mean), torch.zeros_like(scores))
     advantages = _broadcast(adv, mask)
     return advantages, advantages.clone()

@@ -26,7 +26,8 @@ Definitions (the same everywhere, including `global_counts`):
     seq-mean-token-sum-norm:  sum_i (sum_t m l) / (global_num_seqs * norm_length)   (Dr. GRPO)
   norm_length defaults to loss_mat.shape[-1]; pass the configured max response length when
   micro-batches may be padded to different lengths, or the contract breaks.
-A zero count (an all-padding batch) gives a loss of 0, not NaN.
+A zero count (an all-padding batch) gives a loss of 0, not NaN; inf / NaN losses at padding are
+ignored (value and gradient). A float16 / bfloat16 loss is summed and returned in float32.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from typing import Any
 
 from torch import Tensor
 
+from tandem.algos.core import upcast, zero_padding
 from tandem.algos.registry import AGG_MODES
 
 Count = int | float | Tensor | None
@@ -57,7 +59,7 @@ def _count(given: Count, local: Tensor) -> Tensor | float:
 
 
 def _masked(loss_mat: Tensor, mask: Tensor) -> Tensor:
-    return loss_mat * mask.to(loss_mat.dtype)
+    return zero_padding(loss_mat * mask.to(loss_mat.dtype), mask)
 
 
 @AGG_MODES.register("token-mean")
@@ -111,7 +113,7 @@ def agg_loss(
         raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} differ in shape")
     fn = AGG_MODES.get(mode)
     return fn(
-        loss_mat,
+        upcast(loss_mat),
         mask,
         global_num_tokens=global_num_tokens,
         global_num_seqs=global_num_seqs,

@@ -1,7 +1,8 @@
 """Masked statistics, group statistics by id, and log-probs / entropy from logits.
 
 Tensors are (B, T) over response tokens; `mask` is float or bool, 1 = real token, 0 = padding.
-Every reduction treats an empty selection as 0 (never NaN).
+Every reduction treats an empty selection as 0 (never NaN), and whatever sits at padding
+(inf, NaN: e.g. -inf log-probs of pad tokens) never reaches a result or a gradient.
 """
 
 from __future__ import annotations
@@ -19,13 +20,26 @@ GroupIndex = np.ndarray | Sequence | Tensor
 LOGITS_CHUNK_ROWS = 1024
 
 
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+
+
+def upcast(x: Tensor) -> Tensor:
+    """x in float32 when it is float16 / bfloat16 (exp() of a log-ratio overflows fp16 at 11), else x."""
+    return x.float() if x.dtype in LOW_PRECISION else x
+
+
 def _as_float_mask(mask: Tensor, like: Tensor) -> Tensor:
     return mask.to(like.dtype if like.is_floating_point() else torch.float32)
 
 
+def zero_padding(x: Tensor, mask: Tensor) -> Tensor:
+    """x where mask != 0, else 0: where(), not multiply, since inf * 0 is NaN (and so is its gradient)."""
+    return torch.where(mask != 0, x, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
 def masked_sum(x: Tensor, mask: Tensor, dim: int | None = None) -> Tensor:
     """sum_i x_i * m_i (over `dim`, or over everything when dim is None)."""
-    prod = x * _as_float_mask(mask, x)
+    prod = zero_padding(x * _as_float_mask(mask, x), mask)
     return prod.sum() if dim is None else prod.sum(dim=dim)
 
 
@@ -54,7 +68,7 @@ def masked_whiten(x: Tensor, mask: Tensor, shift_mean: bool = True, eps: float =
     out = (x - mean) * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean
-    return out * m
+    return zero_padding(out * m, m)
 
 
 def group_ids(index: GroupIndex, batch_size: int) -> tuple[Tensor, int]:
@@ -131,14 +145,20 @@ def log_probs_from_logits(logits: Tensor, labels: Tensor, chunk_rows: int = LOGI
     return _rowwise_float32(_gather_log_softmax, logits, labels, chunk_rows=chunk_rows)
 
 
+# exp(-1e4) is 0 in float32 and float64: flooring z there changes no value.
+ENTROPY_LOGIT_FLOOR = -1e4
+
+
 def _entropy_fp(logits: Tensor) -> Tensor:
     # Entropy is shift-invariant: subtract the max so that p * z never multiplies a huge z.
     z = logits - logits.amax(dim=-1, keepdim=True).detach()
+    # Masked vocabulary entries (-inf logits) would give p * z = 0 * -inf = NaN; in place, no copy.
+    z.clamp_(min=ENTROPY_LOGIT_FLOOR)
     return torch.logsumexp(z, dim=-1) - (F.softmax(z, dim=-1) * z).sum(dim=-1)
 
 
 def entropy_from_logits(logits: Tensor, chunk_rows: int = LOGITS_CHUNK_ROWS) -> Tensor:
-    """H = logsumexp(z) - sum softmax(z) * z, computed on z - max(z); (..., V) -> (...)."""
+    """H = logsumexp(z) - sum softmax(z) * z, computed on z - max(z); (..., V) -> (...); -inf logits allowed."""
     if logits.dtype in (torch.float32, torch.float64):
         return _entropy_fp(logits)
     return _rowwise_float32(_entropy_fp, logits, chunk_rows=chunk_rows)

@@ -13,14 +13,15 @@ import math
 import torch
 from torch import Tensor
 
-from tandem.algos.core import masked_mean
+from tandem.algos.core import masked_mean, upcast, zero_padding
 from tandem.algos.registry import IS_LEVELS
 
 
 def _valid_log_ratio(old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor) -> Tensor:
+    # float32 at least: a sequence's sum of bf16 log-ratios would lose the digits that matter.
     # where(), not multiply: padding may hold -inf / NaN log-probs, and inf * 0 is NaN.
-    log_ratio = (old_log_probs - rollout_log_probs).detach()
-    return torch.where(mask != 0, log_ratio, torch.zeros_like(log_ratio))
+    log_ratio = (upcast(old_log_probs) - upcast(rollout_log_probs)).detach()
+    return zero_padding(log_ratio, mask)
 
 
 def _check_threshold(threshold: float) -> float:
@@ -58,7 +59,10 @@ def is_weights(
     level: str = "token",
     threshold: float = 2.0,
 ) -> Tensor:
-    """Truncated IS weights min(pi_old / pi_rollout, threshold) at `level` (token or sequence), detached."""
+    """Truncated IS weights min(pi_old / pi_rollout, threshold) at `level` (token or sequence), detached.
+
+    float32 at least, whatever the log-probs' dtype; 0 at padding.
+    """
     fn = IS_LEVELS.get(level)
     return fn(old_log_probs, rollout_log_probs, response_mask, threshold=threshold)
 

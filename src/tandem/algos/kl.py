@@ -5,8 +5,9 @@ Estimators of KL(pi || pi_ref) from samples of pi, with d = logp - ref (Schulman
   abs:              |d|
   mse / k2:         0.5 d^2
   low_var_kl / k3:  exp(-d) + d - 1, clamped to [-10, 10]
-A trailing "+" (kl+, abs+, mse+, low_var_kl+) keeps the named estimator's value in the forward
+A trailing "+" (kl+ / k1+, abs+, mse+ / k2+, low_var_kl+ / k3+) keeps the named estimator's value in the forward
 pass and takes k2's gradient (unbiased for the gradient of KL), via a straight-through term.
+Estimators compute in float32 at least (exp() of d overflows float16 at 11).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tandem.algos.core import masked_mean
+from tandem.algos.aggregation import agg_loss
+from tandem.algos.core import masked_mean, upcast, zero_padding
 from tandem.algos.registry import KL_CONTROLLERS, KL_ESTIMATORS
 
 K3_CLAMP = 10.0
@@ -63,13 +65,41 @@ def _straight_through(value_fn: Any) -> Any:
     return fn
 
 
-for _name, _fn in (("kl", kl_k1), ("abs", kl_abs), ("mse", kl_k2), ("low_var_kl", kl_k3)):
-    KL_ESTIMATORS.register(f"{_name}+")(_straight_through(_fn))
+# k1+ / k2+ / k3+ too: verl's documentation spells them that way, and configs get ported from it.
+for _names, _fn in (
+    (("kl", "k1"), kl_k1),
+    (("abs",), kl_abs),
+    (("mse", "k2"), kl_k2),
+    (("low_var_kl", "k3"), kl_k3),
+):
+    _plus = _straight_through(_fn)
+    for _name in _names:
+        KL_ESTIMATORS.register(f"{_name}+")(_plus)
 
 
 def kl_penalty(log_probs: Tensor, ref_log_probs: Tensor, kind: str = "low_var_kl") -> Tensor:
     """Per-token KL estimate (B, T) of the estimator `kind` (see the module docstring)."""
-    return KL_ESTIMATORS.get(kind)(log_probs, ref_log_probs)
+    return KL_ESTIMATORS.get(kind)(upcast(log_probs), upcast(ref_log_probs))
+
+
+def kl_loss(
+    log_probs: Tensor,
+    ref_log_probs: Tensor,
+    response_mask: Tensor,
+    kind: str = "low_var_kl",
+    loss_agg_mode: str = "token-mean",
+    agg_kwargs: dict[str, Any] | None = None,
+) -> Tensor:
+    """The actor's KL loss term: agg_loss(kl_penalty(logp, ref, kind), mask, loss_agg_mode, **agg_kwargs).
+
+    The reference is a constant; padding (even -inf log-probs there) gives neither value nor
+    gradient. The result is this micro-batch's contribution, as for the policy losses.
+    """
+    # Zero both inputs at padding: -inf - -inf would be NaN inside the estimator's backward.
+    log_probs = zero_padding(upcast(log_probs), response_mask)
+    ref_log_probs = zero_padding(upcast(ref_log_probs).detach(), response_mask)
+    kl = kl_penalty(log_probs, ref_log_probs, kind)
+    return agg_loss(kl, response_mask, loss_agg_mode, **(agg_kwargs or {}))
 
 
 @KL_CONTROLLERS.register("fixed")
@@ -93,7 +123,11 @@ class FixedKLController:
 
 @KL_CONTROLLERS.register("adaptive")
 class AdaptiveKLController:
-    """Adaptive beta (Ziegler et al. 2019): e = clip(KL / target - 1, -0.2, 0.2); beta *= 1 + e n / H."""
+    """Adaptive beta (Ziegler et al. 2019): e = clip(KL / target - 1, -0.2, 0.2); beta *= 1 + e n / H.
+
+    KL is what `apply_kl_penalty` measures: the per-token KL (verl's convention). Ziegler et al. and
+    TRL measure the per-sequence sum (their target 6 nats), so divide such a target by the length.
+    """
 
     def __init__(self, init_kl_coef: float, target_kl: float, horizon: float) -> None:
         if target_kl <= 0:
@@ -141,8 +175,7 @@ def apply_kl_penalty(
     Sequences without a valid token do not enter the KL mean.
     """
     mask = response_mask.to(token_level_scores.dtype)
-    kl = kl_penalty(log_probs, ref_log_probs, kind).to(token_level_scores.dtype)
-    kl = torch.where(mask > 0, kl, torch.zeros_like(kl))
+    kl = zero_padding(kl_penalty(log_probs, ref_log_probs, kind).to(token_level_scores.dtype), mask)
     beta = kl_ctrl.value
     rewards = token_level_scores - beta * kl
     per_seq = masked_mean(kl, mask, dim=-1)

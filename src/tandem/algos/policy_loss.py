@@ -5,6 +5,11 @@ the same keywords, and returns (scalar loss, metrics). The scalar is aggregated 
 (`loss_agg_mode`, with `agg_kwargs` = the global counts; see aggregation.py for the contract).
 Metrics are detached 0-d tensors: pg_clipfrac, pg_clipfrac_lower, ppo_kl for every loss, so that
 the trainer logs the same keys whichever loss runs.
+
+Log-ratios are taken in float32 at least (exp() overflows float16 at 11, and inf * 0 is a NaN
+gradient) and are 0 at padding, so that -inf / NaN log-probs of pad tokens reach neither the loss
+nor the gradient. old_log_probs is a constant (detached), even when the caller passes a tensor
+that carries a graph (on-policy: old = logp).
 """
 
 from __future__ import annotations
@@ -15,24 +20,28 @@ import torch
 from torch import Tensor
 
 from tandem.algos.aggregation import agg_loss
-from tandem.algos.core import masked_mean
+from tandem.algos.core import masked_mean, upcast, zero_padding
 from tandem.algos.registry import POLICY_LOSSES
 
 # exp() of a log-ratio beyond this overflows float32 / explodes the loss; the clamp kills its gradient.
 MAX_LOG_RATIO = 20.0
 
 
+def _log_ratio(log_probs: Tensor, old_log_probs: Tensor, mask: Tensor) -> Tensor:
+    """logp - old in float32 at least, 0 at padding (no gradient there either)."""
+    return zero_padding(upcast(log_probs) - upcast(old_log_probs).detach(), mask)
+
+
 def _weighted(per_token: Tensor, is_weights: Tensor | None) -> Tensor:
     return per_token if is_weights is None else per_token * is_weights.detach()
 
 
-def _metrics(
-    old_log_probs: Tensor, log_probs: Tensor, mask: Tensor, clipped: Tensor, clipped_lower: Tensor
-) -> dict[str, Tensor]:
+def _metrics(log_ratio: Tensor, mask: Tensor, clipped: Tensor, clipped_lower: Tensor) -> dict[str, Tensor]:
+    """pg_clipfrac, pg_clipfrac_lower: fractions of valid tokens; ppo_kl = mean(old - logp), k1."""
     return {
-        "pg_clipfrac": masked_mean(clipped.to(log_probs.dtype), mask).detach(),
-        "pg_clipfrac_lower": masked_mean(clipped_lower.to(log_probs.dtype), mask).detach(),
-        "ppo_kl": masked_mean(old_log_probs - log_probs, mask).detach(),
+        "pg_clipfrac": masked_mean(clipped.to(log_ratio.dtype), mask).detach(),
+        "pg_clipfrac_lower": masked_mean(clipped_lower.to(log_ratio.dtype), mask).detach(),
+        "ppo_kl": masked_mean(-log_ratio, mask).detach(),
     }
 
 
@@ -63,15 +72,15 @@ def vanilla(
     """PPO clip: max(-A r, -A clip(r, 1-lo, 1+hi)), r = exp(logp - old); for A < 0 min(., -A c) (dual clip)."""
     if clip_ratio_c <= 1.0:
         raise ValueError(f"clip_ratio_c (the dual-clip bound) must be > 1, got {clip_ratio_c}")
-    log_ratio = torch.clamp(log_probs - old_log_probs, -MAX_LOG_RATIO, MAX_LOG_RATIO)
-    ratio = torch.exp(log_ratio)
+    log_ratio = _log_ratio(log_probs, old_log_probs, response_mask)
+    ratio = torch.exp(torch.clamp(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
     pg, clipped = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
     dual_bound = -advantages * clip_ratio_c
     negative = advantages < 0
     clipped_lower = negative & (pg > dual_bound)
     pg = torch.where(negative, torch.minimum(pg, dual_bound), pg)
     loss = agg_loss(_weighted(pg, is_weights), response_mask, loss_agg_mode, **(agg_kwargs or {}))
-    return loss, _metrics(old_log_probs, log_probs, response_mask, clipped, clipped_lower)
+    return loss, _metrics(log_ratio, response_mask, clipped, clipped_lower)
 
 
 @POLICY_LOSSES.register("gspo")
@@ -94,13 +103,14 @@ def gspo(
     nothing here overrides the defaults. No dual clip. With loss_agg_mode="seq-mean-token-mean"
     the gradient is the paper's sequence-level one: s_i A_i mean_t grad logp_t.
     """
-    mask = response_mask.to(log_probs.dtype)
-    seq_log_ratio = masked_mean(log_probs - old_log_probs, mask, dim=-1)
-    log_ratio = seq_log_ratio.detach()[:, None] + log_probs - log_probs.detach()
-    ratio = torch.exp(torch.clamp(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+    log_ratio = _log_ratio(log_probs, old_log_probs, response_mask)
+    seq_log_ratio = masked_mean(log_ratio, response_mask, dim=-1)
+    # value: the sequence's log-ratio on every token; gradient: that token's d logp_t.
+    token_seq_log_ratio = seq_log_ratio.detach()[:, None] + log_ratio - log_ratio.detach()
+    ratio = torch.exp(torch.clamp(token_seq_log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
     pg, clipped = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
     loss = agg_loss(_weighted(pg, is_weights), response_mask, loss_agg_mode, **(agg_kwargs or {}))
-    return loss, _metrics(old_log_probs, log_probs, response_mask, clipped, torch.zeros_like(clipped))
+    return loss, _metrics(log_ratio, response_mask, clipped, torch.zeros_like(clipped))
 
 
 @POLICY_LOSSES.register("reinforce")
@@ -116,10 +126,12 @@ def reinforce(
     **_: Any,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """REINFORCE: l_t = -A_t logp_t (times the IS weight when given); no ratio, no clip."""
-    pg = -advantages * log_probs
+    pg = -advantages * zero_padding(upcast(log_probs), response_mask)
     loss = agg_loss(_weighted(pg, is_weights), response_mask, loss_agg_mode, **(agg_kwargs or {}))
     no_clip = torch.zeros_like(response_mask, dtype=torch.bool)
-    return loss, _metrics(old_log_probs, log_probs, response_mask, no_clip, no_clip)
+    return loss, _metrics(
+        _log_ratio(log_probs, old_log_probs, response_mask), response_mask, no_clip, no_clip
+    )
 
 
 def policy_loss(name: str, *args: Any, **kwargs: Any) -> tuple[Tensor, dict[str, Tensor]]:
@@ -137,6 +149,7 @@ def value_loss(
     agg_kwargs: dict[str, Any] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clipped value loss: 0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)."""
+    values, old_values, returns = upcast(values), upcast(old_values), upcast(returns)
     clipped_values = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
     unclipped_sq = (values - returns) ** 2
     clipped_sq = (clipped_values - returns) ** 2
