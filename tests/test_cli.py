@@ -48,3 +48,9 @@ def test_demo_runs_one_real_grpo_step(tmp_path):
     # the update moved the policy: the old/new log-prob gap is non-zero unless every advantage was 0
     assert (numbers["kl_after_update"] != 0.0) == (numbers["advantage_abs_mean"] > 0.0)
     assert numbers["grad_norm"] >= 0.0
+
+
+def test_config_without_preset_takes_overrides(capsys):
+    assert main(["config", "rollout.n=7"]) == 0
+    out = capsys.readouterr().out
+    assert "n: 7" in out and "adv_estimator: grpo" in out

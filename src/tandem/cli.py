@@ -51,7 +51,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "config":
             from tandem.config import load_config
 
-            print(load_config(args.preset, args.overrides).to_yaml(), end="")
+            preset, overrides = args.preset, list(args.overrides)
+            if "=" in preset:  # `tandem config a.b=1`: an override, not a preset name
+                preset, overrides = "grpo", [preset, *overrides]
+            print(load_config(preset, overrides).to_yaml(), end="")
         elif args.command == "presets":
             from tandem.config import list_presets
 

@@ -63,7 +63,8 @@ def test_null_for_optional_fields():
 
 
 def test_null_for_required_field_is_an_error():
-    assert "data.train_batch_size: got None, expected an integer" in error_of("data.train_batch_size=null")
+    msg = error_of("data.train_batch_size=null")
+    assert "data.train_batch_size needs a value (an integer), e.g. data.train_batch_size=8" in msg
 
 
 def test_literal_choices():
@@ -116,5 +117,7 @@ def test_override_source_is_named_in_type_errors():
 
 
 def test_section_must_be_a_mapping():
-    with pytest.raises(ConfigError, match="actor: got 3, expected a mapping of ActorConfig settings"):
+    with pytest.raises(
+        ConfigError, match=r"actor is a section, not a single value \(got 3\): set the keys inside"
+    ):
         TandemConfig.from_dict({"actor": 3})

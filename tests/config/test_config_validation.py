@@ -224,3 +224,51 @@ def test_real_registries_know_the_agreed_names(real_registries):
 def test_real_registries_catch_a_bad_name(real_registries):
     assert "is not a known advantage estimator" in error_of("algorithm.adv_estimator=grpp")
     assert load("algorithm.adv_estimator=gae", "rollout.n=1").derived.critic_needed
+
+
+SIX_RANKS = ["trainer.nnodes=3", "trainer.workers_per_node=2", "rollout.n=5"]
+
+
+def test_three_nodes_of_two_mini_batch_not_a_multiple_of_the_ranks():
+    msg = error_of(*SIX_RANKS, "data.train_batch_size=12", "actor.ppo_mini_batch_size=4")
+    assert "actor.ppo_mini_batch_size=4 prompts x rollout.n=5 = 20 samples does not split evenly" in msg
+    assert "6 data-parallel ranks (trainer.nnodes x trainer.workers_per_node = 6)" in msg
+    assert "Make actor.ppo_mini_batch_size * rollout.n a multiple of 6" in msg
+
+
+def test_three_nodes_of_two_step_not_a_multiple_of_the_ranks():
+    msg = error_of(*SIX_RANKS, "data.train_batch_size=3", "actor.ppo_mini_batch_size=3")
+    assert "data.train_batch_size=3 prompts x rollout.n=5 = 15 samples per step does not split evenly" in msg
+
+
+def test_inherited_critic_sizes_are_not_reported_twice():
+    err = error_of("algorithm.adv_estimator=gae", "rollout.n=1", "actor.micro_batch_size_per_rank=3")
+    assert "actor.micro_batch_size_per_rank=3 does not divide" in err
+    assert "critic.micro_batch_size_per_rank" not in err
+
+
+def test_dynamic_bsz_budget_must_hold_one_full_sample():
+    msg = error_of("actor.use_dynamic_bsz=true", "actor.max_tokens_per_micro_batch=255", preset="base")
+    assert "actor.max_tokens_per_micro_batch=255 cannot hold one full-length sample" in msg
+    assert "256 tokens). Raise it to at least 256" in msg
+
+
+def test_dynamic_sampling_rounds_that_can_never_fill_a_step():
+    msg = error_of(
+        "algorithm.dynamic_sampling.gen_batch_size=2",
+        "algorithm.dynamic_sampling.max_num_gen_batches=3",
+        preset="dapo",
+    )
+    assert "3 rounds (max_num_gen_batches) x 2 prompts (gen_batch_size) cannot fill a step of " in msg
+    assert "data.train_batch_size=8 prompts" in msg
+    # several small rounds that can add up are fine, and so is no limit
+    load(
+        "algorithm.dynamic_sampling.gen_batch_size=4",
+        "algorithm.dynamic_sampling.max_num_gen_batches=2",
+        preset="dapo",
+    )
+    load(
+        "algorithm.dynamic_sampling.gen_batch_size=2",
+        "algorithm.dynamic_sampling.max_num_gen_batches=0",
+        preset="dapo",
+    )

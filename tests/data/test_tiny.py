@@ -12,12 +12,28 @@ from transformers import (
     Qwen2ForTokenClassification,
 )
 
-from tandem.data.tiny import build_model, build_tokenizer, padded_vocab_size, save_tiny
+from tandem.data.tiny import build_model, build_tokenizer, padded_vocab_size, save_tiny, save_tokenizer
 
 from .data_helpers import SMALL_MODEL, char_ids
 
 SAMPLE = "<|im_start|>user\n12+30= (7*8)-9 {x: 'y'} ~`!@#$%^&|\\?<|im_end|>\n\t tail<|endoftext|><|pad|>"
 EVERY_CHAR = "".join(chr(c) for c in range(1, 700))  # ASCII, Latin-1, and multi-byte characters
+# What Qwen2's pre-tokenizer splits on: runs of spaces and newlines, digits, contractions, letters vs
+# punctuation, CJK, emoji (4-byte UTF-8), combining marks, zero-width and non-breaking spaces.
+BROAD = [
+    SAMPLE,
+    EVERY_CHAR,
+    "e\u0301 caf\u00e9 \u20ac  \n\n  x",
+    "  leading and trailing  \r\n\r\n\t\t12345678901 it's we'll they'RE\u00a0nbsp\u200bzw ",
+    "\u4e2d\u6587\u6d4b\u8bd5 \U0001f600\U0001f44d\U0001f3fd \u0645\u0631\u062d\u0628\u0627 \u05e9\u05dc\u05d5\u05dd x\u00b2+y\u00b2",
+    "<|im_start|>assistant\n<answer>(5 - 3) * 4</answer><|im_end|>\n<|im_start|>",
+]
+MESSAGES = [
+    {"role": "system", "content": "Be brief.  \U0001f600"},
+    {"role": "user", "content": "12 +  30=\n\t\u4e2d\u6587 it's"},
+    {"role": "assistant", "content": " 42 "},
+    {"role": "user", "content": "and\r\nnow?"},
+]
 
 
 def test_token_ids_are_one_per_ascii_char_and_specials_first(tokenizer):
@@ -53,10 +69,17 @@ def test_tokenizer_round_trips_through_saved_folder(tmp_path, padding_side):
 
     # AutoTokenizer picks a Qwen2 tokenizer class for a qwen2 folder; the plain class loads it too.
     for reloaded in (AutoTokenizer.from_pretrained(folder), PreTrainedTokenizerFast.from_pretrained(folder)):
-        for text in (SAMPLE, EVERY_CHAR, "e\u0301 caf\u00e9 \u20ac  \n\n  x"):
+        for text in BROAD:
             ids = original(text)["input_ids"]
-            assert reloaded(text)["input_ids"] == ids
+            assert reloaded(text)["input_ids"] == ids, text
             assert reloaded.decode(ids) == original.decode(ids)
+        for add_generation_prompt in (True, False):  # the ids a rollout and the SFT data see
+            kwargs = {"add_generation_prompt": add_generation_prompt}
+            text = original.apply_chat_template(MESSAGES, tokenize=False, **kwargs)
+            assert reloaded.apply_chat_template(MESSAGES, tokenize=False, **kwargs) == text
+            ids = original(text, add_special_tokens=False)["input_ids"]
+            assert reloaded(text, add_special_tokens=False)["input_ids"] == ids
+            assert reloaded.apply_chat_template(MESSAGES, tokenize=True, **kwargs)["input_ids"] == ids
         assert reloaded.padding_side == padding_side
         assert (reloaded.pad_token, reloaded.eos_token, reloaded.bos_token) == (
             "<|pad|>",
@@ -67,6 +90,34 @@ def test_tokenizer_round_trips_through_saved_folder(tmp_path, padding_side):
         assert sorted(reloaded.all_special_ids) == [0, 1, 2, 3]
         assert reloaded.chat_template == original.chat_template
         assert len(reloaded) == len(original)
+
+
+def test_autotokenizer_still_rebuilds_qwen2_folders(tmp_path):
+    """The premise of tiny.py's byte-level vocabulary: for a qwen2 folder AutoTokenizer ignores
+    ``tokenizer_class`` and rebuilds a Qwen2Tokenizer, whose pre-tokenizer changes the ids of a
+    vocabulary that is not byte-level. Shown here on a one-token-per-character vocabulary."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    chars = [chr(c) for c in range(32, 127)] + ["\n", "\u00e9"]
+    core = Tokenizer(
+        models.WordLevel({"<|endoftext|>": 0, **{c: i + 1 for i, c in enumerate(chars)}}, "<|endoftext|>")
+    )
+    core.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens([AddedToken("<|endoftext|>", special=True)])
+    per_char = PreTrainedTokenizerFast(tokenizer_object=core, eos_token="<|endoftext|>")
+    folder = save_tiny(tmp_path / "m", **SMALL_MODEL)  # a qwen2 config.json ...
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).unlink()
+    save_tokenizer(per_char, folder)  # ... and this tokenizer, its class pinned in tokenizer_config.json
+    reloaded = AutoTokenizer.from_pretrained(folder)
+    text = "ab c\n\u00e9  x"
+    changed = reloaded(text)["input_ids"] != per_char(text)["input_ids"]
+    assert type(reloaded).__name__ == "Qwen2Tokenizer" and changed, (
+        "transformers changed how AutoTokenizer loads a qwen2 folder (it now gives "
+        f"{type(reloaded).__name__}, ids {'changed' if changed else 'kept'}); revisit the module "
+        "docstring of tandem/data/tiny.py: the byte-level workaround may no longer be needed"
+    )
 
 
 def test_model_shape_and_config(tokenizer):

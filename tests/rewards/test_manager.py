@@ -1,3 +1,5 @@
+import gc
+import multiprocessing as mp
 import os
 import time
 
@@ -154,6 +156,59 @@ def test_real_char_tokenizer_skips_special_tokens():
     assert list(result.extra["pred"]) == ["42", "5"]
 
 
+def test_all_padding_batch():
+    batch = make_batch(["", "", ""], ["addition", "countdown", "gsm8k"], ["1", {"target": 1, "numbers": [1]}, "1"])
+    assert batch["response_mask"].sum() == 0 and batch["responses"].shape == (3, 2)
+    manager = RewardManager(CharTokenizer(), num_workers=0, terms=(FormatTerm(r"\d", mismatch_reward=-1.0),))
+    result = manager(batch)
+    assert result.scores.tolist() == [-1.0, -1.0, -1.0]  # scored as empty text: wrong, and badly formatted
+    assert torch.equal(result.token_level_scores, torch.zeros(3, 2))  # no token to put a score on
+    assert result.metrics["reward/empty_response_count"] == 3.0 and result.metrics["reward/error_count"] == 0.0
+    assert list(result.extra["error"]) == ["", "", ""]
+
+
+def test_eos_in_the_middle_the_mask_decides():
+    # "42", EOS, then tokens generated after it: the rollout's response_mask ends at the first EOS.
+    responses = torch.tensor([[ord("4"), ord("2"), EOS, ord("9"), ord("9"), PAD]])
+    cut = torch.tensor([[1, 1, 1, 0, 0, 0]])
+    batch = Batch.from_dict({"responses": responses, "response_mask": cut}, {"data_source": ["addition"], "ground_truth": ["42"]})
+    result = RewardManager(CharTokenizer(), num_workers=0)(batch)
+    assert result.extra["pred"][0] == "42" and result.scores.tolist() == [1.0]
+    assert result.token_level_scores.tolist() == [[0, 0, 1.0, 0, 0, 0]]  # on the EOS, the last scored token
+    # A mask that runs past the EOS says those tokens are part of the response: they are scored too.
+    batch["response_mask"] = torch.tensor([[1, 1, 1, 1, 1, 0]])
+    result = RewardManager(CharTokenizer(), num_workers=0)(batch)
+    assert result.extra["pred"][0] == "4299" and result.scores.tolist() == [0.0]
+
+
+def test_mask_shape_must_match_responses():
+    batch = make_batch(["1"], ["addition"], ["1"])
+    bad = Batch.from_dict({"responses": batch["responses"], "response_mask": batch["response_mask"][:, :-1]},
+                          {"data_source": ["addition"], "ground_truth": ["1"]})  # fmt: skip
+    with pytest.raises(ValueError, match=r"response_mask has shape \(1, 3\) but responses \(1, 4\)"):
+        RewardManager(CharTokenizer(), num_workers=0)(bad)
+
+
+def test_unknown_data_source_fails_before_any_worker_starts():
+    manager = RewardManager(CharTokenizer(), num_workers=2)
+    batch = make_batch(["1", "2", "3", "4"], ["addition", "my_task", "gsm8k", "my_task"], ["1", "2", "3", "4"])
+    with pytest.raises(UnknownDataSourceError) as info:
+        manager(batch)
+    assert str(info.value).startswith("sample 1 of 4 (2 with this data_source): no reward scorer for data_source 'my_task'")
+    assert manager.worker_pids == []  # nothing was started, nothing half scored
+    manager.close()
+
+
+def test_custom_file_with_a_syntax_error_is_named(tmp_path):
+    path = tmp_path / "my_reward.py"
+    path.write_text("def compute_score(ds, s, gt, info=None)\n    return 1.0\n")
+    for kwargs in ({"custom_reward_file": path}, {"scorer_overrides": {"task": f"{path}:compute_score"}}):
+        with pytest.raises(ImportError) as info:
+            RewardManager(CharTokenizer(), **kwargs)
+        message = str(info.value)
+        assert f"in file '{path}': running the file failed: SyntaxError: expected ':' at line 1" in message
+
+
 # --- worker processes ---------------------------------------------------------------------------
 
 FLAKY = """
@@ -201,6 +256,8 @@ def test_pool_survives_errors_and_hangs(pooled):
     assert [e for i, e in enumerate(errors) if i not in (1, 3)] == [""] * 5
     assert result.first_error.startswith("sample 1 (data_source 'flaky'): timed out")
     assert all(pid is None or pid > 0 for pid in pooled.worker_pids)
+    # the killed worker's process is gone, not left behind
+    assert reward_workers() == {pid for pid in pooled.worker_pids if pid is not None}
 
 
 def test_pool_reuses_workers_across_calls(pooled):
@@ -222,18 +279,67 @@ def test_pool_recovers_from_a_crashed_worker(pooled):
     assert result.metrics["reward/error_count"] == 1.0 and result.metrics["reward/timeout_count"] == 0.0
 
 
-def test_pool_agrees_with_in_process():
-    batch = make_batch(MIXED["texts"] * 5, MIXED["sources"] * 5, MIXED["ground_truths"] * 5)
+DETERMINISTIC = """
+def compute_score(data_source, solution_str, ground_truth, extra_info=None):
+    if solution_str == "boom":
+        raise RuntimeError("boom on purpose")
+    return {"score": len(solution_str) / 10, "echo": solution_str, "half": len(solution_str) % 2 == 0}
+"""
+
+
+def reward_workers() -> set[int]:
+    return {p.pid for p in mp.active_children() if p.name == "tandem-reward-worker"}
+
+
+def test_same_results_with_0_1_and_2_workers(tmp_path):
+    path = tmp_path / "deterministic.py"
+    path.write_text(DETERMINISTIC)
+    texts = [*MIXED["texts"], "boom", "abc", "42", "no answer"] * 3
+    sources = [*MIXED["sources"], "mine", "mine", "addition", "addition"] * 3
+    truths = [*MIXED["ground_truths"], "-", "-", "forty-two", "7"] * 3  # "forty-two": a scorer error
+    batch = make_batch(texts, sources, truths)
+    kwargs = dict(scorer_overrides={"mine": f"{path}:compute_score"}, terms=(FormatTerm(r"\d"),))
+    results = {}
+    for num_workers, chunk_size in ((0, None), (1, None), (2, None), (2, 1), (2, 5)):
+        with RewardManager(CharTokenizer(), num_workers=num_workers, chunk_size=chunk_size, **kwargs) as manager:
+            results[num_workers, chunk_size] = manager(batch)
+    reference = results[0, None]
+    assert reference.metrics["reward/error_count"] == 6.0  # 3 x "boom" and 3 x the broken ground truth
+    for key, result in results.items():
+        assert torch.equal(result.token_level_scores, reference.token_level_scores), key
+        assert torch.equal(result.scores, reference.scores), key
+        assert result.metrics == reference.metrics, key
+        assert result.first_error == reference.first_error, key
+        assert sorted(result.extra) == sorted(reference.extra) == [
+            "acc", "echo", "error", "format", "half", "pred", "scorer_score",
+        ], key  # fmt: skip
+        for column in reference.extra:
+            np.testing.assert_array_equal(result.extra[column], reference.extra[column], err_msg=f"{key} {column}")
+    assert reference.first_error.startswith("sample 6 (data_source 'mine'): RuntimeError: boom on purpose (at deterministic.py:")
+    assert reference.extra["error"][8].startswith("ValueError: addition ground_truth must be a whole number")
+
+
+def test_workers_are_gone_after_close_exit_and_garbage_collection():
+    batch = make_batch(MIXED["texts"], MIXED["sources"], MIXED["ground_truths"])
     with RewardManager(CharTokenizer(), num_workers=2) as manager:
-        pooled_result = manager(batch)
-        pids = manager.worker_pids
-    in_process = RewardManager(CharTokenizer(), num_workers=0)(batch)
-    assert torch.equal(pooled_result.token_level_scores, in_process.token_level_scores)
-    assert pooled_result.metrics == in_process.metrics
-    assert manager.worker_pids == []  # closed: the pool is gone ...
-    for pid in pids:  # ... and so are its processes
+        in_process = RewardManager(CharTokenizer(), num_workers=0)(batch)
+        assert torch.equal(manager(batch).token_level_scores, in_process.token_level_scores)
+        pids = set(manager.worker_pids)
+        assert len(pids) == 2 and pids <= reward_workers()
+    # closed: the pool and its processes are gone ...
+    assert manager.worker_pids == [] and not pids & reward_workers()
+    for pid in pids:  # ... reaped, not left as zombies
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
+    manager.close()  # closing twice is fine
+
+    forgotten = RewardManager(CharTokenizer(), num_workers=1)
+    forgotten(batch)
+    pids = set(forgotten.worker_pids)
+    assert pids <= reward_workers()
+    del forgotten
+    gc.collect()
+    assert not pids & reward_workers()
 
 
 def test_pool_with_spawn_and_no_fork():

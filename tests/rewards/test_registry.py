@@ -94,3 +94,44 @@ def test_score_tasks_turns_exceptions_into_errors():
     assert ok == (0.5, {}, None, False)
     assert failed.score == 0.0 and failed.error.startswith("KeyError: 'no such field' (at test_registry.py:")
     assert missing.error.startswith("cannot load the scorer: FileNotFoundError")
+
+
+@pytest.mark.parametrize(
+    ("source", "fragments"),
+    [
+        (
+            "def compute_score(ds, s, gt, info=None):\n    return 1 +\n",
+            ["running the file failed: SyntaxError: invalid syntax at line 2: `return 1 +`"],
+        ),
+        (
+            "import os\nimport not_a_module_anyone_has\n",
+            [
+                "running the file failed: ModuleNotFoundError: No module named 'not_a_module_anyone_has' (line 2)"
+            ],
+        ),
+        ("x = 1\nraise SystemExit(3)\n", ["running the file failed: SystemExit: 3 (line 2)"]),
+    ],
+)
+def test_custom_file_that_fails_to_load_is_named(tmp_path, source, fragments):
+    path = tmp_path / "broken_reward.py"
+    path.write_text(source)
+    with pytest.raises(ImportError) as info:
+        load_function(path)
+    message = str(info.value)
+    assert message.startswith(
+        f"custom reward function 'compute_score' in file '{path}': running the file failed"
+    )
+    assert message.endswith("; fix it, or run the file with python to see the full error")
+    for fragment in fragments:
+        assert fragment in message
+    path.write_text(
+        "def compute_score(*a):\n    return 1.0\n"
+    )  # fixed: loads now, nothing cached from before
+    assert load_function(path)() == 1.0
+
+
+def test_custom_file_path_is_a_directory(tmp_path):
+    with pytest.raises(
+        IsADirectoryError, match="that is a directory; point custom_reward_file at the .py file"
+    ):
+        load_function(tmp_path)

@@ -1,5 +1,6 @@
 from fractions import Fraction
 
+import numpy as np
 import pytest
 
 from tandem.rewards import addition_score, countdown_score, evaluate_arithmetic, gsm8k_score, math_score
@@ -34,6 +35,35 @@ def score(fn, solution, ground_truth, source="x"):
 )
 def test_addition(response, expected):
     assert score(addition_score, response, "42") == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("The answer is 7.", 1.0),
+        ("7 apples", 1.0),
+        ("**7**", 1.0),
+        ("I think 7. No wait, 8.", 0.0),
+        ("7,000", 0.0),
+        ("1.7", 0.0),  # not "7" read out of a decimal
+        ("-7", 0.0),
+    ],
+)
+@pytest.mark.parametrize("ground_truth", ["7", " 7 ", "7.0", 7, 7.0, "+7"])
+def test_addition_ground_truth_as_written_by_users(response, expected, ground_truth):
+    assert score(addition_score, response, ground_truth) == expected
+
+
+@pytest.mark.parametrize("ground_truth", [None, 7.5, "7.5", "seven", "", True, float("nan"), [7]])
+def test_addition_broken_ground_truth_is_an_error_naming_it(ground_truth):
+    with pytest.raises(
+        ValueError, match=r"addition ground_truth must be a whole number such as 42 or '42', got"
+    ):
+        addition_score("addition", "7", ground_truth, None)
+
+
+def test_addition_thousands_ground_truth():
+    assert score(addition_score, "so 1,042", "1,042") == score(addition_score, "1042", 1042) == 1.0
 
 
 def test_addition_reports_prediction_and_rejects_broken_ground_truth():
@@ -103,6 +133,72 @@ def test_countdown_malformed_answers_score_zero(response):
     assert score(countdown_score, response, {"target": 24, "numbers": [3, 8]}) == 0.0
 
 
+FOUR = {"target": 24, "numbers": [3, 4, 5, 7]}
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        (
+            "<answer>-3 + 4 * 5 + 7</answer>",
+            0.0,
+        ),  # = 24 with the right numbers, but unary minus is not allowed
+        ("<answer>4 * 5 + 7 - 3</answer>", 1.0),  # the same with binary minus
+        ("<answer>4 * 5 + 7 - (-3)</answer>", 0.0),
+        ("<answer>4*5+7-3</answer>", 1.0),  # no spaces
+        ("<answer>  4 *   5 +\t7 - 3  </answer>", 1.0),  # odd spacing
+        ("<answer>4 × 5 + 7 − 3</answer>", 1.0),  # typographic times and minus
+        ("<answer>\\(4 \\times 5 + 7 - 3\\)</answer>", 1.0),  # LaTeX
+        ("<answer>$4 \\cdot 5 + 7 - 3$</answer>", 1.0),
+        ("<answer>4 * 5 + 7 - 3 + 3 - 3</answer>", 0.0),  # 3 used three times
+        ("<answer>4 * 5 + 4</answer>", 0.0),  # 4 reused, 3 and 7 unused
+        ("<answer>(7 - 5) * 4 * 3</answer>", 1.0),
+        ("24 = (7 - 5) * 4 * 3", 1.0),  # expression on the right of "="
+        ("(7 - 5) * 4 * 3 = 2 * 4 * 3 = 24", 1.0),  # the first expression of a chain
+        ("Given 3, 4, 5, 7. 4 * 5 + 7 - 3 = 24", 1.0),  # "7." ends a sentence, not an expression
+        (
+            "<answer>4 * 5 + 7 - 3</answer> no wait <answer>3 * 7 + 5 - 4</answer>",
+            0.0,
+        ),  # the last one counts: 22
+    ],
+)
+def test_countdown_unary_minus_spaces_symbols_and_reuse(response, expected):
+    assert score(countdown_score, response, FOUR) == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("<answer>6 / 3 * 1</answer>", 1.0),  # exact: 2
+        ("<answer>(6 + 1) / 3</answer>", 0.0),  # 7/3, not rounded down to 2
+        ("<answer>1 / 3 * 6</answer>", 1.0),  # a non-integer on the way is fine when the end is exact
+        ("<answer>6 / (3 - 3)</answer>", 0.0),
+        ("<answer>6 // 3 * 1</answer>", 0.0),  # floor division is not in the game
+    ],
+)
+def test_countdown_division_is_exact(response, expected):
+    assert score(countdown_score, response, {"target": 2, "numbers": [1, 3, 6]}) == expected
+
+
+@pytest.mark.parametrize(
+    "ground_truth",
+    [
+        {"target": 7.5, "numbers": [1, 2, 3]},  # was read as 7: "1 + 2 * 3" got full marks
+        {"target": 7, "numbers": [1, 2.5, 3]},
+        {"target": 7, "numbers": "1 2 3"},
+        {"target": None, "numbers": [1, 2, 3]},
+    ],
+)
+def test_countdown_non_integer_ground_truth_is_an_error(ground_truth):
+    with pytest.raises(ValueError, match="countdown ground_truth"):
+        countdown_score("countdown", "<answer>1 + 2 * 3</answer>", ground_truth, None)
+
+
+def test_countdown_ground_truth_numbers_written_loosely():
+    for truth in ({"target": 7.0, "numbers": (1, "2", 3.0)}, {"target": np.int64(7), "numbers": np.array([1, 2, 3])}):
+        assert score(countdown_score, "<answer>1 + 2 * 3</answer>", truth) == 1.0
+
+
 def test_countdown_extraction_rules():
     assert extract_countdown_expression("blah <answer>1+2</answer> then <answer> (3+4)*5 </answer>") == "(3+4)*5"
     assert extract_countdown_expression("Answer: 3*8.") == "3*8"
@@ -143,6 +239,33 @@ def test_gsm8k(response, expected):
     assert score(gsm8k_score, response, "1234", "openai/gsm8k") == expected
 
 
+@pytest.mark.parametrize(
+    ("response", "ground_truth", "expected"),
+    [
+        ("#### $1,000.00", "1000", 1.0),
+        ("The total is $1,000.00.", "1,000", 1.0),
+        ("#### 1000", 1000, 1.0),  # a number as ground truth
+        ("#### 1000", 1000.0, 1.0),
+        ("#### -5", "-5", 1.0),
+        ("#### 5", "-5", 0.0),
+        ("#### -$5", "-5", 1.0),
+        ("#### $-5", "-5", 1.0),
+        ("#### \u22125", "-5", 1.0),  # U+2212 minus sign
+        ("12 - 17 = -5", "-5", 1.0),
+        ("She pays 20-25, so 25", "-25", 0.0),  # a range, not a negative number
+        ("The answer is 2-3", "-3", 0.0),
+        ("#### .5", "5", 0.0),  # was read as 5
+        ("#### .5", "0.5", 1.0),
+        ("#### 1,0000", "1000", 0.0),  # was read as 1,000
+        ("The answer is 1,234, I think", "1234", 1.0),
+        ("#### 7.50", "7.5", 1.0),
+        ("#### 1.5", "5", 0.0),
+    ],
+)
+def test_gsm8k_money_negatives_and_malformed_numbers(response, ground_truth, expected):
+    assert score(gsm8k_score, response, ground_truth, "gsm8k") == expected
+
+
 def test_gsm8k_ground_truth_with_rationale_and_negative():
     assert score(gsm8k_score, "so #### -7", "He loses 7 <<3-10=-7>>\n#### -7") == 1.0
     assert score(gsm8k_score, "#### 0.5", "0.50") == 1.0
@@ -169,6 +292,29 @@ def test_gsm8k_ground_truth_with_rationale_and_negative():
     ],
 )
 def test_math(response, ground_truth, expected):
+    assert score(math_score, response, ground_truth, "math") == expected
+
+
+@pytest.mark.parametrize(
+    ("response", "ground_truth", "expected"),
+    [
+        ("\\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}", 1.0),
+        ("\\boxed{\\dfrac{1}{2}}", "0.5", 1.0),
+        ("\\boxed{\\dfrac{1}{2}}", "\\frac{1}{3}", 0.0),
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt3}{2}", 1.0),  # nested braces
+        ("\\boxed{\\frac{\\sqrt{3}}{2}}", "\\frac{\\sqrt{2}}{2}", 0.0),
+        ("\\boxed{{1}}", "1", 1.0),
+        ("\\boxed{1} or \\boxed{2}", "2", 1.0),  # several boxes: the last counts
+        ("\\boxed{1} or \\boxed{2}", "1", 0.0),
+        ("\\boxed{1}, finally $\\boxed{-1}$.", "-1", 1.0),
+        ("\\boxed{1} then cut off \\boxed{\\frac{1}{", "1", 0.0),  # the last box is unfinished
+        ("\\boxed{3}", 3, 1.0),  # a number as ground truth
+        ("\\boxed{0.5}", 0.5, 1.0),
+        ("\\boxed{(2,1)}", "(1,2)", 0.0),
+        ("\\boxed{}", "0", 0.0),
+    ],
+)
+def test_math_fractions_nesting_and_last_box(response, ground_truth, expected):
     assert score(math_score, response, ground_truth, "math") == expected
 
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import functools
+import math
 import types
 import typing
 from collections.abc import Mapping
 from typing import Any, Literal, Union
 
 from tandem.config.errors import Problems, closest
+from tandem.config.foreign_names import foreign_key_hint
 
 _BAD = object()  # "could not coerce"; None is a legitimate value
 _TRUE = {"true", "yes", "on", "1", "y", "t"}
@@ -94,8 +96,33 @@ def coerce(
     top-level class, used to suggest keys."""
     out = _convert(value, tp, key, problems, default, root)
     if out is _BAD:
-        problems.add(key, f"{key}: got {value!r}, expected {describe(tp)}{_choice_hint(value, tp)}")
+        problems.add(key, _mismatch_message(value, tp, key))
     return out
+
+
+def _mismatch_message(value: Any, tp: Any, key: str) -> str:
+    inner = strip_optional(tp)
+    if is_section(inner):
+        return section_message(key, inner, value)
+    if _is_non_finite(value):
+        off = "; use null to turn it off" if inner is not tp else ""
+        return f"{key}: got {value!r}, but only finite numbers are allowed{off}"
+    return f"{key}: got {value!r}, expected {describe(tp)}{_choice_hint(value, tp)}"
+
+
+def section_message(key: str, section: type, value: Any) -> str:
+    """`actor=3`: name the section and show how its keys are set."""
+    example = next(name for name, tp in field_types(section).items() if not is_section(tp))
+    return (
+        f"{key} is a section, not a single value (got {value!r}): set the keys inside it, "
+        f"e.g. {key}.{example}=..."
+    )
+
+
+def _is_non_finite(value: Any) -> bool:
+    if isinstance(value, str):
+        value = _to_float(value)
+    return isinstance(value, float) and not math.isfinite(value)
 
 
 def _choice_hint(value: Any, tp: Any) -> str:
@@ -141,9 +168,8 @@ def _convert(value: Any, tp: Any, key: str, problems: Problems, default: Any, ro
     if tp is float:
         if isinstance(value, bool):
             return _BAD
-        if isinstance(value, int | float):
-            return float(value)
-        return _to_float(value) if isinstance(value, str) else _BAD
+        number = _to_float(value) if isinstance(value, str | int | float) else _BAD
+        return number if number is not _BAD and math.isfinite(number) else _BAD  # nan / inf: never a setting
     if tp is str:
         if isinstance(value, str):
             return value
@@ -212,10 +238,10 @@ def _convert_literal(value: Any, choices: tuple[Any, ...]) -> Any:
     return _BAD
 
 
-def _to_float(text: str) -> Any:
+def _to_float(value: str | int | float) -> Any:
     try:
-        return float(text.strip())
-    except ValueError:
+        return float(value.strip() if isinstance(value, str) else value)
+    except (ValueError, OverflowError):
         return _BAD
 
 
@@ -275,6 +301,9 @@ def section_at(cls: type, dotted: str) -> type | None:
 def unknown_key_message(key: str, root: type) -> str:
     """`unknown key 'actor.optim.lrr'; did you mean 'actor.optim.lr'?`"""
     paths = all_paths(root)
+    foreign = foreign_key_hint(key, paths)
+    if foreign:
+        return foreign
     parts = key.split(".")
     for depth in range(1, len(parts)):
         head = ".".join(parts[:depth])

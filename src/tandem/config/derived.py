@@ -20,7 +20,7 @@ class Derived:
     dp_size: int  # RANKS the batch is split over: world_size / (model-parallel or sequence-parallel ranks)
     samples_per_step: int  # SAMPLES per training step, global: data.train_batch_size * rollout.n
     samples_per_rank: int  # SAMPLES per step on one data-parallel rank
-    gen_prompts_per_round: int  # PROMPTS per generation round (dynamic sampling may run several)
+    gen_prompts_per_round: int  # PROMPTS per generation round; data.train_batch_size unless dynamic sampling
     actor_mini_batch_samples: int  # SAMPLES per actor optimizer step, global
     actor_mini_batch_samples_per_rank: int  # SAMPLES per actor optimizer step on one rank
     actor_grad_accum_steps: int | None  # micro-batches per mini-batch; None with use_dynamic_bsz (varies)
@@ -48,6 +48,12 @@ def data_parallel_size(cfg: TandemConfig) -> tuple[int, int]:
     if model_parallel <= 0 or world % model_parallel:
         return world, 0
     return world, world // model_parallel
+
+
+def gen_prompts_per_round(cfg: TandemConfig) -> int:
+    """PROMPTS generated per round: dynamic sampling's gen_batch_size when it is on, else one step's."""
+    ds = cfg.algorithm.dynamic_sampling
+    return (ds.gen_batch_size or cfg.data.train_batch_size) if ds.enable else cfg.data.train_batch_size
 
 
 def compute_derived(cfg: TandemConfig, *, estimator_info: dict) -> Derived:
@@ -82,7 +88,7 @@ def compute_derived(cfg: TandemConfig, *, estimator_info: dict) -> Derived:
         dp_size=dp,
         samples_per_step=samples,
         samples_per_rank=samples // dp,
-        gen_prompts_per_round=cfg.algorithm.dynamic_sampling.gen_batch_size or cfg.data.train_batch_size,
+        gen_prompts_per_round=gen_prompts_per_round(cfg),
         actor_mini_batch_samples=actor[0],
         actor_mini_batch_samples_per_rank=actor[1],
         actor_grad_accum_steps=actor[2],

@@ -32,11 +32,24 @@ class Problems:
     def __init__(self) -> None:
         self.items: list[Problem] = []
         self.notes: dict[str, str] = {}  # dotted key -> where its value came from, e.g. an override
+        # dotted key -> the YAML file that set it; named only in problems found while parsing, since
+        # a rule about two keys would blame whichever file happened to set the first one
+        self.files: dict[str, str] = {}
 
     def add(self, keys: str | Iterable[str], message: str) -> None:
         keys = (keys,) if isinstance(keys, str) else tuple(keys)
-        note = next((self.notes[k.split("[")[0]] for k in keys if k.split("[")[0] in self.notes), None)
+        note = next((n for k in keys if (n := self.note_for(k))), None)
         self.items.append(Problem(keys, f"{message} ({note})" if note else message))
+
+    def note_for(self, key: str) -> str | None:
+        """Where `key` (or the section holding it) was set: `from override '...'` or `in FILE`."""
+        key = key.split("[")[0]
+        parts = key.split(".")
+        for depth in range(len(parts), 0, -1):  # an override may have set the whole section
+            note = self.notes.get(".".join(parts[:depth]))
+            if note:
+                return note
+        return self.files.get(key)  # files record every key they set, sections included
 
     def bad_keys(self) -> set[str]:
         return {k for p in self.items for k in p.keys}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import json
 import typing
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -10,7 +11,17 @@ from typing import Any, Literal
 
 import yaml
 
-from tandem.config.coerce import field_types, is_section, parse_into, strip_optional, unknown_key_message
+from tandem.config.coerce import (
+    RESERVED,
+    describe,
+    field_types,
+    is_section,
+    parse_into,
+    section_message,
+    strip_optional,
+    to_plain,
+    unknown_key_message,
+)
 from tandem.config.errors import ConfigError, Problems, closest
 from tandem.config.schema import TandemConfig
 from tandem.config.validate import finalize
@@ -35,9 +46,9 @@ def load_config(
     Raises ConfigError listing every problem found.
     """
     raw: dict[str, Any] = {}
-    if preset_or_path is not None:
-        raw = load_yaml_tree(resolve_ref(str(preset_or_path), Path.cwd()), ())
     problems = Problems()
+    if preset_or_path is not None:
+        raw = load_yaml_tree(resolve_ref(str(preset_or_path), Path.cwd()), (), problems.files)
     apply_overrides(raw, overrides, problems)
     return build(raw, require_data=require_data, problems=problems)
 
@@ -74,43 +85,119 @@ def resolve_ref(ref: str, relative_to: Path) -> Path:
     path = Path(ref).expanduser()
     if not path.is_absolute():
         path = relative_to / path
+    if "=" in ref and not looks_like_path:
+        raise ConfigError(
+            f"'{ref}' looks like an override, but it stands where the preset name or YAML file goes: "
+            f"name one first, e.g. `tandem config grpo {ref}` or load_config('grpo', ['{ref}'])"
+        )
     if looks_like_path:
-        if not path.is_file():
-            raise ConfigError(f"config file '{path}' does not exist")
-        return path
+        if path.is_file():
+            return path
+        hint = ""
+        if Path(ref).stem in list_presets() and Path(ref).name == ref:
+            hint = f"; for the bundled preset write just '{Path(ref).stem}'"
+        raise ConfigError(f"config file '{path}' does not exist{hint}")
     preset = PRESET_DIR / f"{ref}.yaml"
     if preset.is_file():
         return preset
     if path.is_file():
         return path
-    match = closest(ref, list_presets())
+    match = closest(ref.lower(), list_presets())
     hint = f" Did you mean '{match}'?" if match else ""
     raise ConfigError(
         f"'{ref}' is neither a preset nor a YAML file.{hint} Presets: {', '.join(list_presets())}."
     )
 
 
-def load_yaml_tree(path: Path, chain: tuple[Path, ...]) -> dict[str, Any]:
-    """Read a YAML file and, recursively, the file its `base:` names; the file's keys win."""
+def load_yaml_tree(
+    path: Path, chain: tuple[Path, ...], files: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Read a YAML file and, recursively, the file its `base:` names; the file's keys win.
+
+    `files` collects, for every dotted key, the file that set it last (to name it in errors)."""
     path = path.resolve()
     if path in chain:
         cycle = " -> ".join(str(p) for p in (*chain, path))
-        raise ConfigError(f"'base:' files include each other in a loop: {cycle}")
-    try:
-        data = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as err:
-        raise ConfigError(f"{path} is not valid YAML: {err}") from None
+        raise ConfigError(
+            f"'base:' files include each other in a loop: {cycle}. Remove one of the base: lines"
+        )
+    data = read_yaml(path)
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError(
-            f"{path} must hold a mapping of sections (data:, actor:, ...), not {type(data).__name__}"
+            f"{path} must hold a mapping of sections (data:, actor:, ...), not a {type(data).__name__}: "
+            "write e.g. `actor:` on one line and `  ppo_mini_batch_size: 4` indented below it"
         )
     base = data.pop("base", None)
-    if base is None:
-        return data
-    if not isinstance(base, str):
-        raise ConfigError(f"{path}: 'base:' must name a preset or a YAML path, got {base!r}")
-    parent = load_yaml_tree(resolve_ref(base, path.parent), (*chain, path))
+    parent: dict[str, Any] = {}
+    if base is not None:
+        if not isinstance(base, str):
+            raise ConfigError(f"{path}: 'base:' must name one preset or YAML path, got {base!r}")
+        try:
+            base_path = resolve_ref(base, path.parent)
+        except ConfigError as err:
+            raise ConfigError(f"{path}: base: {err}") from None
+        parent = load_yaml_tree(base_path, (*chain, path), files)
+    if files is not None:
+        label = f"in preset '{path.stem}'" if path.parent == PRESET_DIR.resolve() else f"in {path}"
+        files.update(dict.fromkeys(_dotted_keys(data), label))
     return deep_merge(parent, data)
+
+
+def _dotted_keys(tree: Mapping[str, Any], prefix: str = "") -> Iterable[str]:
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        yield path
+        if isinstance(value, Mapping):
+            yield from _dotted_keys(value, path)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML keeps the last of two equal keys; in a config that silently drops a whole section."""
+
+
+def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
+    seen: dict[str, int] = {}
+    for key_node, _ in node.value:
+        if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
+            if key_node.value in seen:
+                raise yaml.constructor.ConstructorError(
+                    None,
+                    None,
+                    f"key '{key_node.value}' appears twice in one mapping (first at line "
+                    f"{seen[key_node.value] + 1}); the second would silently replace the first. Merge them",
+                    key_node.start_mark,
+                )
+            seen[key_node.value] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+def read_yaml(path: Path) -> Any:
+    """The parsed file; a syntax error or a repeated key is a ConfigError naming the file and line."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as err:
+        raise ConfigError(f"cannot read config file {path}: {err}") from None
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
+    except yaml.YAMLError as err:
+        raise ConfigError(_yaml_error_message(path, err)) from None
+
+
+def _yaml_error_message(path: Path, err: yaml.YAMLError) -> str:
+    mark = getattr(err, "problem_mark", None)
+    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+    message = f"{path} is not valid YAML{where}: {getattr(err, 'problem', None) or err}"
+    context, context_mark = getattr(err, "context", None), getattr(err, "context_mark", None)
+    if context and context_mark is not None:
+        message += f" ({context} at line {context_mark.line + 1})"
+    if "'\\t'" in message:
+        message += ". Indent with spaces: YAML does not allow tabs"
+    return message
 
 
 def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
@@ -128,27 +215,74 @@ def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Iterable[str], problems: Problems) -> None:
-    """Set `a.b.c=value` into the nested dict `raw`; unknown keys and bad syntax become problems."""
+    """Set `a.b.c=value` into the nested dict `raw`; unknown keys and bad syntax become problems.
+
+    A mapping given to a section (`actor.optim={lr: 1e-6, eps: 1e-6}`) is merged into it, as a
+    `base:` file's sections are; any other value replaces what was there."""
     if isinstance(overrides, str):
         overrides = [overrides]
-    for text in overrides:
-        key, sep, value_text = str(text).partition("=")
-        key = key.strip().removeprefix("+")
-        if not sep or not key:
-            problems.add(key or str(text), f"override '{text}' must look like section.key=value")
+    for text in map(str, overrides):
+        key, sep, value_text = text.partition("=")
+        key = key.strip()
+        if key.startswith("~"):
+            name = key.lstrip("~")
+            problems.notes[name] = f"from override '{text}'"
+            problems.add(
+                name,
+                f"{name}: keys cannot be removed; set {name}=null where null is allowed, or a value",
+            )
+            continue
+        key = key.lstrip("+")  # Hydra's `+key=` / `++key=` add a key; every Tandem key exists already
+        parts = key.split(".")
+        if not sep or "" in parts:
+            problems.add(
+                key or text, f"override '{text}' must look like section.key=value, e.g. actor.optim.lr=1e-6"
+            )
+            continue
+        problems.notes[key] = f"from override '{text}'"
+        if parts[0] in RESERVED:
+            problems.add(key, f"{key}: {parts[0]} {RESERVED[parts[0]]}")
             continue
         tp = _type_at(key)
         if tp is None:
-            problems.add(key, f"{unknown_key_message(key, TandemConfig)} (in override '{text}')")
+            problems.add(key, unknown_key_message(key, TandemConfig))
             continue
-        node = raw
-        parts = key.split(".")
-        for part in parts[:-1]:
-            if not isinstance(node.get(part), dict):
-                node[part] = {}
-            node = node[part]
-        node[parts[-1]] = parse_override_value(value_text, tp)
-        problems.notes[key] = f"from override '{text}'"
+        value = parse_override_value(value_text, tp)
+        missing = _missing_value_problem(key, tp, value)
+        if missing:
+            problems.add(key, missing)
+            continue
+        _set_dotted(raw, parts, value, tp)
+
+
+def _set_dotted(raw: dict[str, Any], parts: list[str], value: Any, tp: Any) -> None:
+    """raw[a][b][c] = value, making the sections on the way; a mapping given to a section merges into it."""
+    node = raw
+    for part in parts[:-1]:
+        if node.get(part) is None:
+            node[part] = {}
+        node = node[part]
+        if not isinstance(node, dict):
+            return  # an earlier `actor=3` stays, so that its error is reported
+    old = node.get(parts[-1])
+    if is_section(strip_optional(tp)) and isinstance(value, Mapping) and isinstance(old, Mapping):
+        value = deep_merge(old, value)
+    node[parts[-1]] = value
+
+
+def _missing_value_problem(key: str, tp: Any, value: Any) -> str | None:
+    """A message when `key=` (or `key=null`) gives no value where one is needed, else None."""
+    inner = strip_optional(tp)
+    if value is not None or inner is not tp or tp is Any or typing.get_origin(tp) in (list, dict):
+        return None  # null is allowed: an optional field, a list or mapping (empty), a free value
+    if is_section(tp):
+        return section_message(key, tp, value)
+    default: Any = TandemConfig()
+    for part in key.split("."):
+        default = getattr(default, part)
+    example = json.dumps(to_plain(default))
+    text_hint = f"; for empty text write {key}=''" if tp is str else ""
+    return f"{key} needs a value ({describe(tp)}), e.g. {key}={example}{text_hint}"
 
 
 def _type_at(dotted: str) -> Any:
@@ -170,17 +304,20 @@ def _type_at(dotted: str) -> Any:
 
 
 def parse_override_value(text: str, tp: Any) -> Any:
-    """Text after `=`: kept verbatim for string fields (so `007` stays `007`), else read as YAML."""
+    """Text after `=`: kept verbatim for string fields (so `007` stays `007`), else read as YAML.
+
+    Nothing after `=` is None: it clears an optional field, empties a list or mapping, and is an
+    error for any other field."""
     text = text.strip()
     optional = strip_optional(tp) is not tp
-    if text in ("null", "~") or (optional and text == "None"):
+    if text in ("", "null", "~") or (optional and text == "None"):
         return None
     if _is_text_type(strip_optional(tp)):
         if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"":
             return text[1:-1]
         return text
     try:
-        return yaml.safe_load(text) if text else None
+        return yaml.safe_load(text)
     except yaml.YAMLError:
         return text
 

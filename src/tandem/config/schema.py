@@ -5,6 +5,9 @@ Units matter here, so every batch-size comment says what it counts:
   SAMPLES  generated responses; each prompt gives `rollout.n` samples.
   TOKENS   prompt + response tokens.
 "global" means summed over all data-parallel ranks, "per rank" means on one of them.
+The rules that tie the training batch sizes together are in ActorConfig's docstring; the sizes of
+forward-only passes (log-prob recomputation, reference, reward model) and data.val_batch_size need
+not divide anything: the last micro-batch is smaller.
 
 The critic settings that default to the actor's (`None = the actor's`) and `critic.enable: auto`
 are filled in when the config is validated, so a loaded config has concrete values there
@@ -37,71 +40,88 @@ class DataConfig:
     train_files: list[str] = field(default_factory=list)  # parquet / jsonl files of training prompts
     val_files: list[str] = field(default_factory=list)  # parquet / jsonl validation prompts; [] = none
     prompt_key: str = "prompt"  # column holding the prompt (chat messages or plain text)
-    max_prompt_length: int = 512  # TOKENS; longer prompts are handled as `truncation` says
-    max_response_length: int = 512  # TOKENS generated per sample at most
+    max_prompt_length: int = 512  # TOKENS per prompt at most, >= 1; longer ones follow `truncation`
+    max_response_length: int = 512  # TOKENS generated per sample at most, >= 1
     train_batch_size: int = 8  # PROMPTS per training step, global (x rollout.n = samples per step)
-    val_batch_size: int | None = None  # PROMPTS per validation generation call; None = the whole val set
-    truncation: Truncation = "error"  # over-long prompt: error, filter (drop it), left / right (cut that end)
-    chat_template: ChatTemplate = "auto"  # auto = tokenizer's own, plain = Tandem's simple one, none = raw
-    shuffle: bool = True  # reshuffle training prompts every epoch
+    val_batch_size: int | None = None  # PROMPTS per validation generation call, global; None = all at once
+    truncation: Truncation = "error"  # over-long prompt: error, filter (drop it), left / right (cut that end; `right` keeps the chat template's generation prompt)
+    chat_template: ChatTemplate = "auto"  # auto = the tokenizer's, plain = Tandem's simple one, none = raw
+    shuffle: bool = True  # reshuffle the training prompts every epoch
     seed: int = 1  # seed of the shuffle
 
 
 @dataclass
 class OptimConfig:
-    """AdamW and its learning-rate schedule. Schedule lengths count TRAINING STEPS."""
+    """AdamW and its learning-rate schedule. The schedule advances once per TRAINING STEP."""
 
-    lr: float = 1e-6  # peak learning rate
-    weight_decay: float = 0.01  # decoupled weight decay (AdamW)
-    betas: tuple[float, float] = (0.9, 0.999)  # Adam moment decay rates
-    eps: float = 1e-8  # Adam denominator epsilon
-    lr_scheduler: LrScheduler = "constant"  # shape after warm-up
-    warmup_steps: int = 0  # TRAINING STEPS of linear warm-up; when > 0 it wins over warmup_ratio
-    warmup_ratio: float = 0.0  # fraction of all training steps used for warm-up (when warmup_steps == 0)
-    min_lr_ratio: float = 0.0  # cosine / linear decay ends at lr * this
+    lr: float = 1e-6  # peak learning rate, > 0
+    weight_decay: float = 0.01  # decoupled weight decay (AdamW), >= 0
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam moment decay rates, each in [0, 1)
+    eps: float = 1e-8  # Adam denominator epsilon, > 0
+    lr_scheduler: LrScheduler = "constant"  # shape after warm-up: constant, cosine or linear decay
+    warmup_steps: int = 0  # TRAINING STEPS of linear warm-up from 0; when > 0 it wins over warmup_ratio
+    warmup_ratio: float = 0.0  # in [0, 1): fraction of all training steps that warm up (if warmup_steps=0)
+    min_lr_ratio: float = 0.0  # in [0, 1]: cosine / linear decay ends at lr * this
 
 
 @dataclass
 class FSDPConfig:
-    """FSDP2 (`fully_shard`) settings, used when strategy == "fsdp"."""
+    """FSDP2 (`fully_shard`) settings, used when actor.strategy == "fsdp".
 
-    param_dtype: Dtype = "bfloat16"  # dtype of parameters in forward / backward (master weights stay float32)
+    Data-parallel size = world size / sequence_parallel (see cfg.derived.dp_size)."""
+
+    param_dtype: Dtype = "bfloat16"  # dtype of parameters in forward / backward (master weights: float32)
     reduce_dtype: Dtype = "float32"  # dtype of the gradient reduce-scatter across ranks
     cpu_offload: bool = False  # keep sharded parameters, gradients and optimizer state in CPU memory
-    sequence_parallel: int = 1  # RANKS splitting each sequence (Ulysses); data-parallel size = world / this
+    sequence_parallel: int = 1  # RANKS splitting each sequence (Ulysses); divides the world size
 
 
 @dataclass
 class MegatronConfig:
-    """megatron-core model parallelism, used when strategy == "megatron". Sizes count RANKS."""
+    """megatron-core model parallelism, used when actor.strategy == "megatron". Sizes count RANKS, each >= 1.
+
+    tensor x pipeline x context must divide the world size; the batch is split over the rest
+    (data-parallel size = world / (tensor x pipeline x context), see cfg.derived.dp_size)."""
 
     tensor_parallel: int = 1  # ranks splitting each layer's weight matrices
     pipeline_parallel: int = 1  # ranks splitting the stack of layers
     context_parallel: int = 1  # ranks splitting each sequence
-    expert_parallel: int = 1  # ranks splitting the experts of MoE layers
+    expert_parallel: int = 1  # ranks splitting the experts of MoE layers; divides world / (tensor x pipeline)
 
 
 @dataclass
 class ActorConfig:
-    """The policy being trained and its PPO-style update."""
+    """The policy being trained and its PPO-style update.
 
-    model_path: str | None = None  # local Hugging Face folder of the initial policy
-    strategy: Strategy = "fsdp"  # training engine; the critic and reference use the same one
+    A step's data.train_batch_size x rollout.n samples are cut into mini-batches of
+    ppo_mini_batch_size x rollout.n samples, one optimizer step each, ppo_epochs times over. Each of
+    the dp data-parallel ranks (cfg.derived.dp_size) holds 1/dp of a mini-batch and runs it in
+    micro-batches of micro_batch_size_per_rank samples, accumulating gradients. So:
+      ppo_mini_batch_size divides data.train_batch_size;
+      ppo_mini_batch_size x rollout.n is a multiple of dp;
+      micro_batch_size_per_rank divides the per-rank mini-batch, ppo_mini_batch_size x rollout.n / dp.
+    With use_dynamic_bsz the micro-batch sizes (here, the critic's, reference.log_prob_... and
+    rollout.log_prob_...) are unused: micro-batches are filled up to max_tokens_per_micro_batch
+    tokens instead, which must hold one full sample (data.max_prompt_length + max_response_length).
+    """
+
+    model_path: str | None = None  # local Hugging Face folder of the initial policy (and of the reference)
+    strategy: Strategy = "fsdp"  # training engine: fsdp or megatron; the critic and reference use the same
     ppo_mini_batch_size: int = 4  # PROMPTS per optimizer step, global (x rollout.n = samples)
-    micro_batch_size_per_rank: int = 2  # SAMPLES per forward / backward on one rank (gradient accumulation)
-    use_dynamic_bsz: bool = False  # build micro-batches by token budget instead of sample count
-    max_tokens_per_micro_batch: int = 16384  # TOKENS per micro-batch per rank when use_dynamic_bsz
-    ppo_epochs: int = 1  # passes over each step's samples
-    policy_loss: str = "vanilla"  # POLICY_LOSSES name: vanilla (PPO clip), gspo, reinforce
-    clip_ratio_low: float = 0.2  # probability ratio is clipped below at 1 - this
-    clip_ratio_high: float = 0.2  # ... and above at 1 + this (DAPO "clip-higher" raises it)
-    clip_ratio_c: float = 3.0  # dual-clip bound on the loss of negative-advantage tokens; must be > 1
-    loss_agg_mode: str = "token-mean"  # AGG_MODES name: how token losses become one number
-    entropy_coeff: float = 0.0  # weight of the entropy bonus (0 = off)
-    use_kl_loss: bool = False  # add a KL(actor || reference) term to the loss (GRPO style)
-    kl_loss_coef: float = 0.001  # weight of that KL term
-    kl_loss_type: str = "low_var_kl"  # KL_ESTIMATORS name for that term
-    grad_clip: float | None = 1.0  # max global gradient norm; None = no clipping
+    micro_batch_size_per_rank: int = 2  # SAMPLES per forward / backward on one rank
+    use_dynamic_bsz: bool = False  # cut micro-batches by token budget instead (actor, critic, reference)
+    max_tokens_per_micro_batch: int = 16384  # TOKENS per micro-batch on one rank, when use_dynamic_bsz
+    ppo_epochs: int = 1  # passes over each step's samples, >= 1
+    policy_loss: str = "vanilla"  # vanilla (PPO clip), gspo (sequence-level ratio) or reinforce (no ratio)
+    clip_ratio_low: float = 0.2  # in [0, 1): the probability ratio is clipped below at 1 - this
+    clip_ratio_high: float = 0.2  # >= 0: ... and above at 1 + this (DAPO's "clip-higher" raises it, 0.28)
+    clip_ratio_c: float = 3.0  # > 1: dual clip; a negative-advantage token's loss is <= this x |advantage|
+    loss_agg_mode: str = "token-mean"  # token-mean, seq-mean-token-sum, seq-mean-token-mean, ...-sum-norm
+    entropy_coeff: float = 0.0  # weight of the entropy bonus; 0 = off
+    use_kl_loss: bool = False  # add a KL(actor || reference) loss term (GRPO style); loads the reference
+    kl_loss_coef: float = 0.001  # >= 0: weight of that KL term
+    kl_loss_type: str = "low_var_kl"  # kl (k1), abs, mse (k2), low_var_kl (k3); "+" suffix: k2 gradient
+    grad_clip: float | None = 1.0  # > 0: max global gradient norm; null = no clipping
     activation_checkpointing: bool = False  # recompute activations in backward to save memory
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
@@ -112,9 +132,9 @@ class ActorConfig:
 class ValRolloutConfig:
     """Sampling for validation."""
 
-    n: int = 1  # SAMPLES per validation prompt
-    temperature: float = 0.0  # 0 = greedy
-    top_p: float = 1.0  # nucleus sampling mass
+    n: int = 1  # SAMPLES per validation prompt, >= 1; > 1 needs temperature > 0
+    temperature: float = 0.0  # >= 0; 0 = greedy
+    top_p: float = 1.0  # nucleus sampling mass in (0, 1]; 1 = off
 
 
 @dataclass
@@ -122,15 +142,15 @@ class RolloutConfig:
     """Generation of training samples."""
 
     engine: RolloutEngineName = "hf"  # inference engine: hf (transformers generate), vllm, sglang (GPU only)
-    n: int = 4  # SAMPLES generated per prompt (the group size of group estimators)
-    temperature: float = 1.0  # sampling temperature; must be > 0 for training
-    top_p: float = 1.0  # nucleus sampling mass (1 = off)
-    top_k: int = -1  # sample from the k most likely tokens; -1 = off
-    log_prob_micro_batch_size_per_rank: int = 8  # SAMPLES per forward when the actor recomputes log-probs
-    tensor_parallel: int = 1  # RANKS per inference engine instance
-    gpu_memory_utilization: float = 0.5  # fraction of GPU memory vLLM / SGLang may claim
-    is_correction: str = "none"  # importance weights for rollout/trainer mismatch: none or an IS_LEVELS name
-    is_threshold: float = 2.0  # importance weights are truncated at this value
+    n: int = 4  # SAMPLES per prompt (the group size of group estimators: >= 2 for grpo, rloo, ...)
+    temperature: float = 1.0  # sampling temperature, > 0 (training needs sampling; greedy is for rollout.val)
+    top_p: float = 1.0  # nucleus sampling mass in (0, 1]; 1 = off
+    top_k: int = -1  # sample from the k most likely tokens, k >= 1; -1 = off
+    log_prob_micro_batch_size_per_rank: int = 8  # SAMPLES per forward on one rank, recomputing log-probs
+    tensor_parallel: int = 1  # RANKS per inference engine instance; divides the world size; 1 for hf
+    gpu_memory_utilization: float = 0.5  # in (0, 1]: fraction of GPU memory vLLM / SGLang may claim
+    is_correction: str = "none"  # rollout-vs-trainer importance weights: none, token or sequence
+    is_threshold: float = 2.0  # > 0: importance weights are truncated at this value
     val: ValRolloutConfig = field(default_factory=ValRolloutConfig)
 
 
@@ -139,31 +159,33 @@ class ReferenceConfig:
     """The frozen initial policy (actor.model_path). It is loaded only when a KL term needs it:
     actor.use_kl_loss or algorithm.use_kl_in_reward (see cfg.derived.reference_needed)."""
 
-    log_prob_micro_batch_size_per_rank: int = 8  # SAMPLES per forward
+    log_prob_micro_batch_size_per_rank: int = 8  # SAMPLES per forward on one rank
 
 
 @dataclass
 class CriticConfig:
-    """The value model (PPO / GAE). Uses the actor's strategy and parallel settings."""
+    """The value model (PPO / GAE). Shares the actor's strategy, parallel sizes and use_dynamic_bsz.
 
-    enable: bool | Literal["auto"] = "auto"  # auto = on exactly when the advantage estimator needs values
+    Batch sizes follow the same rules as the actor's (see ActorConfig)."""
+
+    enable: bool | Literal["auto"] = "auto"  # auto = on exactly when the estimator needs values (gae)
     model_path: str | None = None  # None = actor.model_path (a value head is added)
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int | None = None  # PROMPTS per optimizer step, global; None = the actor's
-    micro_batch_size_per_rank: int | None = None  # SAMPLES per forward / backward; None = the actor's
+    micro_batch_size_per_rank: int | None = None  # SAMPLES per forward / backward on one rank; None = actor's
     ppo_epochs: int | None = None  # passes over each step's samples; None = the actor's
-    cliprange_value: float = 0.5  # new values are clipped to old value +- this
-    loss_agg_mode: str = "token-mean"  # AGG_MODES name
-    grad_clip: float | None = 1.0  # max global gradient norm; None = no clipping
+    cliprange_value: float = 0.5  # >= 0: new values are clipped to old value +- this
+    loss_agg_mode: str = "token-mean"  # as actor.loss_agg_mode
+    grad_clip: float | None = 1.0  # > 0: max global gradient norm; null = no clipping
 
 
 @dataclass
 class RewardModelConfig:
     """A learned reward model, scored on the full prompt + response."""
 
-    enable: bool = False  # score samples with a reward model (added to rule-based scores)
+    enable: bool = False  # score samples with a reward model (added to rule-based scores); needs model_path
     model_path: str | None = None  # local Hugging Face folder of a sequence-classification model
-    micro_batch_size_per_rank: int = 8  # SAMPLES per forward
+    micro_batch_size_per_rank: int = 8  # SAMPLES per forward on one rank
 
 
 @dataclass
@@ -171,8 +193,8 @@ class OverlongConfig:
     """DAPO soft overlong punishment: a linear penalty over the last `buffer_len` allowed tokens."""
 
     enable: bool = False  # apply the penalty
-    buffer_len: int = 128  # TOKENS before max_response_length where the penalty starts
-    penalty_factor: float = 1.0  # penalty reaches -this at max_response_length
+    buffer_len: int = 128  # TOKENS before data.max_response_length where the penalty starts; < that length
+    penalty_factor: float = 1.0  # >= 0: the penalty reaches -this at max_response_length
 
 
 @dataclass
@@ -180,7 +202,7 @@ class FormatConfig:
     """A reward term for the shape of a response, added to the task score."""
 
     enable: bool = False  # apply the term
-    pattern: str = r"<think>.*</think>"  # regex of a well-formed response (`.` matches newlines)
+    pattern: str = r"<think>.*</think>"  # Python regex of a well-formed response (`.` matches newlines)
     fullmatch: bool = False  # false = found anywhere in the response, true = the whole response must match
     match_reward: float = 0.0  # added to the score when the response matches
     mismatch_reward: float = -1.0  # added when it does not
@@ -193,8 +215,8 @@ class RewardConfig:
     custom_reward_file: str | None = None  # Python file with your scoring function; None = built-in scorers
     custom_reward_function: str = "compute_score"  # name of the function in that file
     custom_reward_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments passed to it
-    timeout_s: float = 10.0  # SECONDS one scoring call may take; a timeout scores 0
-    num_workers: int = 1  # processes scoring in parallel; 0 = in the controller process
+    timeout_s: float = 10.0  # SECONDS one scoring call may take, > 0; a timeout scores 0
+    num_workers: int = 1  # processes scoring in parallel, >= 0; 0 = in the controller process
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
     format: FormatConfig = field(default_factory=FormatConfig)
@@ -204,32 +226,37 @@ class RewardConfig:
 class KLControlConfig:
     """Coefficient of the KL penalty in the reward (algorithm.use_kl_in_reward)."""
 
-    type: str = "fixed"  # KL_CONTROLLERS name: fixed or adaptive
-    kl_coef: float = 0.001  # coefficient (the initial one when adaptive)
-    target_kl: float = 0.1  # adaptive: KL per token the controller steers toward
-    horizon: int = 10000  # adaptive: SAMPLES over which the coefficient moves toward target
+    type: str = "fixed"  # fixed or adaptive
+    kl_coef: float = 0.001  # >= 0: the coefficient (the initial one when adaptive)
+    target_kl: float = 0.1  # > 0, adaptive only: KL per token the controller steers toward
+    horizon: int = 10000  # >= 1, adaptive only: SAMPLES over which the coefficient moves toward target
 
 
 @dataclass
 class DynamicSamplingConfig:
-    """DAPO dynamic sampling: drop groups whose samples all score the same, generate more to refill."""
+    """DAPO dynamic sampling: drop groups whose samples all score the same, generate more to refill.
 
-    enable: bool = False  # filter groups and regenerate
-    metric: SamplingMetric = "acc"  # per-sample value whose spread within a group must be > 0
-    max_num_gen_batches: int = 10  # generation rounds per step before giving up; 0 = no limit
-    gen_batch_size: int | None = None  # PROMPTS per generation round; None = data.train_batch_size
+    Each round generates gen_batch_size prompts x rollout.n samples and keeps the groups with a
+    spread; rounds repeat until data.train_batch_size prompts are kept (the surplus is cut)."""
+
+    enable: bool = False  # filter groups and regenerate; needs rollout.n >= 2
+    metric: SamplingMetric = "acc"  # per-sample value whose spread within a group must be > 0: acc or score
+    max_num_gen_batches: int = 10  # >= 0: rounds per step before the run stops with an error; 0 = no limit
+    gen_batch_size: int | None = None  # PROMPTS per round, global; None = data.train_batch_size
 
 
 @dataclass
 class AlgorithmConfig:
     """Advantages and reward shaping done by the controller."""
 
-    adv_estimator: str = "grpo"  # ADV_ESTIMATORS name: gae, grpo, dr_grpo, rloo, remax, ...
-    gamma: float = 1.0  # discount per token
-    lam: float = 1.0  # GAE lambda
+    # gae (needs the critic); grpo, dr_grpo, rloo, opo, gpg (groups of rollout.n >= 2);
+    # remax (a greedy baseline sample); reinforce_plus_plus, reinforce_plus_plus_baseline
+    adv_estimator: str = "grpo"
+    gamma: float = 1.0  # in [0, 1]: discount per token
+    lam: float = 1.0  # in [0, 1]: GAE lambda
     norm_adv_by_std: bool = True  # group estimators: divide by the group's score std (Dr. GRPO: false)
-    use_kl_in_reward: bool = False  # subtract kl_coef * KL(actor || reference) from token rewards (PPO style)
-    kl_penalty: str = "kl"  # KL_ESTIMATORS name for that penalty
+    use_kl_in_reward: bool = False  # subtract kl_coef x KL(actor || reference) from token rewards (PPO style)
+    kl_penalty: str = "kl"  # estimator for that penalty, as actor.kl_loss_type
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
 
@@ -240,20 +267,21 @@ class TrainerConfig:
 
     project_name: str = "tandem"  # groups runs in the trackers
     experiment_name: str = "run"  # this run's name; outputs go to output_dir/project_name/experiment_name
-    total_epochs: int = 1  # passes over the training prompts
-    total_training_steps: int | None = None  # stop after this many steps; None = total_epochs of data
-    nnodes: int = 1  # machines
-    workers_per_node: int = 1  # RANKS per machine: GPUs, or CPU processes
-    device: Device = "auto"  # auto = cuda when available, else cpu
+    total_epochs: int = 1  # passes over the training prompts, >= 1
+    total_training_steps: int | None = None  # stop after this many steps, >= 1; None = total_epochs of data
+    nnodes: int = 1  # machines, >= 1
+    workers_per_node: int = 1  # RANKS per machine (GPUs, or CPU processes); world size = nnodes x this
+    device: Device = "auto"  # cpu, cuda, or auto = cuda when available, else cpu
     seed: int = 1  # seed of model init, sampling and everything else that is random
-    loggers: list[LoggerName] = field(default_factory=lambda: ["console"])  # metric trackers
-    save_freq: int = -1  # steps between checkpoints; -1 = never (the final one is still saved)
-    test_freq: int = -1  # steps between validations; -1 = never
+    # metric trackers, any of: console, jsonl, tensorboard, wandb, mlflow
+    loggers: list[LoggerName] = field(default_factory=lambda: ["console"])
+    save_freq: int = -1  # steps between checkpoints, >= 1; -1 = never (the final one is still saved)
+    test_freq: int = -1  # steps between validations, >= 1; -1 = never
     val_before_train: bool = False  # validate once before the first step
     output_dir: str = "outputs"  # root folder of checkpoints and logs
     resume: str = "auto"  # auto = latest checkpoint of this experiment if any, disable, or a checkpoint path
-    max_checkpoints_to_keep: int | None = None  # older checkpoints are deleted; None = keep all
-    critic_warmup: int = 0  # first steps that train only the critic
+    max_checkpoints_to_keep: int | None = None  # >= 1: older checkpoints are deleted; None = keep all
+    critic_warmup: int = 0  # first steps that train only the critic, >= 0
 
 
 @dataclass
@@ -283,7 +311,7 @@ class TandemConfig:
         return self._derived
 
     def validate(self, *, require_data: bool = False) -> TandemConfig:
-        """Fill in inherited values, check every rule, compute `derived`; raise ConfigError listing all problems."""
+        """Fill in inherited values, check every rule, compute `derived`; raise ConfigError listing all."""
         from tandem.config.errors import Problems
         from tandem.config.validate import finalize
 

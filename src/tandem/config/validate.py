@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from tandem.config.derived import compute_derived, data_parallel_size
+from tandem.config.derived import compute_derived, data_parallel_size, gen_prompts_per_round
 from tandem.config.errors import Problems, closest
 
 if TYPE_CHECKING:
@@ -106,8 +109,24 @@ def _within(problems: Problems, key: str, value: float, low: float, high: float,
         problems.add(key, f"{key}={value} must be in {how[0]}{low}, {high}{how[1]}")
 
 
+def _non_finite(obj: Any, prefix: str = "") -> Iterator[tuple[str, float]]:
+    """(dotted key, value) of every nan / inf float, lists and tuples included."""
+    for f in dataclasses.fields(obj):
+        if f.name.startswith("_"):
+            continue
+        value, key = getattr(obj, f.name), f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(value):
+            yield from _non_finite(value, f"{key}.")
+        items = enumerate(value) if isinstance(value, list | tuple) else [(None, value)]
+        for i, item in items:
+            if isinstance(item, float) and not math.isfinite(item):
+                yield (key if i is None else f"{key}[{i}]"), item
+
+
 def check_values(cfg: TandemConfig, problems: Problems) -> None:
     d, a, r, c, t = cfg.data, cfg.actor, cfg.rollout, cfg.critic, cfg.trainer
+    for key, value in _non_finite(cfg):  # loaded configs cannot hold these; one built in Python can
+        problems.add(key, f"{key}={value}: only finite numbers are allowed")
     for key, value in [
         ("data.max_prompt_length", d.max_prompt_length),
         ("data.max_response_length", d.max_response_length),
@@ -127,9 +146,6 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
         ("rollout.tensor_parallel", r.tensor_parallel),
         ("rollout.log_prob_micro_batch_size_per_rank", r.log_prob_micro_batch_size_per_rank),
         ("reference.log_prob_micro_batch_size_per_rank", cfg.reference.log_prob_micro_batch_size_per_rank),
-        ("critic.ppo_mini_batch_size", c.ppo_mini_batch_size),
-        ("critic.micro_batch_size_per_rank", c.micro_batch_size_per_rank),
-        ("critic.ppo_epochs", c.ppo_epochs),
         ("reward.reward_model.micro_batch_size_per_rank", cfg.reward.reward_model.micro_batch_size_per_rank),
         ("trainer.total_epochs", t.total_epochs),
         ("trainer.total_training_steps", t.total_training_steps),
@@ -138,6 +154,9 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
         ("trainer.max_checkpoints_to_keep", t.max_checkpoints_to_keep),
     ]:
         _at_least(problems, key, value, 1)
+    for name in ("ppo_mini_batch_size", "micro_batch_size_per_rank", "ppo_epochs"):
+        if getattr(c, name) != getattr(a, name):  # an inherited bad value is the actor's problem, said once
+            _at_least(problems, f"critic.{name}", getattr(c, name), 1)
     for key, value in [("trainer.save_freq", t.save_freq), ("trainer.test_freq", t.test_freq)]:
         if value == 0 or value < -1:
             problems.add(key, f"{key}={value}: use a number of steps >= 1, or -1 for never")
@@ -262,6 +281,20 @@ def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any])
         0,
     )
     _at_least(problems, "algorithm.dynamic_sampling.gen_batch_size", alg.dynamic_sampling.gen_batch_size, 1)
+    ds, prompts = alg.dynamic_sampling, cfg.data.train_batch_size
+    per_round = gen_prompts_per_round(cfg)
+    if ds.enable and ds.max_num_gen_batches >= 1 and 1 <= per_round * ds.max_num_gen_batches < prompts:
+        problems.add(
+            (
+                "algorithm.dynamic_sampling.gen_batch_size",
+                "algorithm.dynamic_sampling.max_num_gen_batches",
+                "data.train_batch_size",
+            ),
+            f"algorithm.dynamic_sampling: {ds.max_num_gen_batches} rounds (max_num_gen_batches) x "
+            f"{per_round} prompts (gen_batch_size) cannot fill a step of data.train_batch_size={prompts} "
+            "prompts even if no group is dropped. Raise gen_batch_size (2-3x train_batch_size is usual) "
+            "or max_num_gen_batches (0 = no limit)",
+        )
     if cfg.trainer.critic_warmup > 0 and cfg.critic.enable is False:
         problems.add(
             ("trainer.critic_warmup", "critic.enable"),
@@ -301,8 +334,9 @@ def check_batch_sizes(cfg: TandemConfig, problems: Problems) -> None:
             f"does not split evenly over {ranks}. Make train_batch_size * n a multiple of {dp}",
         )
     roles = [("actor", cfg.actor.ppo_mini_batch_size, cfg.actor.micro_batch_size_per_rank)]
-    if cfg.critic.enable is True:
-        roles.append(("critic", cfg.critic.ppo_mini_batch_size, cfg.critic.micro_batch_size_per_rank))
+    critic = ("critic", cfg.critic.ppo_mini_batch_size, cfg.critic.micro_batch_size_per_rank)
+    if cfg.critic.enable is True and critic[1:] != roles[0][1:]:  # the same sizes break the same rules
+        roles.append(critic)
     for role, mini, micro in roles:
         if mini is None or micro is None or mini < 1 or micro < 1:
             continue

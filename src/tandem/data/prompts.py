@@ -14,6 +14,7 @@ from tandem.data.rows import (
     as_paths,
     check_prompt,
     check_row,
+    generation_prompt_ids,
     iter_rows,
     optional_dict,
     render_prompt,
@@ -25,6 +26,7 @@ from tandem.data.rows import (
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "filter", "left", "right")
+MAX_LOGGED_ROWS = 3  # filtered / truncated rows named in the log, as examples
 NON_TENSOR_KEYS = ("raw_prompt", "data_source", "ground_truth", "extra_info", "index")
 
 
@@ -37,8 +39,11 @@ class PromptDataset:
     position over all files).
 
     Prompts longer than ``max_prompt_length`` tokens: ``truncation="error"`` raises, ``"filter"``
-    drops them, ``"left"`` keeps their last tokens, ``"right"`` their first. ``report`` counts
-    ``total``, ``kept``, ``filtered`` and ``truncated`` rows.
+    drops them, ``"left"`` keeps their last tokens, ``"right"`` their first. With a chat template,
+    ``"right"`` still ends the prompt with the template's generation prompt (``<|im_start|>assistant``),
+    so the model answers instead of continuing the cut user message. ``report`` counts ``total``,
+    ``kept``, ``filtered`` and ``truncated`` rows; filtered and truncated rows are logged as a warning
+    that names a few of them.
     """
 
     def __init__(
@@ -65,11 +70,14 @@ class PromptDataset:
                 row = check_row(location, row)
                 rows.append(_parse_row(location, row, prompt_key, mode, position=len(rows)))
                 locations.append(location)
-                texts.append(render_prompt(rows[-1]["raw_prompt"], tokenizer, mode))
+                texts.append(render_prompt(rows[-1]["raw_prompt"], tokenizer, mode, location))
 
+        keep_at_end = generation_prompt_ids(tokenizer, mode) if truncation == "right" else []
         self._items: list[dict[str, Any]] = []
-        filtered = truncated = 0
+        filtered: list[str] = []
+        truncated: list[str] = []
         for item, location, ids in zip(rows, locations, tokenize(tokenizer, texts)):
+            ids = list(ids)
             if not ids:
                 raise DataError(
                     f"{location}: field {prompt_key!r} renders to no tokens; give the prompt some text"
@@ -82,27 +90,33 @@ class PromptDataset:
                         f"filter, left or right"
                     )
                 if truncation == "filter":
-                    filtered += 1
+                    filtered.append(f"{location} ({len(ids)} tokens)")
                     continue
-                ids = ids[-max_prompt_length:] if truncation == "left" else ids[:max_prompt_length]
-                truncated += 1
-            item["input_ids"] = list(ids)
+                truncated.append(f"{location} ({len(ids)} tokens)")
+                ids = _truncate(location, ids, max_prompt_length, truncation, keep_at_end)
+            item["input_ids"] = ids
             self._items.append(item)
 
         self.report = {
             "total": len(rows),
             "kept": len(self._items),
-            "filtered": filtered,
-            "truncated": truncated,
+            "filtered": len(filtered),
+            "truncated": len(truncated),
         }
-        logger.info(
-            "prompts from %d file(s): %d rows, %d kept, %d filtered, %d truncated (max_prompt_length=%d, %s)",
-            len(self.files), len(rows), len(self._items), filtered, truncated, max_prompt_length, truncation,
-        )  # fmt: skip
+        summary = (
+            f"prompts from {len(self.files)} file(s): {len(rows)} rows, {len(self._items)} kept, "
+            f"{len(filtered)} filtered, {len(truncated)} truncated "
+            f"(data.max_prompt_length={max_prompt_length}, data.truncation={truncation})"
+        )
+        changed = filtered or truncated
+        if changed:
+            summary += f"; e.g. {', '.join(changed[:MAX_LOGGED_ROWS])}"
+        logger.log(logging.WARNING if changed else logging.INFO, "%s", summary)
         if not self._items:
             raise DataError(
                 f"no prompts left out of {len(rows)} rows in {', '.join(map(str, self.files))}: all are "
-                f"longer than data.max_prompt_length={max_prompt_length}; raise it or truncate instead"
+                f"longer than data.max_prompt_length={max_prompt_length}; raise it or set data.truncation "
+                f"to left or right"
             )
 
     def __len__(self) -> int:
@@ -119,7 +133,13 @@ def _parse_row(
         location, row, prompt_key, object, " Set data.prompt_key if the prompts are in another field."
     )
     prompt = check_prompt(location, prompt, prompt_key, mode)
-    data_source = require(location, row, "data_source", str, " It picks the reward function for the row.")
+    data_source = require(
+        location, row, "data_source", str, " It picks the reward function for the row: add it to every row."
+    )
+    if not data_source.strip():
+        raise DataError(
+            f"{location}: field 'data_source' is empty; name the task, it picks the reward function"
+        )
     reward_model = optional_dict(location, row, "reward_model") or {}
     extra_info = optional_dict(location, row, "extra_info") or {}
     index = extra_info.get("index")
@@ -130,6 +150,21 @@ def _parse_row(
         "extra_info": extra_info,
         "index": position if index is None else index,
     }
+
+
+def _truncate(
+    location: str, ids: list[int], limit: int, truncation: str, keep_at_end: list[int]
+) -> list[int]:
+    if truncation == "left":
+        return ids[-limit:]
+    if keep_at_end and ids[-len(keep_at_end) :] == keep_at_end:
+        if limit <= len(keep_at_end):
+            raise DataError(
+                f"{location}: data.max_prompt_length={limit} leaves no room for the prompt before the chat "
+                f"template's {len(keep_at_end)}-token generation prompt; raise data.max_prompt_length"
+            )
+        return ids[: limit - len(keep_at_end)] + keep_at_end
+    return ids[:limit]
 
 
 def collate_prompts(items: Sequence[dict[str, Any]], pad_token_id: int) -> Batch:

@@ -11,9 +11,11 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 CHAT_TEMPLATE_MODES = ("auto", "plain", "none")
+DATA_SUFFIXES = (".parquet", ".jsonl")
 FileList = str | Path | Sequence[str | Path]
 
 
@@ -22,55 +24,112 @@ class DataError(ValueError):
 
 
 def as_paths(files: FileList) -> list[Path]:
-    """One path or a list of them, each checked to exist and to be parquet or jsonl."""
+    """One path or a list of them, each checked to be an existing parquet or jsonl file."""
     paths = [Path(files)] if isinstance(files, str | Path) else [Path(f) for f in files]
     if not paths:
         raise DataError("no data files given: pass at least one .parquet or .jsonl file")
     for path in paths:
-        if path.suffix not in (".parquet", ".jsonl"):
-            raise DataError(f"{path}: unsupported file type {path.suffix!r}; use .parquet or .jsonl")
-        if not path.is_file():
+        if path.is_dir():
+            inside = sorted(p.name for p in path.iterdir() if p.suffix.lower() in DATA_SUFFIXES)
+            found = (
+                f"data files in it: {', '.join(inside[:5])}"
+                if inside
+                else "no .parquet or .jsonl files in it"
+            )
+            raise DataError(
+                f"{path}: is a directory ({found}); list the data files themselves in your config"
+            )
+        if path.suffix.lower() not in DATA_SUFFIXES:
+            kind = repr(path.suffix) if path.suffix else "(no suffix)"
+            raise DataError(
+                f"{path}: unsupported file type {kind}; convert it to .parquet or "
+                f".jsonl rows with the fields prompt (chat messages) and data_source"
+            )
+        if not path.exists():
             raise DataError(f"{path}: no such file; check the data file paths in your config")
     return paths
 
 
 def iter_rows(path: Path) -> Iterator[tuple[str, Any]]:
-    """Yield ``(location, row)`` for every row of one file; location reads ``"<file> row <i>"``."""
-    if path.suffix == ".parquet":
-        for i, row in enumerate(pq.read_table(path).to_pylist()):
-            yield f"{path} row {i}", row
-        return
-    with path.open() as f:
+    """Yield ``(location, row)`` for every row of one file; location reads ``"<file> row <i>"``
+    (``"... (line <n>)"`` in jsonl, where blank lines are skipped). A file with no rows is an error."""
+    rows = _parquet_rows(path) if path.suffix.lower() == ".parquet" else _jsonl_rows(path)
+    empty = True
+    for item in rows:
+        empty = False
+        yield item
+    if empty:
+        raise DataError(
+            f"{path}: the file holds no rows; check that it was written completely, or leave it out"
+        )
+
+
+def _parquet_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as e:
+        raise DataError(
+            f"{path}: not a readable parquet file ({e}); check that it was written completely"
+        ) from e
+    for i, row in enumerate(table.to_pylist()):
+        yield f"{path} row {i}", row
+
+
+def _jsonl_rows(path: Path) -> Iterator[tuple[str, Any]]:
+    with path.open("rb") as f:
+        if f.read(4) == b"PAR1":  # parquet's magic bytes
+            raise DataError(f"{path}: this is a parquet file, not jsonl; name it .parquet")
+        f.seek(0)
         i = 0
-        for line_number, line in enumerate(f, start=1):
+        for line_number, raw in enumerate(f, start=1):
+            location = f"{path} row {i} (line {line_number})"
+            try:
+                # utf-8-sig: a byte-order mark (written by some Windows editors) is dropped.
+                line = raw.decode("utf-8-sig" if line_number == 1 else "utf-8").rstrip("\r\n")
+            except UnicodeDecodeError as e:
+                fix = (
+                    "it is a parquet file: name it .parquet"
+                    if raw.startswith(b"PAR1")
+                    else "save the file as UTF-8"
+                )
+                raise DataError(
+                    f"{location}: not UTF-8 text (byte {raw[e.start]:#04x} at column {e.start + 1}); {fix}"
+                ) from e
             if not line.strip():
                 continue
-            location = f"{path} row {i} (line {line_number})"
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
-                raise DataError(
-                    f"{location}: not valid JSON ({e.msg}); each line must be one JSON object"
-                ) from e
+                hint = (
+                    "; the file looks like one JSON array: write one object per line instead"
+                    if line_number == 1 and line.strip() == "["
+                    else "; each line must be one JSON object"
+                )
+                raise DataError(f"{location}: not valid JSON ({e.msg} at column {e.pos + 1}){hint}") from e
             yield location, row
             i += 1
 
 
 def check_row(location: str, row: Any) -> dict[str, Any]:
     if not isinstance(row, dict):
-        raise DataError(f"{location}: a row must be a JSON object (a dict), got {type(row).__name__}")
+        raise DataError(
+            f"{location}: a row must be a JSON object (a dict) of fields, got {type(row).__name__}; "
+            f"a .jsonl file holds one object per line"
+        )
     return row
 
 
 def require(location: str, row: dict[str, Any], key: str, kind: type, hint: str = "") -> Any:
-    """``row[key]``, which must be present, not null and an instance of ``kind``."""
+    """``row[key]``, which must be present, not null and an instance of ``kind``; ``hint`` is added
+    to the message when the field is missing."""
     if key not in row or row[key] is None:
         present = ", ".join(sorted(row)) or "none"
         raise DataError(f"{location}: missing field {key!r} (fields present: {present}).{hint}")
     value = row[key]
     if not isinstance(value, kind):
         raise DataError(
-            f"{location}: field {key!r} must be a {kind.__name__}, got {type(value).__name__} ({value!r:.60}).{hint}"
+            f"{location}: field {key!r} must be a {kind.__name__}, got {type(value).__name__} ({value!r:.60}); "
+            f"write it as a {kind.__name__} in every row"
         )
     return value
 
@@ -79,7 +138,8 @@ def optional_dict(location: str, row: dict[str, Any], key: str) -> dict[str, Any
     value = row.get(key)
     if value is not None and not isinstance(value, dict):
         raise DataError(
-            f"{location}: field {key!r} must be an object (dict) when given, got {type(value).__name__}"
+            f"{location}: field {key!r} must be an object (dict) when given, got {type(value).__name__} "
+            f"({value!r:.60}); write it as {{...}} or leave the field out"
         )
     return value
 
@@ -101,7 +161,11 @@ def check_prompt(location: str, prompt: Any, key: str, mode: str) -> list[dict[s
             f"[{{'role': 'user', 'content': ...}}] or set data.chat_template=none to use text as it is"
         )
     if not isinstance(prompt, list) or not prompt:
-        what = "an empty list" if isinstance(prompt, list) else type(prompt).__name__
+        what = (
+            "an empty list; give it at least one message"
+            if isinstance(prompt, list)
+            else type(prompt).__name__
+        )
         raise DataError(f"{location}: field {key!r} must be {shape}, got {what}")
     for j, message in enumerate(prompt):
         if not isinstance(message, dict):
@@ -131,7 +195,7 @@ def resolve_mode(chat_template: str, tokenizer: Any) -> str:
     return chat_template
 
 
-def render_prompt(prompt: list[dict[str, str]] | str, tokenizer: Any, mode: str) -> str:
+def render_prompt(prompt: list[dict[str, str]] | str, tokenizer: Any, mode: str, location: str = "") -> str:
     """The prompt as text, ready for the model to continue with its answer.
 
     ``chat``: the tokenizer's chat template with the generation prompt; ``plain``: the message
@@ -141,7 +205,32 @@ def render_prompt(prompt: list[dict[str, str]] | str, tokenizer: Any, mode: str)
         return prompt  # type: ignore[return-value]
     if mode == "plain":
         return "\n".join(message["content"] for message in prompt)
-    return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    try:
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+    except Exception as e:  # jinja templates raise their own errors ("roles must alternate", ...)
+        raise DataError(
+            f"{location}: the tokenizer's chat template fails on field 'prompt' ({type(e).__name__}: {e}); "
+            f"fix the messages, or set data.chat_template=plain to join their contents without it"
+        ) from e
+
+
+def generation_prompt_ids(tokenizer: Any, mode: str) -> list[int]:
+    """The tokens the chat template appends to open the assistant's turn (``[]`` outside chat mode,
+    or when the template's generation prompt is not a plain suffix)."""
+    if mode != "chat":
+        return []
+    probe = [{"role": "user", "content": "x"}]
+    try:
+        without = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=False)
+        with_prompt = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+    except Exception:  # a template that wants more than one user message: cut as plain text
+        return []
+    if not with_prompt.startswith(without):
+        return []
+    ids_without, ids_with = tokenize(tokenizer, [without, with_prompt])
+    if ids_with[: len(ids_without)] != ids_without:
+        return []
+    return list(ids_with[len(ids_without) :])
 
 
 def tokenize(tokenizer: Any, texts: list[str]) -> list[list[int]]:

@@ -24,6 +24,7 @@ from tandem.data.rows import (
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "right")
+MAX_LOGGED_ROWS = 3  # filtered / truncated rows named in the log, as examples
 
 
 class SFTDataset:
@@ -35,7 +36,8 @@ class SFTDataset:
     the response tokens and the EOS, aligned with ``input_ids`` (the loss shifts it with the labels).
 
     Sequences longer than ``max_length``: ``truncation="error"`` raises; ``"right"`` cuts the end,
-    and drops (counted in ``report["filtered"]``) rows whose prompt leaves no response token.
+    and drops (counted in ``report["filtered"]``) rows whose prompt leaves no response token; both
+    are logged as a warning that names a few of the rows.
     """
 
     def __init__(
@@ -67,7 +69,7 @@ class SFTDataset:
                     location, row, prompt_key, object, " Set data.prompt_key if it has another name."
                 )
                 prompts.append(
-                    render_prompt(check_prompt(location, prompt, prompt_key, mode), tokenizer, mode)
+                    render_prompt(check_prompt(location, prompt, prompt_key, mode), tokenizer, mode, location)
                 )
                 responses.append(
                     require(
@@ -77,7 +79,8 @@ class SFTDataset:
                 locations.append(location)
 
         self._items: list[dict[str, list[int]]] = []
-        filtered = truncated = 0
+        filtered: list[str] = []
+        truncated: list[str] = []
         eos = tokenizer.eos_token_id
         for location, prompt_ids, response_ids in zip(
             locations, tokenize(tokenizer, prompts), tokenize(tokenizer, responses)
@@ -91,18 +94,28 @@ class SFTDataset:
                         f"data.max_length={max_length}; raise data.max_length or set data.truncation=right"
                     )
                 if len(prompt_ids) >= max_length:
-                    filtered += 1
+                    filtered.append(f"{location} (prompt alone {len(prompt_ids)} tokens)")
                     continue
+                truncated.append(f"{location} ({len(input_ids)} tokens)")
                 input_ids, loss_mask = input_ids[:max_length], loss_mask[:max_length]
-                truncated += 1
             self._items.append({"input_ids": input_ids, "loss_mask": loss_mask})
 
         total = len(locations)
-        self.report = {"total": total, "kept": len(self._items), "filtered": filtered, "truncated": truncated}
-        logger.info(
-            "SFT rows from %d file(s): %d rows, %d kept, %d filtered, %d truncated (max_length=%d, %s)",
-            len(self.files), total, len(self._items), filtered, truncated, max_length, truncation,
-        )  # fmt: skip
+        self.report = {
+            "total": total,
+            "kept": len(self._items),
+            "filtered": len(filtered),
+            "truncated": len(truncated),
+        }
+        summary = (
+            f"SFT rows from {len(self.files)} file(s): {total} rows, {len(self._items)} kept, "
+            f"{len(filtered)} filtered, {len(truncated)} truncated "
+            f"(data.max_length={max_length}, data.truncation={truncation})"
+        )
+        changed = filtered or truncated
+        if changed:
+            summary += f"; e.g. {', '.join(changed[:MAX_LOGGED_ROWS])}"
+        logger.log(logging.WARNING if changed else logging.INFO, "%s", summary)
         if not self._items:
             raise DataError(
                 f"no SFT rows left out of {total} in {', '.join(map(str, self.files))}: every prompt fills "

@@ -6,6 +6,7 @@ import hashlib
 import importlib.util
 import os
 import sys
+import traceback
 from collections.abc import Callable
 from typing import Any
 
@@ -19,6 +20,8 @@ def load_function(path: str | os.PathLike, function_name: str = "compute_score")
     real = os.path.realpath(os.fspath(path))
     if (real, function_name) in _LOADED:
         return _LOADED[(real, function_name)]
+    if os.path.isdir(real):
+        raise IsADirectoryError(f"{where}: that is a directory; point custom_reward_file at the .py file itself")
     if not os.path.isfile(real):
         raise FileNotFoundError(f"{where}: the file does not exist (custom_reward_file is {os.path.abspath(path)})")
     module_name = "tandem_custom_reward_" + hashlib.sha1(real.encode()).hexdigest()[:12]
@@ -31,7 +34,13 @@ def load_function(path: str | os.PathLike, function_name: str = "compute_score")
         sys.modules[module_name] = module  # dataclasses and pickling look modules up here
         try:
             spec.loader.exec_module(module)
-        except BaseException:
+        except (Exception, SystemExit) as error:
+            del sys.modules[module_name]
+            raise ImportError(
+                f"{where}: running the file failed: {_describe_load_error(error, real)}; fix it, or run the "
+                "file with python to see the full error"
+            ) from error
+        except BaseException:  # KeyboardInterrupt: not the file's fault, pass it on as it is
             del sys.modules[module_name]
             raise
     fn = getattr(module, function_name, None)
@@ -45,6 +54,17 @@ def load_function(path: str | os.PathLike, function_name: str = "compute_score")
         raise TypeError(f"{where}: '{function_name}' is a {type(fn).__name__}, not a function")
     _LOADED[(real, function_name)] = fn
     return fn
+
+
+def _describe_load_error(error: BaseException, real: str) -> str:
+    """"SyntaxError: invalid syntax at line 2: `return 1 +`" or "ModuleNotFoundError: ... (line 1)"."""
+    if isinstance(error, SyntaxError):
+        code = (error.text or "").strip()
+        other = f" of {error.filename}" if error.filename and os.path.realpath(error.filename) != real else ""
+        return f"{type(error).__name__}: {error.msg} at line {error.lineno}{other}" + (f": `{code}`" if code else "")
+    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if f.filename == real]
+    where = f" (line {lines[-1]})" if lines else ""
+    return f"{type(error).__name__}: {error}{where}"
 
 
 def split_file_spec(spec: str) -> tuple[str, str] | None:

@@ -159,6 +159,11 @@ class RewardManager:
             if key not in batch:
                 raise KeyError(f"RewardManager needs '{key}' in the batch (has: {', '.join(batch.keys())})")
         responses, mask = batch["responses"], batch["response_mask"]
+        if mask.shape != responses.shape:
+            raise ValueError(
+                f"RewardManager: response_mask has shape {tuple(mask.shape)} but responses {tuple(responses.shape)}; "
+                "they must match token for token"
+            )
         n = len(batch)
         data_sources = [str(s) for s in batch["data_source"]]
         ground_truths = list(batch["ground_truth"])
@@ -171,7 +176,11 @@ class RewardManager:
         for i in range(n):
             info = extra_infos[i] if isinstance(extra_infos[i], dict) else None
             style = info.get("style") if info is not None else None
-            key, spec = self._scorer_for(data_sources[i], style if isinstance(style, str) else None)
+            try:
+                key, spec = self._scorer_for(data_sources[i], style if isinstance(style, str) else None)
+            except UnknownDataSourceError as error:  # before any scoring: nothing is half done
+                count = data_sources.count(data_sources[i])
+                raise UnknownDataSourceError(f"sample {i} of {n} ({count} with this data_source): {error}") from None
             specs[key] = spec
             tasks.append(Task(key, data_sources[i], texts[i], ground_truths[i], extra_infos[i]))
         outcomes = self._score(tasks, specs)
@@ -186,10 +195,12 @@ class RewardManager:
         totals = scorer_scores + sum(term_values.values(), np.zeros(n))
         scores = torch.tensor(totals, dtype=torch.float32)
 
-        token_level_scores = torch.zeros(responses.shape, dtype=torch.float32)
-        valid = mask.bool()
+        # Built on the responses' device, so a batch on the GPU gets its scores there too.
+        scores = scores.to(responses.device)
+        token_level_scores = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
+        valid = mask.bool().to(responses.device)
         has_tokens = valid.any(-1)
-        positions = torch.arange(valid.shape[-1]).expand_as(valid)
+        positions = torch.arange(valid.shape[-1], device=valid.device).expand_as(valid)
         last = torch.where(valid, positions, -1).max(-1).values
         rows = torch.nonzero(has_tokens).squeeze(-1)
         token_level_scores[rows, last[rows]] = scores[rows]

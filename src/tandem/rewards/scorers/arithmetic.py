@@ -6,7 +6,10 @@ A wrong or malformed answer scores 0.0; only a broken ground truth raises (count
 from __future__ import annotations
 
 import ast
+import contextlib
 import json
+import math
+import numbers
 import operator
 import re
 from collections import Counter
@@ -33,10 +36,23 @@ def last_integer(text: str) -> int | None:
     return int(float(number)) if "." in number else int(number)
 
 
+def whole_number(value: Any, what: str) -> int:
+    """`value` as an int when it is a whole number (7, 7.0, "7", " 7.0 ", "1,042"); else ValueError."""
+    number = None
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError, ZeroDivisionError):
+            number = Fraction(_THOUSANDS_COMMA.sub("", value.strip()))
+    elif isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
+        number = Fraction(value) if isinstance(value, numbers.Rational) else Fraction(float(value))  # numpy too
+    if number is None or number.denominator != 1:
+        raise ValueError(f"{what} must be a whole number such as 42 or '42', got {value!r}")
+    return int(number)
+
+
 @register_scorer("addition")
 def addition_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict:
-    """1.0 if the last integer in the response equals the ground truth (e.g. "42"), else 0.0."""
-    target = int(str(ground_truth).strip())
+    """1.0 if the last integer in the response equals the ground truth (e.g. "42", 42 or 42.0), else 0.0."""
+    target = whole_number(ground_truth, "addition ground_truth")
     pred = last_integer(solution_str)
     correct = pred is not None and pred == target
     return {"score": float(correct), "acc": correct, "pred": last_number(solution_str)}
@@ -51,15 +67,34 @@ _EXPRESSION_RUN = re.compile(r"[\d\s+\-*/().]+")
 _OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul}
 
 
+# Symbols models write for * / and minus, and LaTeX math delimiters (dropped), as plain ASCII.
+_SYMBOLS = {
+    "\\times": "*", "\\cdot": "*", "\u00d7": "*", "\u00b7": "*", "\u22c5": "*", "\u2217": "*",
+    "\\div": "/", "\u00f7": "/", "\u2215": "/", "\u2212": "-",
+    "\\left": "", "\\right": "", "\\(": "", "\\)": "", "\\[": "", "\\]": "",
+}  # fmt: skip
+_SYMBOL = re.compile("|".join(re.escape(k) for k in sorted(_SYMBOLS, key=len, reverse=True)))
+_SENTENCE_END = re.compile(r"\.(?=\s|$)")  # "3. 1+2": a full stop, never part of an expression
+
+
+def _runs(text: str) -> list[str]:
+    """Maximal runs of expression characters in `text` that hold a digit, split at full stops."""
+    runs = [run.strip() for piece in _SENTENCE_END.split(text) for run in _EXPRESSION_RUN.findall(piece)]
+    return [run for run in runs if any(c.isdigit() for c in run)]
+
+
 def extract_countdown_expression(text: str) -> str | None:
     """The answer expression of a countdown response, or None.
 
     Where it is looked for: the last `<answer>...</answer>` block if any, else the text after
-    the last "Answer:", else the whole response. In that region, lines are read from the last
-    one up; anything from the first "=" on is dropped ("(5-3)*4*3 = 24"); on a line, the last
-    run of characters from `0-9 + - * / ( ) .` and spaces that holds an operator is taken. If
-    no line has one, the last run holding a digit is returned (a bare number).
+    the last "Answer:", else the whole response. "×", "\\times", "÷", "−" and the like are read
+    as * / -. In that region, lines are read from the last one up; a line is cut at each "=" and
+    the first piece holding an operator is used ("(5-3)*4*3 = 24" and "24 = (5-3)*4*3" both
+    give "(5-3)*4*3"); in that piece, the last run of characters from `0-9 + - * / ( ) .` and
+    spaces that holds an operator is taken. If no line has one, the last run holding a digit is
+    returned (a bare number).
     """
+    text = _SYMBOL.sub(lambda m: _SYMBOLS[m.group()], text)
     tags = _ANSWER_TAG.findall(text)
     if tags:
         region = tags[-1]
@@ -68,13 +103,13 @@ def extract_countdown_expression(text: str) -> str | None:
         region = text[prefixes[-1].end() :] if prefixes else text
     bare_number = None
     for line in reversed(region.splitlines()):
-        runs = [r.strip().rstrip(".").strip() for r in _EXPRESSION_RUN.findall(line.split("=")[0])]
-        runs = [r for r in runs if any(c.isdigit() for c in r)]
-        with_operator = [r for r in runs if any(c in "+-*/" for c in r)]
-        if with_operator:
-            return with_operator[-1]
-        if runs and bare_number is None:
-            bare_number = runs[-1]
+        for piece in line.split("="):
+            runs = _runs(piece)
+            with_operator = [r for r in runs if any(c in "+-*/" for c in r)]
+            if with_operator:
+                return with_operator[-1]
+            if runs and bare_number is None:
+                bare_number = runs[-1]
     return bare_number
 
 
@@ -116,7 +151,11 @@ def _countdown_problem(ground_truth: Any) -> tuple[int, list[int]]:
         ground_truth = json.loads(ground_truth)
     if not isinstance(ground_truth, dict) or "target" not in ground_truth or "numbers" not in ground_truth:
         raise ValueError(f'countdown ground_truth must be {{"target": int, "numbers": [int, ...]}}, got {ground_truth!r}')
-    return int(ground_truth["target"]), [int(n) for n in ground_truth["numbers"]]
+    given = ground_truth["numbers"]
+    if isinstance(given, str | bytes | dict) or not hasattr(given, "__iter__"):
+        raise ValueError(f"countdown ground_truth 'numbers' must be a list of whole numbers, got {given!r}")
+    target = whole_number(ground_truth["target"], "countdown ground_truth 'target'")
+    return target, [whole_number(n, "countdown ground_truth 'numbers'") for n in given]
 
 
 @register_scorer("countdown")

@@ -8,12 +8,17 @@ from typing import Any
 
 from tandem.rewards.registry import register_scorer
 
-# "1,234.5", "-3", "72": thousands commas only in groups of three, so "3,4" reads as 3 and 4.
-_NUMBER = re.compile(r"-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?")
+# "1,234.5", "-3", "72", ".5": thousands commas only in whole groups of three ("3,4" reads as 3 and 4,
+# "1,0000" as 1 and 0000, never as 1,000); a minus only where it cannot be a subtraction or a range
+# ("12-5" is 12 and 5, "=-7" and " -7" are -7); no digits or "." right before ("1.5" is not "5").
+_NUMBER = re.compile(r"(?:(?<![\w.)\]])-)?(?<![\d.])(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)")
+# Written around numbers, dropped before reading them: "$", "-$5" and "$-5" are -5, "−5" (U+2212) too.
+_NOISE = str.maketrans({"$": None, "\u2212": "-"})
 
 
 def extract_gsm8k_answer(text: str) -> str | None:
     """The first number after the last "####", else the last number in `text`; commas removed."""
+    text = text.translate(_NOISE)
     if "####" in text:
         found = _NUMBER.findall(text.rsplit("####", 1)[1])
         answer = found[0] if found else None
