@@ -51,6 +51,6 @@ def test_demo_runs_one_real_grpo_step(tmp_path):
 
 
 def test_config_without_preset_takes_overrides(capsys):
-    assert main(["config", "rollout.n=7"]) == 0
+    assert main(["config", "rollout.n=8"]) == 0
     out = capsys.readouterr().out
-    assert "n: 7" in out and "adv_estimator: grpo" in out
+    assert "n: 8" in out and "adv_estimator: grpo" in out
