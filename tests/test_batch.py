@@ -13,7 +13,10 @@ def make(n: int = 5) -> Batch:
             "input_ids": torch.arange(n * 3).view(n, 3),
             "score": torch.arange(n, dtype=torch.float32) / 10,
         },
-        {"uid": [f"p{i}" for i in range(n)], "raw_prompt": [[{"role": "user", "content": str(i)}] for i in range(n)]},
+        {
+            "uid": [f"p{i}" for i in range(n)],
+            "raw_prompt": [[{"role": "user", "content": str(i)}] for i in range(n)],
+        },
         {"temperature": 1.0},
     )
 
@@ -70,7 +73,9 @@ def test_select_pop_exclude():
 
 def test_union_merges_and_rejects_conflicts():
     b = make()
-    other = Batch.from_dict({"values": torch.ones(5), "score": b["score"].clone()}, {"uid": list(b["uid"])}, {"step": 3})
+    other = Batch.from_dict(
+        {"values": torch.ones(5), "score": b["score"].clone()}, {"uid": list(b["uid"])}, {"step": 3}
+    )
     u = b.union(other)
     assert set(u.keys()) == {"input_ids", "score", "uid", "raw_prompt", "values"}
     assert u.meta == {"temperature": 1.0, "step": 3}
@@ -109,8 +114,10 @@ def test_concat_errors():
     with pytest.raises(BatchError, match="meta 'temperature' differs"):
         Batch.concat([a, c])
     assert Batch.concat([a, c], meta="first").meta["temperature"] == 1.0
-    wide = Batch.from_dict({"input_ids": torch.zeros(2, 4, dtype=torch.long), "score": torch.zeros(2)},
-                           {"uid": ["a", "b"], "raw_prompt": [1, 2]})
+    wide = Batch.from_dict(
+        {"input_ids": torch.zeros(2, 4, dtype=torch.long), "score": torch.zeros(2)},
+        {"uid": ["a", "b"], "raw_prompt": [1, 2]},
+    )
     with pytest.raises(BatchError, match="'input_ids' has different trailing shapes"):
         Batch.concat([a, wide])
 
@@ -188,7 +195,9 @@ def test_pickle_sends_tensors_out_of_band():
     payload = pickle.dumps(b, protocol=5, buffer_callback=buffers.append)
     # one out-of-band buffer per tensor, none of them in the pickle stream
     assert len(buffers) == len(b.tensors.keys()) == 4
-    assert sum(memoryview(x).nbytes for x in buffers) == sum(t.numel() * t.element_size() for t in b.tensors.values())
+    assert sum(memoryview(x).nbytes for x in buffers) == sum(
+        t.numel() * t.element_size() for t in b.tensors.values()
+    )
     back = pickle.loads(payload, buffers=buffers)
     for k in b.tensors.keys():
         assert back[k].dtype == b[k].dtype and torch.equal(back[k], b[k]), k

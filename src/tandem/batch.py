@@ -37,9 +37,13 @@ def _object_array(values: Any, key: str) -> np.ndarray:
     if isinstance(values, np.ndarray) and values.dtype == object and values.ndim == 1:
         return values
     if isinstance(values, np.ndarray | torch.Tensor) and values.ndim != 1:
-        raise BatchError(f"non-tensor '{key}' must be 1-D (one object per sample), got shape {tuple(values.shape)}")
+        raise BatchError(
+            f"non-tensor '{key}' must be 1-D (one object per sample), got shape {tuple(values.shape)}"
+        )
     if isinstance(values, str | bytes | Mapping) or not isinstance(values, Iterable):
-        raise BatchError(f"non-tensor '{key}' must be a sequence with one value per sample, got {type(values).__name__}")
+        raise BatchError(
+            f"non-tensor '{key}' must be a sequence with one value per sample, got {type(values).__name__}"
+        )
     values = list(values)
     out = np.empty(len(values), dtype=object)
     for i, v in enumerate(values):
@@ -91,7 +95,9 @@ def _as_index(index: IndexLike, n: int) -> torch.Tensor | slice:
         raise BatchError(f"row indices must be integers, got {idx.dtype}")
     idx = idx.long().flatten()
     if int(idx.max()) >= n or int(idx.min()) < -n:
-        raise BatchError(f"row index out of range for a batch of {n}: min {int(idx.min())}, max {int(idx.max())}")
+        raise BatchError(
+            f"row index out of range for a batch of {n}: min {int(idx.min())}, max {int(idx.max())}"
+        )
     return idx
 
 
@@ -112,7 +118,9 @@ class Batch:
         sizes.update({f"non-tensor '{k}'": len(v) for k, v in non_tensors.items()})
         for what, size in sizes.items():
             if size < 0:
-                raise BatchError(f"{what} is a 0-d tensor; every tensor needs the batch as its first dimension")
+                raise BatchError(
+                    f"{what} is a 0-d tensor; every tensor needs the batch as its first dimension"
+                )
         if batch_size is None:
             batch_size = next(iter(sizes.values()), 0)
         wrong = {what: size for what, size in sizes.items() if size != batch_size}
@@ -171,7 +179,9 @@ class Batch:
     def __setitem__(self, key: str, value: Any) -> None:
         if isinstance(value, torch.Tensor):
             if value.dim() == 0 or value.shape[0] != self._size:
-                raise BatchError(f"tensor '{key}' has shape {tuple(value.shape)}; the batch has {self._size} rows")
+                raise BatchError(
+                    f"tensor '{key}' has shape {tuple(value.shape)}; the batch has {self._size} rows"
+                )
             self.non_tensors.pop(key, None)
             self.tensors[key] = value
         else:
@@ -187,7 +197,9 @@ class Batch:
             yield self[i]
 
     def __repr__(self) -> str:
-        parts = [f"{k}: {tuple(v.shape)} {str(v.dtype).replace('torch.', '')}" for k, v in self.tensors.items()]
+        parts = [
+            f"{k}: {tuple(v.shape)} {str(v.dtype).replace('torch.', '')}" for k, v in self.tensors.items()
+        ]
         parts += [f"{k}: object" for k in self.non_tensors]
         return f"Batch(n={self._size}, {{{', '.join(parts)}}}, meta={sorted(self.meta)})"
 
@@ -277,7 +289,9 @@ class Batch:
             if set(b.keys()) != keys:
                 missing = sorted(keys - set(b.keys()))
                 extra = sorted(set(b.keys()) - keys)
-                raise BatchError(f"concat: batch {i} differs in keys from batch 0 (missing {missing}, extra {extra})")
+                raise BatchError(
+                    f"concat: batch {i} differs in keys from batch 0 (missing {missing}, extra {extra})"
+                )
         merged_meta = dict(first.meta)
         for i, b in enumerate(batches[1:], start=1):
             for k, v in b.meta.items():
@@ -293,7 +307,9 @@ class Batch:
             parts = [b.tensors[k] for b in batches]
             trailing = {tuple(p.shape[1:]) for p in parts}
             if len(trailing) > 1:
-                raise BatchError(f"concat: tensor '{k}' has different trailing shapes {sorted(trailing)}; pad first")
+                raise BatchError(
+                    f"concat: tensor '{k}' has different trailing shapes {sorted(trailing)}; pad first"
+                )
             tensors[k] = torch.cat(parts)
         non_tensors = {k: np.concatenate([b.non_tensors[k] for b in batches]) for k in first.non_tensors}
         return cls(tensors, non_tensors, merged_meta, batch_size=sum(len(b) for b in batches))
@@ -346,7 +362,12 @@ class Batch:
         return self if pad_size == 0 else self.slice(0, self._size - pad_size)
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> Batch:
-        return Batch(self.tensors.to(device, non_blocking=non_blocking), self.non_tensors, self.meta, batch_size=self._size)
+        return Batch(
+            self.tensors.to(device, non_blocking=non_blocking),
+            self.non_tensors,
+            self.meta,
+            batch_size=self._size,
+        )
 
     # ---------------------------------------------------------------- transport
     def __getstate__(self) -> dict[str, Any]:

@@ -54,7 +54,9 @@ def sequence_log_probs(model: Any, batch: Batch) -> torch.Tensor:
     input_ids = torch.cat([batch["input_ids"], batch["responses"]], dim=1)
     attention_mask = torch.cat([batch["attention_mask"], batch["response_mask"]], dim=1)
     position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False).logits
+    logits = model(
+        input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+    ).logits
     prompt_len, response_len = batch["input_ids"].shape[1], batch["responses"].shape[1]
     # the logit at position p predicts token p + 1
     response_logits = logits[:, prompt_len - 1 : prompt_len - 1 + response_len]
@@ -63,7 +65,9 @@ def sequence_log_probs(model: Any, batch: Batch) -> torch.Tensor:
 
 def sft_warm_start(model: Any, tokenizer: Any, files: Sequence[Path], cfg: TandemConfig, steps: int) -> float:
     """A few plain SFT steps (loss on response tokens) so that sampling yields some right answers."""
-    dataset = SFTDataset(files, tokenizer, max_length=cfg.data.max_prompt_length + cfg.data.max_response_length)
+    dataset = SFTDataset(
+        files, tokenizer, max_length=cfg.data.max_prompt_length + cfg.data.max_response_length
+    )
     sampler = StatefulSampler(len(dataset), batch_size=32, seed=cfg.trainer.seed)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-3)
     batches = iter(())
@@ -174,7 +178,9 @@ def run(out_dir: str | Path = "runs/demo", overrides: Sequence[str] = (), sft_st
     files = write_splits("addition", out / "data", n_train=256, n_val=32, seed=cfg.data.seed, digits=1)
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    print(f"[demo] tiny Qwen2 ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params) in {model_dir}")
+    print(
+        f"[demo] tiny Qwen2 ({sum(p.numel() for p in model.parameters()) / 1e6:.2f} M params) in {model_dir}"
+    )
     print(f"[demo] addition task: {files['train']}, {files['val']}")
 
     def load_prompts(path: Path) -> PromptDataset:
@@ -185,7 +191,9 @@ def run(out_dir: str | Path = "runs/demo", overrides: Sequence[str] = (), sft_st
     train, val = load_prompts(files["train"]), load_prompts(files["val"])
     val_prompts = collate_prompts([val[i] for i in range(len(val))], tokenizer.pad_token_id)
     with RewardManager(tokenizer, num_workers=1, timeout_s=cfg.reward.timeout_s) as rewards:
-        numbers: dict[str, Any] = {"accuracy_before_sft": accuracy(model, tokenizer, rewards, val_prompts, cfg)}
+        numbers: dict[str, Any] = {
+            "accuracy_before_sft": accuracy(model, tokenizer, rewards, val_prompts, cfg)
+        }
         numbers["sft_final_loss"] = sft_warm_start(model, tokenizer, [files["train"]], cfg, sft_steps)
         numbers["accuracy_after_sft"] = accuracy(model, tokenizer, rewards, val_prompts, cfg)
         sampler = StatefulSampler(len(train), cfg.data.train_batch_size, seed=cfg.data.seed)
@@ -195,5 +203,9 @@ def run(out_dir: str | Path = "runs/demo", overrides: Sequence[str] = (), sft_st
     numbers["seconds"] = round(time.perf_counter() - start, 1)
     width = max(len(k) for k in numbers)
     for key, value in numbers.items():
-        print(f"[demo] {key:<{width}}  {value:.4g}" if isinstance(value, float) else f"[demo] {key:<{width}}  {value}")
+        print(
+            f"[demo] {key:<{width}}  {value:.4g}"
+            if isinstance(value, float)
+            else f"[demo] {key:<{width}}  {value}"
+        )
     return numbers

@@ -168,3 +168,27 @@ def test_apply_kl_penalty_updates_adaptive_controller():
     _, metrics = apply_kl_penalty(scores, logp, torch.zeros_like(logp), mask, ctrl)
     assert metrics["kl"] == pytest.approx(0.3) and metrics["kl_coef"] == 0.2
     assert ctrl.value == pytest.approx(0.2 * (1 + 0.2 * 2 / 10))
+
+
+def test_controller_from_config_sections():
+    from tandem.algos import AdaptiveKLController, FixedKLController, kl_controller_from_config
+    from tandem.config import load_config
+
+    fixed = kl_controller_from_config(
+        load_config("ppo", ["algorithm.kl_ctrl.kl_coef=0.05"]).algorithm.kl_ctrl
+    )
+    assert isinstance(fixed, FixedKLController) and fixed.value == 0.05
+    cfg = load_config(
+        "ppo",
+        [
+            "algorithm.kl_ctrl.type=adaptive",
+            "algorithm.kl_ctrl.kl_coef=0.2",
+            "algorithm.kl_ctrl.target_kl=0.1",
+            "algorithm.kl_ctrl.horizon=100",
+        ],
+    )
+    adaptive = kl_controller_from_config(cfg.algorithm.kl_ctrl)
+    assert isinstance(adaptive, AdaptiveKLController)
+    # KL 0.2 vs target 0.1: error clipped to 0.2; beta = 0.2 * (1 + 0.2 * 10 / 100) = 0.204
+    adaptive.update(0.2, n_steps=10)
+    assert adaptive.value == pytest.approx(0.204)

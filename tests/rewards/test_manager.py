@@ -84,7 +84,9 @@ def test_last_valid_token_with_a_gap_in_the_mask():
 
 def test_terms_add_up_and_are_reported(tmp_path):
     scorer = tmp_path / "raising.py"
-    scorer.write_text("def compute_score(ds, s, gt, info=None):\n    if s == 'bad':\n        raise ValueError('x')\n    return 0.5\n")
+    scorer.write_text(
+        "def compute_score(ds, s, gt, info=None):\n    if s == 'bad':\n        raise ValueError('x')\n    return 0.5\n"
+    )
     manager = RewardManager(
         CharTokenizer(),
         num_workers=0,
@@ -157,13 +159,17 @@ def test_real_char_tokenizer_skips_special_tokens():
 
 
 def test_all_padding_batch():
-    batch = make_batch(["", "", ""], ["addition", "countdown", "gsm8k"], ["1", {"target": 1, "numbers": [1]}, "1"])
+    batch = make_batch(
+        ["", "", ""], ["addition", "countdown", "gsm8k"], ["1", {"target": 1, "numbers": [1]}, "1"]
+    )
     assert batch["response_mask"].sum() == 0 and batch["responses"].shape == (3, 2)
     manager = RewardManager(CharTokenizer(), num_workers=0, terms=(FormatTerm(r"\d", mismatch_reward=-1.0),))
     result = manager(batch)
     assert result.scores.tolist() == [-1.0, -1.0, -1.0]  # scored as empty text: wrong, and badly formatted
     assert torch.equal(result.token_level_scores, torch.zeros(3, 2))  # no token to put a score on
-    assert result.metrics["reward/empty_response_count"] == 3.0 and result.metrics["reward/error_count"] == 0.0
+    assert (
+        result.metrics["reward/empty_response_count"] == 3.0 and result.metrics["reward/error_count"] == 0.0
+    )
     assert list(result.extra["error"]) == ["", "", ""]
 
 
@@ -171,7 +177,9 @@ def test_eos_in_the_middle_the_mask_decides():
     # "42", EOS, then tokens generated after it: the rollout's response_mask ends at the first EOS.
     responses = torch.tensor([[ord("4"), ord("2"), EOS, ord("9"), ord("9"), PAD]])
     cut = torch.tensor([[1, 1, 1, 0, 0, 0]])
-    batch = Batch.from_dict({"responses": responses, "response_mask": cut}, {"data_source": ["addition"], "ground_truth": ["42"]})
+    batch = Batch.from_dict(
+        {"responses": responses, "response_mask": cut}, {"data_source": ["addition"], "ground_truth": ["42"]}
+    )
     result = RewardManager(CharTokenizer(), num_workers=0)(batch)
     assert result.extra["pred"][0] == "42" and result.scores.tolist() == [1.0]
     assert result.token_level_scores.tolist() == [[0, 0, 1.0, 0, 0, 0]]  # on the EOS, the last scored token
@@ -191,10 +199,14 @@ def test_mask_shape_must_match_responses():
 
 def test_unknown_data_source_fails_before_any_worker_starts():
     manager = RewardManager(CharTokenizer(), num_workers=2)
-    batch = make_batch(["1", "2", "3", "4"], ["addition", "my_task", "gsm8k", "my_task"], ["1", "2", "3", "4"])
+    batch = make_batch(
+        ["1", "2", "3", "4"], ["addition", "my_task", "gsm8k", "my_task"], ["1", "2", "3", "4"]
+    )
     with pytest.raises(UnknownDataSourceError) as info:
         manager(batch)
-    assert str(info.value).startswith("sample 1 of 4 (2 with this data_source): no reward scorer for data_source 'my_task'")
+    assert str(info.value).startswith(
+        "sample 1 of 4 (2 with this data_source): no reward scorer for data_source 'my_task'"
+    )
     assert manager.worker_pids == []  # nothing was started, nothing half scored
     manager.close()
 
@@ -301,7 +313,9 @@ def test_same_results_with_0_1_and_2_workers(tmp_path):
     kwargs = dict(scorer_overrides={"mine": f"{path}:compute_score"}, terms=(FormatTerm(r"\d"),))
     results = {}
     for num_workers, chunk_size in ((0, None), (1, None), (2, None), (2, 1), (2, 5)):
-        with RewardManager(CharTokenizer(), num_workers=num_workers, chunk_size=chunk_size, **kwargs) as manager:
+        with RewardManager(
+            CharTokenizer(), num_workers=num_workers, chunk_size=chunk_size, **kwargs
+        ) as manager:
             results[num_workers, chunk_size] = manager(batch)
     reference = results[0, None]
     assert reference.metrics["reward/error_count"] == 6.0  # 3 x "boom" and 3 x the broken ground truth
@@ -314,8 +328,12 @@ def test_same_results_with_0_1_and_2_workers(tmp_path):
             "acc", "echo", "error", "format", "half", "pred", "scorer_score",
         ], key  # fmt: skip
         for column in reference.extra:
-            np.testing.assert_array_equal(result.extra[column], reference.extra[column], err_msg=f"{key} {column}")
-    assert reference.first_error.startswith("sample 6 (data_source 'mine'): RuntimeError: boom on purpose (at deterministic.py:")
+            np.testing.assert_array_equal(
+                result.extra[column], reference.extra[column], err_msg=f"{key} {column}"
+            )
+    assert reference.first_error.startswith(
+        "sample 6 (data_source 'mine'): RuntimeError: boom on purpose (at deterministic.py:"
+    )
     assert reference.extra["error"][8].startswith("ValueError: addition ground_truth must be a whole number")
 
 
@@ -357,3 +375,34 @@ def test_pool_with_spawn_and_no_fork():
     assert pool.pids == [None]
     with pytest.raises(ValueError, match="fork"):
         ScorerPool(1, timeout_s=1.0, start_method="fork")
+
+
+def test_from_config_wires_terms_and_custom_kwargs(tmp_path):
+    from tandem.config import load_config
+    from tandem.rewards import reward_manager_from_config
+
+    scorer = tmp_path / "scaled.py"
+    scorer.write_text(
+        "def compute_score(ds, s, gt, info=None, scale=1.0):\n    return scale * float(s == gt)\n"
+    )
+    cfg = load_config(
+        "dapo",
+        [
+            f"reward.custom_reward_file={scorer}",
+            "reward.custom_reward_kwargs={scale: 2.0}",
+            "reward.num_workers=1",
+            "data.max_response_length=8",
+            "reward.overlong.buffer_len=4",
+        ],
+    )
+    with reward_manager_from_config(cfg, CharTokenizer()) as manager:
+        result = manager(make_batch(["7", "7", "1234567"], ["t"] * 3, ["7", "8", "1234567"]))
+    # kwargs reach the scorer in the worker (scale 2); DAPO's overlong term: L=8, B=4, lengths 2, 2, 8
+    np.testing.assert_allclose(result.extra["scorer_score"], [2.0, 0.0, 2.0])
+    np.testing.assert_allclose(result.extra["overlong"], [0.0, 0.0, -1.0])
+    np.testing.assert_allclose(result.scores.numpy(), [2.0, 0.0, 1.0])
+
+
+def test_custom_kwargs_without_a_file_is_an_error():
+    with pytest.raises(ValueError, match="no custom_reward_file"):
+        RewardManager(CharTokenizer(), num_workers=0, custom_reward_kwargs={"scale": 2})

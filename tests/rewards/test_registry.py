@@ -58,12 +58,18 @@ def test_register_scorer(clean_registry):
 
 def test_load_function_from_file(tmp_path):
     path = tmp_path / "my_reward.py"
-    path.write_text("def compute_score(ds, s, gt, info=None):\n    return 0.25\n\ndef other(*a):\n    return 1\n")
+    path.write_text(
+        "def compute_score(ds, s, gt, info=None):\n    return 0.25\n\ndef other(*a):\n    return 1\n"
+    )
     assert load_function(path)("x", "y", "z", None) == 0.25
     assert load_function(str(path), "other")() == 1
     with pytest.raises(AttributeError) as info:
         load_function(path, "missing_fn")
-    assert "missing_fn" in str(info.value) and str(path) in str(info.value) and "compute_score" in str(info.value)
+    assert (
+        "missing_fn" in str(info.value)
+        and str(path) in str(info.value)
+        and "compute_score" in str(info.value)
+    )
     with pytest.raises(FileNotFoundError) as info:
         load_function(tmp_path / "nope.py", "compute_score")
     assert "nope.py" in str(info.value) and "compute_score" in str(info.value)
@@ -79,7 +85,12 @@ def test_outcomes_from_scorer_returns():
     assert to_outcome(1) == (1.0, {}, None, False)
     assert to_outcome(True).score == 1.0
     assert to_outcome({"score": 0.5, "acc": True, "obj": [1]}).fields == {"acc": True, "obj": "[1]"}
-    for bad, match in (({"acc": 1}, "'score'"), ("1.0", "number"), (None, "number"), (float("nan"), "non-finite")):
+    for bad, match in (
+        ({"acc": 1}, "'score'"),
+        ("1.0", "number"),
+        (None, "number"),
+        (float("nan"), "non-finite"),
+    ):
         with pytest.raises((TypeError, ValueError), match=match):
             to_outcome(bad)
 

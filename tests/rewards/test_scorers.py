@@ -94,7 +94,9 @@ def test_countdown_wrong_answers(response):
 
 
 def test_countdown_needs_every_number():
-    assert score(countdown_score, "<answer>(5 + 3) * 3</answer>", {"target": 24, "numbers": [5, 3, 3, 4]}) == 0.0
+    assert (
+        score(countdown_score, "<answer>(5 + 3) * 3</answer>", {"target": 24, "numbers": [5, 3, 3, 4]}) == 0.0
+    )
 
 
 @pytest.mark.parametrize(
@@ -104,7 +106,10 @@ def test_countdown_needs_every_number():
         ("Answer: (5 - 3) * 4 * 3", {"target": 24, "numbers": [3, 3, 4, 5]}),
         ("Let me think.\n(5 - 3) * 4 * 3 = 24", {"target": 24, "numbers": [3, 4, 3, 5]}),
         ("<answer>8 / (3 - 8 / 3)</answer>", {"target": 24, "numbers": [8, 3, 8, 3]}),  # exact division
-        ("<answer>((((4 * 5))) + ((1)))</answer>", {"target": 21, "numbers": [4, 5, 1]}),  # nested parentheses
+        (
+            "<answer>((((4 * 5))) + ((1)))</answer>",
+            {"target": 21, "numbers": [4, 5, 1]},
+        ),  # nested parentheses
         ("<answer>12 / 4 + 5</answer>", '{"target": 8, "numbers": [12, 4, 5]}'),  # ground truth as JSON
     ],
 )
@@ -195,12 +200,17 @@ def test_countdown_non_integer_ground_truth_is_an_error(ground_truth):
 
 
 def test_countdown_ground_truth_numbers_written_loosely():
-    for truth in ({"target": 7.0, "numbers": (1, "2", 3.0)}, {"target": np.int64(7), "numbers": np.array([1, 2, 3])}):
+    for truth in (
+        {"target": 7.0, "numbers": (1, "2", 3.0)},
+        {"target": np.int64(7), "numbers": np.array([1, 2, 3])},
+    ):
         assert score(countdown_score, "<answer>1 + 2 * 3</answer>", truth) == 1.0
 
 
 def test_countdown_extraction_rules():
-    assert extract_countdown_expression("blah <answer>1+2</answer> then <answer> (3+4)*5 </answer>") == "(3+4)*5"
+    assert (
+        extract_countdown_expression("blah <answer>1+2</answer> then <answer> (3+4)*5 </answer>") == "(3+4)*5"
+    )
     assert extract_countdown_expression("Answer: 3*8.") == "3*8"
     assert extract_countdown_expression("(5-3)*4*3 = 24\nSo the answer is 24.") == "(5-3)*4*3"
     assert extract_countdown_expression("Using 3, 4 and 5: 3*4+5 works") == "3*4+5"
@@ -211,7 +221,17 @@ def test_countdown_extraction_rules():
 def test_evaluate_arithmetic_is_exact_and_safe():
     assert evaluate_arithmetic("8 / (3 - 8 / 3)") == (Fraction(24), [8, 3, 8, 3])
     assert evaluate_arithmetic("1 / 3 + 1 / 6") == (Fraction(1, 2), [1, 3, 1, 6])
-    for bad in ("__import__('os')", "x + 1", "2 ** 100", "-1", "1 / 0", "[1, 2]", "abs(3)", "1 if 1 else 2", "9" * 300):
+    for bad in (
+        "__import__('os')",
+        "x + 1",
+        "2 ** 100",
+        "-1",
+        "1 / 0",
+        "[1, 2]",
+        "abs(3)",
+        "1 if 1 else 2",
+        "9" * 300,
+    ):
         assert evaluate_arithmetic(bad) is None, bad
 
 

@@ -21,10 +21,12 @@ def sample(text="", length=0):
     ],
 )
 def test_soft_overlong_penalty_exact_values(length, expected):
-    assert soft_overlong_penalty(length, max_length=16, buffer=4, penalty_factor=0.5) == pytest.approx(expected)
-    assert LengthTerm(overlong_buffer=4, penalty_factor=0.5, max_response_length=16)(sample(length=length)) == (
-        pytest.approx(expected)
+    assert soft_overlong_penalty(length, max_length=16, buffer=4, penalty_factor=0.5) == pytest.approx(
+        expected
     )
+    assert LengthTerm(overlong_buffer=4, penalty_factor=0.5, max_response_length=16)(
+        sample(length=length)
+    ) == (pytest.approx(expected))
 
 
 def test_length_term_takes_managers_max_length_and_validates():

@@ -160,6 +160,15 @@ def make_kl_controller(kind: str, **kwargs: Any) -> KLController:
     return KL_CONTROLLERS.get(kind)(**kwargs)
 
 
+def kl_controller_from_config(kl_ctrl: Any) -> KLController:
+    """The controller that a config's `algorithm.kl_ctrl` (type, kl_coef, target_kl, horizon) describes."""
+    if kl_ctrl.type == "adaptive":
+        return make_kl_controller(
+            "adaptive", init_kl_coef=kl_ctrl.kl_coef, target_kl=kl_ctrl.target_kl, horizon=kl_ctrl.horizon
+        )
+    return make_kl_controller(kl_ctrl.type, kl_coef=kl_ctrl.kl_coef)
+
+
 @torch.no_grad()
 def apply_kl_penalty(
     token_level_scores: Tensor,

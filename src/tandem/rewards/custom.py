@@ -21,9 +21,13 @@ def load_function(path: str | os.PathLike, function_name: str = "compute_score")
     if (real, function_name) in _LOADED:
         return _LOADED[(real, function_name)]
     if os.path.isdir(real):
-        raise IsADirectoryError(f"{where}: that is a directory; point custom_reward_file at the .py file itself")
+        raise IsADirectoryError(
+            f"{where}: that is a directory; point custom_reward_file at the .py file itself"
+        )
     if not os.path.isfile(real):
-        raise FileNotFoundError(f"{where}: the file does not exist (custom_reward_file is {os.path.abspath(path)})")
+        raise FileNotFoundError(
+            f"{where}: the file does not exist (custom_reward_file is {os.path.abspath(path)})"
+        )
     module_name = "tandem_custom_reward_" + hashlib.sha1(real.encode()).hexdigest()[:12]
     module = sys.modules.get(module_name)
     if module is None:
@@ -57,11 +61,13 @@ def load_function(path: str | os.PathLike, function_name: str = "compute_score")
 
 
 def _describe_load_error(error: BaseException, real: str) -> str:
-    """"SyntaxError: invalid syntax at line 2: `return 1 +`" or "ModuleNotFoundError: ... (line 1)"."""
+    """ "SyntaxError: invalid syntax at line 2: `return 1 +`" or "ModuleNotFoundError: ... (line 1)"."""
     if isinstance(error, SyntaxError):
         code = (error.text or "").strip()
         other = f" of {error.filename}" if error.filename and os.path.realpath(error.filename) != real else ""
-        return f"{type(error).__name__}: {error.msg} at line {error.lineno}{other}" + (f": `{code}`" if code else "")
+        return f"{type(error).__name__}: {error.msg} at line {error.lineno}{other}" + (
+            f": `{code}`" if code else ""
+        )
     lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if f.filename == real]
     where = f" (line {lines[-1]})" if lines else ""
     return f"{type(error).__name__}: {error}{where}"

@@ -23,7 +23,7 @@ from tandem.rewards.registry import (
     unknown_data_source_message,
 )
 from tandem.rewards.scoring import Outcome, ScorerSpec, Task, resolve, score_tasks, spec_key
-from tandem.rewards.terms import Term, TermInput, check_terms
+from tandem.rewards.terms import FormatTerm, LengthTerm, Term, TermInput, check_terms
 
 logger = logging.getLogger(__name__)
 
@@ -58,6 +58,7 @@ class RewardManager:
         *,
         custom_reward_file: str | os.PathLike | None = None,
         custom_reward_function: str = "compute_score",
+        custom_reward_kwargs: Mapping[str, Any] | None = None,
         scorer_overrides: Mapping[str, str] | None = None,
         terms: Iterable[Term] = (),
         timeout_s: float = 10.0,
@@ -68,7 +69,9 @@ class RewardManager:
         if not timeout_s > 0:
             raise ValueError(f"RewardManager timeout_s must be > 0, got {timeout_s}")
         if num_workers < 0:
-            raise ValueError(f"RewardManager num_workers must be >= 0 (0 scores in-process), got {num_workers}")
+            raise ValueError(
+                f"RewardManager num_workers must be >= 0 (0 scores in-process), got {num_workers}"
+            )
         if chunk_size is not None and chunk_size < 1:
             raise ValueError(f"RewardManager chunk_size must be >= 1 or None, got {chunk_size}")
         self.tokenizer = tokenizer
@@ -78,13 +81,20 @@ class RewardManager:
         self.terms = check_terms(terms, max_response_length)
         clashes = [t.name for t in self.terms if t.name in RESERVED_EXTRA]
         if clashes:
-            raise ValueError(f"reward term names {clashes} are taken by the result's own columns {RESERVED_EXTRA}")
+            raise ValueError(
+                f"reward term names {clashes} are taken by the result's own columns {RESERVED_EXTRA}"
+            )
         # Load user code here, in the caller's process, so a wrong path fails now, not in a worker.
         self._custom: ScorerSpec | None = None
         if custom_reward_file is not None:
-            self._custom = (os.fspath(custom_reward_file), custom_reward_function)
-            load_function(*self._custom)
-        self._overrides = {source: self._override_spec(source, target) for source, target in (scorer_overrides or {}).items()}
+            kwargs = tuple(sorted((custom_reward_kwargs or {}).items()))
+            self._custom = (os.fspath(custom_reward_file), custom_reward_function, kwargs)
+            resolve(self._custom)
+        elif custom_reward_kwargs:
+            raise ValueError("custom_reward_kwargs are given but no custom_reward_file to pass them to")
+        self._overrides = {
+            source: self._override_spec(source, target) for source, target in (scorer_overrides or {}).items()
+        }
         self._resolved: dict[tuple[str, str | None], tuple[str, ScorerSpec]] = {}
         self._pool: ScorerPool | None = None
         self.first_error: str | None = None  # the first failure over this manager's life
@@ -146,7 +156,11 @@ class RewardManager:
                 if time.monotonic() - started > self.timeout_s:
                     logger.warning(
                         "reward: sample %d (data_source '%s') took %.1f s > timeout_s=%g; num_workers=0 has no "
-                        "hard time limit", i, task.data_source, time.monotonic() - started, self.timeout_s,
+                        "hard time limit",
+                        i,
+                        task.data_source,
+                        time.monotonic() - started,
+                        self.timeout_s,
                     )
             return outcomes
         if self._pool is None:
@@ -180,7 +194,9 @@ class RewardManager:
                 key, spec = self._scorer_for(data_sources[i], style if isinstance(style, str) else None)
             except UnknownDataSourceError as error:  # before any scoring: nothing is half done
                 count = data_sources.count(data_sources[i])
-                raise UnknownDataSourceError(f"sample {i} of {n} ({count} with this data_source): {error}") from None
+                raise UnknownDataSourceError(
+                    f"sample {i} of {n} ({count} with this data_source): {error}"
+                ) from None
             specs[key] = spec
             tasks.append(Task(key, data_sources[i], texts[i], ground_truths[i], extra_infos[i]))
         outcomes = self._score(tasks, specs)
@@ -210,14 +226,19 @@ class RewardManager:
         extra["error"] = np.array(errors, dtype=object)
         extra.update(self._field_columns(outcomes, taken=set(extra)))
 
-        first_error = next((f"sample {i} (data_source '{data_sources[i]}'): {e}" for i, e in enumerate(errors) if e), None)
+        first_error = next(
+            (f"sample {i} (data_source '{data_sources[i]}'): {e}" for i, e in enumerate(errors) if e), None
+        )
         n_timeouts = sum(o.timed_out for o in outcomes)
         n_errors = sum(1 for o in outcomes if o.error is not None) - n_timeouts
         if first_error is not None:
             self.first_error = self.first_error or first_error
             logger.warning(
                 "reward: %d scorer error(s) and %d timeout(s) in %d samples (scored 0); first: %s",
-                n_errors, n_timeouts, n, first_error,
+                n_errors,
+                n_timeouts,
+                n,
+                first_error,
             )
         metrics = {
             "reward/score_mean": float(totals.mean()) if n else 0.0,
@@ -243,7 +264,9 @@ class RewardManager:
             numeric = all(isinstance(v, bool | int | float) for v in present)
             name = key if key not in taken else f"scorer_{key}"
             if numeric:
-                columns[name] = np.array([np.nan if v is None else float(v) for v in values], dtype=np.float64)
+                columns[name] = np.array(
+                    [np.nan if v is None else float(v) for v in values], dtype=np.float64
+                )
             else:
                 columns[name] = np.empty(len(values), dtype=object)
                 columns[name][:] = values
@@ -267,3 +290,36 @@ class RewardManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def reward_manager_from_config(cfg: Any, tokenizer: Any) -> RewardManager:
+    """The RewardManager that a TandemConfig's `reward` section (and `data.max_response_length`) describes."""
+    reward = cfg.reward
+    terms: list[Term] = []
+    if reward.format.enable:
+        terms.append(
+            FormatTerm(
+                reward.format.pattern,
+                match_reward=reward.format.match_reward,
+                mismatch_reward=reward.format.mismatch_reward,
+                fullmatch=reward.format.fullmatch,
+            )
+        )
+    if reward.overlong.enable:
+        terms.append(
+            LengthTerm(
+                overlong_buffer=reward.overlong.buffer_len,
+                penalty_factor=reward.overlong.penalty_factor,
+                max_response_length=cfg.data.max_response_length,
+            )
+        )
+    return RewardManager(
+        tokenizer,
+        custom_reward_file=reward.custom_reward_file,
+        custom_reward_function=reward.custom_reward_function,
+        custom_reward_kwargs=reward.custom_reward_kwargs,
+        terms=terms,
+        timeout_s=reward.timeout_s,
+        num_workers=reward.num_workers,
+        max_response_length=cfg.data.max_response_length,
+    )

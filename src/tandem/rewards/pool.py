@@ -114,7 +114,9 @@ class ScorerPool:
         if start_method is None:
             start_method = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
         if start_method == "fork":
-            raise ValueError("the reward pool does not fork (unsafe with threads); use 'forkserver' or 'spawn'")
+            raise ValueError(
+                "the reward pool does not fork (unsafe with threads); use 'forkserver' or 'spawn'"
+            )
         self._ctx = mp.get_context(start_method)
         if start_method == "forkserver":
             # The fork server imports these once; each worker (and each restart after a kill) is then
@@ -153,7 +155,9 @@ class ScorerPool:
 
     def _run(self, tasks: list[Task], specs: dict[str, ScorerSpec], chunk_size: int) -> list[Outcome]:
         outcomes: list[Outcome | None] = [None] * len(tasks)
-        pending = deque(list(range(i, min(i + chunk_size, len(tasks)))) for i in range(0, len(tasks), chunk_size))
+        pending = deque(
+            list(range(i, min(i + chunk_size, len(tasks)))) for i in range(0, len(tasks), chunk_size)
+        )
         start_failures = 0
         while pending or any(w is not None and w.chunk is not None for w in self._workers):
             for slot, worker in enumerate(self._workers):
@@ -164,7 +168,9 @@ class ScorerPool:
                 if worker.chunk is None:
                     chunk = pending.popleft()
                     chunk_tasks = [tasks[i] for i in chunk]
-                    worker.dispatch(chunk, chunk_tasks, {t.scorer_key: specs[t.scorer_key] for t in chunk_tasks})
+                    worker.dispatch(
+                        chunk, chunk_tasks, {t.scorer_key: specs[t.scorer_key] for t in chunk_tasks}
+                    )
             busy = [w for w in self._workers if w is not None and w.chunk is not None]
             wait([w.conn for w in busy] + [w.process.sentinel for w in busy], timeout=self._poll_s)
             for slot, worker in enumerate(self._workers):
@@ -195,7 +201,10 @@ class ScorerPool:
                 rest = chunk[: started - 1] + chunk[started:]
                 if rest:
                     pending.appendleft(rest)
-        return [o if o is not None else Outcome(0.0, {}, "internal error: sample was never scored") for o in outcomes]
+        return [
+            o if o is not None else Outcome(0.0, {}, "internal error: sample was never scored")
+            for o in outcomes
+        ]
 
     def _collect(self, worker: _Worker, outcomes: list[Outcome | None]) -> bool:
         """Take a finished chunk's outcomes if they have arrived."""
@@ -222,7 +231,9 @@ class ScorerPool:
             worker.seen = worker.started_in_chunk()  # final now: blame the sample it died on
             return Outcome(0.0, {}, f"the reward worker process died (exit code {worker.process.exitcode})")
         if started > 0 and now - worker.seen_at > self.timeout_s:
-            return Outcome(0.0, {}, f"timed out after {self.timeout_s:g} s (worker process killed)", timed_out=True)
+            return Outcome(
+                0.0, {}, f"timed out after {self.timeout_s:g} s (worker process killed)", timed_out=True
+            )
         if started == 0 and now - worker.seen_at > STARTUP_LIMIT_S:
             return Outcome(0.0, {}, f"the reward worker process did not start within {STARTUP_LIMIT_S:g} s")
         return None

@@ -5,6 +5,7 @@ Shared by the in-process path and the worker processes, so both treat results th
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 import traceback
@@ -16,8 +17,9 @@ import numpy as np
 from tandem.rewards.custom import load_function
 
 # What the worker processes are told to run: a function picklable by reference
-# (a module-level function, e.g. a registered scorer) or (file path, function name).
-ScorerSpec = Callable[..., Any] | tuple[str, str]
+# (a module-level function, e.g. a registered scorer), or (file path, function name) with an
+# optional third item, the keyword arguments bound to it as sorted (name, value) pairs.
+ScorerSpec = Callable[..., Any] | tuple[str, str] | tuple[str, str, tuple[tuple[str, Any], ...]]
 
 MAX_ERROR_CHARS = 1000
 
@@ -40,16 +42,22 @@ class Outcome(NamedTuple):
 def spec_key(spec: ScorerSpec) -> str:
     """A stable name for a spec, the same in every process."""
     if isinstance(spec, tuple):
-        return f"{os.path.realpath(spec[0])}:{spec[1]}"
+        bound = f"({', '.join(f'{k}={v!r}' for k, v in spec[2])})" if len(spec) > 2 and spec[2] else ""
+        return f"{os.path.realpath(spec[0])}:{spec[1]}{bound}"
     return f"{getattr(spec, '__module__', '?')}.{getattr(spec, '__qualname__', repr(spec))}"
 
 
 def resolve(spec: ScorerSpec) -> Callable[..., Any]:
-    return load_function(*spec) if isinstance(spec, tuple) else spec
+    """The callable a spec names, loading a file if needed and binding its keyword arguments."""
+    if not isinstance(spec, tuple):
+        return spec
+    fn = load_function(spec[0], spec[1])
+    kwargs = dict(spec[2]) if len(spec) > 2 else {}
+    return functools.partial(fn, **kwargs) if kwargs else fn
 
 
 def describe_error(error: BaseException) -> str:
-    """"ValueError: bad input (at file.py:12 in fn)", cut to MAX_ERROR_CHARS."""
+    """ "ValueError: bad input (at file.py:12 in fn)", cut to MAX_ERROR_CHARS."""
     text = f"{type(error).__name__}: {error}"
     frames = traceback.extract_tb(error.__traceback__)
     if frames:
@@ -80,7 +88,9 @@ def to_outcome(value: Any) -> Outcome:
     try:
         score = float(value)
     except (TypeError, ValueError):
-        raise TypeError(f"a scorer must return a number or a dict with 'score', got {type(value).__name__}") from None
+        raise TypeError(
+            f"a scorer must return a number or a dict with 'score', got {type(value).__name__}"
+        ) from None
     if not math.isfinite(score):
         raise ValueError(f"the scorer returned a non-finite score ({score})")
     return Outcome(score, fields)

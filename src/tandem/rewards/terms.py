@@ -104,7 +104,9 @@ def check_terms(terms: Any, max_response_length: int | None) -> tuple[Term, ...]
             raise TypeError(f"a reward term needs a `name` and `__call__(TermInput) -> float`, got {term!r}")
         if isinstance(term, LengthTerm) and term.max_response_length is None:
             if max_response_length is None:
-                raise ValueError("LengthTerm has no max_response_length: pass RewardManager(max_response_length=...)")
+                raise ValueError(
+                    "LengthTerm has no max_response_length: pass RewardManager(max_response_length=...)"
+                )
             term = LengthTerm(term.overlong_buffer, term.penalty_factor, max_response_length, term.name)
         bound.append(term)
     names = [term.name for term in bound]

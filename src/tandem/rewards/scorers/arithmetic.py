@@ -43,14 +43,18 @@ def whole_number(value: Any, what: str) -> int:
         with contextlib.suppress(ValueError, ZeroDivisionError):
             number = Fraction(_THOUSANDS_COMMA.sub("", value.strip()))
     elif isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value):
-        number = Fraction(value) if isinstance(value, numbers.Rational) else Fraction(float(value))  # numpy too
+        number = (
+            Fraction(value) if isinstance(value, numbers.Rational) else Fraction(float(value))
+        )  # numpy too
     if number is None or number.denominator != 1:
         raise ValueError(f"{what} must be a whole number such as 42 or '42', got {value!r}")
     return int(number)
 
 
 @register_scorer("addition")
-def addition_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict:
+def addition_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> dict:
     """1.0 if the last integer in the response equals the ground truth (e.g. "42", 42 or 42.0), else 0.0."""
     target = whole_number(ground_truth, "addition ground_truth")
     pred = last_integer(solution_str)
@@ -150,7 +154,9 @@ def _countdown_problem(ground_truth: Any) -> tuple[int, list[int]]:
     if isinstance(ground_truth, str | bytes):
         ground_truth = json.loads(ground_truth)
     if not isinstance(ground_truth, dict) or "target" not in ground_truth or "numbers" not in ground_truth:
-        raise ValueError(f'countdown ground_truth must be {{"target": int, "numbers": [int, ...]}}, got {ground_truth!r}')
+        raise ValueError(
+            f'countdown ground_truth must be {{"target": int, "numbers": [int, ...]}}, got {ground_truth!r}'
+        )
     given = ground_truth["numbers"]
     if isinstance(given, str | bytes | dict) or not hasattr(given, "__iter__"):
         raise ValueError(f"countdown ground_truth 'numbers' must be a list of whole numbers, got {given!r}")
@@ -159,7 +165,9 @@ def _countdown_problem(ground_truth: Any) -> tuple[int, list[int]]:
 
 
 @register_scorer("countdown")
-def countdown_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict:
+def countdown_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> dict:
     """1.0 if the answer expression equals the target and uses each given number exactly once."""
     target, numbers = _countdown_problem(ground_truth)
     expression = extract_countdown_expression(solution_str)

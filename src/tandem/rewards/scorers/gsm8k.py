@@ -29,7 +29,9 @@ def extract_gsm8k_answer(text: str) -> str | None:
 
 
 @register_scorer("gsm8k", "openai/gsm8k")
-def gsm8k_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict:
+def gsm8k_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> dict:
     """1.0 if the response's final number equals the ground truth's (a number, or a full "... #### 72")."""
     gold = extract_gsm8k_answer(str(ground_truth))
     if gold is None:

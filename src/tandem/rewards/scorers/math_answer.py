@@ -63,7 +63,9 @@ def _verify(gold: str, pred: str) -> bool | None:
 
 
 @register_scorer("math", "lighteval/MATH", "math_dapo", "DigitalLearningGmbH/MATH-lighteval")
-def math_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None) -> dict:
+def math_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> dict:
     """1.0 if the last \\boxed{} answer equals the ground truth (math_verify, else normalized strings)."""
     gold = str(ground_truth)
     gold = last_boxed(gold) or gold
