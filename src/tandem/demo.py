@@ -29,7 +29,7 @@ from tandem.data import (
     save_tiny,
     write_splits,
 )
-from tandem.rewards import RewardManager
+from tandem.rewards import RewardManager, reward_manager_from_config
 
 DEMO_OVERRIDES = [
     "data.train_batch_size=8",
@@ -190,7 +190,7 @@ def run(out_dir: str | Path = "runs/demo", overrides: Sequence[str] = (), sft_st
 
     train, val = load_prompts(files["train"]), load_prompts(files["val"])
     val_prompts = collate_prompts([val[i] for i in range(len(val))], tokenizer.pad_token_id)
-    with RewardManager(tokenizer, num_workers=1, timeout_s=cfg.reward.timeout_s) as rewards:
+    with reward_manager_from_config(cfg, tokenizer) as rewards:
         numbers: dict[str, Any] = {
             "accuracy_before_sft": accuracy(model, tokenizer, rewards, val_prompts, cfg)
         }
