@@ -231,3 +231,26 @@ def test_numpy_object_input_is_kept():
     arr = np.array(["a", "b"], dtype=object)
     b = Batch.from_dict({"x": torch.zeros(2)}, {"s": arr})
     assert b["s"] is arr
+
+
+@pytest.mark.slow
+def test_split_across_ray_actors_and_merge_back(ray_local):
+    """The data-parallel pattern: uneven chunks to 2 actors, outputs merged in the original order."""
+    ray = ray_local
+
+    @ray.remote(num_cpus=0)
+    class Worker:
+        def __init__(self, rank: int) -> None:
+            self.rank = rank
+
+        def score(self, batch: Batch) -> Batch:
+            rank = torch.full((len(batch),), self.rank)
+            return Batch.from_dict({"doubled": batch["score"] * 2, "rank": rank}, {"uid": batch["uid"]})
+
+    workers = [Worker.remote(r) for r in range(2)]
+    b = make(5)
+    parts, plan = b.chunk_with_plan(2)
+    merged = plan.merge(ray.get([w.score.remote(p) for w, p in zip(workers, parts)]))
+    assert torch.allclose(merged["doubled"], b["score"] * 2)
+    assert merged["rank"].tolist() == [0, 0, 0, 1, 1]
+    assert list(merged["uid"]) == list(b["uid"])
