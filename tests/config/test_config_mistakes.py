@@ -351,3 +351,10 @@ def test_base_must_be_one_name(tmp_path):
 def test_key_below_a_section_set_to_a_scalar_keeps_that_error():
     msg = error_of("actor=3", "actor.optim.lr=1e-6")
     assert "actor is a section, not a single value (got 3)" in msg
+
+
+def test_load_config_with_an_override_in_the_place_of_the_preset():
+    from tandem.config import ConfigError, load_config
+
+    with pytest.raises(ConfigError, match="looks like an override"):
+        load_config("acter.optim.lr=1")
