@@ -156,6 +156,18 @@ def test_partition_merge_restores_order():
         plan.merge([outs[0][:1], outs[1], outs[2]])
 
 
+def test_merge_keeps_each_rows_k_outputs_together():
+    """A worker may return k rows per row it got (n samples per prompt): they stay in the row's place."""
+    b = make(5)
+    parts, plan = b.chunk_with_plan(3)  # rows [0, 1], [2, 3], [4]
+    merged = plan.merge([p.repeat(3) for p in parts])
+    assert rows(merged) == [i for i in range(5) for _ in range(3)]
+    _, empty_plan = make(1).chunk_with_plan(2)  # a 0-row part says nothing about k
+    assert rows(empty_plan.merge([make(1).repeat(2), make(1)[:0]])) == [0, 0]
+    with pytest.raises(BatchError, match="same whole number of rows"):
+        plan.merge([parts[0].repeat(2), parts[1].repeat(3), parts[2].repeat(3)])
+
+
 def test_chunk_with_plan_uneven():
     b = make(7)
     parts, plan = b.chunk_with_plan(3)

@@ -380,6 +380,9 @@ class Batch:
     def __setstate__(self, state: dict[str, Any]) -> None:
         tensors = {}
         for k, (raw, dtype, shape) in state["tensors"].items():
+            if raw.size == 0:  # numpy copies an empty buffer with stride 0, which torch cannot .view()
+                tensors[k] = torch.empty(shape, dtype=getattr(torch, dtype))
+                continue
             if not raw.flags.writeable:  # Ray's object store hands out read-only views
                 raw = raw.copy()
             tensors[k] = torch.from_numpy(raw).view(getattr(torch, dtype)).reshape(shape)
@@ -419,14 +422,29 @@ class Partition:
         return [len(g) for g in self.groups]
 
     def merge(self, parts: Sequence[Batch], meta: str = "strict") -> Batch:
-        """Concatenate per-part outputs and restore the original row order."""
+        """Concatenate per-part outputs and restore the original row order.
+
+        A part may return k rows per input row (k the same for every part, e.g. k samples per prompt):
+        row i's k outputs stay together, in place of row i.
+        """
         if len(parts) != len(self.groups):
             raise BatchError(f"merge got {len(parts)} parts for a partition into {len(self.groups)}")
+        ratios = {len(p) // len(g) for p, g in zip(parts, self.groups, strict=True) if len(g)}
+        k = ratios.pop() if len(ratios) == 1 else 1
         for i, (p, g) in enumerate(zip(parts, self.groups, strict=True)):
-            if len(p) != len(g):
-                raise BatchError(f"merge: part {i} has {len(p)} rows, the partition gave it {len(g)}")
+            if len(p) != len(g) * k or k < 1:
+                listing = ", ".join(
+                    f"part {j}: {len(q)} rows for {len(h)}"
+                    for j, (q, h) in enumerate(zip(parts, self.groups))
+                )
+                raise BatchError(
+                    f"merge: part {i} has {len(p)} rows, the partition gave it {len(g)}; every part must "
+                    f"return the same whole number of rows per row it got ({listing})"
+                )
         merged = Batch.concat(parts, meta=meta)
-        order = torch.as_tensor([i for g in self.groups for i in g], dtype=torch.long)
+        order = torch.as_tensor(
+            [i * k + j for g in self.groups for i in g for j in range(k)], dtype=torch.long
+        )
         inverse = torch.empty_like(order)
         inverse[order] = torch.arange(len(order))
         return merged.reorder(inverse)

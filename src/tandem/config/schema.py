@@ -26,6 +26,7 @@ Truncation = Literal["error", "filter", "left", "right"]
 ChatTemplate = Literal["auto", "plain", "none"]
 Strategy = Literal["fsdp", "megatron"]
 Dtype = Literal["float32", "bfloat16", "float16"]
+ParamDtype = Literal["auto", "float32", "bfloat16", "float16"]
 LrScheduler = Literal["constant", "cosine", "linear"]
 RolloutEngineName = Literal["hf", "vllm", "sglang"]
 Device = Literal["cpu", "cuda", "auto"]
@@ -70,7 +71,9 @@ class FSDPConfig:
 
     Data-parallel size = world size / sequence_parallel (see cfg.derived.dp_size)."""
 
-    param_dtype: Dtype = "bfloat16"  # dtype of parameters in forward / backward (master weights: float32)
+    param_dtype: ParamDtype = (
+        "auto"  # forward / backward dtype (master weights: float32); auto = bfloat16 on cuda, float32 on cpu
+    )
     reduce_dtype: Dtype = "float32"  # dtype of the gradient reduce-scatter across ranks
     cpu_offload: bool = False  # keep sharded parameters, gradients and optimizer state in CPU memory
     sequence_parallel: int = 1  # RANKS splitting each sequence (Ulysses); divides the world size
@@ -282,6 +285,7 @@ class TrainerConfig:
     resume: str = "auto"  # auto = latest checkpoint of this experiment if any, disable, or a checkpoint path
     max_checkpoints_to_keep: int | None = None  # >= 1: older checkpoints are deleted; None = keep all
     critic_warmup: int = 0  # first steps that train only the critic, >= 0
+    worker_timeout_s: float = 1800.0  # SECONDS one worker-group call may take before the run stops, > 0
 
 
 @dataclass

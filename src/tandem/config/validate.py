@@ -162,6 +162,11 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
             problems.add(key, f"{key}={value}: use a number of steps >= 1, or -1 for never")
     _at_least(problems, "trainer.critic_warmup", t.critic_warmup, 0)
     _at_least(problems, "reward.num_workers", cfg.reward.num_workers, 0)
+    if cfg.trainer.worker_timeout_s <= 0:
+        problems.add(
+            "trainer.worker_timeout_s",
+            f"trainer.worker_timeout_s={cfg.trainer.worker_timeout_s} must be > 0 seconds",
+        )
     if cfg.reward.timeout_s <= 0:
         problems.add("reward.timeout_s", f"reward.timeout_s={cfg.reward.timeout_s} must be > 0 seconds")
     if r.temperature <= 0:

@@ -1,0 +1,203 @@
+"""How one controller call becomes per-rank calls, and how the ranks' outputs become one result.
+
+Worker methods carry their mode with `@dispatch(Dispatch.DP)`; undecorated methods are ONE_TO_ALL.
+Everything here is pure (no Ray, no processes): `plan_call` cuts the arguments, `CallPlan.gather`
+puts the outputs back together.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from tandem.batch import Batch, Partition
+from tandem.controller.errors import DispatchError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_MODE_ATTR = "__tandem_dispatch__"
+
+
+class Dispatch(enum.Enum):
+    """How a worker-group call is spread over the ranks and collected."""
+
+    ONE_TO_ALL = "one_to_all"  # same arguments to every rank; a list of the ranks' outputs, rank order
+    RANK_ZERO = "rank_zero"  # same arguments to every rank (collectives need all); rank 0's output
+    DP = "dp"  # Batch arguments split over the ranks; outputs merged back into the original row order
+    MP = "mp"  # Batch arguments split over the data-parallel groups (`dispatch_info`); collectors' outputs merged
+
+
+def dispatch(mode: Dispatch) -> Callable[[F], F]:
+    """Mark a worker method with its dispatch mode: `@dispatch(Dispatch.DP)`."""
+    if not isinstance(mode, Dispatch):
+        raise TypeError(
+            f"dispatch() takes a Dispatch mode, got {mode!r}; write @dispatch(Dispatch.DP), not @dispatch"
+        )
+
+    def mark(fn: F) -> F:
+        setattr(fn, _MODE_ATTR, mode)
+        return fn
+
+    return mark
+
+
+def dispatch_mode(method: Callable[..., Any]) -> Dispatch:
+    """The mode `method` was marked with; ONE_TO_ALL when it was not decorated."""
+    return getattr(method, _MODE_ATTR, Dispatch.ONE_TO_ALL)
+
+
+@dataclass(frozen=True)
+class RankLayout:
+    """Which data-parallel part each rank receives and which rank returns each part's output."""
+
+    dp_ranks: tuple[int, ...]  # per rank: the index of the part it receives
+    dp_size: int  # number of parts
+    collectors: tuple[int, ...]  # per part, in part order: the rank whose output is kept
+
+    @property
+    def world_size(self) -> int:
+        return len(self.dp_ranks)
+
+    @classmethod
+    def data_parallel(cls, world_size: int) -> RankLayout:
+        """Every rank its own part, every rank collected."""
+        ranks = tuple(range(world_size))
+        return cls(ranks, world_size, ranks)
+
+    @classmethod
+    def from_dispatch_info(cls, infos: Sequence[Any], group: str = "worker group") -> RankLayout:
+        """Build and check a layout from every rank's `dispatch_info()` = (dp_rank, dp_size, collect)."""
+        if not infos:
+            raise DispatchError(f"{group}: no ranks to build a model-parallel layout from")
+        for rank, info in enumerate(infos):
+            ok = (
+                isinstance(info, tuple | list)
+                and len(info) == 3
+                and all(isinstance(v, int) and not isinstance(v, bool) for v in info[:2])
+                and isinstance(info[2], bool)
+            )
+            if not ok:
+                raise DispatchError(
+                    f"{group}: rank {rank}'s dispatch_info() returned {info!r}; "
+                    "it must return (dp_rank: int, dp_size: int, collect: bool)"
+                )
+        sizes = sorted({info[1] for info in infos})
+        if len(sizes) != 1 or sizes[0] < 1:
+            per_rank = {rank: info[1] for rank, info in enumerate(infos)}
+            raise DispatchError(
+                f"{group}: ranks disagree on dp_size or it is < 1 (rank: dp_size {per_rank}); "
+                "every rank must report the same data-parallel size"
+            )
+        dp_size = sizes[0]
+        dp_ranks = tuple(info[0] for info in infos)
+        bad = {rank: d for rank, d in enumerate(dp_ranks) if not 0 <= d < dp_size}
+        if bad:
+            raise DispatchError(
+                f"{group}: dp_rank out of range 0..{dp_size - 1} on ranks (rank: dp_rank) {bad}"
+            )
+        empty = sorted(set(range(dp_size)) - set(dp_ranks))
+        if empty:
+            raise DispatchError(
+                f"{group}: no rank has dp_rank {empty} (dp_size {dp_size}); "
+                "their parts of the batch would be lost"
+            )
+        collectors = []
+        for d in range(dp_size):
+            members = [rank for rank, r in enumerate(dp_ranks) if r == d]
+            chosen = [rank for rank in members if infos[rank][2]]
+            if len(chosen) != 1:
+                found = f"none of ranks {members}" if not chosen else f"ranks {chosen}"
+                raise DispatchError(
+                    f"{group}: data-parallel group {d} must have exactly one rank with collect=True "
+                    f"(e.g. tensor-parallel rank 0 on the last pipeline stage); {found} said collect=True"
+                )
+            collectors.append(chosen[0])
+        return cls(dp_ranks, dp_size, tuple(collectors))
+
+
+RankCall = tuple[tuple[Any, ...], dict[str, Any]]  # one rank's (args, kwargs)
+
+
+@dataclass(frozen=True)
+class CallPlan:
+    """One call spread over the ranks: each rank's arguments, and how to collect the outputs."""
+
+    mode: Dispatch
+    rank_calls: list[RankCall]
+    layout: RankLayout | None = None  # DP / MP only
+    partition: Partition | None = None  # DP / MP with Batch arguments: how the rows were split
+
+    def gather(self, outputs: Sequence[Any]) -> Any:
+        """Combine the ranks' outputs (rank order) into the call's result."""
+        if len(outputs) != len(self.rank_calls):
+            raise DispatchError(f"gather got {len(outputs)} outputs for {len(self.rank_calls)} ranks")
+        if self.mode is Dispatch.ONE_TO_ALL:
+            return list(outputs)
+        if self.mode is Dispatch.RANK_ZERO:
+            return outputs[0]
+        assert self.layout is not None
+        return merge_outputs([outputs[rank] for rank in self.layout.collectors], self.partition)
+
+
+def merge_outputs(parts: Sequence[Any], partition: Partition | None) -> Any:
+    """Data-parallel outputs in part order: Batches merged back into row order, all-None -> None, else a list."""
+    if all(p is None for p in parts):
+        return None
+    is_batch = [isinstance(p, Batch) for p in parts]
+    if all(is_batch):
+        if partition is None:  # no Batch went in: the parts' rows simply follow each other
+            return Batch.concat(parts)
+        return partition.merge(parts)
+    if any(is_batch):
+        kinds = ", ".join(f"part {i}: {type(p).__name__}" for i, p in enumerate(parts))
+        raise DispatchError(
+            f"data-parallel outputs mix Batch and other values ({kinds}); every rank must return a Batch"
+        )
+    return list(parts)
+
+
+def plan_call(
+    mode: Dispatch,
+    world_size: int,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any],
+    layout: RankLayout | None = None,
+) -> CallPlan:
+    """Cut one call's arguments into per-rank calls; DP needs nothing more, MP needs the group's `layout`."""
+    args, kwargs = tuple(args), dict(kwargs)
+    if mode in (Dispatch.ONE_TO_ALL, Dispatch.RANK_ZERO):
+        return CallPlan(mode, [(args, kwargs) for _ in range(world_size)])
+    if mode is Dispatch.DP:
+        layout = RankLayout.data_parallel(world_size)
+    elif layout is None:
+        raise DispatchError("MP dispatch needs the group's RankLayout (from the workers' dispatch_info())")
+    if layout.world_size != world_size:
+        raise DispatchError(f"layout covers {layout.world_size} ranks, the group has {world_size}")
+
+    batch_args = {("arg", i): a for i, a in enumerate(args) if isinstance(a, Batch)}
+    batch_args.update({("kwarg", k): v for k, v in kwargs.items() if isinstance(v, Batch)})
+    if not batch_args:
+        return CallPlan(mode, [(args, kwargs) for _ in range(world_size)], layout)
+
+    lengths = {where: len(b) for where, b in batch_args.items()}
+    if len(set(lengths.values())) > 1:
+        listing = ", ".join(
+            f"{'argument ' + str(k) if kind == 'arg' else k}={n} rows" for (kind, k), n in lengths.items()
+        )
+        raise DispatchError(
+            f"{mode.name} dispatch splits every Batch argument the same way, so they must have "
+            f"the same number of rows; got {listing}"
+        )
+    parts, partition = {}, None
+    for where, b in batch_args.items():
+        parts[where], partition = b.chunk_with_plan(layout.dp_size)
+
+    rank_calls = []
+    for rank in range(world_size):
+        d = layout.dp_ranks[rank]
+        rank_args = tuple(parts[("arg", i)][d] if ("arg", i) in parts else a for i, a in enumerate(args))
+        rank_kwargs = {k: parts[("kwarg", k)][d] if ("kwarg", k) in parts else v for k, v in kwargs.items()}
+        rank_calls.append((rank_args, rank_kwargs))
+    return CallPlan(mode, rank_calls, layout, partition)

@@ -1,0 +1,84 @@
+"""The training-engine interface the roles are written against (FSDP2 now, megatron-core later).
+
+Batch layout the engines read (see tandem/rollout/base.py): `input_ids`, `attention_mask`,
+`position_ids` [B, T]. A role's `fn` / `loss_fn` gets the model output for one micro-batch
+(`.logits`: [b, T, vocab] for a causal LM, [b, T, 1] for a value head) and that micro-batch.
+
+Loss contract (tandem/algos/aggregation.py): `loss_fn` returns this micro-batch's CONTRIBUTION
+to the loss of the global mini-batch, normalised by global counts; the engine sums contributions
+over micro-batches and data-parallel ranks (it scales by the data-parallel size to undo the
+averaging of the gradient reduction). Every rank must call `forward` / `train_step` together:
+the engine pads ranks with fewer micro-batches with dummy passes that contribute nothing.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from torch import Tensor
+
+from tandem.batch import Batch
+
+Head = Literal["lm", "value"]  # causal LM (actor, reference) or a 1-wide token head (critic, reward model)
+ForwardFn = Callable[[Any, Batch], dict[str, Tensor]]  # (model output, micro-batch) -> per-row tensors
+LossFn = Callable[[Any, Batch], tuple[Tensor, dict[str, float]]]  # -> (contribution, metrics)
+
+
+@dataclass
+class StepResult:
+    """What one optimizer step did (identical on every rank)."""
+
+    loss: float  # the global mini-batch's loss: contributions summed over micro-batches and ranks
+    grad_norm: float  # global gradient norm before clipping (inf / nan when non-finite)
+    lr: float  # learning rate used by this step
+    skipped: bool  # the gradient was not finite: no update was made
+    metrics: dict[str, list[float]] = field(default_factory=dict)  # loss_fn metrics, one per micro-batch
+
+
+class TrainEngine(ABC):
+    """One model (+ optimizer when trainable), sharded over the worker group's ranks."""
+
+    dp_rank: int  # this rank's data-parallel index
+    dp_size: int  # data-parallel ranks
+
+    @abstractmethod
+    def forward(self, batch: Batch, fn: ForwardFn, micro_batch_size: int) -> Batch:
+        """No-grad forward in micro-batches; `fn`'s per-row tensors concatenated, in order."""
+
+    @abstractmethod
+    def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> StepResult:
+        """Forward-backward over micro-batches, clip, optimizer step (skipped if non-finite)."""
+
+    @abstractmethod
+    def scheduler_step(self) -> float:
+        """Advance the learning-rate schedule by one TRAINING step; returns the new lr."""
+
+    @abstractmethod
+    def all_reduce_sum(self, value: Tensor) -> Tensor:
+        """Sum a tensor over the data-parallel ranks (global token / sequence counts)."""
+
+    @abstractmethod
+    def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
+        """Full weights in Hugging Face names, one tensor at a time (every rank must iterate)."""
+
+    @abstractmethod
+    def save(self, path: str | Path) -> None:
+        """Sharded model + optimizer + scheduler checkpoint into folder `path` (every rank calls)."""
+
+    @abstractmethod
+    def load(self, path: str | Path) -> None:
+        """Restore what `save` wrote (every rank calls)."""
+
+    @abstractmethod
+    def export_hf(self, path: str | Path) -> None:
+        """A Hugging Face folder (safetensors + config + tokenizer files) that transformers loads."""
+
+    def offload(self) -> None:  # noqa: B027 - nothing to move on CPU
+        """Move parameters, gradients and optimizer state to host memory (GPU)."""
+
+    def onload(self) -> None:  # noqa: B027
+        """Undo `offload`."""

@@ -1,0 +1,458 @@
+"""`FSDPEngine`: a transformers model sharded with FSDP2 (`fully_shard`) over the default process group.
+
+Data parallel over every rank of the default group (dp_rank = rank, dp_size = world size).
+Construction: rank 0 reads the Hugging Face folder into float32 CPU weights, the other ranks
+build the same model on the meta device; every decoder layer and then the root are
+`fully_shard`-ed and the full state dict is broadcast from rank 0 into the shards. Buffers
+(which FSDP does not shard) are broadcast from rank 0 as well: that is what gives the ranks
+that started on the meta device their rotary `inv_freq` (non-persistent, so in no state dict).
+
+Collectives. FSDP all-gathers parameters in every forward and reduce-scatters gradients in
+every backward, so all ranks must run the same number of passes. `forward` / `train_step`
+agree on the largest micro-batch count over the ranks and pad the others with dummy passes
+(one pad token) whose outputs are discarded and whose loss is 0 x the logits.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+from itertools import chain
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch import Tensor
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_state_dict,
+    set_model_state_dict,
+    set_state_dict,
+)
+from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from torch.nn.utils import clip_grads_with_norm_, get_total_norm
+
+from tandem.batch import Batch
+from tandem.config.schema import FSDPConfig, OptimConfig
+from tandem.engine import hf_io
+from tandem.engine.base import ForwardFn, Head, LossFn, StepResult, TrainEngine
+from tandem.engine.optim import build_optimizer, build_scheduler
+
+logger = logging.getLogger(__name__)
+
+ENGINE_STATE_FILE = "engine_state.pt"  # scheduler + step counter, beside the DCP shards
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_warned_cpu_offload = False
+
+
+def resolve_param_dtype(param_dtype: str, device: torch.device) -> torch.dtype:
+    """FSDPConfig.param_dtype -> torch dtype; "auto" is bfloat16 on CUDA, float32 elsewhere."""
+    if param_dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if param_dtype not in _DTYPES:
+        raise ValueError(f"fsdp.param_dtype={param_dtype!r} is unknown; use auto, {', '.join(_DTYPES)}")
+    return _DTYPES[param_dtype]
+
+
+class FSDPEngine(TrainEngine):
+    """One Hugging Face model (+ AdamW when `optim` is given) sharded with FSDP2.
+
+    Master weights, gradients and optimizer state are float32; forward / backward run in the
+    resolved `fsdp.param_dtype`. `optim=None` builds a frozen engine (reference model): forward only.
+
+    model_path: a local Hugging Face folder. head: "lm" (causal LM) or "value" (a 1-label token
+    classifier; its `score` is initialised from `seed` when the folder has none).
+    total_training_steps: needed by cosine / linear decay and by warmup_ratio.
+    activation_checkpointing: recompute each decoder layer in backward (same numbers, less memory).
+    """
+
+    def __init__(
+        self,
+        *,
+        model_path: str | Path,
+        head: Head,
+        device: torch.device | str,
+        optim: OptimConfig | None,
+        fsdp: FSDPConfig,
+        grad_clip: float | None,
+        total_training_steps: int | None,
+        activation_checkpointing: bool = False,
+        seed: int = 1,
+    ) -> None:
+        if fsdp.sequence_parallel > 1:
+            raise NotImplementedError(
+                f"fsdp.sequence_parallel={fsdp.sequence_parallel}: Ulysses sequence parallelism is not "
+                "implemented yet; set fsdp.sequence_parallel=1"
+            )
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                "FSDPEngine needs torch.distributed initialised first (the worker group does it: "
+                "gloo on CPU, NCCL on GPU; a world of size 1 is fine)"
+            )
+        if grad_clip is not None and grad_clip <= 0:
+            raise ValueError(f"grad_clip must be > 0 or None (no clipping), got {grad_clip}")
+        self.model_path = str(model_path)
+        self.head = head
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is not None:
+            torch.cuda.set_device(self.device)
+        self.dp_rank = dist.get_rank()
+        self.dp_size = dist.get_world_size()
+        self.grad_clip = grad_clip
+        self.global_step = 0  # optimizer steps taken (or skipped); for logs and checkpoints
+        self._offloaded: list[tuple[dict, str]] = []  # optimizer-state entries moved by offload()
+        self._is_offloaded = False
+        self.param_dtype = resolve_param_dtype(fsdp.param_dtype, self.device)
+
+        config = hf_io.load_config(self.model_path, head)
+        self._export_config = config.to_dict()  # as the user wrote it (dropout included), for export_hf
+        hf_io.disable_dropout(config)
+        config.use_cache = False
+        self.config = config
+        offload = self._offload_policy(fsdp.cpu_offload)
+        self._cpu_offload = offload is not None
+        self.model, self._hf_class, state_keys = self._build_model(
+            fsdp, offload, activation_checkpointing, seed
+        )
+        self._state_keys = set(state_keys)  # the HF state_dict's names: what state_dict_iter yields
+
+        self.optimizer = None
+        self.scheduler = None
+        if optim is not None:
+            # foreach kernels (fine with FSDP2's DTensors) where the sharded parameters are on the GPU.
+            on_gpu = self.device.type == "cuda" and not self._cpu_offload
+            self.optimizer = build_optimizer(self.model.parameters(), optim, foreach=on_gpu)
+            self.scheduler = build_scheduler(self.optimizer, optim, total_training_steps)
+
+    # ------------------------------------------------------------------ construction
+    def _build_model(
+        self, fsdp: FSDPConfig, offload: CPUOffloadPolicy | None, activation_checkpointing: bool, seed: int
+    ) -> tuple[torch.nn.Module, type, list[str]]:
+        is_source = self.dp_rank == 0
+        if is_source:
+            model = hf_io.load_pretrained(self.model_path, self.config, self.head, seed)
+            full_state = model.state_dict()  # references; survive the sharding below
+        else:
+            model = hf_io.build_on_meta(self.config, self.head)
+            full_state = {}
+        hf_class = type(model)  # fully_shard swaps in a subclass; export writes the original
+        state_keys = hf_io.persistent_keys(model)
+        if activation_checkpointing:
+            hf_io.enable_activation_checkpointing(model)
+
+        mp_policy = MixedPrecisionPolicy(
+            param_dtype=self.param_dtype, reduce_dtype=_DTYPES[fsdp.reduce_dtype]
+        )
+        shard_kwargs: dict[str, Any] = {
+            "mesh": init_device_mesh(self.device.type, (self.dp_size,)),
+            "mp_policy": mp_policy,
+        }
+        if offload is not None:
+            shard_kwargs["offload_policy"] = offload
+        layers = hf_io.decoder_layers(model)
+        if not layers:
+            logger.warning(
+                "no decoder layers found in %s: sharding the whole model as one unit", hf_class.__name__
+            )
+        for layer in layers:
+            fully_shard(layer, **shard_kwargs)
+        # Root last: embeddings, final norm and heads (tied lm_head / embed_tokens stay one parameter).
+        fully_shard(model, **shard_kwargs)
+
+        if not is_source:
+            # Sharded parameters live on the CPU under CPU offload; buffers always on the compute device.
+            model.to_empty(device="cpu" if offload is not None else self.device)
+            _move_buffers(model, self.device)
+        with torch.no_grad():
+            for buffer in model.buffers():
+                dist.broadcast(buffer, src=0)
+        set_model_state_dict(
+            model,
+            full_state,
+            options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True),
+        )
+        del full_state
+        return model, hf_class, state_keys
+
+    def _offload_policy(self, cpu_offload: bool) -> CPUOffloadPolicy | None:
+        global _warned_cpu_offload
+        if not cpu_offload:
+            return None
+        if self.device.type != "cuda":
+            if not _warned_cpu_offload:
+                logger.info("fsdp.cpu_offload on device %s: nothing to offload, ignored", self.device)
+                _warned_cpu_offload = True
+            return None
+        return CPUOffloadPolicy()
+
+    # ------------------------------------------------------------------ forward
+    def forward(self, batch: Batch, fn: ForwardFn, micro_batch_size: int) -> Batch:
+        """`fn(output, micro)` per micro-batch under no_grad; its per-row tensors concatenated on the CPU.
+
+        A rank with no rows still runs `fn` once on a dummy row (zeros in the batch's shapes) and
+        returns 0 rows of its outputs, so an empty shard has the same keys as the others. When
+        every rank is empty, the result is an empty Batch with no keys."""
+        self._check_onloaded("forward")
+        micros = _split(batch, micro_batch_size)
+        num_passes = self._max_over_ranks(len(micros))
+        self.model.eval()
+        parts: list[dict[str, Tensor]] = []
+        with torch.no_grad():
+            for i in range(num_passes):
+                if i < len(micros):
+                    micro = micros[i].to(self.device)
+                    parts.append(_to_cpu(fn(self._model_forward(micro), micro)))
+                elif not micros and i == 0:
+                    # An empty shard: run fn on a dummy row of the batch's shapes, keep 0 rows of it.
+                    micro = _dummy_like(batch).to(self.device)
+                    parts.append(
+                        {k: v[:0] for k, v in _to_cpu(fn(self._model_forward(micro), micro)).items()}
+                    )
+                else:
+                    self._model_forward(self._pad_micro())
+        if not parts:
+            return Batch()
+        return Batch({key: torch.cat([part[key] for part in parts]) for key in parts[0]})
+
+    # ------------------------------------------------------------------ training
+    def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> StepResult:
+        if self.optimizer is None:
+            raise RuntimeError(
+                "train_step on a frozen engine (built with optim=None); give it an OptimConfig"
+            )
+        self._check_onloaded("train_step")
+        micros = _split(batch, micro_batch_size)
+        num_passes = self._max_over_ranks(len(micros))
+        self.model.train()  # dropout is 0; train mode switches on activation checkpointing
+        self.optimizer.zero_grad(set_to_none=True)
+        loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+        metrics: dict[str, list[Any]] = defaultdict(list)
+        for i in range(num_passes):
+            if i < len(micros):
+                micro = micros[i].to(self.device)
+                loss, micro_metrics = loss_fn(self._model_forward(micro), micro)
+                # FSDP averages gradients over ranks; the loss contract sums contributions.
+                (loss * self.dp_size).backward()
+                loss_sum += loss.detach().double()
+                for key, value in micro_metrics.items():
+                    metrics[key].append(value.detach() if isinstance(value, Tensor) else value)
+            else:
+                # Same collectives as a real pass, no gradient.
+                (self._model_forward(self._pad_micro()).logits.sum() * 0.0).backward()
+
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+        grad_norm = self._clip_gradients()
+        lr = float(self.optimizer.param_groups[0]["lr"])
+        skipped = not math.isfinite(grad_norm)
+        if skipped:
+            logger.warning(
+                "step %d: gradient norm is %s; optimizer step skipped, no update made",
+                self.global_step,
+                grad_norm,
+            )
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)  # frees the gradients until the next step
+        self.global_step += 1
+        return StepResult(
+            loss=float(loss_sum),
+            grad_norm=grad_norm,
+            lr=lr,
+            skipped=skipped,
+            metrics={key: [float(v) for v in values] for key, values in metrics.items()},
+        )
+
+    def _clip_gradients(self) -> float:
+        """The global L2 norm of the gradient (all shards); clip to grad_clip when finite."""
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        if not params:
+            return 0.0
+        total = get_total_norm([p.grad for p in params], norm_type=2.0)
+        if isinstance(total, DTensor):
+            # Partial over ranks: full_tensor() sums the shards' squares. Reduce on the compute device
+            # (CPU-offloaded gradients would otherwise need a CPU collective under NCCL).
+            total = total.to(self.device).full_tensor()
+        norm = float(total)
+        if self.grad_clip is not None and math.isfinite(norm):
+            clip_grads_with_norm_(params, self.grad_clip, total)
+        return norm
+
+    def scheduler_step(self) -> float:
+        if self.scheduler is None:
+            raise RuntimeError("scheduler_step on a frozen engine (built with optim=None)")
+        self.scheduler.step()
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next optimizer step uses."""
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
+
+    # ------------------------------------------------------------------ collectives
+    def all_reduce_sum(self, value: Tensor) -> Tensor:
+        reduced = value.detach().to(self.device, copy=True)
+        dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+        return reduced.to(value.device)
+
+    def _max_over_ranks(self, count: int) -> int:
+        value = torch.tensor(count, dtype=torch.int64, device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(value)
+
+    # ------------------------------------------------------------------ model calls
+    def _model_forward(self, micro: Batch) -> Any:
+        inputs = {key: micro[key] for key in ("attention_mask", "position_ids") if key in micro}
+        return self.model(input_ids=micro["input_ids"], **inputs, use_cache=False)
+
+    def _pad_micro(self) -> Batch:
+        """One pad token: the cheapest pass that runs every layer's collectives."""
+        pad_id = self.config.pad_token_id if self.config.pad_token_id is not None else 0
+        ids = torch.full((1, 1), pad_id, dtype=torch.long, device=self.device)
+        return Batch(
+            {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.zeros_like(ids)}
+        )
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, full float32 tensor on the engine's device), one tensor gathered at a time.
+
+        Names are those of the HF model's `state_dict()` minus tied duplicates (the tied
+        `lm_head.weight` is left out: it is `model.embed_tokens.weight`). Collective: every rank
+        must iterate to the end; each rank receives every full tensor."""
+        params = self.model.named_parameters()  # drops tied duplicates
+        for name, tensor in chain(params, self.model.named_buffers()):
+            if name not in self._state_keys:
+                continue  # non-persistent buffers (rotary inv_freq): not part of a checkpoint
+            if isinstance(tensor, DTensor):
+                if tensor.device != self.device:  # CPU-offloaded shards: gather on the compute device
+                    tensor = tensor.to(self.device)
+                tensor = tensor.full_tensor()
+            yield name, tensor.detach()
+
+    def export_hf(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        """A Hugging Face folder in `path` (rank 0 writes; every rank must call).
+
+        Weights are written in `dtype`, by default the dtype the source folder declares, with
+        the source's config (dropout as the user had it) and its tokenizer / generation files.
+        A "value" engine writes a token-classification model with one label."""
+        dtype = dtype or hf_io.export_dtype(self.config)
+        state: dict[str, Tensor] = {}
+        for name, tensor in self.state_dict_iter():
+            if self.dp_rank == 0:
+                state[name] = tensor.to("cpu", dtype=dtype if tensor.is_floating_point() else tensor.dtype)
+        if self.dp_rank == 0:
+            config = type(self.config).from_dict(self._export_config)
+            hf_io.save_folder(self._hf_class, config, state, path, dtype=dtype, source_path=self.model_path)
+        dist.barrier()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, path: str | Path) -> None:
+        path = Path(path)
+        dcp.save(self._checkpoint_state(), checkpoint_id=path)
+        if self.dp_rank == 0:
+            extra = {"global_step": self.global_step}
+            if self.scheduler is not None:
+                extra["scheduler"] = self.scheduler.state_dict()
+            torch.save(extra, path / ENGINE_STATE_FILE)
+        dist.barrier()
+
+    def load(self, path: str | Path) -> None:
+        path = Path(path)
+        if not (path / ENGINE_STATE_FILE).is_file():
+            raise FileNotFoundError(
+                f"{path} is not an engine checkpoint (no {ENGINE_STATE_FILE}); see save()"
+            )
+        state = self._checkpoint_state()
+        dcp.load(state, checkpoint_id=path)
+        if self.optimizer is None:
+            set_model_state_dict(self.model, state["model"])
+        else:
+            if "optim" not in state:
+                raise ValueError(f"{path} holds no optimizer state (saved by a frozen engine)")
+            set_state_dict(
+                self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+            )
+        extra = torch.load(path / ENGINE_STATE_FILE, weights_only=True)
+        self.global_step = int(extra["global_step"])
+        if self.scheduler is not None:
+            self.scheduler.load_state_dict(extra["scheduler"])
+
+    def _checkpoint_state(self) -> dict[str, Any]:
+        if self.optimizer is None:
+            return {"model": get_model_state_dict(self.model)}
+        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+        return {"model": model_state, "optim": optim_state}
+
+    # ------------------------------------------------------------------ memory
+    def offload(self) -> None:
+        """Parameters, gradients and optimizer state to host memory; a no-op on the CPU and under
+        fsdp.cpu_offload (they live there already). forward / train_step refuse until `onload`."""
+        if self.device.type != "cuda" or self._cpu_offload or self._is_offloaded:
+            return
+        cpu = torch.device("cpu")
+        # FSDP2 re-points its sharded parameters (and their gradients) after `.to()`.
+        self.model.to(cpu)
+        if self.optimizer is not None:
+            for state in self.optimizer.state.values():
+                for key, value in state.items():
+                    # Only what is on the GPU: AdamW keeps its `step` counters on the CPU on purpose.
+                    if isinstance(value, Tensor) and value.device.type == "cuda":
+                        state[key] = value.to(cpu, non_blocking=True)
+                        self._offloaded.append((state, key))
+        torch.cuda.synchronize(self.device)
+        torch.cuda.empty_cache()
+        self._is_offloaded = True
+
+    def onload(self) -> None:
+        if not self._is_offloaded:
+            return
+        self.model.to(self.device)
+        for state, key in self._offloaded:
+            state[key] = state[key].to(self.device, non_blocking=True)
+        self._offloaded = []
+        torch.cuda.synchronize(self.device)
+        self._is_offloaded = False
+
+    def _check_onloaded(self, what: str) -> None:
+        if self._is_offloaded:
+            raise RuntimeError(f"{what} on an offloaded engine: call onload() first")
+
+
+def _split(batch: Batch, micro_batch_size: int) -> list[Batch]:
+    if micro_batch_size < 1:
+        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+    return batch.split(micro_batch_size) if len(batch) else []
+
+
+def _to_cpu(outputs: dict[str, Tensor]) -> dict[str, Tensor]:
+    return {key: value.detach().cpu() for key, value in outputs.items()}
+
+
+def _dummy_like(batch: Batch) -> Batch:
+    """One row of zeros in `batch`'s shapes and dtypes (attention mask all ones, so outputs are finite)."""
+    if "input_ids" not in batch:
+        ids = torch.zeros(1, 1, dtype=torch.long)
+        return Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
+    tensors = {
+        key: torch.zeros((1, *value.shape[1:]), dtype=value.dtype) for key, value in batch.tensors.items()
+    }
+    if "attention_mask" in tensors:
+        tensors["attention_mask"] = torch.ones_like(tensors["attention_mask"])
+    non_tensors = {key: np.array([None], dtype=object) for key in batch.non_tensors}
+    return Batch(tensors, non_tensors, batch.meta)
+
+
+def _move_buffers(model: torch.nn.Module, device: torch.device) -> None:
+    for module in model.modules():
+        for name, buffer in module.named_buffers(recurse=False):
+            if buffer is not None and buffer.device != device:
+                module._buffers[name] = buffer.to(device)

@@ -1,0 +1,167 @@
+"""Hugging Face folders in and out of the engines: configs, model construction, layer discovery, export.
+
+Kept free of torch.distributed so that tests (and `tandem export`) can build exactly the model an
+engine builds, unsharded, and compare with it.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch
+from torch import nn
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForTokenClassification,
+    PretrainedConfig,
+    PreTrainedModel,
+)
+
+# Files of a Hugging Face folder that hold weights or the model config: written by `save_pretrained`,
+# never copied from the source folder. Everything else (tokenizer, chat template, generation config) is.
+WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
+MODEL_FILES = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
+
+
+def auto_class(head: str) -> type:
+    """The transformers Auto class of a head: a causal LM, or a token classifier with one label."""
+    if head == "lm":
+        return AutoModelForCausalLM
+    if head == "value":
+        return AutoModelForTokenClassification
+    raise ValueError(f"head must be 'lm' or 'value', got {head!r}")
+
+
+def load_config(model_path: str | Path, head: str) -> PretrainedConfig:
+    """The folder's config; a "value" head gets num_labels=1 (a causal-LM folder works too)."""
+    auto_class(head)  # validates head
+    config = AutoConfig.from_pretrained(model_path)
+    if head == "value":
+        config.num_labels = 1
+    return config
+
+
+def disable_dropout(config: PretrainedConfig) -> None:
+    """Set every dropout probability of the config (and its text config) to 0, in place.
+
+    RL needs the same function for rollout, old log-probs and the update; dropout would make
+    the importance ratio noisy even at the first step."""
+    for cfg in {id(config): config, id(config.get_text_config()): config.get_text_config()}.values():
+        for key, value in vars(cfg).items():
+            if "dropout" in key and isinstance(value, float):
+                setattr(cfg, key, 0.0)
+        # Token-classification heads fall back to p=0.1 when classifier_dropout is None.
+        cfg.classifier_dropout = 0.0
+
+
+def zero_dropout_modules(model: nn.Module) -> None:
+    """p=0 for every nn.Dropout: covers modules that ignore the config's dropout keys."""
+    for module in model.modules():
+        if isinstance(module, nn.Dropout):
+            module.p = 0.0
+
+
+def load_pretrained(
+    model_path: str | Path, config: PretrainedConfig, head: str, seed: int
+) -> PreTrainedModel:
+    """Real float32 weights from the folder on the CPU.
+
+    Weights the folder lacks (a value head's `score` on a causal-LM folder) are initialised from
+    `seed` alone, with the global RNG left untouched, so every run and rank gets the same head."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = auto_class(head).from_pretrained(model_path, config=config, dtype=torch.float32)
+    zero_dropout_modules(model)
+    return model
+
+
+def build_on_meta(config: PretrainedConfig, head: str) -> PreTrainedModel:
+    """The same architecture with no storage (meta device): filled later from rank 0's weights."""
+    with torch.device("meta"):
+        model = auto_class(head).from_config(config, dtype=torch.float32)
+    zero_dropout_modules(model)
+    return model
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """The repeated transformer blocks (one FSDP unit each): the `_no_split_modules` classes,
+    else the children of the first ModuleList called `layers` / `h` / `blocks`."""
+    no_split = set(getattr(model, "_no_split_modules", None) or [])
+    layers = [m for m in model.modules() if type(m).__name__ in no_split]
+    if layers:
+        return layers
+    for name, module in model.named_modules():
+        if isinstance(module, nn.ModuleList) and name.rsplit(".", 1)[-1] in ("layers", "h", "blocks"):
+            return list(module)
+    return []
+
+
+def enable_activation_checkpointing(model: PreTrainedModel) -> None:
+    """transformers' own non-reentrant checkpointing of each decoder layer (active in train mode).
+
+    It wraps no module, so parameter names stay the HF ones (unlike torch's checkpoint_wrapper)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x; the old name warns
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+
+
+def persistent_keys(model: nn.Module) -> list[str]:
+    """Names of the model's `state_dict()` (parameters, including tied duplicates, and persistent
+    buffers) without materialising anything; works on the meta device."""
+    return list(model.state_dict(keep_vars=True).keys())
+
+
+def copy_side_files(source: str | Path, target: str | Path) -> list[str]:
+    """Copy the tokenizer, chat template, generation config, ... files of `source` into `target`."""
+    copied = []
+    for file in sorted(Path(source).iterdir()):
+        if not file.is_file() or file.name in MODEL_FILES or file.name.endswith(WEIGHT_SUFFIXES):
+            continue
+        shutil.copy2(file, Path(target) / file.name)
+        copied.append(file.name)
+    return copied
+
+
+def export_dtype(config: PretrainedConfig) -> torch.dtype:
+    """The dtype the source folder declares (so a bf16 checkpoint exports as bf16); float32 if none."""
+    dtype = getattr(config, "dtype", None) or getattr(config, "torch_dtype", None)
+    if isinstance(dtype, str):
+        dtype = getattr(torch, dtype, None)
+    return dtype if isinstance(dtype, torch.dtype) else torch.float32
+
+
+def save_folder(
+    model_class: type[PreTrainedModel],
+    config: PretrainedConfig,
+    state: dict[str, torch.Tensor],
+    path: str | Path,
+    *,
+    dtype: torch.dtype,
+    source_path: str | Path | None = None,
+) -> Path:
+    """Write `state` (HF names, CPU tensors already in `dtype`) as `model_class` with `config`,
+    then the side files of `source_path`. Tied weights are re-tied, so their duplicates are not
+    needed in `state`; any other missing weight is an error."""
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    with torch.device("meta"):
+        model = model_class(config)
+    # assign=True adopts the given tensors: no second copy of the model is allocated.
+    result = model.load_state_dict(state, strict=False, assign=True)
+    model.tie_weights()
+    still_meta = [name for name, p in model.named_parameters() if p.is_meta]
+    if still_meta or result.unexpected_keys:
+        raise ValueError(
+            f"export to {path}: weights missing {still_meta[:5]} / unexpected {result.unexpected_keys[:5]} "
+            f"for {model_class.__name__}"
+        )
+    model.config.dtype = dtype
+    model.save_pretrained(path, safe_serialization=True)
+    if source_path is not None:
+        # After save_pretrained: the source's generation_config.json (sampling defaults) wins.
+        copy_side_files(source_path, path)
+    return path

@@ -1,0 +1,113 @@
+"""The actor (policy): log-probs of given responses and the PPO-style update, over any TrainEngine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch import Tensor
+
+from tandem.algos.aggregation import agg_loss
+from tandem.algos.core import entropy_from_logits, log_probs_from_logits
+from tandem.algos.importance import is_weights
+from tandem.algos.kl import kl_loss
+from tandem.algos.policy_loss import policy_loss
+from tandem.batch import Batch
+from tandem.config.schema import TandemConfig
+from tandem.engine.base import StepResult, TrainEngine
+from tandem.roles.common import (
+    MODEL_INPUTS,
+    global_counts,
+    mini_batches,
+    response_log_probs,
+    response_slice,
+    sum_step_metrics,
+    token_share,
+)
+
+# What an update reads from the batch, besides the model inputs.
+UPDATE_KEYS = ("responses", "response_mask", "old_log_probs", "advantages")
+
+
+class Actor:
+    """The policy. `update` takes this rank's share of a training step's samples."""
+
+    def __init__(self, engine: TrainEngine, cfg: TandemConfig) -> None:
+        self.engine = engine
+        self.cfg = cfg
+        self.temperature = cfg.rollout.temperature
+        self.mini_batches_per_epoch = cfg.derived.actor_mini_batches_per_step
+
+    def compute_log_probs(self, batch: Batch, with_entropy: bool = True) -> Batch:
+        """old_log_probs [B, R] (at the rollout temperature) and entropy [B, R] of `responses`."""
+
+        def fn(output: Any, micro: Batch) -> dict[str, Tensor]:
+            log_probs, entropy = response_log_probs(
+                output.logits, micro["responses"], self.temperature, with_entropy
+            )
+            return {"old_log_probs": log_probs} | ({"entropy": entropy} if with_entropy else {})
+
+        micro = self.cfg.rollout.log_prob_micro_batch_size_per_rank
+        return self.engine.forward(batch.select(*MODEL_INPUTS, "responses"), fn, micro)
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """ppo_epochs passes over the batch, one optimizer step per mini-batch; then one LR-schedule step."""
+        a = self.cfg.actor
+        missing = [k for k in UPDATE_KEYS if k not in batch]
+        if a.use_kl_loss and "ref_log_probs" not in batch:
+            missing.append("ref_log_probs (actor.use_kl_loss is on)")
+        if self.cfg.rollout.is_correction != "none" and "rollout_log_probs" not in batch:
+            missing.append(f"rollout_log_probs (rollout.is_correction={self.cfg.rollout.is_correction})")
+        if missing:
+            raise KeyError(f"actor update: the batch lacks {missing}; it has {batch.keys()}")
+        results: list[StepResult] = []
+        for _ in range(a.ppo_epochs):
+            for mini in mini_batches(batch, self.mini_batches_per_epoch):
+                counts = global_counts(self.engine, mini["response_mask"])
+                results.append(
+                    self.engine.train_step(mini, self._loss_fn(counts), a.micro_batch_size_per_rank)
+                )
+        self.engine.scheduler_step()
+        return sum_step_metrics(self.engine, results, "actor")
+
+    def _loss_fn(self, counts: dict[str, Any]):
+        a, r = self.cfg.actor, self.cfg.rollout
+        agg = {**counts, "norm_length": self.cfg.data.max_response_length}
+
+        def loss_fn(output: Any, micro: Batch) -> tuple[Tensor, dict[str, float]]:
+            mask = micro["response_mask"]
+            logits = response_slice(output.logits, mask.shape[1]).float() / self.temperature
+            log_probs = log_probs_from_logits(logits, micro["responses"])
+            weights = None
+            if r.is_correction != "none":
+                weights = is_weights(
+                    micro["old_log_probs"], micro["rollout_log_probs"], mask, r.is_correction, r.is_threshold
+                )
+            pg_loss, pg_metrics = policy_loss(
+                a.policy_loss,
+                micro["old_log_probs"],
+                log_probs,
+                micro["advantages"],
+                mask,
+                loss_agg_mode=a.loss_agg_mode,
+                clip_ratio_low=a.clip_ratio_low,
+                clip_ratio_high=a.clip_ratio_high,
+                clip_ratio_c=a.clip_ratio_c,
+                is_weights=weights,
+                agg_kwargs=agg,
+            )
+            share = token_share(mask, counts)
+            metrics = {"pg_loss": float(pg_loss.detach())} | {
+                k: float(v) * share for k, v in pg_metrics.items()
+            }
+            loss = pg_loss
+            if a.entropy_coeff != 0:
+                entropy = agg_loss(entropy_from_logits(logits), mask, a.loss_agg_mode, **agg)
+                loss = loss - a.entropy_coeff * entropy
+                metrics["entropy_loss"] = float(entropy.detach())
+            if a.use_kl_loss:
+                kl = kl_loss(log_probs, micro["ref_log_probs"], mask, a.kl_loss_type, a.loss_agg_mode, agg)
+                loss = loss + a.kl_loss_coef * kl
+                metrics["kl_loss"] = float(kl.detach())
+            return loss, metrics
+
+        return loss_fn

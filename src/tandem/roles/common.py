@@ -1,0 +1,102 @@
+"""Pieces every role shares: slicing the response out of a full-sequence output, global counts,
+and summing per-micro-batch metric contributions into global values."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from tandem.algos.core import entropy_from_logits, log_probs_from_logits
+from tandem.batch import Batch
+from tandem.engine.base import StepResult, TrainEngine
+
+MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")  # what every engine forward reads
+
+
+def response_slice(per_position: Tensor, response_length: int) -> Tensor:
+    """The outputs at the positions that PREDICT the response tokens: [:, P-1 : P+R-1].
+
+    Sequences are prompts ++ responses (rollout/base.py), so the output at position p scores token p+1.
+    """
+    return per_position[:, -response_length - 1 : -1]
+
+
+def response_log_probs(
+    logits: Tensor, responses: Tensor, temperature: float, with_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """log_softmax(logits / T) of each response token (and the entropy of that distribution)."""
+    # T = 0 (greedy validation) is scored as T = 1, as the rollout engines do.
+    scale = temperature if temperature > 0 else 1.0
+    logits = response_slice(logits, responses.shape[1]).float() / scale
+    log_probs = log_probs_from_logits(logits, responses)
+    entropy = entropy_from_logits(logits) if with_entropy else None
+    return log_probs, entropy
+
+
+def global_counts(engine: TrainEngine, mask: Tensor) -> dict[str, Tensor]:
+    """Valid tokens and sequences of a mini-batch summed over the data-parallel ranks (aggregation.py)."""
+    valid = mask != 0
+    local = torch.tensor([valid.sum(), valid.any(dim=-1).sum()], dtype=torch.float64)
+    total = engine.all_reduce_sum(local)
+    return {"global_num_tokens": total[0].item(), "global_num_seqs": total[1].item()}
+
+
+def token_share(mask: Tensor, counts: dict[str, Tensor]) -> float:
+    """This micro-batch's share of the mini-batch's valid tokens: weights a token mean into a contribution."""
+    return float((mask != 0).sum()) / max(float(counts["global_num_tokens"]), 1.0)
+
+
+def sum_step_metrics(engine: TrainEngine, results: Sequence[StepResult], prefix: str) -> dict[str, float]:
+    """Metrics of one update (several optimizer steps).
+
+    loss_fn metrics are CONTRIBUTIONS to their mini-batch's global value: summed over micro-batches
+    and ranks they give that mini-batch's value; mini-batches are then averaged. grad_norm and lr are
+    averaged over optimizer steps; skipped steps are counted.
+    """
+    if not results:
+        return {}
+    names = sorted({name for r in results for name in r.metrics})
+    per_step = torch.tensor(
+        [[sum(r.metrics.get(name, [])) for name in names] for r in results], dtype=torch.float64
+    )
+    if names:
+        per_step = engine.all_reduce_sum(per_step)
+    metrics = {f"{prefix}/{name}": float(per_step[:, i].mean()) for i, name in enumerate(names)}
+    finite = [r.grad_norm for r in results if not r.skipped]
+    metrics[f"{prefix}/loss"] = sum(r.loss for r in results) / len(results)
+    metrics[f"{prefix}/grad_norm"] = sum(finite) / len(finite) if finite else float("nan")
+    metrics[f"{prefix}/lr"] = results[-1].lr
+    metrics[f"{prefix}/skipped_steps"] = float(sum(r.skipped for r in results))
+    metrics[f"{prefix}/optimizer_steps"] = float(len(results))
+    return metrics
+
+
+def mini_batches(batch: Batch, count: int) -> list[Batch]:
+    """This rank's share of each mini-batch: the same NUMBER on every rank (FSDP steps are collective)."""
+    return batch.chunk(count)
+
+
+def update_order(size: int, dp_size: int, num_mini_batches: int) -> list[int]:
+    """Row order that makes a contiguous data-parallel split hold each GLOBAL mini-batch's parts.
+
+    Mini-batch i is rows [i M, (i+1) M) of the step's batch (uneven sizes allowed); rank r must
+    get part r of every mini-batch, in order, so that chunking its shard into `num_mini_batches`
+    gives the same mini-batches for any number of ranks (2 ranks == 1 rank, exactly).
+    """
+    minis = [list(range(start, start + m)) for start, m in _starts(size, num_mini_batches)]
+    parts = [[mini[s : s + p] for s, p in _starts(len(mini), dp_size)] for mini in minis]
+    return [i for r in range(dp_size) for mini in parts for i in mini[r]]
+
+
+def _starts(n: int, k: int) -> list[tuple[int, int]]:
+    q, rem = divmod(n, k)
+    sizes = [q + 1] * rem + [q] * (k - rem)
+    return [(sum(sizes[:i]), s) for i, s in enumerate(sizes)]
+
+
+def arrange_for_update(batch: Batch, dp_size: int, num_mini_batches: int) -> Batch:
+    """`batch` reordered by `update_order`: call an update method with this, and the data-parallel
+    split hands every rank its part of each global mini-batch (see update_order)."""
+    return batch.reorder(update_order(len(batch), dp_size, num_mini_batches))

@@ -1,0 +1,244 @@
+"""The worker that hosts roles: any of actor, rollout, ref, critic, reward_model in one process.
+
+Colocating actor + rollout (+ ref) in one worker is the hybrid engine: the rollout engine is
+refreshed from the actor's training engine before each generation after an update, in process,
+one tensor at a time. Other layouts are several worker groups with different roles, on the same
+or on separate resource pools (tandem.controller).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from tandem.batch import Batch
+from tandem.config.schema import OptimConfig, TandemConfig
+from tandem.controller import Dispatch, Worker, WorkerContext, dispatch
+from tandem.engine import build_engine
+from tandem.engine.base import Head, TrainEngine
+from tandem.roles.actor import Actor
+from tandem.roles.critic import Critic
+from tandem.roles.reference import Reference
+from tandem.roles.reward_model import RewardModel
+from tandem.rollout import ROLLOUT_KEYS, SamplingParams, build_rollout
+
+ROLES = ("actor", "rollout", "ref", "critic", "reward_model")
+
+
+class RoleWorker(Worker):
+    """One rank of a worker group holding the given roles (see the module docstring)."""
+
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        cfg: TandemConfig,
+        roles: Sequence[str],
+        total_training_steps: int | None = None,
+    ) -> None:
+        super().__init__(ctx)
+        roles = tuple(roles)
+        unknown = [r for r in roles if r not in ROLES]
+        if unknown or not roles:
+            raise ValueError(f"RoleWorker roles {list(roles)}: each must be one of {list(ROLES)}")
+        if "rollout" in roles and "actor" not in roles:
+            raise ValueError(
+                "the rollout role needs the actor in the same worker (the hybrid engine syncs weights "
+                "from the actor's engine in process); put 'actor' and 'rollout' in one worker group"
+            )
+        self.cfg = cfg
+        self.roles = roles
+        self.total_training_steps = total_training_steps
+        torch.manual_seed(cfg.trainer.seed)
+        self.actor = self.reference = self.critic = self.reward_model = self.rollout = None
+        if "actor" in roles:
+            a = cfg.actor
+            self.actor = Actor(self._engine(a.model_path, "lm", a.optim, a.grad_clip), cfg)
+        if "ref" in roles:
+            self.reference = Reference(self._engine(cfg.actor.model_path, "lm", None, None), cfg)
+        if "critic" in roles:
+            c = cfg.critic
+            self.critic = Critic(self._engine(c.model_path, "value", c.optim, c.grad_clip), cfg)
+        if "reward_model" in roles:
+            rm = cfg.reward.reward_model
+            self.reward_model = RewardModel(self._engine(rm.model_path, "value", None, None), cfg)
+        if "rollout" in roles:
+            self.rollout = build_rollout(
+                cfg.rollout.engine, model_path=cfg.actor.model_path, device=ctx.torch_device
+            )
+        # The rollout starts from actor.model_path, as the actor does: in sync until the first update.
+        self._rollout_stale = False
+        self._metrics: dict[str, float] = {}
+
+    def _engine(
+        self, model_path: str | None, head: Head, optim: OptimConfig | None, grad_clip: float | None
+    ) -> TrainEngine:
+        if not model_path:
+            raise ValueError(
+                f"worker group {self.ctx.group_name!r}: a role needs a model_path, got {model_path!r}"
+            )
+        a = self.cfg.actor
+        return build_engine(
+            a.strategy,
+            model_path=model_path,
+            head=head,
+            device=self.ctx.torch_device,
+            optim=optim,
+            fsdp=a.fsdp,
+            grad_clip=grad_clip,
+            total_training_steps=self.total_training_steps,
+            activation_checkpointing=a.activation_checkpointing and optim is not None,
+            seed=self.cfg.trainer.seed,
+        )
+
+    def _role(self, name: str) -> Any:
+        role = {"actor": self.actor, "ref": self.reference, "critic": self.critic}.get(name)
+        role = self.reward_model if name == "reward_model" else role
+        if role is None:
+            raise ValueError(
+                f"worker group {self.ctx.group_name!r} has roles {list(self.roles)}, not {name!r}"
+            )
+        return role
+
+    # ---- rollout (hybrid engine) ---------------------------------------------------------------
+
+    @dispatch(Dispatch.DP)
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        """n responses per prompt from this rank's prompts; syncs the actor's weights first if stale."""
+        rollout = self._role_rollout()
+        rollout.wake()
+        if self._rollout_stale:
+            self._sync_rollout_weights()
+        start = time.perf_counter()
+        if sampling.seed is not None:  # ranks must not draw the same samples for equal prompts
+            sampling = replace(sampling, seed=sampling.seed * 1_000_003 + self.ctx.rank)
+        if len(prompts) == 0:  # an empty shard: every rank still takes part in the weight sync above
+            out = _empty_rollout(prompts, sampling)
+        else:
+            out = rollout.generate(prompts, sampling)
+        rollout.sleep()
+        self._record(out, time.perf_counter() - start)
+        return out
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def sync_rollout_weights(self) -> None:
+        """Copy the actor's current weights into the rollout engine now."""
+        self._role_rollout().wake()
+        self._sync_rollout_weights()
+
+    def _sync_rollout_weights(self) -> None:
+        start = time.perf_counter()
+        self._role_rollout().update_weights(self.actor.engine.state_dict_iter())
+        self._metrics["timing_s/weight_sync"] = time.perf_counter() - start
+        self._rollout_stale = False
+
+    def _role_rollout(self) -> Any:
+        if self.rollout is None:
+            raise ValueError(f"worker group {self.ctx.group_name!r} has roles {list(self.roles)}, no rollout")
+        return self.rollout
+
+    def _record(self, out: Batch, seconds: float) -> None:
+        # Rank-specific numbers leave through pop_metrics: merged batches need equal meta on all ranks.
+        for key, value in out.meta.pop("rollout_metrics", {}).items():
+            self._metrics[f"rollout/{key}"] = value
+        self._metrics["timing_s/generate"] = seconds
+
+    # ---- forward passes --------------------------------------------------------------------------
+
+    @dispatch(Dispatch.DP)
+    def compute_log_probs(self, batch: Batch, with_entropy: bool = True) -> Batch:
+        """old_log_probs (+ entropy) of the batch's responses under the current actor."""
+        return self._role("actor").compute_log_probs(batch, with_entropy)
+
+    @dispatch(Dispatch.DP)
+    def compute_ref_log_probs(self, batch: Batch) -> Batch:
+        """ref_log_probs under the reference policy."""
+        return self._role("ref").compute_ref_log_probs(batch)
+
+    @dispatch(Dispatch.DP)
+    def compute_values(self, batch: Batch) -> Batch:
+        """values of the response tokens under the critic."""
+        return self._role("critic").compute_values(batch)
+
+    @dispatch(Dispatch.DP)
+    def compute_rm_scores(self, batch: Batch) -> Batch:
+        """rm_scores per sample from the reward model."""
+        return self._role("reward_model").compute_scores(batch)
+
+    # ---- updates ---------------------------------------------------------------------------------
+
+    @dispatch(Dispatch.DP)
+    def update_actor(self, batch: Batch) -> dict[str, float]:
+        """The PPO update of the actor on this rank's share; metrics are global (the same on every rank)."""
+        metrics = self._role("actor").update(batch)
+        self._rollout_stale = self.rollout is not None
+        return metrics
+
+    @dispatch(Dispatch.DP)
+    def update_critic(self, batch: Batch) -> dict[str, float]:
+        """The value update of the critic; metrics are global."""
+        return self._role("critic").update(batch)
+
+    # ---- checkpoints, export, metrics --------------------------------------------------------------
+
+    def _trainable(self) -> dict[str, TrainEngine]:
+        return {name: role.engine for name, role in (("actor", self.actor), ("critic", self.critic)) if role}
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str) -> list[str]:
+        """Sharded checkpoints of the trainable roles into path/<role>; returns the roles saved."""
+        for name, engine in self._trainable().items():
+            engine.save(Path(path) / name)
+        return list(self._trainable())
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> list[str]:
+        """Restore what save_checkpoint wrote; the rollout is refreshed before the next generation."""
+        for name, engine in self._trainable().items():
+            folder = Path(path) / name
+            if not folder.exists():
+                raise FileNotFoundError(f"checkpoint {path} has no {name!r} folder (expected {folder})")
+            engine.load(folder)
+        self._rollout_stale = self.rollout is not None
+        return list(self._trainable())
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def export_hf(self, role: str, path: str) -> None:
+        """A Hugging Face folder of the role's current weights (rank 0 writes)."""
+        self._role(role).engine.export_hf(path)
+
+    @dispatch(Dispatch.RANK_ZERO)
+    def full_weights(self, role: str) -> dict[str, torch.Tensor]:
+        """{name: full tensor} of the role's model (gathered on every rank, returned by rank 0); for tests."""
+        return {
+            name: tensor.detach().cpu().clone() for name, tensor in self._role(role).engine.state_dict_iter()
+        }
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def pop_metrics(self) -> dict[str, float]:
+        """This rank's timings and rollout numbers since the last call."""
+        metrics, self._metrics = self._metrics, {}
+        return metrics
+
+
+def _empty_rollout(prompts: Batch, sampling: SamplingParams) -> Batch:
+    """A 0-row rollout output with the right keys and widths, for a rank that got no prompts."""
+    width, length = prompts["input_ids"].shape[1], sampling.max_tokens
+    shapes = {
+        "prompts": (width, torch.long),
+        "responses": (length, torch.long),
+        "response_mask": (length, torch.long),
+        "input_ids": (width + length, torch.long),
+        "attention_mask": (width + length, torch.long),
+        "position_ids": (width + length, torch.long),
+        "rollout_log_probs": (length, torch.float32),
+    }
+    assert set(shapes) == set(ROLLOUT_KEYS)
+    tensors = {key: torch.zeros(0, w, dtype=dtype) for key, (w, dtype) in shapes.items()}
+    non_tensors = {key: np.empty(0, dtype=object) for key in prompts.non_tensors}
+    return Batch(tensors, non_tensors, dict(prompts.meta), batch_size=0)

@@ -1,0 +1,297 @@
+"""A rollout engine over a plain Hugging Face causal LM: its own decode loop with a KV cache.
+
+Slower than vLLM, but it runs anywhere transformers runs (CPU included), and every number it
+reports comes from the same forward the trainer uses, so it is the reference the others are
+checked against.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+
+from tandem.batch import Batch
+from tandem.rollout.base import RolloutEngine, SamplingParams
+from tandem.rollout.sampling import choose_tokens, row_generators
+
+logger = logging.getLogger(__name__)
+
+METRICS_KEY = "rollout_metrics"
+
+
+class HFRollout(RolloutEngine):
+    """Generates with a Hugging Face causal LM the engine owns (its own unsharded copy of the weights).
+
+    Give either ``model_path`` (a local Hugging Face folder, loaded in ``dtype``) or ``model`` (an
+    already built model; the engine takes it over and moves it to ``device`` / ``dtype`` in place).
+    A sample stops after any of ``eos_token_ids`` (kept in the response, mask 1) or at
+    ``sampling.max_tokens``; ``pad_token_id`` fills the rest. ``max_batch_size`` caps the rows decoded
+    together (None: the whole batch at once); it changes speed and memory, not the samples.
+
+    ``generate`` returns the layout of :mod:`tandem.rollout.base` on the CPU, with
+    ``meta["rollout_metrics"]``: ``samples`` (rows), ``prompt_tokens`` (prefilled, n copies of each
+    prompt), ``generated_tokens`` (sum of response_mask), ``decode_steps`` (forward calls after the
+    prefills, summed over chunks), ``seconds`` (wall clock of the call) and ``tokens_per_second``
+    (generated_tokens / seconds).
+
+    Seeded sampling draws each row from its own generator seeded by (seed, row index in the repeated
+    batch), so the samples depend on the seed, the weights and the prompts only, not on chunking.
+    The prompts' ``position_ids`` are not read: positions are recomputed from ``attention_mask``.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        *,
+        model: PreTrainedModel | None = None,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_batch_size: int | None = None,
+        attn_implementation: str | None = None,
+    ) -> None:
+        if (model_path is None) == (model is None):
+            raise ValueError("HFRollout needs exactly one of model_path (a Hugging Face folder) or model")
+        eos_token_ids = [int(t) for t in eos_token_ids]
+        if not eos_token_ids:
+            raise ValueError("HFRollout: eos_token_ids is empty; give the id(s) that end a response")
+        if max_batch_size is not None and max_batch_size < 1:
+            raise ValueError(f"HFRollout: max_batch_size must be >= 1 or None, got {max_batch_size}")
+        self.device = torch.device(device)
+        self.dtype = dtype
+        if model is None:
+            extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
+            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **extra)
+        self.model: PreTrainedModel = model.to(device=self.device, dtype=dtype).eval()
+        self.model.requires_grad_(False)
+        self.eos_token_ids = eos_token_ids
+        self.pad_token_id = int(pad_token_id)
+        self.max_batch_size = max_batch_size
+        self._eos = torch.tensor(eos_token_ids, device=self.device)
+        self._asleep = False
+        self._logged_cpu_sleep = False
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_path: str | Path,
+        *,
+        eos_token_ids: Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        **kwargs: Any,
+    ) -> HFRollout:
+        """Load a Hugging Face folder; stop and pad ids not given are read from it (see `read_special_ids`)."""
+        if eos_token_ids is None or pad_token_id is None:
+            found_eos, found_pad = read_special_ids(model_path)
+            eos_token_ids = found_eos if eos_token_ids is None else eos_token_ids
+            pad_token_id = found_pad if pad_token_id is None else pad_token_id
+        return cls(model_path, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, **kwargs)
+
+    # ---------------------------------------------------------------- generate
+    @torch.no_grad()  # not inference_mode: its tensors would fail later when the trainer's autograd uses them
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        if self._asleep:
+            raise RuntimeError("HFRollout.generate called while asleep; call wake() first")
+        start = time.perf_counter()
+        prompt_ids, prompt_mask = _check_prompts(prompts)
+        rows = prompts.repeat(sampling.n, interleave=True)
+        prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
+
+        chunk = self.max_batch_size or len(rows)
+        parts, steps = [], 0
+        for first in range(0, len(rows), chunk):
+            *part, n_steps = self._generate_chunk(
+                prompt_ids[first : first + chunk], prompt_mask[first : first + chunk], first, sampling
+            )
+            parts.append(part)
+            steps += n_steps
+        response_ids, response_mask, rollout_log_probs = (torch.cat(p) for p in zip(*parts))
+        attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+        out = {
+            "prompts": prompt_ids,
+            "responses": response_ids,
+            "response_mask": response_mask,
+            "input_ids": torch.cat([prompt_ids, response_ids], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": (attention_mask.cumsum(dim=-1) - 1).clamp(min=0),
+            "rollout_log_probs": rollout_log_probs,
+        }
+        for key, value in out.items():
+            rows[key] = value
+        seconds = time.perf_counter() - start
+        generated = int(response_mask.sum())
+        rows.meta = {
+            **rows.meta,
+            METRICS_KEY: {
+                "samples": len(rows),
+                "prompt_tokens": int(prompt_mask.sum()),
+                "generated_tokens": generated,
+                "decode_steps": steps,
+                "seconds": seconds,
+                "tokens_per_second": generated / seconds if seconds > 0 else 0.0,
+            },
+        }
+        return rows
+
+    def _generate_chunk(
+        self, prompt_ids: Tensor, prompt_mask: Tensor, first_row: int, sampling: SamplingParams
+    ) -> tuple[Tensor, Tensor, Tensor, int]:
+        """Responses [B, R] (pad after the stop), response mask and log-probs (0 after), on the CPU."""
+        rows, width = prompt_ids.shape[0], sampling.max_tokens
+        device = self.device
+        prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
+        generators = None
+        if not sampling.greedy and sampling.seed is not None:
+            generators = row_generators(sampling.seed, torch.arange(first_row, first_row + rows), device)
+
+        responses = torch.full((rows, width), self.pad_token_id, dtype=torch.long, device=device)
+        response_mask = torch.zeros((rows, width), dtype=torch.long, device=device)
+        log_probs = torch.zeros((rows, width), dtype=torch.float32, device=device)
+        active = torch.ones(rows, dtype=torch.bool, device=device)
+        next_position = prompt_mask.sum(dim=-1)  # left padding: a row's next position is its length
+        attention_mask = prompt_mask
+
+        cache = DynamicCache(config=self.model.config)
+        out = self.model(
+            input_ids=prompt_ids,
+            attention_mask=attention_mask,
+            position_ids=(prompt_mask.cumsum(dim=-1) - 1).clamp(min=0),
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,  # the prefill needs only the last position's logits
+        )
+        steps = 0
+        for t in range(width):
+            logits = out.logits[:, -1].float()
+            tokens, token_log_probs = choose_tokens(logits, sampling, generators, active)
+            responses[:, t] = torch.where(active, tokens, self.pad_token_id)
+            log_probs[:, t] = torch.where(active, token_log_probs, 0.0)
+            response_mask[:, t] = active.long()
+            active = active & ~torch.isin(tokens, self._eos)
+            if t == width - 1 or not bool(active.any()):
+                break
+            # A finished row keeps decoding a masked pad (its outputs are dropped): the batch stays whole.
+            attention_mask = torch.cat([attention_mask, response_mask[:, t : t + 1]], dim=1)
+            out = self.model(
+                input_ids=responses[:, t : t + 1],
+                attention_mask=attention_mask,
+                position_ids=(next_position + t)[:, None],
+                past_key_values=cache,
+                use_cache=True,
+            )
+            steps += 1
+        return responses.cpu(), response_mask.cpu(), log_probs.cpu(), steps
+
+    # ---------------------------------------------------------------- weights
+    def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Copy each (name, tensor) into the parameter or buffer of that name, in place, one at a time.
+
+        Tied names (``lm_head.weight`` and ``model.embed_tokens.weight``) share storage, so loading
+        either updates both. Names are the model's ``state_dict`` names; an unknown name or a wrong
+        shape raises at that tensor (the tensors before it stay loaded)."""
+        targets = dict(self.model.named_parameters(remove_duplicate=False))
+        targets.update(self.model.named_buffers(remove_duplicate=False))
+        count, size = 0, 0
+        with torch.no_grad():
+            for name, tensor in weights:
+                target = targets.get(name)
+                if target is None:
+                    known = ", ".join(sorted(targets)[:5])
+                    raise KeyError(
+                        f"HFRollout.update_weights: no parameter or buffer named {name!r} in the rollout "
+                        f"model ({type(self.model).__name__}); names look like: {known}, ... "
+                        f"(send the model's state_dict names, without wrapper prefixes)"
+                    )
+                if tuple(target.shape) != tuple(tensor.shape):
+                    raise ValueError(
+                        f"HFRollout.update_weights: {name!r} has shape {tuple(tensor.shape)}, the rollout "
+                        f"model's has {tuple(target.shape)}; are trainer and rollout the same model?"
+                    )
+                # copy_ casts dtype and device on the way: no second full copy of the model exists.
+                target.data.copy_(tensor)
+                count += 1
+                size += tensor.numel() * tensor.element_size()
+        logger.debug("HFRollout.update_weights: loaded %d tensors, %.1f MiB", count, size / 2**20)
+
+    # ---------------------------------------------------------------- memory
+    def sleep(self) -> None:
+        """Move the weights to the CPU and free the CUDA cache; a no-op on CPU."""
+        if self.device.type != "cuda":
+            if not self._logged_cpu_sleep:
+                logger.info("HFRollout: sleep is a no-op on CPU")
+                self._logged_cpu_sleep = True
+            return
+        if not self._asleep:
+            self.model.to("cpu")
+            torch.cuda.empty_cache()
+            self._asleep = True
+
+    def wake(self) -> None:
+        """Move the weights back to the engine's device after `sleep`."""
+        if self._asleep:
+            self.model.to(self.device)
+            self._asleep = False
+
+
+def read_special_ids(model_path: str | Path) -> tuple[list[int], int]:
+    """Stop ids and pad id of a Hugging Face folder.
+
+    Stop ids: ``generation_config.json``'s ``eos_token_id`` (an int or a list; else ``config.json``'s),
+    plus the tokenizer's ``eos_token_id`` when not already there. Pad: the tokenizer's ``pad_token_id``,
+    else the generation config's / config's ``pad_token_id``, else the first stop id.
+    """
+    from transformers import AutoConfig, AutoTokenizer  # the tokenizer load is only needed here
+
+    path = Path(model_path)
+    generation_config = {}
+    if (path / "generation_config.json").is_file():
+        generation_config = json.loads((path / "generation_config.json").read_text())
+    config = AutoConfig.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+
+    eos = generation_config.get("eos_token_id", getattr(config, "eos_token_id", None))
+    eos_ids = [] if eos is None else [int(t) for t in (eos if isinstance(eos, list) else [eos])]
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+        eos_ids.append(int(tokenizer.eos_token_id))
+    if not eos_ids:
+        raise ValueError(
+            f"{path}: no eos_token_id in generation_config.json, config.json or the tokenizer; "
+            f"pass eos_token_ids to HFRollout.from_pretrained"
+        )
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = generation_config.get("pad_token_id", getattr(config, "pad_token_id", None))
+    return eos_ids, int(eos_ids[0] if pad is None else pad)
+
+
+def _check_prompts(prompts: Batch) -> tuple[Tensor, Tensor]:
+    """The prompt ids and mask (int64, CPU), after checking they are left-padded and non-empty."""
+    for key in ("input_ids", "attention_mask"):
+        if key not in prompts:
+            raise KeyError(f"HFRollout.generate: the prompt batch has no {key!r} (collate_prompts builds it)")
+    if len(prompts) == 0:
+        raise ValueError("HFRollout.generate: the prompt batch is empty")
+    ids = prompts["input_ids"].long().cpu()
+    mask = prompts["attention_mask"].long().cpu()
+    if ids.shape != mask.shape or ids.dim() != 2:
+        raise ValueError(
+            f"HFRollout.generate: input_ids {tuple(ids.shape)} and attention_mask {tuple(mask.shape)} "
+            "must be the same [N, P] shape"
+        )
+    if not bool(mask[:, -1].all()):
+        bad = (mask[:, -1] == 0).nonzero().flatten()[:5].tolist()
+        raise ValueError(
+            f"HFRollout.generate: prompts must be LEFT-padded with at least one token (attention_mask "
+            f"ending in 1); rows {bad} are not. Use collate_prompts or a left-padding tokenizer."
+        )
+    return ids, mask
