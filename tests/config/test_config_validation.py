@@ -272,3 +272,15 @@ def test_dynamic_sampling_rounds_that_can_never_fill_a_step():
         "algorithm.dynamic_sampling.max_num_gen_batches=0",
         preset="dapo",
     )
+
+
+def test_runtime_placement_rules():
+    msg = error_of("trainer.backend=inprocess", "trainer.workers_per_node=2")
+    assert "trainer.backend=inprocess runs one rank" in msg and "trainer.workers_per_node=1" in msg
+    assert "trainer.cpus_per_worker=0" in error_of("trainer.cpus_per_worker=0")
+    assert "trainer.worker_timeout_s=0" in error_of("trainer.worker_timeout_s=0")
+    cfg = load("trainer.backend=inprocess", "trainer.workers_per_node=1", "trainer.placement=separate")
+    assert (cfg.trainer.backend, cfg.trainer.placement) == ("inprocess", "separate")
+    assert "trainer.placement: got 'spread', expected one of 'colocate', 'separate'" in error_of(
+        "trainer.placement=spread"
+    )

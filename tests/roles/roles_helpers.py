@@ -47,6 +47,7 @@ def prompt_batch(texts: list[str]) -> Batch:
             "input_ids": input_ids,
             "attention_mask": attention_mask,
             "position_ids": position_ids_from_mask(attention_mask),
+            "prompt_index": torch.arange(len(texts)),  # seeded samples then do not depend on the ranks
         },
         {"raw_prompt": texts},
     )

@@ -6,8 +6,10 @@ import pytest
 import torch
 
 from tandem.algos.core import log_probs_from_logits
+from tandem.batch import Batch
 from tandem.data.tiny import build_model
 from tandem.rollout import ROLLOUT_KEYS, HFRollout, RolloutEngine, SamplingParams, build_rollout
+from tandem.rollout.base import PROMPT_INDEX
 from tandem.rollout.hf import METRICS_KEY, read_special_ids
 
 from .conftest import PROMPTS, TINY, make_prompts
@@ -180,6 +182,18 @@ def test_chunking_does_not_change_the_samples(tiny_dir, prompts):
         torch.testing.assert_close(
             chunked["rollout_log_probs"], whole["rollout_log_probs"], atol=1e-6, rtol=0
         )
+
+
+def test_prompt_index_makes_samples_independent_of_the_split(tiny_dir, prompts):
+    """Prompts split over two "ranks" with their step-wide prompt_index sample what one call samples."""
+    indexed = prompts.union(Batch.from_dict({PROMPT_INDEX: torch.arange(len(prompts))}))
+    rollout = engine(tiny_dir)
+    whole = rollout.generate(indexed, SAMPLED)
+    parts = [rollout.generate(part, SAMPLED) for part in indexed.chunk(2)]
+    assert torch.equal(Batch.concat(parts, meta="first")["responses"], whole["responses"])
+    # without the index, the second half would be sampled as if it were the first
+    second_alone = rollout.generate(prompts.chunk(2)[1], SAMPLED)
+    assert not torch.equal(second_alone["responses"], parts[1]["responses"])
 
 
 # ---------------------------------------------------------------- stopping

@@ -32,6 +32,8 @@ RolloutEngineName = Literal["hf", "vllm", "sglang"]
 Device = Literal["cpu", "cuda", "auto"]
 LoggerName = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
 SamplingMetric = Literal["score", "acc"]
+Backend = Literal["ray", "inprocess"]
+Placement = Literal["colocate", "separate"]
 
 
 @dataclass
@@ -275,6 +277,16 @@ class TrainerConfig:
     nnodes: int = 1  # machines, >= 1
     workers_per_node: int = 1  # RANKS per machine (GPUs, or CPU processes); world size = nnodes x this
     device: Device = "auto"  # cpu, cuda, or auto = cuda when available, else cpu
+    backend: Backend = (
+        "ray"  # ray = one process per rank (local Ray or a cluster); inprocess = one process, 1 rank
+    )
+    ray_address: str | None = (
+        None  # None = start a local Ray; "auto" = join the cluster of `ray start --head`
+    )
+    placement: Placement = (
+        "colocate"  # colocate = critic / reward model share the actor's GPUs; separate = own pools
+    )
+    cpus_per_worker: float = 1.0  # CPUs Ray reserves per rank (> 0); torch threads per rank follow it
     seed: int = 1  # seed of model init, sampling and everything else that is random
     # metric trackers, any of: console, jsonl, tensorboard, wandb, mlflow
     loggers: list[LoggerName] = field(default_factory=lambda: ["console"])

@@ -162,6 +162,15 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
             problems.add(key, f"{key}={value}: use a number of steps >= 1, or -1 for never")
     _at_least(problems, "trainer.critic_warmup", t.critic_warmup, 0)
     _at_least(problems, "reward.num_workers", cfg.reward.num_workers, 0)
+    if t.backend == "inprocess" and t.nnodes * t.workers_per_node != 1:
+        problems.add(
+            "trainer.backend",
+            f"trainer.backend=inprocess runs one rank in this process, but trainer.nnodes x "
+            f"trainer.workers_per_node = {t.nnodes * t.workers_per_node}; set trainer.workers_per_node=1 "
+            "and trainer.nnodes=1, or use trainer.backend=ray",
+        )
+    if t.cpus_per_worker <= 0:
+        problems.add("trainer.cpus_per_worker", f"trainer.cpus_per_worker={t.cpus_per_worker} must be > 0")
     if cfg.trainer.worker_timeout_s <= 0:
         problems.add(
             "trainer.worker_timeout_s",

@@ -26,7 +26,7 @@ from tandem.roles.actor import Actor
 from tandem.roles.critic import Critic
 from tandem.roles.reference import Reference
 from tandem.roles.reward_model import RewardModel
-from tandem.rollout import ROLLOUT_KEYS, SamplingParams, build_rollout
+from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, SamplingParams, build_rollout
 
 ROLES = ("actor", "rollout", "ref", "critic", "reward_model")
 
@@ -109,13 +109,17 @@ class RoleWorker(Worker):
 
     @dispatch(Dispatch.DP)
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        """n responses per prompt from this rank's prompts; syncs the actor's weights first if stale."""
+        """n responses per prompt from this rank's prompts; syncs the actor's weights first if stale.
+
+        Give the prompts a `prompt_index` column (their index in the step) before the call, and seeded
+        samples are the same whatever the number of ranks (rollout/base.py)."""
         rollout = self._role_rollout()
         rollout.wake()
         if self._rollout_stale:
             self._sync_rollout_weights()
         start = time.perf_counter()
-        if sampling.seed is not None:  # ranks must not draw the same samples for equal prompts
+        if sampling.seed is not None and PROMPT_INDEX not in prompts:
+            # Without step-wide prompt indices, ranks would key their first prompts alike: mix the rank in.
             sampling = replace(sampling, seed=sampling.seed * 1_000_003 + self.ctx.rank)
         if len(prompts) == 0:  # an empty shard: every rank still takes part in the weight sync above
             out = _empty_rollout(prompts, sampling)

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.rollout.base import ROLLOUT_KEYS, RolloutEngine, SamplingParams
+from tandem.rollout.base import PROMPT_INDEX, ROLLOUT_KEYS, RolloutEngine, SamplingParams
 from tandem.rollout.hf import HFRollout
 
 ROLLOUT_ENGINES = ("hf",)
 LATER_ENGINES = ("vllm", "sglang")
 
-__all__ = ["ROLLOUT_KEYS", "HFRollout", "RolloutEngine", "SamplingParams", "build_rollout"]
+__all__ = ["PROMPT_INDEX", "ROLLOUT_KEYS", "HFRollout", "RolloutEngine", "SamplingParams", "build_rollout"]
 
 
 def build_rollout(name: str, **kwargs: Any) -> RolloutEngine:

@@ -14,7 +14,9 @@ N x n rows (each prompt's n samples next to each other, non-tensors repeated) ho
                                  top-k / top-p decide which tokens may be drawn but do not
                                  renormalise this number, so it equals what the trainer
                                  recomputes with the same temperature; 0 on padding
-Masks are int64 like `collate_prompts`'; the meta dict is kept.
+Masks are int64 like `collate_prompts`'; the meta dict is kept. An optional prompt tensor
+`prompt_index` [N] (the prompt's index in the whole step, set before the data-parallel split)
+keys seeded sampling, so that the samples do not depend on how prompts were split over ranks.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from dataclasses import dataclass
 from torch import Tensor
 
 from tandem.batch import Batch
+
+PROMPT_INDEX = "prompt_index"
 
 ROLLOUT_KEYS = (
     "prompts",

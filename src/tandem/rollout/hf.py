@@ -19,7 +19,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from tandem.batch import Batch
-from tandem.rollout.base import RolloutEngine, SamplingParams
+from tandem.rollout.base import PROMPT_INDEX, RolloutEngine, SamplingParams
 from tandem.rollout.sampling import choose_tokens, row_generators
 
 logger = logging.getLogger(__name__)
@@ -42,8 +42,8 @@ class HFRollout(RolloutEngine):
     prefills, summed over chunks), ``seconds`` (wall clock of the call) and ``tokens_per_second``
     (generated_tokens / seconds).
 
-    Seeded sampling draws each row from its own generator seeded by (seed, row index in the repeated
-    batch), so the samples depend on the seed, the weights and the prompts only, not on chunking.
+    Seeded sampling draws each row from its own generator seeded by (seed, row key), so the samples
+    depend on the seed, the weights and the prompts only, not on chunking (see `sample_keys`).
     The prompts' ``position_ids`` are not read: positions are recomputed from ``attention_mask``.
     """
 
@@ -107,11 +107,15 @@ class HFRollout(RolloutEngine):
         prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)
         prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
 
+        keys = sample_keys(prompts, sampling.n)
         chunk = self.max_batch_size or len(rows)
         parts, steps = [], 0
         for first in range(0, len(rows), chunk):
             *part, n_steps = self._generate_chunk(
-                prompt_ids[first : first + chunk], prompt_mask[first : first + chunk], first, sampling
+                prompt_ids[first : first + chunk],
+                prompt_mask[first : first + chunk],
+                keys[first : first + chunk],
+                sampling,
             )
             parts.append(part)
             steps += n_steps
@@ -144,7 +148,7 @@ class HFRollout(RolloutEngine):
         return rows
 
     def _generate_chunk(
-        self, prompt_ids: Tensor, prompt_mask: Tensor, first_row: int, sampling: SamplingParams
+        self, prompt_ids: Tensor, prompt_mask: Tensor, row_keys: Tensor, sampling: SamplingParams
     ) -> tuple[Tensor, Tensor, Tensor, int]:
         """Responses [B, R] (pad after the stop), response mask and log-probs (0 after), on the CPU."""
         rows, width = prompt_ids.shape[0], sampling.max_tokens
@@ -152,7 +156,7 @@ class HFRollout(RolloutEngine):
         prompt_ids, prompt_mask = prompt_ids.to(device), prompt_mask.to(device)
         generators = None
         if not sampling.greedy and sampling.seed is not None:
-            generators = row_generators(sampling.seed, torch.arange(first_row, first_row + rows), device)
+            generators = row_generators(sampling.seed, row_keys, device)
 
         responses = torch.full((rows, width), self.pad_token_id, dtype=torch.long, device=device)
         response_mask = torch.zeros((rows, width), dtype=torch.long, device=device)
@@ -295,3 +299,17 @@ def _check_prompts(prompts: Batch) -> tuple[Tensor, Tensor]:
             f"ending in 1); rows {bad} are not. Use collate_prompts or a left-padding tokenizer."
         )
     return ids, mask
+
+
+def sample_keys(prompts: Batch, n: int) -> Tensor:
+    """The key of each of the N x n samples that seeds its draws: prompt_index x n + sample number.
+
+    `prompt_index` (int [N], optional) is the prompt's index in the whole step, set by the controller
+    before the data-parallel split, so that seeded samples do not depend on how the prompts were
+    split over ranks. Without it the prompts' positions in this batch (0..N-1) stand in.
+    """
+    if PROMPT_INDEX in prompts:
+        index = prompts[PROMPT_INDEX].long().reshape(-1)
+    else:
+        index = torch.arange(len(prompts))
+    return (index[:, None] * n + torch.arange(n)[None, :]).reshape(-1)

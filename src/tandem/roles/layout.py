@@ -1,0 +1,129 @@
+"""Which worker group hosts which role, built from the config (trainer.backend / placement).
+
+- The actor, its rollout engine and the reference share one worker (the hybrid engine): the
+  rollout is refreshed from the actor in process, and the reference reads the same inputs.
+- trainer.placement=colocate: the critic and the reward model live in a second group on the SAME
+  pool (each group takes half of every bundle: same GPUs / CPUs, separate processes).
+  trainer.placement=separate: they get pools of their own, so they run beside the actor in time.
+- trainer.backend=inprocess: one worker in this process holds every role (world size 1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from tandem.config.schema import TandemConfig
+from tandem.controller import ResourcePool, WorkerGroup, init_ray
+from tandem.roles.worker import RoleWorker
+
+
+@dataclass
+class WorkerGroups:
+    """The group that answers each role's calls (one group may answer several)."""
+
+    actor: WorkerGroup  # actor + rollout (+ reference): generate, compute_log_probs, update_actor
+    ref: WorkerGroup | None = None  # compute_ref_log_probs
+    critic: WorkerGroup | None = None  # compute_values, update_critic
+    reward_model: WorkerGroup | None = None  # compute_rm_scores
+    pools: list[ResourcePool] = field(default_factory=list)
+
+    def unique(self) -> list[WorkerGroup]:
+        """Each group once, the actor's first."""
+        groups = [self.actor, self.ref, self.critic, self.reward_model]
+        out: list[WorkerGroup] = []
+        for g in groups:
+            if g is not None and all(g is not o for o in out):
+                out.append(g)
+        return out
+
+    def shutdown(self) -> None:
+        for group in self.unique():
+            group.shutdown()
+        for pool in self.pools:
+            pool.remove()
+
+
+def resolve_device(cfg: TandemConfig) -> str:
+    """trainer.device, with auto = cuda when the workers will have GPUs (the cluster's, for Ray)."""
+    if cfg.trainer.device != "auto":
+        return cfg.trainer.device
+    if cfg.trainer.backend == "inprocess":
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    import ray
+
+    return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
+
+
+def build_worker_groups(cfg: TandemConfig, total_training_steps: int | None = None) -> WorkerGroups:
+    """Start the workers of every role the config needs; the caller owns `shutdown()`."""
+    d, t = cfg.derived, cfg.trainer
+    hybrid = ["actor", "rollout"] + (["ref"] if d.reference_needed else [])
+    others = (["critic"] if d.critic_needed else []) + (["reward_model"] if d.reward_model_needed else [])
+    args = (cfg,)
+    kwargs = {"total_training_steps": total_training_steps}
+
+    def has(role: str, group: WorkerGroup | None) -> WorkerGroup | None:
+        return group if role in hybrid + others else None
+
+    if t.backend == "inprocess":
+        device = resolve_device(cfg)
+        group = WorkerGroup.inprocess(
+            RoleWorker, name="all_roles", args=(cfg, hybrid + others), kwargs=kwargs, device=device
+        )
+        return WorkerGroups(group, has("ref", group), has("critic", group), has("reward_model", group))
+
+    init_ray(address=t.ray_address)
+    gpus = 1 if resolve_device(cfg) == "cuda" else 0
+
+    def pool(name: str) -> ResourcePool:
+        return ResourcePool(t.nnodes, t.workers_per_node, t.cpus_per_worker, gpus, name=name)
+
+    groups = WorkerGroups(actor=None)  # type: ignore[arg-type]  # filled in below
+    try:
+        main = pool("main")
+        groups.pools.append(main)
+        share = 0.5 if others and t.placement == "colocate" else 1.0
+        groups.actor = WorkerGroup.ray(
+            RoleWorker,
+            main,
+            name="actor_rollout" + ("_ref" if d.reference_needed else ""),
+            args=(*args, hybrid),
+            kwargs=kwargs,
+            share=share,
+            call_timeout_s=t.worker_timeout_s,
+        )
+        groups.ref = has("ref", groups.actor)
+        if t.placement == "colocate" and others:
+            side = WorkerGroup.ray(
+                RoleWorker,
+                main,
+                name="_".join(others),
+                args=(*args, others),
+                kwargs=kwargs,
+                share=0.5,
+                call_timeout_s=t.worker_timeout_s,
+            )
+            groups.critic, groups.reward_model = has("critic", side), has("reward_model", side)
+        else:
+            for role in others:
+                own = pool(role)
+                groups.pools.append(own)
+                group = WorkerGroup.ray(
+                    RoleWorker,
+                    own,
+                    name=role,
+                    args=(*args, [role]),
+                    kwargs=kwargs,
+                    call_timeout_s=t.worker_timeout_s,
+                )
+                setattr(groups, role, group)
+    except BaseException:
+        if groups.actor is not None:
+            groups.shutdown()
+        else:
+            for p in groups.pools:
+                p.remove()
+        raise
+    return groups
