@@ -97,8 +97,9 @@ def test_interrupt_kills_the_workers_and_the_driver_exits(ray_env):
         # seen by the driver while its Ray was still up: the SIGINT handler did this, not ray.shutdown()
         assert after["interrupted"] and after["workers_alive"] == []
         assert after["pool_removed"] and after["group"].endswith("shut down)")
-        # then the KeyboardInterrupt went on and ended the driver as an interrupted program
-        assert proc.returncode == -signal.SIGINT, stderr[-4000:]
+        # then the KeyboardInterrupt went on and ended the driver (Ray's exit hook makes the status 1
+        # rather than death by SIGINT when Ray is still up at exit)
+        assert proc.returncode in (1, -signal.SIGINT), stderr[-4000:]
         assert stderr.rstrip().endswith("KeyboardInterrupt"), stderr[-4000:]
         assert exit_s < 30, f"the driver took {exit_s:.1f} s to exit after SIGINT"
         assert _still_there(pids, 20.0) == []

@@ -55,8 +55,10 @@ def _install() -> None:
     atexit.register(release_all)
     # signal handlers can only be set from the main thread; elsewhere atexit still covers us
     if threading.current_thread() is threading.main_thread():
-        _previous_sigint = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, _on_sigint)
+        previous = signal.getsignal(signal.SIGINT)
+        if previous is not signal.SIG_IGN:  # ignored on purpose (a shell's background job): leave it so
+            _previous_sigint = previous
+            signal.signal(signal.SIGINT, _on_sigint)
     _installed = True
 
 
