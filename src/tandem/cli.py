@@ -1,6 +1,6 @@
 """`tandem`: the command line.
 
-    tandem quickstart [key=value ...]        the main job (for now: the foundation demo)
+    tandem quickstart [key=value ...]        the main job (for now: SFT + GRPO steps on the runtime)
     tandem config [PRESET|FILE] [key=value]  print the resolved, validated config as YAML
     tandem presets                           list the bundled presets
     tandem data TASK OUT_DIR [--n-train N] [--n-val N] [--seed S]   write a synthetic task
@@ -22,6 +22,7 @@ def _parser() -> argparse.ArgumentParser:
     quick.add_argument("overrides", nargs="*", help="config overrides such as actor.optim.lr=1e-6")
     quick.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
     quick.add_argument("--sft-steps", type=int, default=400)
+    quick.add_argument("--rl-steps", type=int, default=8)
 
     config = sub.add_parser("config", help="print the resolved config")
     config.add_argument("preset", nargs="?", default="grpo", help="preset name or YAML path (default: grpo)")
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "quickstart":
             from tandem.demo import run
 
-            run(args.out, args.overrides, sft_steps=args.sft_steps)
+            run(args.out, args.overrides, sft_steps=args.sft_steps, rl_steps=args.rl_steps)
         elif args.command == "config":
             from tandem.config import load_config
 

@@ -51,6 +51,9 @@ class RoleWorker(Worker):
                 "the rollout role needs the actor in the same worker (the hybrid engine syncs weights "
                 "from the actor's engine in process); put 'actor' and 'rollout' in one worker group"
             )
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # one bar per model load per rank would flood the driver's log
         self.cfg = cfg
         self.roles = roles
         self.total_training_steps = total_training_steps
