@@ -9,8 +9,6 @@ KeyboardInterrupt, so the process ends as an interrupted Python program does.
 import json
 import signal
 import sys
-import time
-from pathlib import Path
 
 import ray
 import toy_workers  # beside this script (sys.path[0])
@@ -20,16 +18,6 @@ from tandem.controller import ResourcePool, WorkerGroup, init_ray
 
 def say(**fields) -> None:
     print(json.dumps(fields), flush=True)
-
-
-def alive(pids: list[int], timeout_s: float) -> list[int]:
-    """The pids that still have a /proc entry after waiting up to `timeout_s` for them to go."""
-    end = time.monotonic() + timeout_s
-    while True:
-        left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
-        if not left or time.monotonic() > end:
-            return left
-        time.sleep(0.1)
 
 
 def main(temp_dir: str) -> None:
@@ -50,7 +38,7 @@ def main(temp_dir: str) -> None:
             interrupted=True,
             group=repr(group),
             pool_removed=pool.removed,
-            workers_alive=alive(pids, timeout_s=15.0),
+            workers_alive=toy_workers.pids_still_there(pids, timeout_s=15.0),
         )
         raise
     say(interrupted=False)

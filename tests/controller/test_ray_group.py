@@ -5,7 +5,6 @@ their own groups on a second pool, because a failure shuts its group down.
 """
 
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -14,7 +13,7 @@ from tandem.batch import Batch
 from tandem.controller import ResourcePool, WorkerError, WorkerGroup, WorkerTimeoutError
 
 from . import toy_workers
-from .toy_workers import BrokenInit, ToyWorker
+from .toy_workers import BrokenInit, ToyWorker, pids_still_there
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(120)]
 
@@ -144,16 +143,6 @@ def test_a_raising_rank_fails_the_call_at_once_and_breaks_the_group(spare_pool):
     group.shutdown()  # idempotent after the failure shut it down
 
 
-def _still_there(pids: list[int], timeout_s: float = 15.0) -> list[int]:
-    """The pids that still have a /proc entry (running or zombie) after waiting up to `timeout_s`."""
-    end = time.monotonic() + timeout_s
-    while True:
-        left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
-        if not left or time.monotonic() > end:
-            return left
-        time.sleep(0.1)
-
-
 def test_a_dying_rank_fails_the_call_while_the_other_blocks_in_a_collective(spare_pool):
     group = WorkerGroup.ray(ToyWorker, spare_pool, name="crasher")
     pids = [i["pid"] for i in group.info()]
@@ -165,7 +154,7 @@ def test_a_dying_rank_fails_the_call_while_the_other_blocks_in_a_collective(spar
     assert "rank 1 failed in ToyWorker.exit_or_all_reduce(): WorkerDied: the worker process died" in str(
         info.value
     )
-    assert _still_there(pids) == []  # the stuck rank was killed too, nothing left behind
+    assert pids_still_there(pids) == []  # the stuck rank was killed too, nothing left behind
 
 
 def test_call_timeout_names_the_ranks_still_running(spare_pool):
@@ -177,7 +166,7 @@ def test_call_timeout_names_the_ranks_still_running(spare_pool):
         group.sleep(60)
     assert isinstance(info.value, TimeoutError) and "ranks still running: [0, 1]" in str(info.value)
     assert group.broken is info.value
-    assert _still_there(pids) == []
+    assert pids_still_there(pids) == []
 
 
 def test_constructor_failure_names_the_rank(spare_pool):

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from .toy_workers import pids_still_there
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 HERE = Path(__file__).parent
@@ -30,16 +32,6 @@ def ray_env():
     temp_dir = tempfile.mkdtemp(prefix="tdm-")
     yield env, temp_dir
     shutil.rmtree(temp_dir, ignore_errors=True)
-
-
-def _still_there(pids: list[int], timeout_s: float) -> list[int]:
-    """The pids that still have a /proc entry (running or zombie) after waiting up to `timeout_s`."""
-    end = time.monotonic() + timeout_s
-    while True:
-        left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
-        if not left or time.monotonic() > end:
-            return left
-        time.sleep(0.1)
 
 
 def test_cluster_of_two_ray_nodes_puts_one_rank_on_each(ray_env):
@@ -82,7 +74,7 @@ def test_interrupt_kills_the_workers_and_the_driver_exits(ray_env):
             assert time.monotonic() < end, f"no worker pids after 90 s:\n{err_path.read_text()[-4000:]}"
             time.sleep(0.1)
         pids = json.loads(out_path.read_text().splitlines()[0])["pids"]
-        assert len(pids) == 2 and _still_there(pids, 0) == pids
+        assert len(pids) == 2 and pids_still_there(pids, 0) == pids
         time.sleep(1.0)  # well inside the 60 s worker call
 
         start = time.monotonic()
@@ -102,7 +94,7 @@ def test_interrupt_kills_the_workers_and_the_driver_exits(ray_env):
         assert proc.returncode in (1, -signal.SIGINT), stderr[-4000:]
         assert stderr.rstrip().endswith("KeyboardInterrupt"), stderr[-4000:]
         assert exit_s < 30, f"the driver took {exit_s:.1f} s to exit after SIGINT"
-        assert _still_there(pids, 20.0) == []
+        assert pids_still_there(pids, 20.0) == []
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)

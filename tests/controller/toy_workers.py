@@ -109,3 +109,13 @@ class BrokenInit(Worker):
 
     def noop(self) -> None:
         return None
+
+
+def pids_still_there(pids: list[int], timeout_s: float = 15.0) -> list[int]:
+    """The pids that still have a /proc entry (running or zombie) after waiting up to `timeout_s`."""
+    end = time.monotonic() + timeout_s
+    while True:
+        left = [pid for pid in pids if Path(f"/proc/{pid}").exists()]
+        if not left or time.monotonic() > end:
+            return left
+        time.sleep(0.1)

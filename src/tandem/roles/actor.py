@@ -7,22 +7,13 @@ from typing import Any
 from torch import Tensor
 
 from tandem.algos.aggregation import agg_loss
-from tandem.algos.core import entropy_from_logits, log_probs_from_logits
 from tandem.algos.importance import is_weights
 from tandem.algos.kl import kl_loss
 from tandem.algos.policy_loss import policy_loss
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
-from tandem.engine.base import StepResult, TrainEngine
-from tandem.roles.common import (
-    MODEL_INPUTS,
-    global_counts,
-    mini_batches,
-    response_log_probs,
-    response_slice,
-    sum_step_metrics,
-    token_share,
-)
+from tandem.engine.base import TrainEngine
+from tandem.roles.common import MODEL_INPUTS, response_log_probs, run_update, token_share
 
 # What an update reads from the batch, besides the model inputs.
 UPDATE_KEYS = ("responses", "response_mask", "old_log_probs", "advantages")
@@ -59,15 +50,15 @@ class Actor:
             missing.append(f"rollout_log_probs (rollout.is_correction={self.cfg.rollout.is_correction})")
         if missing:
             raise KeyError(f"actor update: the batch lacks {missing}; it has {batch.keys()}")
-        results: list[StepResult] = []
-        for _ in range(a.ppo_epochs):
-            for mini in mini_batches(batch, self.mini_batches_per_epoch):
-                counts = global_counts(self.engine, mini["response_mask"])
-                results.append(
-                    self.engine.train_step(mini, self._loss_fn(counts), a.micro_batch_size_per_rank)
-                )
-        self.engine.scheduler_step()
-        return sum_step_metrics(self.engine, results, "actor")
+        return run_update(
+            self.engine,
+            batch,
+            epochs=a.ppo_epochs,
+            mini_batches_per_epoch=self.mini_batches_per_epoch,
+            micro_batch_size=a.micro_batch_size_per_rank,
+            make_loss_fn=self._loss_fn,
+            prefix="actor",
+        )
 
     def _loss_fn(self, counts: dict[str, Any]):
         a, r = self.cfg.actor, self.cfg.rollout
@@ -75,8 +66,9 @@ class Actor:
 
         def loss_fn(output: Any, micro: Batch) -> tuple[Tensor, dict[str, float]]:
             mask = micro["response_mask"]
-            logits = response_slice(output.logits, mask.shape[1]).float() / self.temperature
-            log_probs = log_probs_from_logits(logits, micro["responses"])
+            log_probs, entropy = response_log_probs(
+                output.logits, micro["responses"], self.temperature, with_entropy=a.entropy_coeff != 0
+            )
             weights = None
             if r.is_correction != "none":
                 weights = is_weights(
@@ -100,10 +92,10 @@ class Actor:
                 k: float(v) * share for k, v in pg_metrics.items()
             }
             loss = pg_loss
-            if a.entropy_coeff != 0:
-                entropy = agg_loss(entropy_from_logits(logits), mask, a.loss_agg_mode, **agg)
-                loss = loss - a.entropy_coeff * entropy
-                metrics["entropy_loss"] = float(entropy.detach())
+            if entropy is not None:
+                entropy_loss = agg_loss(entropy, mask, a.loss_agg_mode, **agg)
+                loss = loss - a.entropy_coeff * entropy_loss
+                metrics["entropy_loss"] = float(entropy_loss.detach())
             if a.use_kl_loss:
                 kl = kl_loss(log_probs, micro["ref_log_probs"], mask, a.kl_loss_type, a.loss_agg_mode, agg)
                 loss = loss + a.kl_loss_coef * kl

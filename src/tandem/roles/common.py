@@ -3,14 +3,16 @@ and summing per-micro-batch metric contributions into global values."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor
 
+from tandem.algos import aggregation
 from tandem.algos.core import entropy_from_logits, log_probs_from_logits
-from tandem.batch import Batch
-from tandem.engine.base import StepResult, TrainEngine
+from tandem.batch import Batch, even_sizes
+from tandem.engine.base import LossFn, StepResult, TrainEngine
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")  # what every engine forward reads
 
@@ -35,12 +37,12 @@ def response_log_probs(
     return log_probs, entropy
 
 
-def global_counts(engine: TrainEngine, mask: Tensor) -> dict[str, Tensor]:
-    """Valid tokens and sequences of a mini-batch summed over the data-parallel ranks (aggregation.py)."""
-    valid = mask != 0
-    local = torch.tensor([valid.sum(), valid.any(dim=-1).sum()], dtype=torch.float64)
-    total = engine.all_reduce_sum(local)
-    return {"global_num_tokens": total[0].item(), "global_num_seqs": total[1].item()}
+def global_counts(engine: TrainEngine, mask: Tensor) -> dict[str, float]:
+    """aggregation.global_counts of this rank's share of a mini-batch, summed over the data-parallel ranks."""
+    local = aggregation.global_counts(mask)
+    names = sorted(local)
+    total = engine.all_reduce_sum(torch.tensor([local[k] for k in names], dtype=torch.float64))
+    return {k: total[i].item() for i, k in enumerate(names)}
 
 
 def token_share(mask: Tensor, counts: dict[str, Tensor]) -> float:
@@ -73,9 +75,26 @@ def sum_step_metrics(engine: TrainEngine, results: Sequence[StepResult], prefix:
     return metrics
 
 
-def mini_batches(batch: Batch, count: int) -> list[Batch]:
-    """This rank's share of each mini-batch: the same NUMBER on every rank (FSDP steps are collective)."""
-    return batch.chunk(count)
+def run_update(
+    engine: TrainEngine,
+    batch: Batch,
+    *,
+    epochs: int,
+    mini_batches_per_epoch: int,
+    micro_batch_size: int,
+    make_loss_fn: Callable[[dict[str, Any]], LossFn],
+    prefix: str,
+) -> dict[str, float]:
+    """`epochs` passes over this rank's share of the batch, one optimizer step per mini-batch (each
+    with its global counts), then one LR-schedule step; the metrics of `sum_step_metrics`."""
+    results: list[StepResult] = []
+    for _ in range(epochs):
+        # The same NUMBER of mini-batches on every rank, whatever its share: FSDP steps are collective.
+        for mini in batch.chunk(mini_batches_per_epoch):
+            counts = global_counts(engine, mini["response_mask"])
+            results.append(engine.train_step(mini, make_loss_fn(counts), micro_batch_size))
+    engine.scheduler_step()
+    return sum_step_metrics(engine, results, prefix)
 
 
 def update_order(size: int, dp_size: int, num_mini_batches: int) -> list[int]:
@@ -85,15 +104,10 @@ def update_order(size: int, dp_size: int, num_mini_batches: int) -> list[int]:
     get part r of every mini-batch, in order, so that chunking its shard into `num_mini_batches`
     gives the same mini-batches for any number of ranks (2 ranks == 1 rank, exactly).
     """
-    minis = [list(range(start, start + m)) for start, m in _starts(size, num_mini_batches)]
-    parts = [[mini[s : s + p] for s, p in _starts(len(mini), dp_size)] for mini in minis]
-    return [i for r in range(dp_size) for mini in parts for i in mini[r]]
-
-
-def _starts(n: int, k: int) -> list[tuple[int, int]]:
-    q, rem = divmod(n, k)
-    sizes = [q + 1] * rem + [q] * (k - rem)
-    return [(sum(sizes[:i]), s) for i, s in enumerate(sizes)]
+    rows = torch.arange(size)
+    minis = rows.split(even_sizes(size, num_mini_batches))
+    parts = [mini.split(even_sizes(len(mini), dp_size)) for mini in minis]
+    return [int(i) for r in range(dp_size) for mini in parts for i in mini[r]]
 
 
 def arrange_for_update(batch: Batch, dp_size: int, num_mini_batches: int) -> Batch:

@@ -9,15 +9,8 @@ from torch import Tensor
 from tandem.algos.policy_loss import value_loss
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
-from tandem.engine.base import StepResult, TrainEngine
-from tandem.roles.common import (
-    MODEL_INPUTS,
-    global_counts,
-    mini_batches,
-    response_slice,
-    sum_step_metrics,
-    token_share,
-)
+from tandem.engine.base import TrainEngine
+from tandem.roles.common import MODEL_INPUTS, response_slice, run_update, token_share
 
 UPDATE_KEYS = ("responses", "response_mask", "values", "returns")
 
@@ -51,15 +44,15 @@ class Critic:
         missing = [k for k in UPDATE_KEYS if k not in batch]
         if missing:
             raise KeyError(f"critic update: the batch lacks {missing}; it has {batch.keys()}")
-        results: list[StepResult] = []
-        for _ in range(c.ppo_epochs):
-            for mini in mini_batches(batch, self.mini_batches_per_epoch):
-                counts = global_counts(self.engine, mini["response_mask"])
-                results.append(
-                    self.engine.train_step(mini, self._loss_fn(counts), c.micro_batch_size_per_rank)
-                )
-        self.engine.scheduler_step()
-        return sum_step_metrics(self.engine, results, "critic")
+        return run_update(
+            self.engine,
+            batch,
+            epochs=c.ppo_epochs,
+            mini_batches_per_epoch=self.mini_batches_per_epoch,
+            micro_batch_size=c.micro_batch_size_per_rank,
+            make_loss_fn=self._loss_fn,
+            prefix="critic",
+        )
 
     def _loss_fn(self, counts: dict[str, Any]):
         c = self.cfg.critic

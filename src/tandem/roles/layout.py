@@ -120,10 +120,6 @@ def build_worker_groups(cfg: TandemConfig, total_training_steps: int | None = No
                 )
                 setattr(groups, role, group)
     except BaseException:
-        if groups.actor is not None:
-            groups.shutdown()
-        else:
-            for p in groups.pools:
-                p.remove()
+        groups.shutdown()  # the groups started so far, then every pool
         raise
     return groups

@@ -100,8 +100,13 @@ class RoleWorker(Worker):
         )
 
     def _role(self, name: str) -> Any:
-        role = {"actor": self.actor, "ref": self.reference, "critic": self.critic}.get(name)
-        role = self.reward_model if name == "reward_model" else role
+        roles = {
+            "actor": self.actor,
+            "ref": self.reference,
+            "critic": self.critic,
+            "reward_model": self.reward_model,
+        }
+        role = roles.get(name)
         if role is None:
             raise ValueError(
                 f"worker group {self.ctx.group_name!r} has roles {list(self.roles)}, not {name!r}"
