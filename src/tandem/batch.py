@@ -157,6 +157,12 @@ class Batch:
     def __contains__(self, key: object) -> bool:
         return key in self.non_tensors or (isinstance(key, str) and key in self.tensors.keys())
 
+    def get(self, key: str, default: Any = None) -> Any:
+        """The column `key` (tensor or per-sample objects), or `default` when there is none."""
+        if key in self:
+            return self[key]
+        return default
+
     def _missing(self, key: str, op: str) -> KeyError:
         return KeyError(f"Batch.{op}: no key '{key}'; the batch has {sorted(self.keys())}")
 

@@ -1,16 +1,22 @@
 """`tandem`: the command line.
 
-    tandem quickstart [key=value ...]        the main job (for now: SFT + GRPO steps on the runtime)
-    tandem config [PRESET|FILE] [key=value]  print the resolved, validated config as YAML
-    tandem presets                           list the bundled presets
+    tandem quickstart [--out DIR] [key=value ...]   the main job: tiny model, SFT warm start, then GRPO
+    tandem train PRESET|FILE [key=value ...]        RL training (grpo, ppo, dapo, rloo, remax, ...)
+    tandem sft [PRESET|FILE] [key=value ...]        supervised fine-tuning (default preset: sft)
+    tandem eval PRESET|FILE [key=value ...] [--checkpoint DIR]   validation accuracy of a model
+    tandem export CHECKPOINT OUT_DIR [--role actor|critic]        a Hugging Face folder from a checkpoint
+    tandem config [PRESET|FILE] [key=value ...]     print the resolved, validated config as YAML
+    tandem presets                                  list the bundled presets
     tandem data TASK OUT_DIR [--n-train N] [--n-val N] [--seed S]   write a synthetic task
 
-The trainer commands (`train`, `sft`, `eval`, `export`) arrive with the trainer.
+Bad config or data exits with status 2 and a message naming the key or the row, before any
+worker starts.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 
 
@@ -18,11 +24,27 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem", description="RL post-training for language models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    quick = sub.add_parser("quickstart", help="run the main job on a tiny model (CPU, a few minutes)")
-    quick.add_argument("overrides", nargs="*", help="config overrides such as actor.optim.lr=1e-6")
-    quick.add_argument("--out", default="runs/demo", help="output folder (default: runs/demo)")
-    quick.add_argument("--sft-steps", type=int, default=400)
-    quick.add_argument("--rl-steps", type=int, default=8)
+    quick = sub.add_parser("quickstart", help="the main job on a tiny model (CPU, a few minutes)")
+    quick.add_argument("overrides", nargs="*", help="RL config overrides such as actor.optim.lr=1e-5")
+    quick.add_argument("--out", default="runs/quickstart", help="output folder (default: runs/quickstart)")
+
+    train = sub.add_parser("train", help="RL training from a preset or YAML file")
+    train.add_argument("preset", help="preset name (tandem presets) or YAML path")
+    train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.train_files=[a.parquet]")
+
+    sft = sub.add_parser("sft", help="supervised fine-tuning; exports <run dir>/hf_model")
+    sft.add_argument("preset", nargs="?", default="sft", help="preset name or YAML path (default: sft)")
+    sft.add_argument("overrides", nargs="*")
+
+    ev = sub.add_parser("eval", help="validation metrics of actor.model_path (or a checkpoint)")
+    ev.add_argument("preset", help="preset name or YAML path")
+    ev.add_argument("overrides", nargs="*")
+    ev.add_argument("--checkpoint", help="a global_step_N checkpoint folder, or auto (this run's newest)")
+
+    export = sub.add_parser("export", help="write a Hugging Face folder from a checkpoint")
+    export.add_argument("checkpoint", help="a checkpoints/global_step_N folder")
+    export.add_argument("out_dir")
+    export.add_argument("--role", default="actor", choices=["actor", "critic"])
 
     config = sub.add_parser("config", help="print the resolved config")
     config.add_argument("preset", nargs="?", default="grpo", help="preset name or YAML path (default: grpo)")
@@ -40,48 +62,68 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _preset_and_overrides(args: argparse.Namespace, default: str) -> tuple[str, list[str]]:
+    preset, overrides = args.preset, list(args.overrides)
+    if "=" in preset:  # `tandem config a.b=1`: an override, not a preset name
+        preset, overrides = default, [preset, *overrides]
+    return preset, overrides
+
+
+def _run(args: argparse.Namespace) -> int:
+    from tandem.config import list_presets, load_config
+
+    if args.command == "quickstart":
+        from tandem.trainer.quickstart import run
+
+        run(args.out, args.overrides)
+    elif args.command in ("train", "sft", "eval"):
+        from tandem.trainer import RLTrainer, SFTTrainer
+
+        preset, overrides = _preset_and_overrides(args, "sft" if args.command == "sft" else "grpo")
+        cfg = load_config(preset, overrides, require_data=args.command != "eval")
+        if args.command == "train":
+            RLTrainer(cfg).fit()
+        elif args.command == "sft":
+            SFTTrainer(cfg).fit()
+        else:
+            metrics = RLTrainer(cfg, train=False).evaluate(args.checkpoint)
+            print(json.dumps(metrics, indent=1, sort_keys=True))
+    elif args.command == "export":
+        from tandem.trainer.export import export_checkpoint
+
+        print(export_checkpoint(args.checkpoint, args.out_dir, args.role))
+    elif args.command == "config":
+        preset, overrides = _preset_and_overrides(args, "grpo")
+        print(load_config(preset, overrides).to_yaml(), end="")
+    elif args.command == "presets":
+        print("\n".join(list_presets()))
+    elif args.command == "data":
+        from tandem.data import TASKS, write_splits
+
+        if args.task not in TASKS:
+            print(f"tandem data: unknown task '{args.task}'; known: {', '.join(sorted(TASKS))}", file=sys.stderr)
+            return 2
+        paths = write_splits(
+            args.task, args.out_dir, n_train=args.n_train, n_val=args.n_val, seed=args.seed, fmt=args.format
+        )
+        print("\n".join(str(p) for p in paths.values()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
     from tandem.config import ConfigError
+    from tandem.data import DataError
+    from tandem.rewards import UnknownDataSourceError
 
     try:
-        if args.command == "quickstart":
-            from tandem.demo import run
-
-            run(args.out, args.overrides, sft_steps=args.sft_steps, rl_steps=args.rl_steps)
-        elif args.command == "config":
-            from tandem.config import load_config
-
-            preset, overrides = args.preset, list(args.overrides)
-            if "=" in preset:  # `tandem config a.b=1`: an override, not a preset name
-                preset, overrides = "grpo", [preset, *overrides]
-            print(load_config(preset, overrides).to_yaml(), end="")
-        elif args.command == "presets":
-            from tandem.config import list_presets
-
-            print("\n".join(list_presets()))
-        elif args.command == "data":
-            from tandem.data import TASKS, write_splits
-
-            if args.task not in TASKS:
-                print(
-                    f"tandem data: unknown task '{args.task}'; known: {', '.join(sorted(TASKS))}",
-                    file=sys.stderr,
-                )
-                return 2
-            paths = write_splits(
-                args.task,
-                args.out_dir,
-                n_train=args.n_train,
-                n_val=args.n_val,
-                seed=args.seed,
-                fmt=args.format,
-            )
-            print("\n".join(str(p) for p in paths.values()))
+        return _run(args)
     except ConfigError as err:
         print(f"tandem {args.command}: config error\n{err}", file=sys.stderr)
-        return 2
-    return 0
+    except (DataError, UnknownDataSourceError, FileNotFoundError) as err:
+        message = err.args[0] if isinstance(err, KeyError) and err.args else err
+        print(f"tandem {args.command}: {message}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -45,9 +45,11 @@ class DataConfig:
     prompt_key: str = "prompt"  # column holding the prompt (chat messages or plain text)
     max_prompt_length: int = 512  # TOKENS per prompt at most, >= 1; longer ones follow `truncation`
     max_response_length: int = 512  # TOKENS generated per sample at most, >= 1
+    max_length: int | None = None  # SFT only: TOKENS of prompt + response + EOS; None = the two above summed
+    response_key: str = "response"  # SFT only: column holding the target response text
     train_batch_size: int = 8  # PROMPTS per training step, global (x rollout.n = samples per step)
     val_batch_size: int | None = None  # PROMPTS per validation generation call, global; None = all at once
-    truncation: Truncation = "error"  # over-long prompt: error, filter (drop it), left / right (cut that end; `right` keeps the chat template's generation prompt)
+    truncation: Truncation = "error"  # over-long prompt: error, filter (drop it), left / right (cut that end; `right` keeps the chat template's generation prompt); SFT: error or right
     chat_template: ChatTemplate = "auto"  # auto = the tokenizer's, plain = Tandem's simple one, none = raw
     shuffle: bool = True  # reshuffle the training prompts every epoch
     seed: int = 1  # seed of the shuffle
@@ -298,6 +300,7 @@ class TrainerConfig:
     max_checkpoints_to_keep: int | None = None  # >= 1: older checkpoints are deleted; None = keep all
     critic_warmup: int = 0  # first steps that train only the critic, >= 0
     worker_timeout_s: float = 1800.0  # SECONDS one worker-group call may take before the run stops, > 0
+    progress_bar: bool = True  # a progress bar with the ETA on stderr
 
 
 @dataclass

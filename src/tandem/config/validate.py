@@ -132,6 +132,7 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
         ("data.max_response_length", d.max_response_length),
         ("data.train_batch_size", d.train_batch_size),
         ("data.val_batch_size", d.val_batch_size),
+        ("data.max_length", d.max_length),
         ("actor.ppo_mini_batch_size", a.ppo_mini_batch_size),
         ("actor.micro_batch_size_per_rank", a.micro_batch_size_per_rank),
         ("actor.max_tokens_per_micro_batch", a.max_tokens_per_micro_batch),

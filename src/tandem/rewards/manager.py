@@ -138,6 +138,18 @@ class RewardManager:
         self._resolved[(data_source, style)] = result = (spec_key(spec), spec)
         return result
 
+    def check_data_sources(self, sources: Iterable[tuple[str, str | None]]) -> None:
+        """Raise UnknownDataSourceError now (before any worker starts) for a (data_source, style) that
+        no scorer covers, naming every such data_source."""
+        unknown = []
+        for source, style in sorted(set(sources), key=str):
+            try:
+                self._scorer_for(source, style)
+            except UnknownDataSourceError as error:
+                unknown.append(str(error))
+        if unknown:
+            raise UnknownDataSourceError("; ".join(unknown))
+
     # --- the call --------------------------------------------------------------------------------
 
     def _decode(self, responses: torch.Tensor, mask: torch.Tensor) -> list[str]:

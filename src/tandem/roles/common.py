@@ -84,14 +84,16 @@ def run_update(
     micro_batch_size: int,
     make_loss_fn: Callable[[dict[str, Any]], LossFn],
     prefix: str,
+    mask_key: str = "response_mask",
 ) -> dict[str, float]:
     """`epochs` passes over this rank's share of the batch, one optimizer step per mini-batch (each
-    with its global counts), then one LR-schedule step; the metrics of `sum_step_metrics`."""
+    with the global counts of its `mask_key` tokens), then one LR-schedule step; the metrics of
+    `sum_step_metrics`."""
     results: list[StepResult] = []
     for _ in range(epochs):
         # The same NUMBER of mini-batches on every rank, whatever its share: FSDP steps are collective.
         for mini in batch.chunk(mini_batches_per_epoch):
-            counts = global_counts(engine, mini["response_mask"])
+            counts = global_counts(engine, mini[mask_key])
             results.append(engine.train_step(mini, make_loss_fn(counts), micro_batch_size))
     engine.scheduler_step()
     return sum_step_metrics(engine, results, prefix)

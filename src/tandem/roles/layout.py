@@ -56,11 +56,25 @@ def resolve_device(cfg: TandemConfig) -> str:
     return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
 
 
-def build_worker_groups(cfg: TandemConfig, total_training_steps: int | None = None) -> WorkerGroups:
-    """Start the workers of every role the config needs; the caller owns `shutdown()`."""
+PURPOSES = ("rl", "sft", "eval")
+
+
+def build_worker_groups(
+    cfg: TandemConfig, total_training_steps: int | None = None, *, purpose: str = "rl"
+) -> WorkerGroups:
+    """Start the workers of every role the config needs; the caller owns `shutdown()`.
+
+    purpose: rl = every role the config needs; sft = the actor alone; eval = the actor and its rollout.
+    """
     d, t = cfg.derived, cfg.trainer
-    hybrid = ["actor", "rollout"] + (["ref"] if d.reference_needed else [])
-    others = (["critic"] if d.critic_needed else []) + (["reward_model"] if d.reward_model_needed else [])
+    if purpose not in PURPOSES:
+        raise ValueError(f"build_worker_groups: purpose must be one of {PURPOSES}, got {purpose!r}")
+    hybrid, others = ["actor"], []
+    if purpose != "sft":
+        hybrid.append("rollout")
+    if purpose == "rl":
+        hybrid += ["ref"] if d.reference_needed else []
+        others = (["critic"] if d.critic_needed else []) + (["reward_model"] if d.reward_model_needed else [])
     args = (cfg,)
     kwargs = {"total_training_steps": total_training_steps}
 
@@ -88,7 +102,7 @@ def build_worker_groups(cfg: TandemConfig, total_training_steps: int | None = No
         groups.actor = WorkerGroup.ray(
             RoleWorker,
             main,
-            name="actor_rollout" + ("_ref" if d.reference_needed else ""),
+            name="_".join(hybrid),
             args=(*args, hybrid),
             kwargs=kwargs,
             share=share,

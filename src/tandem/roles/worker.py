@@ -8,6 +8,7 @@ or on separate resource pools (tandem.controller).
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Sequence
 from dataclasses import replace
@@ -26,6 +27,7 @@ from tandem.roles.actor import Actor
 from tandem.roles.critic import Critic
 from tandem.roles.reference import Reference
 from tandem.roles.reward_model import RewardModel
+from tandem.roles.sft import SFT
 from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, SamplingParams, build_rollout
 
 ROLES = ("actor", "rollout", "ref", "critic", "reward_model")
@@ -196,6 +198,18 @@ class RoleWorker(Worker):
         """The value update of the critic; metrics are global."""
         return self._role("critic").update(batch)
 
+    @dispatch(Dispatch.DP)
+    def sft_step(self, batch: Batch) -> dict[str, float]:
+        """One supervised optimizer step of the actor (loss on `loss_mask` tokens); metrics are global."""
+        metrics = SFT(self._role("actor").engine, self.cfg).update(batch)
+        self._rollout_stale = self.rollout is not None
+        return metrics
+
+    @dispatch(Dispatch.DP)
+    def sft_nll(self, batch: Batch) -> Batch:
+        """Per row `nll_sum` and `num_tokens` of the `loss_mask` tokens under the actor."""
+        return SFT(self._role("actor").engine, self.cfg).nll(batch)
+
     # ---- checkpoints, export, metrics --------------------------------------------------------------
 
     def _trainable(self) -> dict[str, TrainEngine]:
@@ -233,8 +247,13 @@ class RoleWorker(Worker):
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def pop_metrics(self) -> dict[str, float]:
-        """This rank's timings and rollout numbers since the last call."""
+        """This rank's timings and rollout numbers since the last call, and its peak memory so far."""
         metrics, self._metrics = self._metrics, {}
+        # ru_maxrss is in KiB on Linux: the process's peak resident memory since it started.
+        metrics["memory/peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        if self.ctx.torch_device.type == "cuda":
+            metrics["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
+            metrics["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
         return metrics
 
 

@@ -1,0 +1,77 @@
+"""Supervised fine-tuning on the actor's engine: the token-mean negative log-likelihood of the
+response tokens (`loss_mask`, see tandem/data/sft.py), normalised over the global batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from tandem.algos.aggregation import agg_loss
+from tandem.algos.core import log_probs_from_logits
+from tandem.batch import Batch
+from tandem.config.schema import TandemConfig
+from tandem.engine.base import TrainEngine
+from tandem.roles.common import MODEL_INPUTS, run_update
+
+SFT_KEYS = (*MODEL_INPUTS, "loss_mask")
+
+
+def target_mask(loss_mask: Tensor) -> Tensor:
+    """Mask over the positions that PREDICT a loss token: position t scores token t+1 (0 at the end)."""
+    return torch.cat([loss_mask[:, 1:], torch.zeros_like(loss_mask[:, :1])], dim=1)
+
+
+def next_token_log_probs(logits: Tensor, input_ids: Tensor) -> Tensor:
+    """log p(token t+1 | tokens <= t) at every position t, 0 at the last position (nothing follows)."""
+    log_probs = log_probs_from_logits(logits[:, :-1].float(), input_ids[:, 1:])
+    return torch.cat([log_probs, torch.zeros_like(log_probs[:, :1])], dim=1)
+
+
+class SFT:
+    """Supervised steps on a trainable engine (the actor's)."""
+
+    def __init__(self, engine: TrainEngine, cfg: TandemConfig) -> None:
+        self.engine = engine
+        self.cfg = cfg
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """One optimizer step on this rank's share of a global batch; then one LR-schedule step."""
+        missing = [k for k in SFT_KEYS if k not in batch]
+        if missing:
+            raise KeyError(f"SFT update: the batch lacks {missing}; it has {batch.keys()}")
+        batch = batch.select(*SFT_KEYS)
+        batch["target_mask"] = target_mask(batch["loss_mask"])
+
+        def make_loss_fn(counts: dict[str, Any]):
+            def loss_fn(output: Any, micro: Batch) -> tuple[Tensor, dict[str, float]]:
+                nll = -next_token_log_probs(output.logits, micro["input_ids"])
+                loss = agg_loss(nll, micro["target_mask"], "token-mean", **counts)
+                return loss, {}
+
+            return loss_fn
+
+        metrics = run_update(
+            self.engine,
+            batch,
+            epochs=1,
+            mini_batches_per_epoch=1,
+            micro_batch_size=self.cfg.actor.micro_batch_size_per_rank,
+            make_loss_fn=make_loss_fn,
+            prefix="sft",
+            mask_key="target_mask",
+        )
+        metrics["sft/tokens"] = float(self.engine.all_reduce_sum(batch["target_mask"].sum().double()))
+        return metrics
+
+    def nll(self, batch: Batch) -> Batch:
+        """Per row: `nll_sum` (summed over its loss tokens) and `num_tokens`; no gradient."""
+
+        def fn(output: Any, micro: Batch) -> dict[str, Tensor]:
+            mask = target_mask(micro["loss_mask"]).float()
+            nll = -next_token_log_probs(output.logits, micro["input_ids"]) * mask
+            return {"nll_sum": nll.sum(-1), "num_tokens": mask.sum(-1)}
+
+        micro = self.cfg.rollout.log_prob_micro_batch_size_per_rank
+        return self.engine.forward(batch.select(*SFT_KEYS), fn, micro)

@@ -1,0 +1,173 @@
+"""What the RL and SFT trainers share: the run folder, the data order, the loop with its
+validation and checkpoint schedule, resume, and the trackers.
+
+    <trainer.output_dir>/<project_name>/<experiment_name>/
+        config.yaml       the resolved config of the run
+        metrics.jsonl     one line per step (and per validation before training, step 0)
+        tensorboard/      when trainer.loggers has tensorboard
+        checkpoints/      see tandem/trainer/checkpoint.py
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import Any
+
+from tandem.config.schema import TandemConfig
+from tandem.data import StatefulSampler
+from tandem.roles.layout import WorkerGroups, build_worker_groups
+from tandem.trainer.checkpoint import CheckpointManager, load_trainer_state, save_trainer_state
+from tandem.trainer.tracking import Tracker
+
+logger = logging.getLogger(__name__)
+
+
+def run_dir(cfg: TandemConfig) -> Path:
+    """The folder of a run's config, metrics and checkpoints."""
+    t = cfg.trainer
+    return Path(t.output_dir) / t.project_name / t.experiment_name
+
+
+class Trainer(ABC):
+    """The loop: for each step, `train_step`, validation every test_freq, a checkpoint every save_freq
+    and at the end. Subclasses say what a step, a validation and their extra state are."""
+
+    purpose = "rl"  # which workers build_worker_groups starts
+    console_keys: tuple[str, ...] | None = None  # metrics on the console line; None = the tracker's default
+
+    def __init__(self, cfg: TandemConfig, num_items: int, batch_size: int) -> None:
+        self.cfg = cfg
+        self.run_dir = run_dir(cfg)
+        d, t = cfg.data, cfg.trainer
+        self.sampler = StatefulSampler(num_items, batch_size, shuffle=d.shuffle, seed=d.seed)
+        self._batches: Any = None
+        self.total_steps = t.total_training_steps or t.total_epochs * len(self.sampler)
+        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", t.max_checkpoints_to_keep)
+        self.step = 0
+        self.groups: WorkerGroups | None = None
+        self.history: list[dict[str, float]] = []  # every logged metrics dict, with its "step"
+
+    # ---- what a subclass defines -------------------------------------------------------------------
+
+    @abstractmethod
+    def train_step(self) -> dict[str, float]:
+        """Run step `self.step` and return its metrics."""
+
+    def validate(self) -> dict[str, float]:
+        """Metrics on the validation data ({} when there is none)."""
+        return {}
+
+    def has_validation(self) -> bool:
+        return False
+
+    def extra_state(self) -> dict[str, Any]:
+        """Controller state beyond step and data position, saved in checkpoints."""
+        return {}
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
+        """Restore what extra_state returned."""
+
+    # ---- data ------------------------------------------------------------------------------------------
+
+    def next_indices(self) -> list[int]:
+        """The next batch of dataset rows; epochs follow each other without end (the step count stops)."""
+        indices = next(self._batches, None) if self._batches is not None else None
+        if indices is None:
+            self._batches = iter(self.sampler)
+            indices = next(self._batches)
+        return indices
+
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
+    # ---- the loop ----------------------------------------------------------------------------------------
+
+    def fit(self, until_step: int | None = None) -> list[dict[str, float]]:
+        """Train to trainer.total_training_steps (or stop after `until_step`, as an interrupted run would);
+        returns the logged metrics, one dict per logged step."""
+        t = self.cfg.trainer
+        stop = min(self.total_steps, until_step) if until_step is not None else self.total_steps
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml())
+        self.checkpoints.remove_partial()
+        try:
+            self.groups = build_worker_groups(self.cfg, self.total_steps, purpose=self.purpose)
+            self.resume()
+            with Tracker(
+                t.loggers,
+                log_dir=self.run_dir,
+                project=t.project_name,
+                experiment=t.experiment_name,
+                config=self.cfg.to_dict(),
+                total_steps=self.total_steps,
+                start_step=self.step,
+                console_keys=self.console_keys,
+                progress=t.progress_bar,
+            ) as tracker:
+                if self.step == 0 and t.val_before_train and self.has_validation():
+                    self._log(tracker, self._timed_validation(), 0)
+                while self.step < stop:
+                    self.step += 1
+                    metrics = self.train_step()
+                    last = self.step == stop
+                    if self.has_validation() and t.test_freq > 0 and (self.step % t.test_freq == 0 or last):
+                        metrics.update(self._timed_validation())
+                    if last or (t.save_freq > 0 and self.step % t.save_freq == 0):
+                        start = time.perf_counter()
+                        self.save_checkpoint()
+                        metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
+                    metrics["train/epoch"] = float(self.epoch)
+                    self._log(tracker, metrics, self.step)
+                self.finish()
+        finally:
+            if self.groups is not None:
+                self.groups.shutdown()
+                self.groups = None
+        return self.history
+
+    def finish(self) -> None:  # noqa: B027 - optional hook
+        """Called after the last step, while the workers are up."""
+
+    def _timed_validation(self) -> dict[str, float]:
+        start = time.perf_counter()
+        metrics = self.validate()
+        metrics["timing_s/validate"] = time.perf_counter() - start
+        return metrics
+
+    def _log(self, tracker: Tracker, metrics: dict[str, float], step: int) -> None:
+        tracker.log(metrics, step)
+        self.history.append({"step": step, **metrics})
+
+    # ---- checkpoints -------------------------------------------------------------------------------------
+
+    def save_checkpoint(self) -> Path:
+        """Every trainable role's state and the controller's, as checkpoints/global_step_<step>."""
+        assert self.groups is not None
+        with self.checkpoints.writing(self.step) as folder:
+            for group in self.groups.unique():
+                group.save_checkpoint(str(folder))
+            state = {"step": self.step, "sampler": self.sampler.state_dict(), "extra": self.extra_state()}
+            save_trainer_state(folder, state)
+            (folder / "config.yaml").write_text(self.cfg.to_yaml())
+        logger.info("saved checkpoint %s", self.checkpoints.root / f"global_step_{self.step}")
+        return self.checkpoints.root / f"global_step_{self.step}"
+
+    def resume(self) -> Path | None:
+        """Load the checkpoint trainer.resume names (auto = the newest of this run), if any."""
+        assert self.groups is not None
+        path = self.checkpoints.resolve(self.cfg.trainer.resume)
+        if path is None:
+            return None
+        for group in self.groups.unique():
+            group.load_checkpoint(str(path))
+        state = load_trainer_state(path)
+        self.step = int(state["step"])
+        self.sampler.load_state_dict(state["sampler"])
+        self._batches = None
+        self.load_extra_state(state["extra"])
+        print(f"[tandem] resumed from {path} (step {self.step} of {self.total_steps})", flush=True)
+        return path

@@ -1,0 +1,41 @@
+"""`tandem export`: a Hugging Face folder from a checkpoint, in this process (no Ray).
+
+torch.distributed.checkpoint reshards on load, so a checkpoint written by any number of ranks
+loads into the one rank here. The engine is first built from the model_path recorded in the
+checkpoint's config (the architecture and tokenizer come from there), then the weights are loaded.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tandem.config import load_config
+from tandem.controller import WorkerGroup
+from tandem.roles.worker import RoleWorker
+from tandem.trainer.checkpoint import CheckpointManager
+
+EXPORTABLE = ("actor", "critic")
+ONE_RANK = [
+    "trainer.backend=inprocess",
+    "trainer.nnodes=1",
+    "trainer.workers_per_node=1",
+    "trainer.device=cpu",
+    "trainer.resume=disable",
+]
+
+
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, role: str = "actor") -> Path:
+    """Write checkpoint/<role> as a Hugging Face folder at out_dir; returns out_dir."""
+    if role not in EXPORTABLE:
+        raise ValueError(f"tandem export: role must be one of {EXPORTABLE}, got {role!r}")
+    folder = CheckpointManager(Path(checkpoint).parent).resolve(str(checkpoint))
+    if not (folder / role).is_dir():
+        raise FileNotFoundError(f"checkpoint {folder} holds no {role!r} (it has no {role}/ folder)")
+    cfg = load_config(folder / "config.yaml", ONE_RANK)
+    group = WorkerGroup.inprocess(RoleWorker, name="export", args=(cfg, [role]))
+    try:
+        group.load_checkpoint(str(folder))
+        group.export_hf(role, str(out_dir))
+    finally:
+        group.shutdown()
+    return Path(out_dir)

@@ -1,0 +1,111 @@
+"""Per-step metrics computed by the controller from the step's batch, and the phase timer.
+
+Names (each computed here and nowhere else):
+  score/*            sequence score from the reward (rule scorers + reward model), before any KL
+  rewards/*          sequence sum of the token-level rewards the advantages were computed from
+  advantages/*, returns/*, values/*   over valid response tokens
+  response_length/*  tokens per response; clip_ratio = share that hit data.max_response_length
+  prompt_length/*    tokens per prompt
+  actor/entropy      token-mean entropy of the policy on the sampled responses
+  timing_s/*         seconds per phase, timing_share/* its share of the step
+  perf/*             tokens per second, samples per step
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from torch import Tensor
+
+from tandem.algos.core import masked_mean
+from tandem.batch import Batch
+
+
+def _stats(prefix: str, values: Tensor) -> dict[str, float]:
+    values = values.double()
+    if values.numel() == 0:
+        return {}
+    return {
+        f"{prefix}/mean": float(values.mean()),
+        f"{prefix}/max": float(values.max()),
+        f"{prefix}/min": float(values.min()),
+    }
+
+
+def batch_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
+    """Reward, advantage, value and length statistics of a step's batch (keys as in the module docstring)."""
+    mask = batch["response_mask"].bool()
+    lengths = mask.sum(-1)
+    prompt_lengths = batch["attention_mask"].sum(-1) - lengths
+    metrics = {
+        **_stats("response_length", lengths),
+        "response_length/clip_ratio": float((lengths >= max_response_length).double().mean()),
+        **_stats("prompt_length", prompt_lengths),
+    }
+    if "token_level_scores" in batch:
+        metrics.update(_stats("score", (batch["token_level_scores"] * mask).sum(-1)))
+    if "token_level_rewards" in batch:
+        metrics.update(_stats("rewards", (batch["token_level_rewards"] * mask).sum(-1)))
+    for key in ("advantages", "returns", "values"):
+        if key in batch:
+            metrics.update(_stats(key, batch[key][mask]))
+    if "values" in batch and "returns" in batch:
+        returns, values = batch["returns"][mask].double(), batch["values"][mask].double()
+        # Explained variance: 1 - Var(R - V) / Var(R); 1 = the critic predicts the returns perfectly.
+        variance = returns.var(unbiased=False)
+        if variance > 0:
+            metrics["critic/vf_explained_var"] = float(1 - (returns - values).var(unbiased=False) / variance)
+    if "entropy" in batch:
+        metrics["actor/entropy"] = float(masked_mean(batch["entropy"].double(), mask.double()))
+    return metrics
+
+
+def throughput_metrics(batch: Batch, timings: dict[str, float]) -> dict[str, float]:
+    """Tokens per second of the whole step and of generation; shares of the step per phase."""
+    response_tokens = float(batch["response_mask"].sum())
+    all_tokens = float(batch["attention_mask"].sum())
+    step = timings["step"]
+    metrics = {
+        "perf/total_tokens": all_tokens,
+        "perf/response_tokens": response_tokens,
+        "perf/samples": float(len(batch)),
+        "perf/tokens_per_s": all_tokens / step if step > 0 else 0.0,
+    }
+    if timings.get("generate", 0) > 0:
+        metrics["perf/generated_tokens_per_s"] = response_tokens / timings["generate"]
+    for name, seconds in timings.items():
+        metrics[f"timing_s/{name}"] = seconds
+        if name != "step" and step > 0:
+            metrics[f"timing_share/{name}"] = seconds / step
+    return metrics
+
+
+def worker_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
+    """Numbers the workers report per rank (pop_metrics): the max over ranks (memory, the slowest rank)."""
+    merged: dict[str, float] = {}
+    for metrics in per_rank:
+        for key, value in metrics.items():
+            merged[key] = max(merged.get(key, value), value)
+    return merged
+
+
+class Timer:
+    """Wall-clock seconds per named phase of one step: `with timer("generate"): ...`."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
+
+
+def masked_scores(batch: Batch) -> Tensor:
+    """The sequence score of each sample (token_level_scores summed over its response)."""
+    return (batch["token_level_scores"] * batch["response_mask"]).sum(-1)

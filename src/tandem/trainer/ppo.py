@@ -1,0 +1,388 @@
+"""The RL trainer: PPO, GRPO, DAPO, RLOO, REINFORCE++, ReMax, ... picked by the config.
+
+One step, each phase one call on a worker group (tandem/roles/layout.py):
+  generate n responses per prompt -> rewards (rule scorers + reward model)
+  [DAPO dynamic sampling: drop groups whose samples all score alike, generate more until full]
+  -> old log-probs (+ entropy) | reference log-probs | values          (concurrent calls)
+  -> KL penalty in the reward (fixed or adaptive) -> advantages (any registered estimator)
+  -> critic update -> actor update (after trainer.critic_warmup steps)
+Validation every trainer.test_freq steps and checkpoints every trainer.save_freq come from
+tandem/trainer/base.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from tandem.algos import apply_kl_penalty, compute_advantages, kl_controller_from_config, mismatch_metrics
+from tandem.algos.core import group_stats
+from tandem.batch import Batch
+from tandem.config.errors import ConfigError
+from tandem.config.schema import TandemConfig
+from tandem.data import PromptDataset, collate_prompts
+from tandem.rewards import reward_manager_from_config
+from tandem.roles.common import MODEL_INPUTS, arrange_for_update
+from tandem.roles.layout import build_worker_groups
+from tandem.rollout import PROMPT_INDEX, SamplingParams
+from tandem.trainer.base import Trainer
+from tandem.trainer.metrics import Timer, batch_metrics, throughput_metrics, worker_metrics
+
+logger = logging.getLogger(__name__)
+
+PROMPT_SIDE = {"prompts": "pad", "input_ids": "pad", "attention_mask": 0, "position_ids": 0}
+COUNT_SUFFIX = "_count"
+
+
+def load_tokenizer(model_path: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_path)
+
+
+class RLTrainer(Trainer):
+    """Reads the data, checks it and the reward functions, then `fit()` starts the workers and trains."""
+
+    console_keys = (
+        "score/mean",
+        "val/acc",
+        "actor/pg_loss",
+        "actor/kl_loss",
+        "actor/entropy",
+        "actor/grad_norm",
+        "critic/vf_loss",
+        "response_length/mean",
+        "timing_s/step",
+    )
+
+    def __init__(self, cfg: TandemConfig, *, train: bool = True) -> None:
+        """train=False: validation only (`evaluate`), no training data needed."""
+        cfg.validate(require_data=train)
+        d = cfg.data
+        if not train and not (d.val_files and cfg.actor.model_path):
+            raise ConfigError("evaluation needs data.val_files and actor.model_path; set both")
+        self.tokenizer = load_tokenizer(cfg.actor.model_path)
+        self.pad_id = self.tokenizer.pad_token_id
+        self.train_data = self._prompts(d.train_files, cfg) if train else None
+        self.val_data = self._prompts(d.val_files, cfg) if d.val_files else None
+        num_items = len(self.train_data) if train else 1
+        super().__init__(cfg, num_items, cfg.derived.gen_prompts_per_round if train else 1)
+        self.rewards = reward_manager_from_config(cfg, self.tokenizer)
+        self.rewards.check_data_sources(self._data_sources())
+        alg = cfg.algorithm
+        self.kl_ctrl = kl_controller_from_config(alg.kl_ctrl) if alg.use_kl_in_reward else None
+        self.reward_errors_total = 0
+
+    def _prompts(self, files: list[str], cfg: TandemConfig) -> PromptDataset:
+        d = cfg.data
+        return PromptDataset(
+            files,
+            self.tokenizer,
+            max_prompt_length=d.max_prompt_length,
+            prompt_key=d.prompt_key,
+            truncation=d.truncation,
+            chat_template=d.chat_template,
+        )
+
+    def _data_sources(self) -> set[tuple[str, str | None]]:
+        found = set()
+        for data in (self.train_data, self.val_data):
+            for i in range(len(data) if data is not None else 0):
+                style = data[i]["extra_info"].get("style")
+                found.add((data[i]["data_source"], style if isinstance(style, str) else None))
+        return found
+
+    # ---- one step ------------------------------------------------------------------------------------
+
+    def train_step(self) -> dict[str, float]:
+        cfg, groups, d = self.cfg, self.groups, self.cfg.derived
+        alg = cfg.algorithm
+        timer = Timer()
+        metrics: dict[str, float] = {}
+        with timer("step"):
+            batch, rollout_metrics = self.rollout(timer)
+            metrics.update(rollout_metrics)
+            mask = batch["response_mask"]
+
+            inputs = batch.select(*MODEL_INPUTS, "responses", "response_mask")
+            values = groups.critic.compute_values.async_(inputs) if groups.critic else None
+            with timer("old_log_probs"):
+                batch = batch.union(groups.actor.compute_log_probs(inputs))
+            if groups.ref is not None:
+                with timer("ref_log_probs"):
+                    batch = batch.union(groups.ref.compute_ref_log_probs(inputs))
+            if values is not None:
+                with timer("values"):
+                    batch = batch.union(values.result())
+            metrics.update(
+                {
+                    f"rollout_mismatch/{k.removeprefix('mismatch_')}": v
+                    for k, v in mismatch_metrics(
+                        batch["old_log_probs"], batch["rollout_log_probs"], mask
+                    ).items()
+                }
+            )
+
+            with timer("advantages"):
+                scores = batch["token_level_scores"]
+                if self.kl_ctrl is not None:
+                    rewards, kl = apply_kl_penalty(
+                        scores,
+                        batch["old_log_probs"],
+                        batch["ref_log_probs"],
+                        mask,
+                        self.kl_ctrl,
+                        alg.kl_penalty,
+                    )
+                    metrics["actor/reward_kl_penalty"] = kl["kl"]
+                    metrics["actor/reward_kl_penalty_coeff"] = kl["kl_coef"]
+                else:
+                    rewards = scores
+                batch["token_level_rewards"] = rewards
+                batch["advantages"], batch["returns"] = compute_advantages(
+                    alg.adv_estimator,
+                    rewards,
+                    mask,
+                    index=batch["uid"],
+                    values=batch.get("values"),
+                    reward_baselines=batch.get("reward_baselines"),
+                    gamma=alg.gamma,
+                    lam=alg.lam,
+                    norm_adv_by_std=alg.norm_adv_by_std,
+                )
+
+            if groups.critic is not None:
+                with timer("update_critic"):
+                    update = batch.select(*MODEL_INPUTS, "responses", "response_mask", "values", "returns")
+                    update = arrange_for_update(
+                        update, groups.critic.world_size, d.critic_mini_batches_per_step
+                    )
+                    metrics.update(groups.critic.update_critic(update)[0])
+            if self.step > cfg.trainer.critic_warmup:
+                with timer("update_actor"):
+                    update = arrange_for_update(
+                        batch.select(*self._actor_update_keys(batch)),
+                        groups.actor.world_size,
+                        d.actor_mini_batches_per_step,
+                    )
+                    metrics.update(groups.actor.update_actor(update)[0])
+
+        metrics.update(batch_metrics(batch, cfg.data.max_response_length))
+        metrics.update(throughput_metrics(batch, timer.seconds))
+        per_rank = [m for group in groups.unique() for m in group.pop_metrics()]
+        metrics = {**worker_metrics(per_rank), **metrics}  # the controller's timings win over the workers'
+        metrics["reward/error_count_total"] = float(self.reward_errors_total)
+        return metrics
+
+    def _actor_update_keys(self, batch: Batch) -> list[str]:
+        keys = [*MODEL_INPUTS, "responses", "response_mask", "old_log_probs", "advantages"]
+        if self.cfg.actor.use_kl_loss:
+            keys.append("ref_log_probs")
+        if self.cfg.rollout.is_correction != "none":
+            keys.append("rollout_log_probs")
+        return keys
+
+    # ---- generation and rewards (with dynamic sampling) ------------------------------------------------
+
+    def rollout(self, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        """The step's samples with `token_level_scores`. With dynamic sampling, rounds of
+        gen_batch_size prompts until data.train_batch_size prompts with varied scores are kept."""
+        cfg = self.cfg
+        ds, n, wanted = cfg.algorithm.dynamic_sampling, cfg.rollout.n, cfg.data.train_batch_size
+        kept: list[Batch] = []
+        reward_metrics: list[tuple[int, dict[str, float]]] = []
+        kept_prompts = drawn_prompts = rounds = 0
+        while True:
+            rounds += 1
+            prompts = self._collate([self.train_data[i] for i in self.next_indices()])
+            drawn_prompts += len(prompts)
+            with timer("generate"):
+                batch = self.generate(prompts, rounds)
+            with timer("reward"):
+                batch, metrics = self.score(batch)
+            reward_metrics.append((len(batch), metrics))
+            if not ds.enable:
+                kept.append(batch)
+                break
+            keep = varied_groups(batch[ds.metric], batch["uid"])
+            kept.append(batch.reorder(keep))
+            kept_prompts += len(keep) // n
+            if kept_prompts >= wanted:
+                break
+            if 0 < ds.max_num_gen_batches <= rounds:
+                raise RuntimeError(
+                    f"dynamic sampling: after {rounds} rounds of {len(prompts)} prompts only {kept_prompts} of "
+                    f"data.train_batch_size={wanted} prompts had samples that scored differently "
+                    f"(algorithm.dynamic_sampling.metric={ds.metric}). The task is too easy or too hard "
+                    "for the model: raise algorithm.dynamic_sampling.max_num_gen_batches (0 = no limit) or "
+                    "gen_batch_size, or change the data"
+                )
+        batch = self._concat(kept).slice(0, wanted * n) if ds.enable else kept[0]
+        metrics = _merge_reward_metrics(reward_metrics)
+        if ds.enable:
+            metrics["dynamic_sampling/rounds"] = float(rounds)
+            metrics["dynamic_sampling/prompts_drawn"] = float(drawn_prompts)
+            metrics["dynamic_sampling/groups_kept"] = float(kept_prompts)
+            metrics["dynamic_sampling/kept_ratio"] = kept_prompts / drawn_prompts
+        return batch, metrics
+
+    def _collate(self, items: list[dict[str, Any]]) -> Batch:
+        return collate_prompts(items, self.pad_id)
+
+    def generate(self, prompts: Batch, round_: int) -> Batch:
+        """rollout.n samples per prompt; a `uid` per prompt; ReMax's greedy baseline scores when needed."""
+        r, d = self.cfg.rollout, self.cfg.data
+        prompts = prompts.union(Batch.from_dict({PROMPT_INDEX: torch.arange(len(prompts))}))
+        prompts["uid"] = [f"{self.step}.{round_}.{i}" for i in range(len(prompts))]
+        sampling = SamplingParams(
+            max_tokens=d.max_response_length,
+            n=r.n,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            top_k=r.top_k,
+            seed=_seed(self.cfg.trainer.seed, self.step, round_),
+        )
+        batch = self.groups.actor.generate(prompts, sampling)
+        if self.cfg.derived.reward_baselines_needed:
+            greedy = self.groups.actor.generate(prompts, SamplingParams(max_tokens=d.max_response_length))
+            baselines = self.score(greedy)[0]["token_level_scores"].sum(-1)
+            batch["reward_baselines"] = baselines.repeat_interleave(r.n)
+        return batch
+
+    def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """`token_level_scores` (rule scorers + reward model, at the last response token) and per-sample
+        `acc` (the scorer's acc field where it gives one, else its score)."""
+        result = self.rewards(batch)
+        scores = result.token_level_scores
+        if self.groups.reward_model is not None:
+            rm = self.groups.reward_model.compute_rm_scores(batch)["rm_scores"].float()
+            mask = batch["response_mask"].bool()
+            has_tokens = mask.any(-1)
+            last = torch.where(mask, torch.arange(mask.shape[1]), -1).max(-1).values.clamp(min=0)
+            scores = scores.clone()
+            rows = torch.arange(len(batch))
+            scores[rows, last] += torch.where(has_tokens, rm, torch.zeros_like(rm))
+            result.metrics["reward/rm_score_mean"] = float(rm.mean())
+        batch["token_level_scores"] = scores
+        scorer = torch.as_tensor(result.extra["scorer_score"], dtype=torch.float32)
+        if "acc" in result.extra and np.issubdtype(np.asarray(result.extra["acc"]).dtype, np.number):
+            acc = torch.as_tensor(np.asarray(result.extra["acc"], dtype=np.float64), dtype=torch.float32)
+            batch["acc"] = torch.where(torch.isnan(acc), scorer, acc)
+        else:
+            batch["acc"] = scorer
+        batch["score"] = scores.sum(-1)
+        errors = int(result.metrics["reward/error_count"] + result.metrics["reward/timeout_count"])
+        self.reward_errors_total += errors
+        return batch, result.metrics
+
+    def _concat(self, batches: list[Batch]) -> Batch:
+        width = max(b["prompts"].shape[1] for b in batches)
+        return Batch.concat([_left_pad(b, width, self.pad_id) for b in batches])
+
+    # ---- validation ------------------------------------------------------------------------------------
+
+    def has_validation(self) -> bool:
+        return self.val_data is not None
+
+    def validate(self) -> dict[str, float]:
+        """rollout.val sampling on the validation prompts: accuracy and score, overall and per data source."""
+        data, r, d = self.val_data, self.cfg.rollout.val, self.cfg.data
+        size = d.val_batch_size or len(data)
+        sampling = SamplingParams(
+            max_tokens=d.max_response_length,
+            n=r.n,
+            temperature=r.temperature,
+            top_p=r.top_p,
+            seed=_seed(self.cfg.trainer.seed, 0, 0) if r.temperature > 0 else None,
+        )
+        scored = []
+        for start in range(0, len(data), size):
+            items = [data[i] for i in range(start, min(start + size, len(data)))]
+            prompts = self._collate(items)
+            prompts = prompts.union(Batch.from_dict({PROMPT_INDEX: torch.arange(start, start + len(items))}))
+            batch, _ = self.score(self.groups.actor.generate(prompts, sampling))
+            scored.append(batch.select("acc", "score", "response_mask", "data_source"))
+        batch = Batch.concat(scored, meta="first")
+        sources = np.asarray(batch["data_source"], dtype=object)
+        metrics = {
+            "val/acc": float(batch["acc"].mean()),
+            "val/score_mean": float(batch["score"].mean()),
+            "val/response_length/mean": float(batch["response_mask"].sum(-1).double().mean()),
+        }
+        for source in sorted(set(sources)):
+            rows = torch.as_tensor(sources == source)
+            metrics[f"val/{source}/acc"] = float(batch["acc"][rows].mean())
+            metrics[f"val/{source}/score_mean"] = float(batch["score"][rows].mean())
+        return metrics
+
+    # ---- checkpoint state --------------------------------------------------------------------------------
+
+    def extra_state(self) -> dict[str, Any]:
+        return {
+            "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl is not None else None,
+            "reward_errors_total": self.reward_errors_total,
+        }
+
+    def load_extra_state(self, state: dict[str, Any]) -> None:
+        if self.kl_ctrl is not None and state.get("kl_ctrl") is not None:
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        self.reward_errors_total = int(state.get("reward_errors_total", 0))
+
+    def fit(self, until_step: int | None = None) -> list[dict[str, float]]:
+        try:
+            return super().fit(until_step)
+        finally:
+            self.rewards.close()
+
+    def evaluate(self, checkpoint: str | None = None) -> dict[str, float]:
+        """Validation alone: the actor of actor.model_path (or of `checkpoint`) on data.val_files."""
+        try:
+            self.groups = build_worker_groups(self.cfg, purpose="eval")
+            if checkpoint is not None:
+                self.groups.actor.load_checkpoint(str(self.checkpoints.resolve(checkpoint)))
+            return self.validate()
+        finally:
+            if self.groups is not None:
+                self.groups.shutdown()
+                self.groups = None
+            self.rewards.close()
+
+
+def varied_groups(values: torch.Tensor, uid: Any) -> torch.Tensor:
+    """Row indices of the samples whose group (same uid) holds at least two different values."""
+    _, std, _ = group_stats(values.double(), uid)
+    return torch.nonzero(std > 0).squeeze(-1)
+
+
+def _seed(seed: int, step: int, round_: int) -> int:
+    """The sampling seed of a step's generation round: the same on a resumed run."""
+    return (seed * 1_000_003 + step) * 101 + round_
+
+
+def _left_pad(batch: Batch, width: int, pad_id: int) -> Batch:
+    """The prompt side of a rollout batch left-padded to `width` tokens (to concatenate rounds)."""
+    extra = width - batch["prompts"].shape[1]
+    if extra == 0:
+        return batch
+    batch = batch.select(*batch.keys())
+    for key, value in PROMPT_SIDE.items():
+        batch[key] = F.pad(batch[key], (extra, 0), value=pad_id if value == "pad" else value)
+    return batch
+
+
+def _merge_reward_metrics(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """Reward metrics of several scoring calls: counts summed, the rest averaged by sample count."""
+    total = sum(n for n, _ in parts)
+    merged: dict[str, float] = {}
+    for key in {k for _, m in parts for k in m}:
+        present = [(n, m[key]) for n, m in parts if key in m]
+        if key.endswith(COUNT_SUFFIX):
+            merged[key] = float(sum(v for _, v in present))
+        else:
+            weight = sum(n for n, _ in present) or total or 1
+            merged[key] = float(sum(n * v for n, v in present) / weight)
+    return merged

@@ -1,0 +1,73 @@
+"""The SFT trainer: supervised fine-tuning of the actor's model on (prompt, response) rows, on the
+same workers and engine as RL, to warm-start a policy. Batch sizes: data.train_batch_size ROWS per
+optimizer step, split over the ranks, actor.micro_batch_size_per_rank rows per forward/backward.
+At the end the model is exported as a Hugging Face folder, `<run dir>/hf_model`, ready to be an
+RL run's actor.model_path."""
+
+from __future__ import annotations
+
+import time
+
+from tandem.config.errors import ConfigError
+from tandem.config.schema import TandemConfig
+from tandem.data import SFTDataset, collate_sft
+from tandem.trainer.base import Trainer
+from tandem.trainer.ppo import load_tokenizer
+
+SFT_TRUNCATION = ("error", "right")
+
+
+class SFTTrainer(Trainer):
+    purpose = "sft"
+    console_keys = ("sft/loss", "val/loss", "sft/grad_norm", "sft/lr", "timing_s/step")
+
+    def __init__(self, cfg: TandemConfig) -> None:
+        cfg.validate(require_data=True)
+        d = cfg.data
+        if d.truncation not in SFT_TRUNCATION:
+            raise ConfigError(
+                f"data.truncation={d.truncation} is for RL prompts; SFT takes error or right "
+                "(set data.truncation=error or right)"
+            )
+        self.tokenizer = load_tokenizer(cfg.actor.model_path)
+        self.train_data = self._rows(d.train_files, cfg)
+        self.val_data = self._rows(d.val_files, cfg) if d.val_files else None
+        super().__init__(cfg, len(self.train_data), d.train_batch_size)
+        self.hf_dir = self.run_dir / "hf_model"
+
+    def _rows(self, files: list[str], cfg: TandemConfig) -> SFTDataset:
+        d = cfg.data
+        return SFTDataset(
+            files,
+            self.tokenizer,
+            max_length=d.max_length or d.max_prompt_length + d.max_response_length,
+            prompt_key=d.prompt_key,
+            response_key=d.response_key,
+            truncation=d.truncation,
+            chat_template=d.chat_template,
+        )
+
+    def train_step(self) -> dict[str, float]:
+        start = time.perf_counter()
+        batch = collate_sft([self.train_data[i] for i in self.next_indices()], self.tokenizer.pad_token_id)
+        metrics = self.groups.actor.sft_step(batch)[0]
+        metrics["timing_s/step"] = time.perf_counter() - start
+        return metrics
+
+    def has_validation(self) -> bool:
+        return self.val_data is not None
+
+    def validate(self) -> dict[str, float]:
+        """Token-mean negative log-likelihood of the validation responses."""
+        data = self.val_data
+        size = self.cfg.data.val_batch_size or len(data)
+        nll = tokens = 0.0
+        for start in range(0, len(data), size):
+            rows = [data[i] for i in range(start, min(start + size, len(data)))]
+            out = self.groups.actor.sft_nll(collate_sft(rows, self.tokenizer.pad_token_id))
+            nll, tokens = nll + float(out["nll_sum"].sum()), tokens + float(out["num_tokens"].sum())
+        return {"val/loss": nll / max(tokens, 1.0)}
+
+    def finish(self) -> None:
+        self.groups.actor.export_hf("actor", str(self.hf_dir))
+        print(f"[tandem] SFT model exported to {self.hf_dir}", flush=True)

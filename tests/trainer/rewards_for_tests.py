@@ -1,0 +1,14 @@
+"""Reward functions for the trainer tests (loaded as reward.custom_reward_file)."""
+
+
+def by_length(data_source, solution_str, ground_truth, extra_info=None):
+    """1 for an odd number of characters: samples of one prompt differ, whatever the model."""
+    correct = len(solution_str) % 2 == 1
+    return {"score": float(correct), "acc": correct}
+
+
+def sometimes_raises(data_source, solution_str, ground_truth, extra_info=None):
+    """Raises on responses of a length divisible by 3; else scores as by_length."""
+    if len(solution_str) % 3 == 0:
+        raise RuntimeError(f"this scorer fails on {len(solution_str)} characters")
+    return by_length(data_source, solution_str, ground_truth, extra_info)

@@ -1,0 +1,83 @@
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from tandem.trainer.checkpoint import (
+    COMPLETE,
+    CheckpointManager,
+    load_trainer_state,
+    save_trainer_state,
+)
+
+
+def write(manager, step, crash=False):
+    with manager.writing(step) as folder:
+        (folder / "actor").mkdir()
+        (folder / "actor" / "shard").write_text(f"weights of step {step}")
+        save_trainer_state(folder, {"step": step})
+        if crash:
+            raise KeyboardInterrupt  # killed mid-write
+
+
+def test_newest_complete_checkpoint_wins_and_old_ones_are_pruned(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=2)
+    assert manager.latest() is None and manager.resolve("auto") is None
+    for step in (2, 4, 6):
+        write(manager, step)
+    assert [s for s, _ in manager.checkpoints()] == [4, 6]
+    assert manager.resolve("auto") == tmp_path / "global_step_6"
+    assert manager.resolve("disable") is None
+    assert manager.resolve(str(tmp_path / "global_step_4")) == tmp_path / "global_step_4"
+
+
+def test_a_crash_mid_write_leaves_the_last_good_checkpoint(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=1)
+    write(manager, 2)
+    with pytest.raises(KeyboardInterrupt):
+        write(manager, 4, crash=True)
+    assert manager.latest() == tmp_path / "global_step_2"
+    assert (tmp_path / "global_step_2" / "actor" / "shard").read_text() == "weights of step 2"
+    assert not list(tmp_path.glob(".partial-*"))  # removed on the way out
+
+
+def test_leftovers_of_a_killed_process_are_never_read_and_get_removed(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    write(manager, 2)
+    leftover = tmp_path / ".partial-global_step_4"
+    leftover.mkdir()
+    (leftover / COMPLETE).write_text("4")  # even with the marker, a partial name is not a checkpoint
+    incomplete = tmp_path / "global_step_6"  # a folder without the marker (e.g. copied by hand, cut short)
+    incomplete.mkdir()
+    assert manager.latest() == tmp_path / "global_step_2"
+    manager.remove_partial()
+    assert not leftover.exists()
+
+
+def test_resume_from_a_folder_that_is_not_a_checkpoint_says_so(tmp_path):
+    with pytest.raises(FileNotFoundError, match="not a complete Tandem checkpoint"):
+        CheckpointManager(tmp_path).resolve(str(tmp_path))
+    with pytest.raises(ValueError, match="max_checkpoints_to_keep"):
+        CheckpointManager(tmp_path, keep=0)
+
+
+def test_rewriting_a_step_replaces_it(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    write(manager, 2)
+    with manager.writing(2) as folder:
+        save_trainer_state(folder, {"step": 2, "note": "second"})
+    assert load_trainer_state(manager.latest())["note"] == "second"
+
+
+def test_trainer_state_restores_the_rng_streams(tmp_path):
+    random.seed(3)
+    np.random.seed(3)
+    torch.manual_seed(3)
+    save_trainer_state(tmp_path, {"step": 7})
+    expected = (random.random(), np.random.rand(), torch.rand(1).item())
+    random.seed(99)
+    np.random.seed(99)
+    torch.manual_seed(99)
+    assert load_trainer_state(tmp_path) == {"step": 7}
+    assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected

@@ -1,0 +1,35 @@
+"""Every advantage estimator runs a step through the trainer (in process, 1 rank: fast)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.trainer import RLTrainer
+
+from .trainer_helpers import custom_reward, make_assets, run_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return make_assets(tmp_path_factory.mktemp("assets"))
+
+
+@pytest.mark.parametrize("preset", ["rloo", "reinforce_pp", "remax", "dr_grpo", "gspo"])
+def test_preset_runs_a_step(assets, tmp_path, preset):
+    cfg = run_config(
+        assets,
+        tmp_path,
+        preset,
+        "trainer.backend=inprocess",
+        "trainer.workers_per_node=1",
+        "trainer.total_training_steps=1",
+        "rollout.n=4",
+        *custom_reward("by_length"),
+    )
+    (metrics,) = RLTrainer(cfg).fit()
+    assert metrics["step"] == 1 and metrics["perf/samples"] == 16
+    assert "actor/pg_loss" in metrics and "advantages/mean" in metrics
+    if preset in ("rloo", "dr_grpo", "gspo"):  # group baselines: advantages sum to 0 within each group
+        assert metrics["advantages/max"] >= 0 >= metrics["advantages/min"]

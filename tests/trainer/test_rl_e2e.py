@@ -1,0 +1,180 @@
+"""End to end on the real stack: Ray worker processes, FSDP2 over gloo, the HF rollout engine,
+reward processes, the tiny model. A few steps each; every test checks numbers, not just that it ran."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from tandem.trainer import RLTrainer
+from tandem.trainer.checkpoint import COMPLETE, TRAINER_STATE
+from tandem.trainer.export import export_checkpoint
+from tandem.trainer.tracking import read_jsonl
+
+from .trainer_helpers import custom_reward, make_assets, run_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+
+STEP_KEYS = {
+    "score/mean",
+    "rewards/mean",
+    "advantages/mean",
+    "returns/mean",
+    "actor/pg_loss",
+    "actor/pg_clipfrac",
+    "actor/grad_norm",
+    "actor/lr",
+    "actor/entropy",
+    "response_length/mean",
+    "response_length/max",
+    "response_length/clip_ratio",
+    "timing_s/step",
+    "timing_s/generate",
+    "timing_share/generate",
+    "perf/tokens_per_s",
+    "memory/peak_rss_gib",
+    "rollout_mismatch/max_ratio",
+    "reward/error_count",
+}
+NOT_COMPARABLE = (  # wall-clock and memory numbers
+    "timing_s/",
+    "timing_share/",
+    "perf/tokens_per_s",
+    "perf/generated_tokens_per_s",
+    "memory/",
+    "rollout/seconds",
+    "rollout/tokens_per_second",
+)
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    return make_assets(tmp_path_factory.mktemp("assets"))
+
+
+def by_step(history):
+    return {m["step"]: m for m in history}
+
+
+def test_grpo_trains_validates_checkpoints_exports_and_evaluates(ray_local, assets, tmp_path):
+    cfg = run_config(
+        assets,
+        tmp_path,
+        "grpo",
+        "trainer.total_training_steps=2",
+        "trainer.test_freq=1",
+        "trainer.val_before_train=true",
+        *custom_reward("by_length"),
+    )
+    history = by_step(RLTrainer(cfg).fit())
+    assert sorted(history) == [0, 1, 2]
+    assert set(history[0]) >= {"val/acc", "val/addition/acc", "val/score_mean"}
+    for step in (1, 2):
+        missing = STEP_KEYS - set(history[step])
+        assert not missing, f"step {step} lacks {missing}"
+        assert "actor/kl_loss" in history[step] and "val/acc" in history[step]
+        assert history[step]["perf/samples"] == 16  # 4 prompts x 4 samples
+        assert 0 <= history[step]["score/mean"] <= 1
+        # rollout and trainer compute the same log-probs (fp32): the largest ratio is 1
+        assert history[step]["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-4)
+    # k3 >= 0; it is 0 on the first mini-batch (actor == reference) and grows after its update
+    assert 0 < history[1]["actor/kl_loss"] < history[2]["actor/kl_loss"]
+    assert history[2]["timing_s/weight_sync"] > 0  # the updated actor went into the rollout engine
+    assert [line["step"] for line in read_jsonl(tmp_path / "tandem/grpo/metrics.jsonl")] == [0, 1, 2]
+
+    checkpoint = tmp_path / "tandem/grpo/checkpoints/global_step_2"
+    assert (checkpoint / COMPLETE).is_file() and (checkpoint / TRAINER_STATE).is_file()
+    exported = export_checkpoint(checkpoint, tmp_path / "exported")
+    before, after = load_file(assets["model"] / "model.safetensors"), load_file(exported / "model.safetensors")
+    assert before.keys() == after.keys()
+    assert any(not torch.equal(before[k], after[k]) for k in before), "training changed no weight"
+
+    # Greedy validation of the checkpoint in a fresh worker group equals the run's own at step 2.
+    evaluated = RLTrainer(cfg, train=False).evaluate(str(checkpoint))
+    assert evaluated["val/acc"] == pytest.approx(history[2]["val/acc"])
+    assert evaluated["val/score_mean"] == pytest.approx(history[2]["val/score_mean"])
+
+
+def test_ppo_with_critic_warms_up_the_critic_first(ray_local, assets, tmp_path):
+    cfg = run_config(
+        assets,
+        tmp_path,
+        "ppo",
+        "trainer.total_training_steps=2",
+        "trainer.critic_warmup=1",
+        *custom_reward("by_length"),
+    )
+    history = by_step(RLTrainer(cfg).fit())
+    for step in (1, 2):
+        assert {"critic/vf_loss", "critic/grad_norm", "values/mean", "actor/reward_kl_penalty"} <= set(
+            history[step]
+        )
+    assert "actor/pg_loss" not in history[1]  # step 1 trains only the critic
+    assert "actor/pg_loss" in history[2]
+    # The actor has not moved before step 2's update, so the KL penalty in the reward is exactly 0.
+    assert history[1]["actor/reward_kl_penalty"] == 0 and history[2]["actor/reward_kl_penalty"] == 0
+    assert history[1]["rewards/mean"] == pytest.approx(history[1]["score/mean"])
+    assert (tmp_path / "tandem/ppo/checkpoints/global_step_2/critic").is_dir()
+
+
+def test_dapo_dynamic_sampling_fills_the_batch_with_varied_groups(ray_local, assets, tmp_path):
+    cfg = run_config(
+        assets,
+        tmp_path,
+        "dapo",
+        "trainer.total_training_steps=2",
+        "algorithm.dynamic_sampling.gen_batch_size=4",
+        "algorithm.dynamic_sampling.max_num_gen_batches=20",
+        "reward.overlong.buffer_len=2",
+        *custom_reward("by_length"),
+    )
+    history = by_step(RLTrainer(cfg).fit())
+    for step in (1, 2):
+        m = history[step]
+        assert m["perf/samples"] == 16  # exactly data.train_batch_size x n, the surplus cut
+        assert m["dynamic_sampling/groups_kept"] >= 4
+        assert m["dynamic_sampling/prompts_drawn"] == 4 * m["dynamic_sampling/rounds"]
+        assert m["dynamic_sampling/kept_ratio"] == pytest.approx(
+            m["dynamic_sampling/groups_kept"] / m["dynamic_sampling/prompts_drawn"]
+        )
+        # every kept group has a spread, so each has positive and negative advantages
+        assert m["advantages/max"] > 0 > m["advantages/min"]
+        assert m["reward/overlong_mean"] <= 0  # the soft overlong penalty is on (buffer of 2 tokens)
+
+
+def test_resumed_run_equals_uninterrupted_run(ray_local, assets, tmp_path):
+    def config(experiment):
+        return run_config(
+            assets,
+            tmp_path,
+            "grpo",
+            "trainer.total_training_steps=4",
+            "trainer.save_freq=2",
+            f"trainer.experiment_name={experiment}",
+            *custom_reward("by_length"),
+        )
+
+    RLTrainer(config("resumed")).fit(until_step=2)  # stops after step 2, as a killed run would
+    resumed = by_step(RLTrainer(config("resumed")).fit())
+    straight = by_step(RLTrainer(config("straight")).fit())
+    assert sorted(resumed) == [3, 4] and sorted(straight) == [1, 2, 3, 4]
+    for step in (3, 4):
+        keys = {k for k in straight[step] if not k.startswith(NOT_COMPARABLE)}
+        assert keys <= set(resumed[step])
+        for key in sorted(keys):
+            a, b = resumed[step][key], straight[step][key]
+            assert a == pytest.approx(b, rel=1e-6, abs=1e-7), f"step {step} {key}: resumed {a} vs {b}"
+    lines = read_jsonl(tmp_path / "tandem/resumed/metrics.jsonl")
+    assert [line["step"] for line in lines] == [1, 2, 3, 4]
+
+
+def test_a_raising_reward_function_is_counted_and_the_run_goes_on(ray_local, assets, tmp_path):
+    cfg = run_config(assets, tmp_path, "grpo", "trainer.total_training_steps=2", *custom_reward("sometimes_raises"))
+    history = by_step(RLTrainer(cfg).fit())
+    errors = [history[s]["reward/error_count"] for s in (1, 2)]
+    assert sum(errors) > 0, "the scorer raised on no sample: pick another length rule"
+    assert history[2]["reward/error_count_total"] == sum(errors)
+    assert all(math.isfinite(history[s]["actor/pg_loss"]) for s in (1, 2))

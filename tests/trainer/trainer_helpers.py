@@ -1,0 +1,49 @@
+"""A tiny model, the addition task and configs for the trainer tests."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tandem.config import load_config
+from tandem.config.schema import TandemConfig
+from tandem.data import save_tiny, write_splits
+
+REWARDS = Path(__file__).with_name("rewards_for_tests.py")
+
+
+def make_assets(root: Path) -> dict[str, Path]:
+    """A tiny model folder and the addition task (16 train, 8 val prompts)."""
+    files = write_splits("addition", root / "data", n_train=16, n_val=8, seed=0, digits=1)
+    return {"model": save_tiny(root / "model"), **files}
+
+
+def run_config(assets: dict[str, Path], out: Path, preset: str, *overrides: str) -> TandemConfig:
+    """`preset` on 2 CPU ranks: 4 prompts x 4 samples of <= 6 tokens a step, 2 mini-batches, fp32."""
+    return load_config(
+        preset,
+        [
+            f"actor.model_path={assets['model']}",
+            f"data.train_files=[{assets['train']}]",
+            f"data.val_files=[{assets['val']}]",
+            "data.max_prompt_length=32",
+            "data.max_response_length=6",
+            "data.train_batch_size=4",
+            "rollout.n=4",
+            "actor.ppo_mini_batch_size=2",
+            "actor.micro_batch_size_per_rank=4",
+            "actor.optim.lr=1e-3",
+            "critic.optim.lr=1e-3",
+            "trainer.workers_per_node=2",
+            "trainer.device=cpu",
+            f"trainer.output_dir={out}",
+            "trainer.loggers=[jsonl]",
+            "trainer.progress_bar=false",
+            "reward.num_workers=0",
+            *overrides,
+        ],
+        require_data=True,
+    )
+
+
+def custom_reward(name: str) -> list[str]:
+    return [f"reward.custom_reward_file={REWARDS}", f"reward.custom_reward_function={name}"]
