@@ -1,8 +1,13 @@
+import subprocess
+import sys
+from pathlib import Path
+
 import pyarrow.parquet as pq
 import pytest
 
 from tandem.cli import main
-from tandem.demo import run
+from tandem.data import save_tiny, write_rows
+from tandem.trainer.quickstart import run as run_quickstart
 
 
 def test_config_prints_resolved_yaml(capsys):
@@ -31,20 +36,66 @@ def test_data_writes_train_and_val(tmp_path, capsys):
     assert "unknown task 'sudoku'" in capsys.readouterr().err
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(600)
-def test_demo_runs_grpo_steps_on_ray_workers(tmp_path):
-    numbers = run(tmp_path, sft_steps=30, rl_steps=2)
-    assert numbers["samples_per_step"] == 32  # 8 prompts x n=4
-    assert numbers["step1_reward_errors"] == 0 and numbers["step2_reward_errors"] == 0
-    # the second generation first synced the updated actor into the workers' rollout engines
-    assert numbers["step1_weight_sync_s"] == 0 and numbers["step2_weight_sync_s"] > 0
-    # rollout log-probs are the trainer's (fp32): the largest probability ratio is 1
-    assert numbers["step2_rollout_vs_trainer_max_ratio"] == pytest.approx(1.0, abs=1e-4)
-    assert numbers["step1_grad_norm"] > 0 and 0.0 <= numbers["accuracy_after_rl"] <= 1.0
-
-
 def test_config_without_preset_takes_overrides(capsys):
     assert main(["config", "rollout.n=8"]) == 0
     out = capsys.readouterr().out
     assert "n: 8" in out and "adv_estimator: grpo" in out
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    """The real command in a fresh process, so that nothing (Ray, workers) is started in this one."""
+    return subprocess.run(
+        [sys.executable, "-m", "tandem.cli", *args], capture_output=True, text=True, timeout=300
+    )
+
+
+def test_train_with_a_bad_key_exits_2_naming_it_before_any_worker(tmp_path):
+    done = run_cli("train", "grpo", "actor.optim.lrr=1e-6", f"trainer.output_dir={tmp_path}")
+    assert done.returncode == 2
+    assert "actor.optim.lrr" in done.stderr and "actor.optim.lr" in done.stderr
+    assert "Started a local Ray" not in done.stderr and not (tmp_path / "tandem").exists()
+
+
+def test_train_without_data_or_with_a_missing_file_names_the_key(tmp_path):
+    done = run_cli("train", "grpo", f"trainer.output_dir={tmp_path}")
+    assert done.returncode == 2 and "data.train_files" in done.stderr and "actor.model_path" in done.stderr
+    done = run_cli("train", "grpo", f"data.train_files=[{tmp_path / 'nope.parquet'}]")
+    assert done.returncode == 2 and "nope.parquet' does not exist" in done.stderr
+
+
+def test_train_with_a_bad_row_names_the_file_and_row(tmp_path):
+    model = save_tiny(tmp_path / "model")
+    bad = write_rows([{"prompt": [{"role": "user", "content": "1+1="}]}], tmp_path / "bad.parquet")
+    done = run_cli("train", "grpo", f"actor.model_path={model}", f"data.train_files=[{bad}]")
+    assert done.returncode == 2
+    assert "bad.parquet row 0" in done.stderr and "data_source" in done.stderr
+    assert "Started a local Ray" not in done.stderr
+
+
+def test_train_with_an_unscorable_data_source_fails_before_the_workers(tmp_path):
+    model = save_tiny(tmp_path / "model")
+    rows = [{"prompt": [{"role": "user", "content": "1+1="}], "data_source": "my_task"}] * 8
+    data = write_rows(rows, tmp_path / "train.parquet")
+    done = run_cli("train", "grpo", f"actor.model_path={model}", f"data.train_files=[{data}]")
+    assert done.returncode == 2 and "my_task" in done.stderr
+    assert "Started a local Ray" not in done.stderr
+
+
+def test_export_of_a_folder_that_is_no_checkpoint_exits_2(tmp_path):
+    done = run_cli("export", str(tmp_path), str(tmp_path / "out"))
+    assert done.returncode == 2 and "not a complete Tandem checkpoint" in done.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_quickstart_runs_sft_then_grpo_and_plots(ray_local, tmp_path):
+    numbers = run_quickstart(
+        tmp_path,
+        ["trainer.total_training_steps=2", "trainer.test_freq=1", "trainer.loggers=[jsonl]"],
+        sft_overrides=["trainer.total_training_steps=4"],
+    )
+    assert [step for step, _ in numbers["accuracy_per_validation"]] == [0, 1, 2]
+    assert 0 <= numbers["accuracy_after_sft"] <= 1 and 0 <= numbers["accuracy_after_rl"] <= 1
+    assert [step for step, _ in numbers["reward_per_step"]] == [1, 2]
+    assert Path(numbers["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "quickstart/sft/hf_model/model.safetensors").is_file()

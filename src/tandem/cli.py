@@ -101,7 +101,9 @@ def _run(args: argparse.Namespace) -> int:
         from tandem.data import TASKS, write_splits
 
         if args.task not in TASKS:
-            print(f"tandem data: unknown task '{args.task}'; known: {', '.join(sorted(TASKS))}", file=sys.stderr)
+            print(
+                f"tandem data: unknown task '{args.task}'; known: {', '.join(sorted(TASKS))}", file=sys.stderr
+            )
             return 2
         paths = write_splits(
             args.task, args.out_dir, n_train=args.n_train, n_val=args.n_val, seed=args.seed, fmt=args.format

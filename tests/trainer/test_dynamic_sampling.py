@@ -16,6 +16,9 @@ def test_varied_groups_of_interleaved_uids():
 
 def test_reward_metrics_of_rounds_sum_counts_and_weight_means_by_samples():
     merged = _merge_reward_metrics(
-        [(8, {"reward/error_count": 1.0, "reward/score_mean": 0.5}), (24, {"reward/error_count": 2.0, "reward/score_mean": 1.0})]
+        [
+            (8, {"reward/error_count": 1.0, "reward/score_mean": 0.5}),
+            (24, {"reward/error_count": 2.0, "reward/score_mean": 1.0}),
+        ]
     )
     assert merged == {"reward/error_count": 3.0, "reward/score_mean": (8 * 0.5 + 24 * 1.0) / 32}

@@ -88,7 +88,10 @@ def test_grpo_trains_validates_checkpoints_exports_and_evaluates(ray_local, asse
     checkpoint = tmp_path / "tandem/grpo/checkpoints/global_step_2"
     assert (checkpoint / COMPLETE).is_file() and (checkpoint / TRAINER_STATE).is_file()
     exported = export_checkpoint(checkpoint, tmp_path / "exported")
-    before, after = load_file(assets["model"] / "model.safetensors"), load_file(exported / "model.safetensors")
+    before, after = (
+        load_file(assets["model"] / "model.safetensors"),
+        load_file(exported / "model.safetensors"),
+    )
     assert before.keys() == after.keys()
     assert any(not torch.equal(before[k], after[k]) for k in before), "training changed no weight"
 
@@ -172,7 +175,9 @@ def test_resumed_run_equals_uninterrupted_run(ray_local, assets, tmp_path):
 
 
 def test_a_raising_reward_function_is_counted_and_the_run_goes_on(ray_local, assets, tmp_path):
-    cfg = run_config(assets, tmp_path, "grpo", "trainer.total_training_steps=2", *custom_reward("sometimes_raises"))
+    cfg = run_config(
+        assets, tmp_path, "grpo", "trainer.total_training_steps=2", *custom_reward("sometimes_raises")
+    )
     history = by_step(RLTrainer(cfg).fit())
     errors = [history[s]["reward/error_count"] for s in (1, 2)]
     assert sum(errors) > 0, "the scorer raised on no sample: pick another length rule"

@@ -63,8 +63,11 @@ GRPO = [
 ]
 
 
-def run(out_dir: str | Path = "runs/quickstart", overrides: Sequence[str] = ()) -> dict[str, Any]:
-    """Run the quickstart; RL `overrides` (key=value) come last and win. Returns its numbers."""
+def run(
+    out_dir: str | Path = "runs/quickstart", overrides: Sequence[str] = (), sft_overrides: Sequence[str] = ()
+) -> dict[str, Any]:
+    """Run the quickstart; `overrides` (key=value) of the RL run and `sft_overrides` of the SFT run come
+    last and win. Returns its numbers."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
@@ -78,7 +81,9 @@ def run(out_dir: str | Path = "runs/quickstart", overrides: Sequence[str] = ()) 
     paths = [f"trainer.output_dir={out}", *data]
     say(f"tiny Qwen2 model in {model_dir}; addition task in {out / 'data'}")
 
-    sft_cfg = load_config("sft", [*COMMON, *SFT, *paths, f"actor.model_path={model_dir}"], require_data=True)
+    sft_cfg = load_config(
+        "sft", [*COMMON, *SFT, *paths, f"actor.model_path={model_dir}", *sft_overrides], require_data=True
+    )
     say(f"SFT: {sft_cfg.trainer.total_training_steps} steps on 2 Ray ranks (FSDP2)")
     sft = SFTTrainer(sft_cfg)
     sft.fit()
@@ -94,7 +99,9 @@ def run(out_dir: str | Path = "runs/quickstart", overrides: Sequence[str] = ()) 
     history = RLTrainer(rl_cfg).fit()
     accuracy = [(m["step"], m["val/acc"]) for m in history if "val/acc" in m]
     rl_dir = run_dir(rl_cfg)
-    plot = plot_run(rl_dir / "metrics.jsonl", rl_dir / "plot.png", title="tandem quickstart: GRPO on addition")
+    plot = plot_run(
+        rl_dir / "metrics.jsonl", rl_dir / "plot.png", title="tandem quickstart: GRPO on addition"
+    )
     numbers = {
         "accuracy_after_sft": accuracy[0][1],
         "accuracy_after_rl": accuracy[-1][1],
@@ -107,7 +114,10 @@ def run(out_dir: str | Path = "runs/quickstart", overrides: Sequence[str] = ()) 
         "accuracy_per_validation": accuracy,
         "reward_per_step": plot["reward"],
     }
-    say("validation accuracy (greedy, 64 held-out additions): " + "  ".join(f"step {s}: {a:.3f}" for s, a in accuracy))
+    say(
+        "validation accuracy (greedy, 64 held-out additions): "
+        + "  ".join(f"step {s}: {a:.3f}" for s, a in accuracy)
+    )
     for key in ("accuracy_after_sft", "accuracy_after_rl", "seconds", "plot", "metrics"):
         value = numbers[key]
         say(f"{key:<20}{value:.3f}" if isinstance(value, float) else f"{key:<20}{value}")
