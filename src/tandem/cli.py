@@ -105,9 +105,18 @@ def _run(args: argparse.Namespace) -> int:
                 f"tandem data: unknown task '{args.task}'; known: {', '.join(sorted(TASKS))}", file=sys.stderr
             )
             return 2
-        paths = write_splits(
-            args.task, args.out_dir, n_train=args.n_train, n_val=args.n_val, seed=args.seed, fmt=args.format
-        )
+        try:
+            paths = write_splits(
+                args.task,
+                args.out_dir,
+                n_train=args.n_train,
+                n_val=args.n_val,
+                seed=args.seed,
+                fmt=args.format,
+            )
+        except ValueError as err:  # sizes the task cannot meet
+            print(f"tandem data: {err}", file=sys.stderr)
+            return 2
         print("\n".join(str(p) for p in paths.values()))
     return 0
 

@@ -109,5 +109,18 @@ def test_write_splits(tmp_path):
     assert (len(train), len(val)) == (6, 4)
     assert {r["extra_info"]["split"] for r in val} == {"val"}
     assert [r["prompt"] for r in train[:4]] != [r["prompt"] for r in val]
+    assert [r["extra_info"]["index"] for r in train] == list(range(6))
+
+
+def test_write_splits_holds_out_validation_problems(tmp_path):
+    # one-digit addition has only 100 problems: 60 validation rows take a good share of them
+    paths = write_splits("addition", tmp_path / "add", n_train=200, n_val=60, seed=0, digits=1)
+    train, val = (pq.read_table(paths[k]).to_pylist() for k in ("train", "val"))
+    assert len(train) == 200
+    val_prompts = {r["prompt"][0]["content"] for r in val}
+    assert not val_prompts & {r["prompt"][0]["content"] for r in train}
+    # a task that cannot leave any problem for training says so
+    with pytest.raises(ValueError, match=r"n_train=5 .*n_val smaller"):
+        write_splits("addition", tmp_path / "tiny", n_train=5, n_val=2000, seed=0, digits=1)
     with pytest.raises(ValueError, match=r"\.parquet or \.jsonl"):
         write_task("addition", tmp_path / "x.csv", 2, seed=0)

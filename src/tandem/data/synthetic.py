@@ -138,10 +138,32 @@ def write_splits(
 ) -> dict[str, Path]:
     """``train.<fmt>`` and ``val.<fmt>`` in ``out_dir`` from independent streams of one seed.
 
-    Small tasks can repeat a problem across splits; that is accepted for a smoke-test task.
+    Validation problems are held out: a training row never repeats a validation prompt (training
+    rows may repeat each other). A task too small to leave problems for training is an error.
     """
     out_dir = Path(out_dir)
+    val = make_rows(task, n_val, f"{seed}:val", split="val", **task_kwargs)
+    held_out = {_prompt_text(row) for row in val}
+    rng = random.Random(f"{task}:{seed}:train")
+    train: list[Row] = []
+    for _ in range(100 * n_train):
+        if len(train) == n_train:
+            break
+        row = TASKS[task](rng, len(train), "train", **task_kwargs)
+        if _prompt_text(row) not in held_out:
+            train.append(row)
+    else:
+        if len(train) < n_train:
+            raise ValueError(
+                f"{task}: found only {len(train)} of n_train={n_train} training rows whose prompt is not among "
+                f"the {len(held_out)} distinct validation prompts; make the task larger "
+                f"(e.g. more digits) or n_val smaller"
+            )
     return {
-        split: write_task(task, out_dir / f"{split}.{fmt}", n, f"{seed}:{split}", split=split, **task_kwargs)
-        for split, n in (("train", n_train), ("val", n_val))
+        "train": write_rows(train, out_dir / f"train.{fmt}"),
+        "val": write_rows(val, out_dir / f"val.{fmt}"),
     }
+
+
+def _prompt_text(row: Row) -> str:
+    return "\n".join(message["content"] for message in row["prompt"])

@@ -104,8 +104,3 @@ class Timer:
             yield
         finally:
             self.seconds[name] = self.seconds.get(name, 0.0) + time.perf_counter() - start
-
-
-def masked_scores(batch: Batch) -> Tensor:
-    """The sequence score of each sample (token_level_scores summed over its response)."""
-    return (batch["token_level_scores"] * batch["response_mask"]).sum(-1)

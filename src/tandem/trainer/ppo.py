@@ -47,18 +47,6 @@ def load_tokenizer(model_path: str) -> Any:
 class RLTrainer(Trainer):
     """Reads the data, checks it and the reward functions, then `fit()` starts the workers and trains."""
 
-    console_keys = (
-        "score/mean",
-        "val/acc",
-        "actor/pg_loss",
-        "actor/kl_loss",
-        "actor/entropy",
-        "actor/grad_norm",
-        "critic/vf_loss",
-        "response_length/mean",
-        "timing_s/step",
-    )
-
     def __init__(self, cfg: TandemConfig, *, train: bool = True) -> None:
         """train=False: validation only (`evaluate`), no training data needed."""
         cfg.validate(require_data=train)

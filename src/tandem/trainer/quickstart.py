@@ -1,6 +1,7 @@
 """`tandem quickstart`: the main job on a tiny model, start to finish, on a CPU laptop.
 
-1. Build a tiny Qwen2 model and byte-level tokenizer, and the synthetic addition task as parquet.
+1. Build a tiny Qwen2 model and byte-level tokenizer, and the synthetic two-digit addition task as
+   parquet, its 64 validation problems held out of the training rows.
 2. Warm-start it with SFT (`tandem sft`), on 2 Ray worker ranks with FSDP2.
 3. RL with GRPO (`tandem train grpo`) on 2 Ray worker ranks: FSDP2 actor + reference + rollout
    engine in each, weights synced into the rollout every step; validation before, during, after.
@@ -24,7 +25,7 @@ from tandem.trainer.plot import plot_run
 from tandem.trainer.ppo import RLTrainer
 from tandem.trainer.sft import SFTTrainer
 
-TASK = {"task": "addition", "n_train": 512, "n_val": 64, "digits": 1}
+TASK = {"task": "addition", "n_train": 16384, "n_val": 64, "digits": 2}
 COMMON = [
     "data.max_prompt_length=32",
     "data.max_response_length=4",
@@ -41,23 +42,24 @@ SFT = [
     "actor.micro_batch_size_per_rank=16",
     "actor.optim.lr=1e-3",
     "actor.optim.lr_scheduler=constant",
-    "actor.optim.warmup_ratio=0",
-    "trainer.total_training_steps=150",
+    "actor.optim.warmup_ratio=0.05",
+    "trainer.total_training_steps=520",
+    "trainer.test_freq=260",
     "trainer.experiment_name=sft",
     "trainer.loggers=[jsonl]",
 ]
 GRPO = [
-    "data.train_batch_size=16",
+    "data.train_batch_size=32",
     "rollout.n=8",
     "actor.ppo_mini_batch_size=8",
     "actor.micro_batch_size_per_rank=32",
-    "actor.optim.lr=5e-5",
+    "actor.optim.lr=1e-4",
     "rollout.log_prob_micro_batch_size_per_rank=64",
     "reference.log_prob_micro_batch_size_per_rank=64",
-    "trainer.total_training_steps=40",
+    "trainer.total_training_steps=80",
     "trainer.test_freq=10",
     "trainer.val_before_train=true",
-    "trainer.save_freq=20",
+    "trainer.save_freq=40",
     "trainer.experiment_name=grpo",
     "trainer.loggers=[console,jsonl,tensorboard]",
 ]
@@ -86,8 +88,12 @@ def run(
     )
     say(f"SFT: {sft_cfg.trainer.total_training_steps} steps on 2 Ray ranks (FSDP2)")
     sft = SFTTrainer(sft_cfg)
-    sft.fit()
+    sft_history = sft.fit()
     sft_seconds = time.perf_counter() - start
+    last = sft_history[-1]
+    say(
+        f"SFT: final loss {last['sft/loss']:.3f}, validation loss {last['val/loss']:.3f}; model in {sft.hf_dir}"
+    )
 
     rl_cfg = load_config(
         "grpo", [*COMMON, *GRPO, *paths, f"actor.model_path={sft.hf_dir}", *overrides], require_data=True

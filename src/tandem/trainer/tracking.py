@@ -37,12 +37,14 @@ DEFAULT_CONSOLE_KEYS = (
     "actor/kl_loss",
     "actor/entropy",
     "actor/grad_norm",
+    "critic/vf_loss",
     "response_length/mean",
     "timing_s/step",
 )
 
 # loggers that need a package of the same name (module and pip install alike)
 _NEEDS_PACKAGE = ("tensorboard", "wandb", "mlflow")
+_STATUS_EVERY_S = 10.0  # without a terminal or console logger: a status line at most this often
 _MLFLOW_MAX_PARAM_CHARS = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH; longer values are cut
 
 Number = int | float
@@ -85,6 +87,7 @@ class Tracker:
             self._bar = self._stack.enter_context(bar)
         self._eta_in_lines = show_progress and self._bar is None
         self._console = "console" in chosen
+        self._last_status = -float("inf")
         try:
             opener = {
                 "jsonl": self._open_jsonl,
@@ -107,7 +110,7 @@ class Tracker:
         if self._console:
             shown = [f"{key}={_short(values[key])}" for key in self.console_keys if key in values]
             self._write_line(" ".join([self._step_label(step), *shown, self._eta(step)]).rstrip(), sys.stdout)
-        elif self._eta_in_lines:
+        elif self._eta_in_lines and self._status_due(step):
             self._write_line(f"{self._step_label(step)} {self._eta(step)}", sys.stderr)
         if self._bar is not None and step > self._bar.n:
             self._bar.update(step - self._bar.n)
@@ -127,6 +130,15 @@ class Tracker:
 
     def _step_label(self, step: int) -> str:
         return f"[step {step}]" if self.total_steps is None else f"[step {step}/{self.total_steps}]"
+
+    def _status_due(self, step: int) -> bool:
+        """A status line (no console logger, no terminal) for the first and last step and every
+        _STATUS_EVERY_S in between: a log file gets a pulse, not a line per fast step."""
+        now = time.monotonic()
+        if step in (self.start_step + 1, self.total_steps) or now - self._last_status >= _STATUS_EVERY_S:
+            self._last_status = now
+            return True
+        return False
 
     def _eta(self, step: int) -> str:
         """'[8% 00:12<02:20]' (done, elapsed < remaining) when no live bar shows it, else ''."""
