@@ -6,7 +6,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tandem.cli import main
-from tandem.data import save_tiny, write_rows
+from tandem.data import save_tiny, write_rows, write_splits
 from tandem.trainer.quickstart import run as run_quickstart
 
 
@@ -78,6 +78,16 @@ def test_train_with_an_unscorable_data_source_fails_before_the_workers(tmp_path)
     data = write_rows(rows, tmp_path / "train.parquet")
     done = run_cli("train", "grpo", f"actor.model_path={model}", f"data.train_files=[{data}]")
     assert done.returncode == 2 and "my_task" in done.stderr
+    assert "Started a local Ray" not in done.stderr
+
+
+def test_train_with_an_engine_not_built_yet_fails_before_the_workers(tmp_path):
+    model = save_tiny(tmp_path / "model")
+    data = write_splits("addition", tmp_path / "data", n_train=8, n_val=4, digits=2)["train"]
+    done = run_cli(
+        "train", "grpo", f"actor.model_path={model}", f"data.train_files=[{data}]", "rollout.engine=vllm"
+    )
+    assert done.returncode == 2 and "rollout.engine=vllm is not available yet" in done.stderr
     assert "Started a local Ray" not in done.stderr
 
 

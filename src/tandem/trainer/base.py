@@ -3,8 +3,8 @@ validation and checkpoint schedule, resume, and the trackers.
 
     <trainer.output_dir>/<project_name>/<experiment_name>/
         config.yaml       the resolved config of the run
-        metrics.jsonl     one line per step (and per validation before training, step 0)
-        tensorboard/      when trainer.loggers has tensorboard
+        metrics.jsonl     with trainer.loggers=[...,jsonl]: one line per step (step 0: validation before training)
+        tensorboard/      with tensorboard in trainer.loggers (wandb/, mlruns/ likewise)
         checkpoints/      see tandem/trainer/checkpoint.py
 """
 
@@ -16,9 +16,11 @@ from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
+from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.data import StatefulSampler
 from tandem.roles.layout import WorkerGroups, build_worker_groups
+from tandem.rollout import LATER_ENGINES
 from tandem.trainer.checkpoint import CheckpointManager, load_trainer_state, save_trainer_state
 from tandem.trainer.tracking import Tracker
 
@@ -31,6 +33,17 @@ def run_dir(cfg: TandemConfig) -> Path:
     return Path(t.output_dir) / t.project_name / t.experiment_name
 
 
+def check_available(cfg: TandemConfig) -> None:
+    """Engines the config may name but this release does not have yet: an error before any worker starts."""
+    problems = []
+    if cfg.rollout.engine in LATER_ENGINES:
+        problems.append(f"rollout.engine={cfg.rollout.engine} is not available yet; use rollout.engine=hf")
+    if cfg.actor.strategy == "megatron":
+        problems.append("strategy=megatron is not available yet; use actor.strategy=fsdp")
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
 class Trainer(ABC):
     """The loop: for each step, `train_step`, validation every test_freq, a checkpoint every save_freq
     and at the end. Subclasses say what a step, a validation and their extra state are."""
@@ -39,6 +52,7 @@ class Trainer(ABC):
     console_keys: tuple[str, ...] | None = None  # metrics on the console line; None = the tracker's default
 
     def __init__(self, cfg: TandemConfig, num_items: int, batch_size: int) -> None:
+        check_available(cfg)
         self.cfg = cfg
         self.run_dir = run_dir(cfg)
         d, t = cfg.data, cfg.trainer

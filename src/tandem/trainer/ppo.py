@@ -3,7 +3,7 @@
 One step, each phase one call on a worker group (tandem/roles/layout.py):
   generate n responses per prompt -> rewards (rule scorers + reward model)
   [DAPO dynamic sampling: drop groups whose samples all score alike, generate more until full]
-  -> old log-probs (+ entropy) | reference log-probs | values          (concurrent calls)
+  -> old log-probs (+ entropy) -> reference log-probs, with the critic's values computed meanwhile
   -> KL penalty in the reward (fixed or adaptive) -> advantages (any registered estimator)
   -> critic update -> actor update (after trainer.critic_warmup steps)
 Validation every trainer.test_freq steps and checkpoints every trainer.save_freq come from
