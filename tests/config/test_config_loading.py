@@ -6,7 +6,7 @@ from config_helpers import load
 
 from tandem.config import ConfigError, TandemConfig, list_presets, load_config
 
-PRESETS = ["base", "dapo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce_pp", "remax", "rloo"]
+PRESETS = ["base", "dapo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce_pp", "remax", "rloo", "sft"]
 
 
 def test_list_presets():
