@@ -83,7 +83,9 @@ def test_console_default_keys(tmp_path, capsys):
     with tracker(tmp_path, ["console"]) as t:
         t.log({"timing_s/step": 1.5, "val/acc": 0.75, "score/mean": 0.5, "critic/vf_loss": 2.0, "x": 3.0}, 1)
     # in DEFAULT_CONSOLE_KEYS order; "x" is not a headline metric, absent ones are skipped
-    assert capsys.readouterr().out == "[step 1] score/mean=0.5 val/acc=0.75 critic/vf_loss=2 timing_s/step=1.5\n"
+    assert (
+        capsys.readouterr().out == "[step 1] score/mean=0.5 val/acc=0.75 critic/vf_loss=2 timing_s/step=1.5\n"
+    )
 
 
 def test_without_a_terminal_the_line_carries_the_eta(tmp_path, capsys):
