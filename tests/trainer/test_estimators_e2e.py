@@ -33,3 +33,20 @@ def test_preset_runs_a_step(assets, tmp_path, preset):
     assert "actor/pg_loss" in metrics and "advantages/mean" in metrics
     if preset in ("rloo", "dr_grpo", "gspo"):  # group baselines: advantages sum to 0 within each group
         assert metrics["advantages/max"] >= 0 >= metrics["advantages/min"]
+
+
+def test_dynamic_sampling_that_keeps_no_group_stops_after_max_rounds_with_the_fix(assets, tmp_path):
+    cfg = run_config(
+        assets,
+        tmp_path,
+        "dapo",
+        "trainer.backend=inprocess",
+        "trainer.workers_per_node=1",
+        "trainer.total_training_steps=1",
+        "algorithm.dynamic_sampling.gen_batch_size=4",
+        "algorithm.dynamic_sampling.max_num_gen_batches=3",
+        "reward.overlong.enable=false",
+        *custom_reward("constant"),
+    )
+    with pytest.raises(RuntimeError, match=r"after 3 rounds of 4 prompts only 0 of .*max_num_gen_batches"):
+        RLTrainer(cfg).fit()
