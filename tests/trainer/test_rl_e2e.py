@@ -183,3 +183,44 @@ def test_a_raising_reward_function_is_counted_and_the_run_goes_on(ray_local, ass
     assert sum(errors) > 0, "the scorer raised on no sample: pick another length rule"
     assert history[2]["reward/error_count_total"] == sum(errors)
     assert all(math.isfinite(history[s]["actor/pg_loss"]) for s in (1, 2))
+
+
+def test_grpo_with_vllm_rollout_syncs_weights_and_starts_from_the_export(ray_local, assets, tmp_path):
+    from tandem.rollout.vllm import VLLMRollout
+
+    cfg = run_config(
+        assets,
+        tmp_path,
+        "grpo",
+        "rollout.engine=vllm",
+        "trainer.total_training_steps=3",
+        *custom_reward("by_length"),
+    )
+    history = by_step(RLTrainer(cfg).fit())
+    for step in (1, 2, 3):
+        m = history[step]
+        assert m["perf/samples"] == 16 and 0 <= m["score/mean"] <= 1
+        # vLLM's log-probs of its own samples equal the FSDP2 actor's recomputation (fp32)
+        assert m["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-3)
+        assert m["rollout_mismatch/min_ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert history[2]["timing_s/weight_sync"] > 0 and history[3]["timing_s/weight_sync"] > 0
+
+    exported = export_checkpoint(tmp_path / "tandem/grpo/checkpoints/global_step_3", tmp_path / "hf")
+    engine = VLLMRollout.from_pretrained(exported, max_model_len=64)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tandem.data import PromptDataset, collate_prompts
+    from tandem.rollout import SamplingParams
+
+    tokenizer = AutoTokenizer.from_pretrained(exported)
+    data = PromptDataset([str(assets["val"])], tokenizer, max_prompt_length=32)
+    prompts = collate_prompts([data[i] for i in range(4)], tokenizer.pad_token_id)
+    out = engine.generate(prompts, SamplingParams(max_tokens=6, n=2, temperature=1.0, seed=0))
+    model = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32)
+    with torch.no_grad():
+        logits = model(
+            input_ids=out["input_ids"], attention_mask=out["attention_mask"], position_ids=out["position_ids"]
+        ).logits
+    width = out["prompts"].shape[1]
+    lp = logits[:, width - 1 : -1].log_softmax(-1).gather(-1, out["responses"][..., None]).squeeze(-1)
+    assert float(((lp - out["rollout_log_probs"]) * out["response_mask"]).abs().max()) < 1e-4

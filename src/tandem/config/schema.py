@@ -28,7 +28,7 @@ Strategy = Literal["fsdp", "megatron"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 ParamDtype = Literal["auto", "float32", "bfloat16", "float16"]
 LrScheduler = Literal["constant", "cosine", "linear"]
-RolloutEngineName = Literal["hf", "vllm", "sglang"]
+RolloutEngineName = Literal["auto", "hf", "vllm", "sglang"]
 Device = Literal["cpu", "cuda", "auto"]
 LoggerName = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
 SamplingMetric = Literal["score", "acc"]
@@ -148,7 +148,10 @@ class ValRolloutConfig:
 class RolloutConfig:
     """Generation of training samples."""
 
-    engine: RolloutEngineName = "hf"  # inference engine: hf (transformers generate), vllm, sglang (GPU only)
+    engine: RolloutEngineName = (
+        "auto"  # inference engine: auto (vllm where installed, else hf), vllm, hf, sglang
+    )
+    cpu_kv_cache_gib: int = 1  # >= 1: GiB of KV cache per vLLM engine on CPU (VLLM_CPU_KVCACHE_SPACE wins)
     n: int = 4  # SAMPLES per prompt (the group size of group estimators: >= 2 for grpo, rloo, ...)
     temperature: float = 1.0  # sampling temperature, > 0 (training needs sampling; greedy is for rollout.val)
     top_p: float = 1.0  # nucleus sampling mass in (0, 1]; 1 = off

@@ -198,6 +198,11 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
     if r.top_k == 0 or r.top_k < -1:
         problems.add("rollout.top_k", f"rollout.top_k={r.top_k}: use -1 (off) or a number of tokens >= 1")
     _within(problems, "rollout.gpu_memory_utilization", r.gpu_memory_utilization, 0, 1, "(]")
+    if r.cpu_kv_cache_gib < 1:
+        problems.add(
+            "rollout.cpu_kv_cache_gib",
+            f"rollout.cpu_kv_cache_gib must be >= 1 (GiB), got {r.cpu_kv_cache_gib}",
+        )
     if r.is_threshold <= 0:
         problems.add("rollout.is_threshold", f"rollout.is_threshold={r.is_threshold} must be > 0")
     for name, optim in (("actor", a.optim), ("critic", c.optim)):

@@ -28,7 +28,7 @@ from tandem.roles.critic import Critic
 from tandem.roles.reference import Reference
 from tandem.roles.reward_model import RewardModel
 from tandem.roles.sft import SFT
-from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, SamplingParams, build_rollout
+from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, SamplingParams, build_rollout, resolve_engine
 
 ROLES = ("actor", "rollout", "ref", "critic", "reward_model")
 
@@ -73,12 +73,14 @@ class RoleWorker(Worker):
             rm = cfg.reward.reward_model
             self.reward_model = RewardModel(self._engine(rm.model_path, "value", None, None), cfg)
         if "rollout" in roles:
-            self.rollout = build_rollout(
-                cfg.rollout.engine, model_path=cfg.actor.model_path, device=ctx.torch_device
-            )
+            start = time.perf_counter()
+            self.rollout = build_rollout(cfg.rollout.engine, **rollout_kwargs(cfg, ctx.torch_device))
+            self._rollout_start_s = time.perf_counter() - start
         # The rollout starts from actor.model_path, as the actor does: in sync until the first update.
         self._rollout_stale = False
         self._metrics: dict[str, float] = {}
+        if self.rollout is not None:  # reported with the first step
+            self._metrics["timing_s/rollout_start"] = self._rollout_start_s
 
     def _engine(
         self, model_path: str | None, head: Head, optim: OptimConfig | None, grad_clip: float | None
@@ -273,3 +275,19 @@ def _empty_rollout(prompts: Batch, sampling: SamplingParams) -> Batch:
     tensors = {key: torch.zeros(0, w, dtype=dtype) for key, (w, dtype) in shapes.items()}
     non_tensors = {key: np.empty(0, dtype=object) for key in prompts.non_tensors}
     return Batch(tensors, non_tensors, dict(prompts.meta), batch_size=0)
+
+
+def rollout_kwargs(cfg: TandemConfig, device: torch.device) -> dict[str, Any]:
+    """The rollout engine's constructor arguments from the config."""
+    kwargs: dict[str, Any] = {"model_path": cfg.actor.model_path, "device": device}
+    if resolve_engine(cfg.rollout.engine) == "vllm":
+        r, d = cfg.rollout, cfg.data
+        kwargs.update(
+            dtype=torch.float32 if device.type == "cpu" else torch.bfloat16,
+            max_model_len=d.max_prompt_length + d.max_response_length,
+            tensor_parallel=r.tensor_parallel,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            kv_cache_gib=r.cpu_kv_cache_gib,
+            seed=cfg.trainer.seed,
+        )
+    return kwargs

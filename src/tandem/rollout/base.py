@@ -21,15 +21,20 @@ keys seeded sampling, so that the samples do not depend on how prompts were spli
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Self
 
+import torch
 from torch import Tensor
 
 from tandem.batch import Batch
 
 PROMPT_INDEX = "prompt_index"
+METRICS_KEY = "rollout_metrics"  # the meta entry of a generate call's numbers (see `assemble`)
 
 ROLLOUT_KEYS = (
     "prompts",
@@ -78,7 +83,24 @@ class SamplingParams:
 
 
 class RolloutEngine(ABC):
-    """Generates responses. Implementations: `hf.py` (transformers), `vllm.py` (issue 5)."""
+    """Generates responses. Implementations: `hf.py` (transformers), `vllm.py` (vLLM)."""
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_path: str | Path,
+        *,
+        eos_token_ids: Sequence[int] | None = None,
+        pad_token_id: int | None = None,
+        **kwargs: Any,
+    ) -> Self:
+        """Start the engine on a Hugging Face folder; stop and pad ids not given are read from it
+        (see `read_special_ids`); `kwargs` go to the engine's constructor."""
+        if eos_token_ids is None or pad_token_id is None:
+            found_eos, found_pad = read_special_ids(model_path)
+            eos_token_ids = found_eos if eos_token_ids is None else eos_token_ids
+            pad_token_id = found_pad if pad_token_id is None else pad_token_id
+        return cls(model_path, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, **kwargs)
 
     @abstractmethod
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
@@ -93,3 +115,75 @@ class RolloutEngine(ABC):
 
     def wake(self) -> None:  # noqa: B027
         """Undo `sleep` before the next `update_weights` / `generate`."""
+
+
+def assemble(
+    rows: Batch,
+    prompt_ids: Tensor,
+    prompt_mask: Tensor,
+    responses: Tensor,
+    response_mask: Tensor,
+    log_probs: Tensor,
+    seconds: float,
+    **metrics: float,
+) -> Batch:
+    """Fill `rows` (the prompts repeated n times, interleaved) with the layout of this module's
+    docstring from the [N*n, ...] prompt and response tensors, and put the call's numbers in
+    meta[METRICS_KEY]: samples, prompt_tokens, generated_tokens, seconds, tokens_per_second and
+    the engine's own `metrics`."""
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    out = {
+        "prompts": prompt_ids,
+        "responses": responses,
+        "response_mask": response_mask,
+        "input_ids": torch.cat([prompt_ids, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": (attention_mask.cumsum(dim=-1) - 1).clamp(min=0),
+        "rollout_log_probs": log_probs,
+    }
+    for key, value in out.items():
+        rows[key] = value
+    generated = int(response_mask.sum())
+    rows.meta = {
+        **rows.meta,
+        METRICS_KEY: {
+            "samples": len(rows),
+            "prompt_tokens": int(prompt_mask.sum()),
+            "generated_tokens": generated,
+            **metrics,
+            "seconds": seconds,
+            "tokens_per_second": generated / seconds if seconds > 0 else 0.0,
+        },
+    }
+    return rows
+
+
+def read_special_ids(model_path: str | Path) -> tuple[list[int], int]:
+    """Stop ids and pad id of a Hugging Face folder.
+
+    Stop ids: ``generation_config.json``'s ``eos_token_id`` (an int or a list; else ``config.json``'s),
+    plus the tokenizer's ``eos_token_id`` when not already there. Pad: the tokenizer's ``pad_token_id``,
+    else the generation config's / config's ``pad_token_id``, else the first stop id.
+    """
+    from transformers import AutoConfig, AutoTokenizer  # the tokenizer load is only needed here
+
+    path = Path(model_path)
+    generation_config = {}
+    if (path / "generation_config.json").is_file():
+        generation_config = json.loads((path / "generation_config.json").read_text())
+    config = AutoConfig.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+
+    eos = generation_config.get("eos_token_id", getattr(config, "eos_token_id", None))
+    eos_ids = [] if eos is None else [int(t) for t in (eos if isinstance(eos, list) else [eos])]
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
+        eos_ids.append(int(tokenizer.eos_token_id))
+    if not eos_ids:
+        raise ValueError(
+            f"{path}: no eos_token_id in generation_config.json, config.json or the tokenizer; "
+            f"pass eos_token_ids to HFRollout.from_pretrained"
+        )
+    pad = tokenizer.pad_token_id
+    if pad is None:
+        pad = generation_config.get("pad_token_id", getattr(config, "pad_token_id", None))
+    return eos_ids, int(eos_ids[0] if pad is None else pad)

@@ -7,24 +7,20 @@ checked against.
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import Tensor
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from tandem.batch import Batch
-from tandem.rollout.base import PROMPT_INDEX, RolloutEngine, SamplingParams
+from tandem.rollout.base import PROMPT_INDEX, RolloutEngine, SamplingParams, assemble
 from tandem.rollout.sampling import choose_tokens, row_generators
 
 logger = logging.getLogger(__name__)
-
-METRICS_KEY = "rollout_metrics"
 
 
 class HFRollout(RolloutEngine):
@@ -80,29 +76,13 @@ class HFRollout(RolloutEngine):
         self._asleep = False
         self._logged_cpu_sleep = False
 
-    @classmethod
-    def from_pretrained(
-        cls,
-        model_path: str | Path,
-        *,
-        eos_token_ids: Sequence[int] | None = None,
-        pad_token_id: int | None = None,
-        **kwargs: Any,
-    ) -> HFRollout:
-        """Load a Hugging Face folder; stop and pad ids not given are read from it (see `read_special_ids`)."""
-        if eos_token_ids is None or pad_token_id is None:
-            found_eos, found_pad = read_special_ids(model_path)
-            eos_token_ids = found_eos if eos_token_ids is None else eos_token_ids
-            pad_token_id = found_pad if pad_token_id is None else pad_token_id
-        return cls(model_path, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, **kwargs)
-
     # ---------------------------------------------------------------- generate
     @torch.no_grad()  # not inference_mode: its tensors would fail later when the trainer's autograd uses them
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         if self._asleep:
             raise RuntimeError("HFRollout.generate called while asleep; call wake() first")
         start = time.perf_counter()
-        prompt_ids, prompt_mask = _check_prompts(prompts)
+        prompt_ids, prompt_mask = check_prompts(prompts)
         rows = prompts.repeat(sampling.n, interleave=True)
         prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)
         prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
@@ -120,32 +100,17 @@ class HFRollout(RolloutEngine):
             parts.append(part)
             steps += n_steps
         response_ids, response_mask, rollout_log_probs = (torch.cat(p) for p in zip(*parts))
-        attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-        out = {
-            "prompts": prompt_ids,
-            "responses": response_ids,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([prompt_ids, response_ids], dim=1),
-            "attention_mask": attention_mask,
-            "position_ids": (attention_mask.cumsum(dim=-1) - 1).clamp(min=0),
-            "rollout_log_probs": rollout_log_probs,
-        }
-        for key, value in out.items():
-            rows[key] = value
         seconds = time.perf_counter() - start
-        generated = int(response_mask.sum())
-        rows.meta = {
-            **rows.meta,
-            METRICS_KEY: {
-                "samples": len(rows),
-                "prompt_tokens": int(prompt_mask.sum()),
-                "generated_tokens": generated,
-                "decode_steps": steps,
-                "seconds": seconds,
-                "tokens_per_second": generated / seconds if seconds > 0 else 0.0,
-            },
-        }
-        return rows
+        return assemble(
+            rows,
+            prompt_ids,
+            prompt_mask,
+            response_ids,
+            response_mask,
+            rollout_log_probs,
+            seconds,
+            decode_steps=steps,
+        )
 
     def _generate_chunk(
         self, prompt_ids: Tensor, prompt_mask: Tensor, row_keys: Tensor, sampling: SamplingParams
@@ -247,55 +212,24 @@ class HFRollout(RolloutEngine):
             self._asleep = False
 
 
-def read_special_ids(model_path: str | Path) -> tuple[list[int], int]:
-    """Stop ids and pad id of a Hugging Face folder.
-
-    Stop ids: ``generation_config.json``'s ``eos_token_id`` (an int or a list; else ``config.json``'s),
-    plus the tokenizer's ``eos_token_id`` when not already there. Pad: the tokenizer's ``pad_token_id``,
-    else the generation config's / config's ``pad_token_id``, else the first stop id.
-    """
-    from transformers import AutoConfig, AutoTokenizer  # the tokenizer load is only needed here
-
-    path = Path(model_path)
-    generation_config = {}
-    if (path / "generation_config.json").is_file():
-        generation_config = json.loads((path / "generation_config.json").read_text())
-    config = AutoConfig.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
-
-    eos = generation_config.get("eos_token_id", getattr(config, "eos_token_id", None))
-    eos_ids = [] if eos is None else [int(t) for t in (eos if isinstance(eos, list) else [eos])]
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in eos_ids:
-        eos_ids.append(int(tokenizer.eos_token_id))
-    if not eos_ids:
-        raise ValueError(
-            f"{path}: no eos_token_id in generation_config.json, config.json or the tokenizer; "
-            f"pass eos_token_ids to HFRollout.from_pretrained"
-        )
-    pad = tokenizer.pad_token_id
-    if pad is None:
-        pad = generation_config.get("pad_token_id", getattr(config, "pad_token_id", None))
-    return eos_ids, int(eos_ids[0] if pad is None else pad)
-
-
-def _check_prompts(prompts: Batch) -> tuple[Tensor, Tensor]:
+def check_prompts(prompts: Batch, engine: str = "HFRollout") -> tuple[Tensor, Tensor]:
     """The prompt ids and mask (int64, CPU), after checking they are left-padded and non-empty."""
     for key in ("input_ids", "attention_mask"):
         if key not in prompts:
-            raise KeyError(f"HFRollout.generate: the prompt batch has no {key!r} (collate_prompts builds it)")
+            raise KeyError(f"{engine}.generate: the prompt batch has no {key!r} (collate_prompts builds it)")
     if len(prompts) == 0:
-        raise ValueError("HFRollout.generate: the prompt batch is empty")
+        raise ValueError(f"{engine}.generate: the prompt batch is empty")
     ids = prompts["input_ids"].long().cpu()
     mask = prompts["attention_mask"].long().cpu()
     if ids.shape != mask.shape or ids.dim() != 2:
         raise ValueError(
-            f"HFRollout.generate: input_ids {tuple(ids.shape)} and attention_mask {tuple(mask.shape)} "
+            f"{engine}.generate: input_ids {tuple(ids.shape)} and attention_mask {tuple(mask.shape)} "
             "must be the same [N, P] shape"
         )
     if not bool(mask[:, -1].all()):
         bad = (mask[:, -1] == 0).nonzero().flatten()[:5].tolist()
         raise ValueError(
-            f"HFRollout.generate: prompts must be LEFT-padded with at least one token (attention_mask "
+            f"{engine}.generate: prompts must be LEFT-padded with at least one token (attention_mask "
             f"ending in 1); rows {bad} are not. Use collate_prompts or a left-padding tokenizer."
         )
     return ids, mask

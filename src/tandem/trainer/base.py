@@ -20,7 +20,7 @@ from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.data import StatefulSampler
 from tandem.roles.layout import WorkerGroups, build_worker_groups
-from tandem.rollout import LATER_ENGINES
+from tandem.rollout import LATER_ENGINES, resolve_engine
 from tandem.trainer.checkpoint import CheckpointManager, load_trainer_state, save_trainer_state
 from tandem.trainer.tracking import Tracker
 
@@ -37,7 +37,14 @@ def check_available(cfg: TandemConfig) -> None:
     """Engines the config may name but this release does not have yet: an error before any worker starts."""
     problems = []
     if cfg.rollout.engine in LATER_ENGINES:
-        problems.append(f"rollout.engine={cfg.rollout.engine} is not available yet; use rollout.engine=hf")
+        problems.append(f"rollout.engine={cfg.rollout.engine} is not available yet; use vllm or hf")
+    if cfg.rollout.engine == "vllm" and resolve_engine("auto") != "vllm":
+        problems.append("rollout.engine=vllm but vllm is not installed; see README (Installing) or use hf")
+    if resolve_engine(cfg.rollout.engine) == "vllm" and cfg.rollout.tensor_parallel != 1:
+        problems.append(
+            "rollout.tensor_parallel > 1 (a vLLM engine spanning ranks) is not available yet: each rank "
+            "runs its own engine; set rollout.tensor_parallel=1"
+        )
     if cfg.actor.strategy == "megatron":
         problems.append("strategy=megatron is not available yet; use actor.strategy=fsdp")
     if problems:

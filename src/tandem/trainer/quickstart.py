@@ -20,6 +20,7 @@ import torch
 
 from tandem.config import load_config
 from tandem.data import save_tiny, write_splits
+from tandem.rollout import resolve_engine
 from tandem.trainer.base import run_dir
 from tandem.trainer.plot import plot_run
 from tandem.trainer.ppo import RLTrainer
@@ -100,7 +101,7 @@ def run(
     )
     say(
         f"GRPO: {rl_cfg.trainer.total_training_steps} steps x {rl_cfg.derived.samples_per_step} samples "
-        f"on 2 Ray ranks (FSDP2 actor + reference + {rl_cfg.rollout.engine} rollout)"
+        f"on 2 Ray ranks (FSDP2 actor + reference + {resolve_engine(rl_cfg.rollout.engine)} rollout)"
     )
     history = RLTrainer(rl_cfg).fit()
     accuracy = [(m["step"], m["val/acc"]) for m in history if "val/acc" in m]

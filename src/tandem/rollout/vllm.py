@@ -1,0 +1,255 @@
+"""A rollout engine on vLLM, running in the worker's own process next to the training engine.
+
+The engine is built once from a Hugging Face folder and never restarted: `update_weights` streams
+the trainer's full tensors, one at a time, into vLLM's model with `reload_weights` (checkpoint-format
+names, the same as the trainer's `state_dict_iter`), then drops the prefix cache, whose entries were
+computed with the old weights. On CPU this is the only weight-loading call that keeps the model
+whole over repeated loads (DESIGN.md); `load_weights` corrupts it on the second load.
+
+In process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`, so the engine core and its model live in this
+process and the weight iterator is passed by reference (no copy of the model through a pipe).
+One engine per process: vLLM keeps process-wide parallel state, and tearing one engine down
+removes it for any other engine still alive in the same process. vLLM's own process group lives
+beside the trainer's torch.distributed group (each rank runs its own engine at tensor_parallel=1).
+
+CPU threads: vLLM's CPU worker pins OpenMP threads to cores and from then on turns
+`torch.set_num_threads` into a no-op for the whole process. A Tandem worker already owns a share
+of the node's cores (trainer.cpus_per_worker) and has set its torch thread count to it, so the
+engine is built with `VLLM_CPU_OMP_THREADS_BIND=nobind`: vLLM keeps the worker's thread count and
+binds nothing, and training and generation take turns on the same cores instead of two thread
+pools fighting over them. `VLLM_CPU_KVCACHE_SPACE` (GiB) is set from `kv_cache_gib` unless the
+environment sets it (vLLM's default takes most of the machine's memory for every engine).
+
+Log-probs: `logprobs_mode="processed_logprobs"` returns log_softmax(logits / temperature) of each
+sampled token, which is what the trainer recomputes (see tandem/rollout/base.py), as long as top-k
+and top-p are off (the RL default). With them on, vLLM renormalises over the tokens they keep: the
+log-prob of the distribution actually sampled from, at least the full one's. The difference then
+shows in rollout_mismatch/*, and rollout.is_correction can weight for it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from tandem.batch import Batch
+from tandem.rollout.base import RolloutEngine, SamplingParams, assemble
+from tandem.rollout.hf import check_prompts, sample_keys
+
+logger = logging.getLogger(__name__)
+
+TIED_EMBEDDING, TIED_HEAD = "model.embed_tokens.weight", "lm_head.weight"
+CPU_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
+
+
+def vllm_available() -> bool:
+    """True when vLLM imports (vllm-cpu on a CPU machine, vllm with CUDA on a GPU one)."""
+    try:
+        import vllm  # noqa: F401
+    except Exception:  # a broken install (e.g. CUDA torchvision pulled in on CPU) counts as absent
+        return False
+    return True
+
+
+class VLLMRollout(RolloutEngine):
+    """Generates with vLLM's offline `LLM`, held in this process (see the module docstring).
+
+    ``max_model_len`` bounds prompt + response tokens; ``tensor_parallel`` is vLLM's own (GPU);
+    ``gpu_memory_utilization`` is the share of GPU memory vLLM takes for weights and KV cache
+    (the trainer needs the rest); ``kv_cache_gib`` sizes the KV cache on CPU.
+    """
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        *,
+        eos_token_ids: Sequence[int],
+        pad_token_id: int,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_model_len: int = 2048,
+        tensor_parallel: int = 1,
+        gpu_memory_utilization: float = 0.5,
+        kv_cache_gib: int = 1,
+        seed: int = 0,
+    ) -> None:
+        self.device = torch.device(device)
+        for key, value in CPU_ENV.items() if self.device.type == "cpu" else ():
+            os.environ[key] = value
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # vLLM logs its whole config at INFO from every rank; its warnings here are about CPU
+        # performance libraries. VLLM_LOGGING_LEVEL=INFO (or WARNING) in the environment brings them back.
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+        warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.triton_utils")
+        if self.device.type == "cpu":
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        from vllm import LLM
+
+        forget_stale_parallel_state()
+        start = time.perf_counter()
+        self.llm = LLM(
+            model=str(model_path),
+            dtype=dtype,
+            max_model_len=max_model_len,
+            tensor_parallel_size=tensor_parallel,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enforce_eager=self.device.type == "cpu",
+            seed=seed,
+            logprobs_mode="processed_logprobs",
+            enable_prefix_caching=True,
+            enable_sleep_mode=self.device.type == "cuda",
+        )
+        self.start_seconds = time.perf_counter() - start
+        self.eos_token_ids = [int(t) for t in eos_token_ids]
+        self.pad_token_id = int(pad_token_id)
+        self.max_model_len = max_model_len
+        self.tied_embeddings = bool(self.llm.llm_engine.model_config.hf_config.tie_word_embeddings)
+        self._asleep = self._kv_cache_asleep = False
+        self._logged_cpu_sleep = False
+        logger.info("VLLMRollout: engine started in %.1f s from %s", self.start_seconds, model_path)
+
+    # ---------------------------------------------------------------- generate
+    def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
+        from vllm import SamplingParams as VLLMSamplingParams
+        from vllm.inputs import TokensPrompt
+
+        if self._asleep:
+            raise RuntimeError("VLLMRollout.generate called while asleep; call wake() first")
+        if self._kv_cache_asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._kv_cache_asleep = False
+        start = time.perf_counter()
+        prompt_ids, prompt_mask = check_prompts(prompts, "VLLMRollout")
+        width = prompt_ids.shape[1]
+        if width + sampling.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"VLLMRollout: prompts of {width} tokens + max_tokens={sampling.max_tokens} exceed the "
+                f"engine's max_model_len={self.max_model_len}; raise data.max_prompt_length + "
+                "data.max_response_length consistently"
+            )
+        keys = sample_keys(prompts, sampling.n)[:: sampling.n]  # one seed per prompt: its n samples follow
+        requests, params = [], []
+        for row in range(len(prompts)):
+            ids = prompt_ids[row][prompt_mask[row].bool()].tolist()
+            requests.append(TokensPrompt(prompt_token_ids=ids))
+            params.append(
+                VLLMSamplingParams(
+                    n=sampling.n,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    top_k=sampling.top_k if sampling.top_k > 0 else -1,
+                    max_tokens=sampling.max_tokens,
+                    stop_token_ids=self.eos_token_ids,
+                    ignore_eos=False,
+                    logprobs=0,
+                    seed=None if sampling.seed is None else _request_seed(sampling.seed, int(keys[row])),
+                    detokenize=False,
+                    skip_special_tokens=False,
+                )
+            )
+        outputs = self.llm.generate(requests, params, use_tqdm=False)
+
+        rows = prompts.repeat(sampling.n, interleave=True)
+        total = len(rows)
+        responses = torch.full((total, sampling.max_tokens), self.pad_token_id, dtype=torch.long)
+        response_mask = torch.zeros((total, sampling.max_tokens), dtype=torch.long)
+        log_probs = torch.zeros((total, sampling.max_tokens), dtype=torch.float32)
+        for row, output in enumerate(outputs):
+            for k, completion in enumerate(output.outputs):
+                i = row * sampling.n + k
+                tokens = list(completion.token_ids)[: sampling.max_tokens]
+                length = len(tokens)
+                responses[i, :length] = torch.tensor(tokens, dtype=torch.long)
+                response_mask[i, :length] = 1
+                log_probs[i, :length] = torch.tensor(
+                    [entry[token].logprob for entry, token in zip(completion.logprobs, tokens, strict=True)],
+                    dtype=torch.float32,
+                )
+        prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)
+        prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
+        seconds = time.perf_counter() - start
+        return assemble(rows, prompt_ids, prompt_mask, responses, response_mask, log_probs, seconds)
+
+    # ---------------------------------------------------------------- weights
+    def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
+        """Stream (Hugging Face name, full tensor) pairs into the running engine, one at a time."""
+        count = 0
+
+        def counted() -> Iterable[tuple[str, Tensor]]:
+            nonlocal count
+            head_sent = False
+            for name, tensor in weights:
+                count += 1
+                head_sent = head_sent or name == TIED_HEAD
+                yield name, tensor
+                if self.tied_embeddings and name == TIED_EMBEDDING and not head_sent:
+                    # A tied model's senders leave the head out (it IS the embedding); vLLM's reload
+                    # rebuilds the head from its own name and would keep the old weights without it.
+                    head_sent = True
+                    yield TIED_HEAD, tensor
+
+        self.llm.collective_rpc(
+            "reload_weights", kwargs={"weights_iterator": counted(), "is_checkpoint_format": True}
+        )
+        self.llm.reset_prefix_cache()
+        logger.debug("VLLMRollout.update_weights: %d tensors", count)
+
+    # ---------------------------------------------------------------- memory
+    def sleep(self) -> None:
+        """Release weights and KV cache on GPU (level 1: weights offloaded to CPU); a no-op on CPU."""
+        if self.device.type != "cuda":
+            if not self._logged_cpu_sleep:
+                logger.info("VLLMRollout: sleep is a no-op on CPU (vLLM's CPU backend has no sleep mode)")
+                self._logged_cpu_sleep = True
+            return
+        if not self._asleep:
+            self.llm.sleep(level=1)
+            self._asleep = True
+
+    def wake(self) -> None:
+        """Wake the weights only: the worker syncs them next, and the KV cache wakes at the next
+        `generate`, so that the sync never shares the GPU with a full KV cache."""
+        if self._asleep:
+            self.llm.wake_up(tags=["weights"])
+            self._asleep = False
+            self._kv_cache_asleep = True
+
+
+def _request_seed(seed: int, key: int) -> int:
+    """The seed of one prompt's request: depends on the step's seed and the prompt's global index only."""
+    return (seed * 1_000_003 + key) % (2**31 - 1)
+
+
+# vLLM's process-wide groups (vllm.distributed.parallel_state), built on torch.distributed's group.
+PARALLEL_STATE_GLOBALS = ("_TP", "_ETP", "_ENGRAM_DP", "_DCP", "_PP", "_DP", "_EP", "_EPLB", "_PCP")
+WORLD_GLOBALS = ("_WORLD", "_INNER_DP_WORLD", "_NODE_COUNT")
+
+
+def forget_stale_parallel_state() -> bool:
+    """Drop vLLM's process-wide groups when the torch.distributed group under them is gone.
+
+    An in-process worker group destroys its process group on shutdown; vLLM still holds groups
+    built on it, and the next engine in the same process (a second in-process run, an eval after
+    training) would fail to start on them. Those groups cannot be destroyed any more, so they are
+    forgotten. Returns whether they were. Reads vLLM's private module state: its test
+    (tests/rollout/test_vllm.py) fails if vLLM renames it."""
+    from vllm.distributed import parallel_state
+
+    world = parallel_state._WORLD
+    if world is None:
+        return False
+    try:
+        torch.distributed.get_backend(world.device_group)
+        return False  # alive: an engine started on it may still be in use
+    except (ValueError, RuntimeError, AttributeError):
+        pass
+    for name in (*PARALLEL_STATE_GLOBALS, *WORLD_GLOBALS):
+        setattr(parallel_state, name, None)
+    return True

