@@ -17,8 +17,9 @@ size or reduces with SUM; plain averaging gives 1/world of the right gradient, a
 local normalisation gives a different (wrong) gradient, which the last check here shows.
 """
 
-import socket
+import uuid
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import torch
@@ -86,10 +87,10 @@ def contribution(case: str, weight: torch.Tensor, data: dict, rows: slice, count
     return kl_loss(log_probs, cut["ref"], cut["mask"], name, agg_kwargs=agg)
 
 
-def worker(rank: int, port: int, out_path: str) -> None:
+def worker(rank: int, init_method: str, out_path: str) -> None:
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=init_method,
         rank=rank,
         world_size=WORLD,
         timeout=timedelta(seconds=60),
@@ -119,10 +120,11 @@ def worker(rank: int, port: int, out_path: str) -> None:
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def file_store(directory: str | Path) -> str:
+    """A rendezvous file for init_process_group: no TCP port to race for (a free port picked here
+    can be taken by another process, e.g. Ray's, before rank 0 binds it)."""
+    store = Path(directory) / f"dist-store-{uuid.uuid4().hex}"
+    return f"file://{store}"
 
 
 def single_process(case: str, data: dict, counts: dict | None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -137,7 +139,7 @@ def single_process(case: str, data: dict, counts: dict | None) -> tuple[torch.Te
 def test_two_ranks_with_micro_batches_equal_one_full_batch(tmp_path):
     out_path = tmp_path / "rank0.pt"
     mp.start_processes(
-        worker, args=(free_port(), str(out_path)), nprocs=WORLD, join=True, start_method="spawn"
+        worker, args=(file_store(tmp_path), str(out_path)), nprocs=WORLD, join=True, start_method="spawn"
     )
     results = torch.load(out_path)
     data = problem()

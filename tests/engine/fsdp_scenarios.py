@@ -8,7 +8,7 @@ Each rank writes `rank{r}.pt` into the output folder: a dict of plain tensors an
 from __future__ import annotations
 
 import dataclasses
-import socket
+import uuid
 from datetime import timedelta
 from pathlib import Path
 
@@ -178,10 +178,10 @@ def single_rank_checks(model_path: str) -> dict:
     return result
 
 
-def worker(rank: int, world: int, port: int, model_path: str, out_dir: str) -> None:
+def worker(rank: int, world: int, init_method: str, model_path: str, out_dir: str) -> None:
     dist.init_process_group(
         "gloo",
-        init_method=f"tcp://127.0.0.1:{port}",
+        init_method=init_method,
         rank=rank,
         world_size=world,
         timeout=timedelta(seconds=120),
@@ -197,10 +197,11 @@ def worker(rank: int, world: int, port: int, model_path: str, out_dir: str) -> N
         dist.destroy_process_group()
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+def file_store(directory: str | Path) -> str:
+    """A rendezvous file for init_process_group: no TCP port to race for (a free port picked here
+    can be taken by another process, e.g. Ray's, before rank 0 binds it)."""
+    store = Path(directory) / f"dist-store-{uuid.uuid4().hex}"
+    return f"file://{store}"
 
 
 def run(world: int, model_path: str | Path, out_dir: str | Path) -> list[dict]:
@@ -209,7 +210,7 @@ def run(world: int, model_path: str | Path, out_dir: str | Path) -> list[dict]:
     out_dir.mkdir(parents=True, exist_ok=True)
     mp.start_processes(
         worker,
-        args=(world, free_port(), str(model_path), str(out_dir)),
+        args=(world, file_store(out_dir), str(model_path), str(out_dir)),
         nprocs=world,
         join=True,
         start_method="spawn",
@@ -217,13 +218,11 @@ def run(world: int, model_path: str | Path, out_dir: str | Path) -> list[dict]:
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
 
 
-def gpu_worker(rank: int, world: int, port: int, model_path: str, out_dir: str) -> None:
+def gpu_worker(rank: int, world: int, init_method: str, model_path: str, out_dir: str) -> None:
     """CUDA paths the CPU runs cannot reach: bf16 compute, offload / onload, fsdp.cpu_offload."""
     device = torch.device("cuda", rank)
     torch.cuda.set_device(device)
-    dist.init_process_group(
-        "nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world, device_id=device
-    )
+    dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=world, device_id=device)
     try:
         result: dict = {}
         probe = rollout_batch(5, seed=1)
@@ -276,7 +275,7 @@ def run_gpu(model_path: str | Path, out_dir: str | Path) -> dict:
     out_dir = Path(out_dir)
     mp.start_processes(
         gpu_worker,
-        args=(1, free_port(), str(model_path), str(out_dir)),
+        args=(1, file_store(out_dir), str(model_path), str(out_dir)),
         nprocs=1,
         join=True,
         start_method="spawn",
