@@ -146,19 +146,18 @@ def write_splits(
     held_out = {_prompt_text(row) for row in val}
     rng = random.Random(f"{task}:{seed}:train")
     train: list[Row] = []
-    for _ in range(100 * n_train):
-        if len(train) == n_train:
-            break
+    for _ in range(100 * n_train):  # draws; a task with too few problems gives up
         row = TASKS[task](rng, len(train), "train", **task_kwargs)
         if _prompt_text(row) not in held_out:
             train.append(row)
-    else:
-        if len(train) < n_train:
-            raise ValueError(
-                f"{task}: found only {len(train)} of n_train={n_train} training rows whose prompt is not among "
-                f"the {len(held_out)} distinct validation prompts; make the task larger "
-                f"(e.g. more digits) or n_val smaller"
-            )
+            if len(train) == n_train:
+                break
+    if len(train) < n_train:
+        raise ValueError(
+            f"{task}: found only {len(train)} of n_train={n_train} training rows whose prompt is not among "
+            f"the {len(held_out)} distinct validation prompts; make the task larger "
+            f"(e.g. more digits) or n_val smaller"
+        )
     return {
         "train": write_rows(train, out_dir / f"train.{fmt}"),
         "val": write_rows(val, out_dir / f"val.{fmt}"),

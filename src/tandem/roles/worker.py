@@ -29,6 +29,7 @@ from tandem.roles.reference import Reference
 from tandem.roles.reward_model import RewardModel
 from tandem.roles.sft import SFT
 from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, SamplingParams, build_rollout, resolve_engine
+from tandem.rollout.base import METRICS_KEY
 
 ROLES = ("actor", "rollout", "ref", "critic", "reward_model")
 
@@ -160,7 +161,7 @@ class RoleWorker(Worker):
 
     def _record(self, out: Batch, seconds: float) -> None:
         # Rank-specific numbers leave through pop_metrics: merged batches need equal meta on all ranks.
-        for key, value in out.meta.pop("rollout_metrics", {}).items():
+        for key, value in out.meta.pop(METRICS_KEY, {}).items():
             self._metrics[f"rollout/{key}"] = value
         self._metrics["timing_s/generate"] = seconds
 

@@ -181,7 +181,7 @@ def read_special_ids(model_path: str | Path) -> tuple[list[int], int]:
     if not eos_ids:
         raise ValueError(
             f"{path}: no eos_token_id in generation_config.json, config.json or the tokenizer; "
-            f"pass eos_token_ids to HFRollout.from_pretrained"
+            f"pass eos_token_ids to the engine's from_pretrained"
         )
     pad = tokenizer.pad_token_id
     if pad is None:

@@ -33,7 +33,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
 import torch
@@ -134,7 +134,7 @@ class VLLMRollout(RolloutEngine):
                     n=sampling.n,
                     temperature=sampling.temperature,
                     top_p=sampling.top_p,
-                    top_k=sampling.top_k if sampling.top_k > 0 else -1,
+                    top_k=sampling.top_k,
                     max_tokens=sampling.max_tokens,
                     stop_token_ids=self.eos_token_ids,
                     ignore_eos=False,
@@ -170,26 +170,12 @@ class VLLMRollout(RolloutEngine):
     # ---------------------------------------------------------------- weights
     def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Stream (Hugging Face name, full tensor) pairs into the running engine, one at a time."""
-        count = 0
-
-        def counted() -> Iterable[tuple[str, Tensor]]:
-            nonlocal count
-            head_sent = False
-            for name, tensor in weights:
-                count += 1
-                head_sent = head_sent or name == TIED_HEAD
-                yield name, tensor
-                if self.tied_embeddings and name == TIED_EMBEDDING and not head_sent:
-                    # A tied model's senders leave the head out (it IS the embedding); vLLM's reload
-                    # rebuilds the head from its own name and would keep the old weights without it.
-                    head_sent = True
-                    yield TIED_HEAD, tensor
-
+        if self.tied_embeddings:
+            weights = with_tied_head(weights)
         self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": counted(), "is_checkpoint_format": True}
+            "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
         )
         self.llm.reset_prefix_cache()
-        logger.debug("VLLMRollout.update_weights: %d tensors", count)
 
     # ---------------------------------------------------------------- memory
     def sleep(self) -> None:
@@ -210,6 +196,19 @@ class VLLMRollout(RolloutEngine):
             self.llm.wake_up(tags=["weights"])
             self._asleep = False
             self._kv_cache_asleep = True
+
+
+def with_tied_head(weights: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+    """`weights`, plus the embedding again as the head right after it when the sender left the head
+    out (a tied model's head IS the embedding; vLLM's reload rebuilds the head from its own name and
+    would keep the old weights without it)."""
+    head_sent = False
+    for name, tensor in weights:
+        head_sent = head_sent or name == TIED_HEAD
+        yield name, tensor
+        if name == TIED_EMBEDDING and not head_sent:
+            head_sent = True
+            yield TIED_HEAD, tensor
 
 
 def _request_seed(seed: int, key: int) -> int:

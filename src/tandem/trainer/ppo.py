@@ -28,6 +28,7 @@ from tandem.data import PromptDataset, collate_prompts
 from tandem.rewards import reward_manager_from_config
 from tandem.roles.common import MODEL_INPUTS, arrange_for_update
 from tandem.roles.layout import build_worker_groups
+from tandem.roles.reward_model import last_token_index
 from tandem.rollout import PROMPT_INDEX, SamplingParams
 from tandem.trainer.base import Trainer
 from tandem.trainer.metrics import Timer, batch_metrics, throughput_metrics, worker_metrics
@@ -248,9 +249,9 @@ class RLTrainer(Trainer):
         scores = result.token_level_scores
         if self.groups.reward_model is not None:
             rm = self.groups.reward_model.compute_rm_scores(batch)["rm_scores"].float()
-            mask = batch["response_mask"].bool()
-            has_tokens = mask.any(-1)
-            last = torch.where(mask, torch.arange(mask.shape[1]), -1).max(-1).values.clamp(min=0)
+            mask = batch["response_mask"]
+            has_tokens = mask.bool().any(-1)
+            last = last_token_index(mask)
             scores = scores.clone()
             rows = torch.arange(len(batch))
             scores[rows, last] += torch.where(has_tokens, rm, torch.zeros_like(rm))
