@@ -14,6 +14,7 @@ def test_grpo_on_two_ranks():
         "rollout.n=4",
         "trainer.workers_per_node=2",
         "actor.ppo_mini_batch_size=4",
+        "actor.use_dynamic_bsz=false",
         "actor.micro_batch_size_per_rank=2",
     ).derived
     assert (d.world_size, d.dp_size) == (2, 2)
@@ -39,6 +40,7 @@ def test_ppo_on_two_nodes_with_critic_and_two_epochs():
         "trainer.workers_per_node=4",
         "data.train_batch_size=64",
         "actor.ppo_mini_batch_size=16",
+        "actor.use_dynamic_bsz=false",
         "actor.micro_batch_size_per_rank=1",
         "actor.ppo_epochs=2",
         "critic.ppo_mini_batch_size=32",
@@ -67,6 +69,7 @@ def test_megatron_splits_the_batch_over_data_parallel_ranks_only():
         "data.train_batch_size=16",
         "rollout.n=8",
         "actor.ppo_mini_batch_size=8",
+        "actor.use_dynamic_bsz=false",
         "actor.micro_batch_size_per_rank=4",
     ).derived
     assert (d.world_size, d.dp_size, d.samples_per_rank) == (8, 2, 64)
@@ -106,6 +109,7 @@ def test_three_nodes_of_two_workers_five_samples_per_prompt():
         "rollout.n=5",
         "data.train_batch_size=12",
         "actor.ppo_mini_batch_size=6",
+        "actor.use_dynamic_bsz=false",
         "actor.micro_batch_size_per_rank=1",
         "actor.ppo_epochs=2",
         "critic.ppo_mini_batch_size=12",
@@ -140,6 +144,7 @@ def test_three_nodes_with_tensor_parallel_and_dapo_dynamic_sampling():
         "rollout.n=5",
         "data.train_batch_size=12",
         "actor.ppo_mini_batch_size=6",
+        "actor.use_dynamic_bsz=false",
         "actor.micro_batch_size_per_rank=5",
         "algorithm.dynamic_sampling.enable=true",
         "algorithm.dynamic_sampling.gen_batch_size=18",

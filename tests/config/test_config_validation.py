@@ -33,7 +33,7 @@ RULES = [
         ],
     ),
     (
-        ["actor.micro_batch_size_per_rank=3"],
+        ["actor.micro_batch_size_per_rank=3", "actor.use_dynamic_bsz=false"],
         [
             "actor.micro_batch_size_per_rank=3 does not divide the per-rank mini-batch of 16 samples",
             "1, 2, 4, 8, 16",
@@ -152,7 +152,9 @@ def test_critic_inherits_actor_settings():
 
 def test_critic_batch_rules_apply_only_with_a_critic():
     assert load("critic.micro_batch_size_per_rank=3").critic.enable is False
-    msg = error_of("critic.micro_batch_size_per_rank=3", "algorithm.adv_estimator=gae")
+    msg = error_of(
+        "critic.micro_batch_size_per_rank=3", "algorithm.adv_estimator=gae", "actor.use_dynamic_bsz=false"
+    )
     assert "critic.micro_batch_size_per_rank=3 does not divide" in msg
 
 
@@ -242,7 +244,12 @@ def test_three_nodes_of_two_step_not_a_multiple_of_the_ranks():
 
 
 def test_inherited_critic_sizes_are_not_reported_twice():
-    err = error_of("algorithm.adv_estimator=gae", "rollout.n=1", "actor.micro_batch_size_per_rank=3")
+    err = error_of(
+        "algorithm.adv_estimator=gae",
+        "rollout.n=1",
+        "actor.micro_batch_size_per_rank=3",
+        "actor.use_dynamic_bsz=false",
+    )
     assert "actor.micro_batch_size_per_rank=3 does not divide" in err
     assert "critic.micro_batch_size_per_rank" not in err
 

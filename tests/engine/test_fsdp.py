@@ -67,7 +67,9 @@ def cat_ranks(two_ranks, head: str, key: str) -> torch.Tensor:
 def assert_states_close(actual: dict, expected: dict, atol: float) -> None:
     assert actual.keys() == expected.keys()
     for name in expected:
-        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=atol, msg=name)
+        torch.testing.assert_close(
+            actual[name], expected[name], rtol=0, atol=atol, msg=lambda text, name=name: f"{name}: {text}"
+        )
 
 
 # ---------------------------------------------------------------------------- no process group needed
@@ -185,7 +187,9 @@ def test_two_ranks_train_step_equals_one_rank(head, one_rank, two_ranks):
     updated = pair[0][head]["state1"]
     moved = max((updated[k] - single["state0"][k]).abs().max().item() for k in updated)
     assert moved > 1e-4  # a real update, not two unchanged models agreeing
-    assert_states_close(updated, single["state1"], atol=2e-6)
+    # Adam's first step is lr * g / (|g| + eps): an element whose gradient is near eps moves by an
+    # amount that depends on the reduction order (one element in 65536 differed by 3e-6 at 2e-6).
+    assert_states_close(updated, single["state1"], atol=1e-5)
     torch.testing.assert_close(cat_ranks(two_ranks, head, "logits1"), single["logits1"], rtol=0, atol=1e-5)
     assert single["lr_after_schedule_step"] == pytest.approx(2e-3 / 3)
 

@@ -35,6 +35,10 @@ class Derived:
     reference_needed: bool  # a reference model is loaded (KL loss or KL in reward)
     reward_model_needed: bool  # a reward model is loaded
     reward_baselines_needed: bool  # the estimator needs a baseline reward (ReMax: a greedy sample per prompt)
+    # The actor makes ONE optimizer step on a step's samples (one mini-batch, one epoch) and nothing reads
+    # old log-probs before it (no KL in the reward): they equal the update's own log-probs, detached, so
+    # their separate forward pass is skipped (actor.old_log_probs_from_update).
+    old_log_probs_from_update: bool
 
 
 def data_parallel_size(cfg: TandemConfig) -> tuple[int, int]:
@@ -103,6 +107,9 @@ def compute_derived(cfg: TandemConfig, *, estimator_info: dict) -> Derived:
         reference_needed=cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,
         reward_model_needed=cfg.reward.reward_model.enable,
         reward_baselines_needed=bool(estimator_info.get("needs_reward_baselines", False)),
+        old_log_probs_from_update=cfg.actor.old_log_probs_from_update
+        and actor[4] == 1
+        and not cfg.algorithm.use_kl_in_reward,
     )
 
 

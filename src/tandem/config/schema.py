@@ -107,17 +107,23 @@ class ActorConfig:
       ppo_mini_batch_size divides data.train_batch_size;
       ppo_mini_batch_size x rollout.n is a multiple of dp;
       micro_batch_size_per_rank divides the per-rank mini-batch, ppo_mini_batch_size x rollout.n / dp.
-    With use_dynamic_bsz the micro-batch sizes (here, the critic's, reference.log_prob_... and
-    rollout.log_prob_...) are unused: micro-batches are filled up to max_tokens_per_micro_batch
-    tokens instead, which must hold one full sample (data.max_prompt_length + max_response_length).
+    With use_dynamic_bsz (the default) the micro-batch sizes (here, the critic's, reference.log_prob_...,
+    rollout.log_prob_... and the reward model's) are unused: each rank cuts its share into the fewest
+    micro-batches of at most max_tokens_per_micro_batch tokens, balanced in tokens, the same count on
+    every rank; that budget must hold one full sample (data.max_prompt_length + max_response_length).
+    The loss is normalised by global counts, so how samples are cut into micro-batches changes no number.
     """
 
     model_path: str | None = None  # local Hugging Face folder of the initial policy (and of the reference)
     strategy: Strategy = "fsdp"  # training engine: fsdp or megatron; the critic and reference use the same
     ppo_mini_batch_size: int = 4  # PROMPTS per optimizer step, global (x rollout.n = samples)
     micro_batch_size_per_rank: int = 2  # SAMPLES per forward / backward on one rank
-    use_dynamic_bsz: bool = False  # cut micro-batches by token budget instead (actor, critic, reference)
+    use_dynamic_bsz: bool = True  # cut micro-batches by token budget, not sample count (every role)
     max_tokens_per_micro_batch: int = 16384  # TOKENS per micro-batch on one rank, when use_dynamic_bsz
+    sequence_packing: bool = True  # forward / backward on packed sequences, no padding computed (every role)
+    old_log_probs_from_update: bool = (
+        True  # one optimizer step per training step: skip the old-log-prob pass (see derived)
+    )
     ppo_epochs: int = 1  # passes over each step's samples, >= 1
     policy_loss: str = "vanilla"  # vanilla (PPO clip), gspo (sequence-level ratio) or reinforce (no ratio)
     clip_ratio_low: float = 0.2  # in [0, 1): the probability ratio is clipped below at 1 - this

@@ -1,8 +1,13 @@
 """The training-engine interface the roles are written against (FSDP2 now, megatron-core later).
 
 Batch layout the engines read (see tandem/rollout/base.py): `input_ids`, `attention_mask`,
-`position_ids` [B, T]. A role's `fn` / `loss_fn` gets the model output for one micro-batch
-(`.logits`: [b, T, vocab] for a causal LM, [b, T, 1] for a value head) and that micro-batch.
+`position_ids` [B, T]. A role's `fn` / `loss_fn` gets a `ModelOutput` for one micro-batch and
+that micro-batch; it reads the outputs at the padded positions it needs with `ModelOutput.at`,
+so the same role code runs on padded and on packed micro-batches (tandem/data/packing.py).
+
+Micro-batches: `micro_batch_size` samples each, or, when the engine has a token budget
+(`max_tokens_per_micro_batch`), as few micro-batches as hold the rows' tokens under the budget,
+balanced in tokens and with the same count on every rank; `forward` returns rows in input order.
 
 Loss contract (tandem/algos/aggregation.py): `loss_fn` returns this micro-batch's CONTRIBUTION
 to the loss of the global mini-batch, normalised by global counts; the engine sums contributions
@@ -17,15 +22,47 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
+import torch
 from torch import Tensor
 
 from tandem.batch import Batch
+from tandem.data.packing import Packing
 
 Head = Literal["lm", "value"]  # causal LM (actor, reference) or a 1-wide token head (critic, reward model)
-ForwardFn = Callable[[Any, Batch], dict[str, Tensor]]  # (model output, micro-batch) -> per-row tensors
-LossFn = Callable[[Any, Batch], tuple[Tensor, dict[str, float]]]  # -> (contribution, metrics)
+ForwardFn = Callable[
+    ["ModelOutput", Batch], dict[str, Tensor]
+]  # (model output, micro-batch) -> per-row tensors
+LossFn = Callable[["ModelOutput", Batch], tuple[Tensor, dict[str, float]]]  # -> (contribution, metrics)
+
+
+@dataclass
+class ModelOutput:
+    """A micro-batch's model outputs. `logits`: [b, T, vocab] for a causal LM, [b, T, 1] for a value
+    head, in the padded layout; [rows, width, ...] when `packing` is set (packed sequences)."""
+
+    logits: Tensor
+    shape: tuple[int, int]  # (b, T) of the padded micro-batch
+    packing: Packing | None = None
+
+    def at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """The outputs at padded `positions` [b, K] of each row: (values [M, ...], where [b, K] bool).
+
+        `where` marks which positions have a value, in row-major order: all of them in the padded
+        layout (padding included, as the model computed it), only the real tokens when packed."""
+        rows = torch.arange(self.shape[0], device=positions.device)[:, None]
+        if self.packing is None:
+            where = torch.ones(positions.shape, dtype=torch.bool, device=positions.device)
+            return self.logits[rows, positions].flatten(0, 1), where
+        index = self.packing.packed_index()[rows, positions]
+        where = index >= 0
+        return self.logits.flatten(0, 1)[index[where]], where
+
+
+def scatter_rows(values: Tensor, where: Tensor) -> Tensor:
+    """`values` [M] back to [b, K] at `where` (what ModelOutput.at returned), 0 elsewhere."""
+    return values.new_zeros(where.shape).masked_scatter(where, values)
 
 
 @dataclass

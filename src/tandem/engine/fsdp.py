@@ -11,6 +11,11 @@ Collectives. FSDP all-gathers parameters in every forward and reduce-scatters gr
 every backward, so all ranks must run the same number of passes. `forward` / `train_step`
 agree on the largest micro-batch count over the ranks and pad the others with dummy passes
 (one pad token) whose outputs are discarded and whose loss is 0 x the logits.
+
+Packing (`packing=True`): each micro-batch runs as packed rows (tandem/data/packing.py) and the
+roles read the outputs through `ModelOutput.at`. Token budget (`max_tokens_per_micro_batch`):
+micro-batches are cut by tokens (real tokens when packing, padded width otherwise) instead of by
+samples; every rank cuts its share into the same number of them (the largest any rank needs).
 """
 
 from __future__ import annotations
@@ -40,10 +45,11 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 from torch.distributed.tensor import DTensor
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
-from tandem.batch import Batch
+from tandem.batch import Batch, Partition
 from tandem.config.schema import FSDPConfig, OptimConfig
+from tandem.data.packing import budget_groups, pack_model_inputs
 from tandem.engine import hf_io
-from tandem.engine.base import ForwardFn, Head, LossFn, StepResult, TrainEngine
+from tandem.engine.base import ForwardFn, Head, LossFn, ModelOutput, StepResult, TrainEngine
 from tandem.engine.optim import build_optimizer, build_scheduler
 
 logger = logging.getLogger(__name__)
@@ -72,6 +78,8 @@ class FSDPEngine(TrainEngine):
     classifier; its `score` is initialised from `seed` when the folder has none).
     total_training_steps: needed by cosine / linear decay and by warmup_ratio.
     activation_checkpointing: recompute each decoder layer in backward (same numbers, less memory).
+    packing: run micro-batches as packed sequences (no padding computed).
+    max_tokens_per_micro_batch: cut micro-batches by this token budget instead of `micro_batch_size`.
     """
 
     def __init__(
@@ -86,6 +94,8 @@ class FSDPEngine(TrainEngine):
         total_training_steps: int | None,
         activation_checkpointing: bool = False,
         seed: int = 1,
+        packing: bool = False,
+        max_tokens_per_micro_batch: int | None = None,
     ) -> None:
         if fsdp.sequence_parallel > 1:
             raise NotImplementedError(
@@ -99,6 +109,12 @@ class FSDPEngine(TrainEngine):
             )
         if grad_clip is not None and grad_clip <= 0:
             raise ValueError(f"grad_clip must be > 0 or None (no clipping), got {grad_clip}")
+        if max_tokens_per_micro_batch is not None and max_tokens_per_micro_batch < 1:
+            raise ValueError(
+                f"max_tokens_per_micro_batch must be >= 1 or None, got {max_tokens_per_micro_batch}"
+            )
+        self.packing = packing
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.model_path = str(model_path)
         self.head = head
         self.device = torch.device(device)
@@ -201,7 +217,7 @@ class FSDPEngine(TrainEngine):
         returns 0 rows of its outputs, so an empty shard has the same keys as the others. When
         every rank is empty, the result is an empty Batch with no keys."""
         self._check_onloaded("forward")
-        micros = _split(batch, micro_batch_size)
+        micros, plan = self._micro_batches(batch, micro_batch_size)
         num_passes = self._max_over_ranks(len(micros))
         self.model.eval()
         parts: list[dict[str, Tensor]] = []
@@ -220,7 +236,9 @@ class FSDPEngine(TrainEngine):
                     self._model_forward(self._pad_micro())
         if not parts:
             return Batch()
-        return Batch({key: torch.cat([part[key] for part in parts]) for key in parts[0]})
+        if plan is None:  # an empty shard: its 0-row outputs
+            return Batch(parts[0])
+        return plan.merge([Batch(part) for part in parts])
 
     # ------------------------------------------------------------------ training
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> StepResult:
@@ -229,7 +247,7 @@ class FSDPEngine(TrainEngine):
                 "train_step on a frozen engine (built with optim=None); give it an OptimConfig"
             )
         self._check_onloaded("train_step")
-        micros = _split(batch, micro_batch_size)
+        micros, _ = self._micro_batches(batch, micro_batch_size)
         num_passes = self._max_over_ranks(len(micros))
         self.model.train()  # dropout is 0; train mode switches on activation checkpointing
         self.optimizer.zero_grad(set_to_none=True)
@@ -307,15 +325,50 @@ class FSDPEngine(TrainEngine):
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
         return int(value)
 
-    # ------------------------------------------------------------------ model calls
-    def _model_forward(self, micro: Batch) -> Any:
+    # ------------------------------------------------------------------ micro-batches and model calls
+    def _micro_batches(self, batch: Batch, micro_batch_size: int) -> tuple[list[Batch], Partition | None]:
+        """This rank's micro-batches and the plan that restores row order (None for an empty shard)."""
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        if self.max_tokens_per_micro_batch is None:
+            groups = [
+                range(i, min(i + micro_batch_size, len(batch)))
+                for i in range(0, len(batch), micro_batch_size)
+            ]
+        else:
+            budget = self.max_tokens_per_micro_batch
+            lengths = self._token_lengths(batch)
+            count = self._max_over_ranks(len(budget_groups(lengths, budget)))
+            groups = budget_groups(lengths, budget, min_groups=count)
+        if not len(batch):
+            return [], None
+        micros, plan = batch.partition(groups)
+        return micros, plan
+
+    def _token_lengths(self, batch: Batch) -> list[int]:
+        """Tokens each row costs: its real tokens when packed, the padded width otherwise."""
+        if not len(batch):
+            return []
+        if self.packing:
+            return batch["attention_mask"].sum(-1).tolist()
+        return [batch["input_ids"].shape[1]] * len(batch)
+
+    def _model_forward(self, micro: Batch) -> ModelOutput:
+        ids = micro["input_ids"]
+        if self.packing and "attention_mask" in micro:
+            inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self._pad_id())
+            # No attention mask: transformers separates the sequences by their restarting position ids.
+            logits = self.model(**inputs, use_cache=False).logits
+            return ModelOutput(logits, tuple(ids.shape), packing)
         inputs = {key: micro[key] for key in ("attention_mask", "position_ids") if key in micro}
-        return self.model(input_ids=micro["input_ids"], **inputs, use_cache=False)
+        return ModelOutput(self.model(input_ids=ids, **inputs, use_cache=False).logits, tuple(ids.shape))
+
+    def _pad_id(self) -> int:
+        return self.config.pad_token_id if self.config.pad_token_id is not None else 0
 
     def _pad_micro(self) -> Batch:
         """One pad token: the cheapest pass that runs every layer's collectives."""
-        pad_id = self.config.pad_token_id if self.config.pad_token_id is not None else 0
-        ids = torch.full((1, 1), pad_id, dtype=torch.long, device=self.device)
+        ids = torch.full((1, 1), self._pad_id(), dtype=torch.long, device=self.device)
         return Batch(
             {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.zeros_like(ids)}
         )
@@ -425,12 +478,6 @@ class FSDPEngine(TrainEngine):
     def _check_onloaded(self, what: str) -> None:
         if self._is_offloaded:
             raise RuntimeError(f"{what} on an offloaded engine: call onload() first")
-
-
-def _split(batch: Batch, micro_batch_size: int) -> list[Batch]:
-    if micro_batch_size < 1:
-        raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-    return batch.split(micro_batch_size) if len(batch) else []
 
 
 def _to_cpu(outputs: dict[str, Tensor]) -> dict[str, Tensor]:

@@ -1,4 +1,10 @@
-"""The actor (policy): log-probs of given responses and the PPO-style update, over any TrainEngine."""
+"""The actor (policy): log-probs of given responses and the PPO-style update, over any TrainEngine.
+
+When a training step is one optimizer step (cfg.derived.old_log_probs_from_update) the update gets
+no `old_log_probs`: they are the update's own log-probs, detached (the weights have not moved since
+the rollout), and the numbers the old-log-prob pass fed (`actor/entropy`, `rollout_mismatch/*`)
+come from the update instead.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +13,7 @@ from typing import Any
 from torch import Tensor
 
 from tandem.algos.aggregation import agg_loss
-from tandem.algos.importance import is_weights
+from tandem.algos.importance import is_weights, mismatch_metrics
 from tandem.algos.kl import kl_loss
 from tandem.algos.policy_loss import policy_loss
 from tandem.batch import Batch
@@ -15,8 +21,10 @@ from tandem.config.schema import TandemConfig
 from tandem.engine.base import TrainEngine
 from tandem.roles.common import MODEL_INPUTS, response_log_probs, run_update, token_share
 
-# What an update reads from the batch, besides the model inputs.
-UPDATE_KEYS = ("responses", "response_mask", "old_log_probs", "advantages")
+# What an update reads from the batch, besides the model inputs (and old_log_probs, unless from the update).
+UPDATE_KEYS = ("responses", "response_mask", "advantages")
+# The rollout-vs-trainer numbers that add up over micro-batches (token means); max / min ratios do not.
+MISMATCH_MEANS = ("mismatch_kl", "mismatch_k3", "mismatch_abs_diff_mean")
 
 
 class Actor:
@@ -27,13 +35,14 @@ class Actor:
         self.cfg = cfg
         self.temperature = cfg.rollout.temperature
         self.mini_batches_per_epoch = cfg.derived.actor_mini_batches_per_step
+        self.old_log_probs_from_update = cfg.derived.old_log_probs_from_update
 
     def compute_log_probs(self, batch: Batch, with_entropy: bool = True) -> Batch:
         """old_log_probs [B, R] (at the rollout temperature) and entropy [B, R] of `responses`."""
 
         def fn(output: Any, micro: Batch) -> dict[str, Tensor]:
             log_probs, entropy = response_log_probs(
-                output.logits, micro["responses"], self.temperature, with_entropy
+                output, micro["responses"], self.temperature, with_entropy
             )
             return {"old_log_probs": log_probs} | ({"entropy": entropy} if with_entropy else {})
 
@@ -44,6 +53,8 @@ class Actor:
         """ppo_epochs passes over the batch, one optimizer step per mini-batch; then one LR-schedule step."""
         a = self.cfg.actor
         missing = [k for k in UPDATE_KEYS if k not in batch]
+        if not self.old_log_probs_from_update and "old_log_probs" not in batch:
+            missing.append("old_log_probs")
         if a.use_kl_loss and "ref_log_probs" not in batch:
             missing.append("ref_log_probs (actor.use_kl_loss is on)")
         if self.cfg.rollout.is_correction != "none" and "rollout_log_probs" not in batch:
@@ -66,17 +77,29 @@ class Actor:
 
         def loss_fn(output: Any, micro: Batch) -> tuple[Tensor, dict[str, float]]:
             mask = micro["response_mask"]
+            share = token_share(mask, counts)
+            on_policy = "old_log_probs" not in micro  # one optimizer step: old = this very forward
             log_probs, entropy = response_log_probs(
-                output.logits, micro["responses"], self.temperature, with_entropy=a.entropy_coeff != 0
+                output, micro["responses"], self.temperature, with_entropy=a.entropy_coeff != 0 or on_policy
             )
+            old_log_probs = log_probs.detach() if on_policy else micro["old_log_probs"]
+            metrics: dict[str, float] = {}
+            if on_policy:
+                metrics["actor/entropy"] = float(agg_loss(entropy.detach(), mask, "token-mean", **counts))
+                if "rollout_log_probs" in micro:
+                    mismatch = mismatch_metrics(old_log_probs, micro["rollout_log_probs"], mask)
+                    for key in MISMATCH_MEANS:
+                        metrics[f"rollout_mismatch/{key.removeprefix('mismatch_')}"] = mismatch[key] * share
+                if a.entropy_coeff == 0:
+                    entropy = None
             weights = None
             if r.is_correction != "none":
                 weights = is_weights(
-                    micro["old_log_probs"], micro["rollout_log_probs"], mask, r.is_correction, r.is_threshold
+                    old_log_probs, micro["rollout_log_probs"], mask, r.is_correction, r.is_threshold
                 )
             pg_loss, pg_metrics = policy_loss(
                 a.policy_loss,
-                micro["old_log_probs"],
+                old_log_probs,
                 log_probs,
                 micro["advantages"],
                 mask,
@@ -87,10 +110,8 @@ class Actor:
                 is_weights=weights,
                 agg_kwargs=agg,
             )
-            share = token_share(mask, counts)
-            metrics = {"pg_loss": float(pg_loss.detach())} | {
-                k: float(v) * share for k, v in pg_metrics.items()
-            }
+            metrics["pg_loss"] = float(pg_loss.detach())
+            metrics.update({k: float(v) * share for k, v in pg_metrics.items()})
             loss = pg_loss
             if entropy is not None:
                 entropy_loss = agg_loss(entropy, mask, a.loss_agg_mode, **agg)

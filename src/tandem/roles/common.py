@@ -12,7 +12,8 @@ from torch import Tensor
 from tandem.algos import aggregation
 from tandem.algos.core import entropy_from_logits, log_probs_from_logits
 from tandem.batch import Batch, even_sizes
-from tandem.engine.base import LossFn, StepResult, TrainEngine
+from tandem.data.packing import equal_count_groups
+from tandem.engine.base import LossFn, ModelOutput, StepResult, TrainEngine, scatter_rows
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")  # what every engine forward reads
 
@@ -25,15 +26,24 @@ def response_slice(per_position: Tensor, response_length: int) -> Tensor:
     return per_position[:, -response_length - 1 : -1]
 
 
+def response_outputs(output: ModelOutput, response_length: int) -> tuple[Tensor, Tensor]:
+    """`output.at` the positions that predict the response tokens: (values [M, ...], where [b, R])."""
+    b, width = output.shape
+    positions = torch.arange(width, device=output.logits.device).expand(b, width)
+    return output.at(response_slice(positions, response_length))
+
+
 def response_log_probs(
-    logits: Tensor, responses: Tensor, temperature: float, with_entropy: bool
+    output: ModelOutput, responses: Tensor, temperature: float, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
-    """log_softmax(logits / T) of each response token (and the entropy of that distribution)."""
+    """log_softmax(logits / T) of each response token (and the entropy of that distribution), [b, R];
+    0 where the model computed nothing (padding of packed sequences)."""
     # T = 0 (greedy validation) is scored as T = 1, as the rollout engines do.
     scale = temperature if temperature > 0 else 1.0
-    logits = response_slice(logits, responses.shape[1]).float() / scale
-    log_probs = log_probs_from_logits(logits, responses)
-    entropy = entropy_from_logits(logits) if with_entropy else None
+    logits, where = response_outputs(output, responses.shape[1])
+    logits = logits.float() / scale
+    log_probs = scatter_rows(log_probs_from_logits(logits, responses[where]), where)
+    entropy = scatter_rows(entropy_from_logits(logits), where) if with_entropy else None
     return log_probs, entropy
 
 
@@ -65,7 +75,11 @@ def sum_step_metrics(engine: TrainEngine, results: Sequence[StepResult], prefix:
     )
     if names:
         per_step = engine.all_reduce_sum(per_step)
-    metrics = {f"{prefix}/{name}": float(per_step[:, i].mean()) for i, name in enumerate(names)}
+    # A name with its own prefix ("rollout_mismatch/kl") is kept as it is.
+    metrics = {
+        name if "/" in name else f"{prefix}/{name}": float(per_step[:, i].mean())
+        for i, name in enumerate(names)
+    }
     finite = [r.grad_norm for r in results if not r.skipped]
     metrics[f"{prefix}/loss"] = sum(r.loss for r in results) / len(results)
     metrics[f"{prefix}/grad_norm"] = sum(finite) / len(finite) if finite else float("nan")
@@ -99,20 +113,52 @@ def run_update(
     return sum_step_metrics(engine, results, prefix)
 
 
-def update_order(size: int, dp_size: int, num_mini_batches: int) -> list[int]:
+def token_lengths(batch: Batch) -> list[int]:
+    """Real tokens per row (prompt + response): what a row costs a packed forward / backward."""
+    return batch["attention_mask"].sum(-1).tolist()
+
+
+def update_order(
+    size: int, dp_size: int, num_mini_batches: int, lengths: Sequence[int] | None = None
+) -> list[int]:
     """Row order that makes a contiguous data-parallel split hold each GLOBAL mini-batch's parts.
 
     Mini-batch i is rows [i M, (i+1) M) of the step's batch (uneven sizes allowed); rank r must
     get part r of every mini-batch, in order, so that chunking its shard into `num_mini_batches`
-    gives the same mini-batches for any number of ranks (2 ranks == 1 rank, exactly).
+    gives the same mini-batches for any number of ranks (2 ranks == 1 rank, exactly). With the rows'
+    token `lengths`, each mini-batch's parts hold as many rows as without and about equal tokens.
     """
-    rows = torch.arange(size)
-    minis = rows.split(even_sizes(size, num_mini_batches))
-    parts = [mini.split(even_sizes(len(mini), dp_size)) for mini in minis]
-    return [int(i) for r in range(dp_size) for mini in parts for i in mini[r]]
+    order = []
+    minis = torch.arange(size).split(even_sizes(size, num_mini_batches))
+    parts = []
+    for mini in minis:
+        sizes = even_sizes(len(mini), dp_size)
+        if lengths is None:
+            parts.append([part.tolist() for part in mini.split(sizes)])
+        else:
+            groups = equal_count_groups([lengths[i] for i in mini], sizes)
+            parts.append([[int(mini[i]) for i in group] for group in groups])
+    for r in range(dp_size):
+        for mini_parts in parts:
+            order.extend(mini_parts[r])
+    return order
 
 
 def arrange_for_update(batch: Batch, dp_size: int, num_mini_batches: int) -> Batch:
-    """`batch` reordered by `update_order`: call an update method with this, and the data-parallel
-    split hands every rank its part of each global mini-batch (see update_order)."""
-    return batch.reorder(update_order(len(batch), dp_size, num_mini_batches))
+    """`batch` reordered by `update_order` (token-balanced): call an update method with this, and the
+    data-parallel split hands every rank its part of each global mini-batch (see update_order)."""
+    return batch.reorder(update_order(len(batch), dp_size, num_mini_batches, token_lengths(batch)))
+
+
+def balanced_order(batch: Batch, dp_size: int) -> tuple[list[int], list[int]]:
+    """(order, restore): `batch.reorder(order)` splits over `dp_size` ranks into as many rows as a plain
+    split and about equal tokens per rank; `.reorder(restore)` puts the outputs back in place."""
+    if dp_size <= 1:
+        identity = list(range(len(batch)))
+        return identity, identity
+    groups = equal_count_groups(token_lengths(batch), even_sizes(len(batch), dp_size))
+    order = [i for group in groups for i in group]
+    restore = [0] * len(order)
+    for position, row in enumerate(order):
+        restore[row] = position
+    return order, restore

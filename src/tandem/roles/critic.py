@@ -9,15 +9,17 @@ from torch import Tensor
 from tandem.algos.policy_loss import value_loss
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
-from tandem.engine.base import TrainEngine
-from tandem.roles.common import MODEL_INPUTS, response_slice, run_update, token_share
+from tandem.engine.base import ModelOutput, TrainEngine, scatter_rows
+from tandem.roles.common import MODEL_INPUTS, response_outputs, run_update, token_share
 
 UPDATE_KEYS = ("responses", "response_mask", "values", "returns")
 
 
-def response_values(output: Any, response_length: int) -> Tensor:
-    """V(s_t) [B, R] in float32: the value head's output at the position before each response token."""
-    return response_slice(output.logits[..., 0], response_length).float()
+def response_values(output: ModelOutput, response_length: int) -> Tensor:
+    """V(s_t) [B, R] in float32: the value head's output at the position before each response token
+    (0 where the model computed nothing: padding of packed sequences)."""
+    values, where = response_outputs(output, response_length)
+    return scatter_rows(values[:, 0].float(), where)
 
 
 class Critic:

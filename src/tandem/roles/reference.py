@@ -24,7 +24,7 @@ class Reference:
         temperature = self.cfg.rollout.temperature
 
         def fn(output: Any, micro: Batch) -> dict[str, Tensor]:
-            log_probs, _ = response_log_probs(output.logits, micro["responses"], temperature, False)
+            log_probs, _ = response_log_probs(output, micro["responses"], temperature, False)
             return {"ref_log_probs": log_probs}
 
         micro = self.cfg.reference.log_prob_micro_batch_size_per_rank

@@ -9,7 +9,7 @@ from torch import Tensor
 
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
-from tandem.engine.base import TrainEngine
+from tandem.engine.base import TrainEngine, scatter_rows
 from tandem.roles.common import MODEL_INPUTS
 
 
@@ -30,9 +30,8 @@ class RewardModel:
         """rm_scores [B]: the head's output at the last attended token of each sample."""
 
         def fn(output: Any, micro: Batch) -> dict[str, Tensor]:
-            scores = output.logits[..., 0].float()
-            last = last_token_index(micro["attention_mask"])
-            return {"rm_scores": scores.gather(1, last[:, None]).squeeze(1)}
+            scores, where = output.at(last_token_index(micro["attention_mask"])[:, None])
+            return {"rm_scores": scatter_rows(scores[:, 0].float(), where)[:, 0]}
 
         micro = self.cfg.reward.reward_model.micro_batch_size_per_rank
         return self.engine.forward(batch.select(*MODEL_INPUTS), fn, micro)

@@ -12,7 +12,7 @@ from tandem.algos.aggregation import agg_loss
 from tandem.algos.core import log_probs_from_logits
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
-from tandem.engine.base import TrainEngine
+from tandem.engine.base import ModelOutput, TrainEngine, scatter_rows
 from tandem.roles.common import MODEL_INPUTS, run_update
 
 SFT_KEYS = (*MODEL_INPUTS, "loss_mask")
@@ -23,9 +23,13 @@ def target_mask(loss_mask: Tensor) -> Tensor:
     return torch.cat([loss_mask[:, 1:], torch.zeros_like(loss_mask[:, :1])], dim=1)
 
 
-def next_token_log_probs(logits: Tensor, input_ids: Tensor) -> Tensor:
-    """log p(token t+1 | tokens <= t) at every position t, 0 at the last position (nothing follows)."""
-    log_probs = log_probs_from_logits(logits[:, :-1].float(), input_ids[:, 1:])
+def next_token_log_probs(output: ModelOutput, input_ids: Tensor) -> Tensor:
+    """log p(token t+1 | tokens <= t) at every position t, 0 at the last position (nothing follows)
+    and where the model computed nothing (padding of packed sequences)."""
+    b, width = input_ids.shape
+    positions = torch.arange(width - 1, device=input_ids.device).expand(b, width - 1)
+    logits, where = output.at(positions)
+    log_probs = scatter_rows(log_probs_from_logits(logits.float(), input_ids[:, 1:][where]), where)
     return torch.cat([log_probs, torch.zeros_like(log_probs[:, :1])], dim=1)
 
 
@@ -46,7 +50,7 @@ class SFT:
 
         def make_loss_fn(counts: dict[str, Any]):
             def loss_fn(output: Any, micro: Batch) -> tuple[Tensor, dict[str, float]]:
-                nll = -next_token_log_probs(output.logits, micro["input_ids"])
+                nll = -next_token_log_probs(output, micro["input_ids"])
                 loss = agg_loss(nll, micro["target_mask"], "token-mean", **counts)
                 return loss, {}
 
@@ -70,7 +74,7 @@ class SFT:
 
         def fn(output: Any, micro: Batch) -> dict[str, Tensor]:
             mask = target_mask(micro["loss_mask"]).float()
-            nll = -next_token_log_probs(output.logits, micro["input_ids"]) * mask
+            nll = -next_token_log_probs(output, micro["input_ids"]) * mask
             return {"nll_sum": nll.sum(-1), "num_tokens": mask.sum(-1)}
 
         micro = self.cfg.rollout.log_prob_micro_batch_size_per_rank

@@ -102,6 +102,8 @@ class RoleWorker(Worker):
             total_training_steps=self.total_training_steps,
             activation_checkpointing=a.activation_checkpointing and optim is not None,
             seed=self.cfg.trainer.seed,
+            packing=a.sequence_packing,
+            max_tokens_per_micro_batch=a.max_tokens_per_micro_batch if a.use_dynamic_bsz else None,
         )
 
     def _role(self, name: str) -> Any:

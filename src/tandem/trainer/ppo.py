@@ -26,7 +26,7 @@ from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.data import PromptDataset, collate_prompts
 from tandem.rewards import reward_manager_from_config
-from tandem.roles.common import MODEL_INPUTS, arrange_for_update
+from tandem.roles.common import MODEL_INPUTS, arrange_for_update, balanced_order
 from tandem.roles.layout import build_worker_groups
 from tandem.roles.reward_model import last_token_index
 from tandem.rollout import PROMPT_INDEX, SamplingParams
@@ -97,24 +97,28 @@ class RLTrainer(Trainer):
             metrics.update(rollout_metrics)
             mask = batch["response_mask"]
 
-            inputs = batch.select(*MODEL_INPUTS, "responses", "response_mask")
+            # Rows in an order that gives every data-parallel rank about the same number of tokens.
+            order, restore = balanced_order(batch, groups.actor.world_size)
+            inputs = batch.select(*MODEL_INPUTS, "responses", "response_mask").reorder(order)
             values = groups.critic.compute_values.async_(inputs) if groups.critic else None
-            with timer("old_log_probs"):
-                batch = batch.union(groups.actor.compute_log_probs(inputs))
+            if not d.old_log_probs_from_update:  # else the actor's update computes them (roles/actor.py)
+                with timer("old_log_probs"):
+                    batch = batch.union(groups.actor.compute_log_probs(inputs).reorder(restore))
             if groups.ref is not None:
                 with timer("ref_log_probs"):
-                    batch = batch.union(groups.ref.compute_ref_log_probs(inputs))
+                    batch = batch.union(groups.ref.compute_ref_log_probs(inputs).reorder(restore))
             if values is not None:
                 with timer("values"):
-                    batch = batch.union(values.result())
-            metrics.update(
-                {
-                    f"rollout_mismatch/{k.removeprefix('mismatch_')}": v
-                    for k, v in mismatch_metrics(
-                        batch["old_log_probs"], batch["rollout_log_probs"], mask
-                    ).items()
-                }
-            )
+                    batch = batch.union(values.result().reorder(restore))
+            if "old_log_probs" in batch:
+                metrics.update(
+                    {
+                        f"rollout_mismatch/{k.removeprefix('mismatch_')}": v
+                        for k, v in mismatch_metrics(
+                            batch["old_log_probs"], batch["rollout_log_probs"], mask
+                        ).items()
+                    }
+                )
 
             with timer("advantages"):
                 scores = batch["token_level_scores"]
@@ -168,10 +172,14 @@ class RLTrainer(Trainer):
         return metrics
 
     def _actor_update_keys(self, batch: Batch) -> list[str]:
-        keys = [*MODEL_INPUTS, "responses", "response_mask", "old_log_probs", "advantages"]
+        keys = [*MODEL_INPUTS, "responses", "response_mask", "advantages"]
+        if self.cfg.derived.old_log_probs_from_update:
+            keys.append("rollout_log_probs")  # for rollout_mismatch/*, computed in the update
+        else:
+            keys.append("old_log_probs")
         if self.cfg.actor.use_kl_loss:
             keys.append("ref_log_probs")
-        if self.cfg.rollout.is_correction != "none":
+        if self.cfg.rollout.is_correction != "none" and "rollout_log_probs" not in keys:
             keys.append("rollout_log_probs")
         return keys
 

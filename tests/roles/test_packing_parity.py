@@ -1,0 +1,229 @@
+"""Packed sequences equal padded ones, and token-budget micro-batches equal one big batch.
+
+The real roles (actor, reference, critic, reward model, SFT) over real FSDP2 engines in this
+process (a world-size-1 gloo group), on a hand-built rollout batch whose prompts and responses
+have different lengths (an empty response included). Tolerance: fp32; packing changes which
+padding the attention kernel sees, not the arithmetic of real tokens, so outputs agree to 1e-5
+and gradients to 1e-6 relative to their norm.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from tandem.batch import Batch
+from tandem.config.schema import FSDPConfig, OptimConfig
+from tandem.data.padding import position_ids_from_mask
+from tandem.data.tiny import save_tiny
+from tandem.engine import FSDPEngine
+from tandem.roles.actor import Actor
+from tandem.roles.critic import Critic
+from tandem.roles.reference import Reference
+from tandem.roles.reward_model import RewardModel
+from tandem.roles.sft import SFT
+
+from .roles_helpers import tiny_config
+
+PROMPT, RESPONSE = 6, 10
+# (prompt tokens, response tokens) per sample: left-padded prompts, right-padded responses.
+LENGTHS = [(6, 10), (2, 3), (4, 0), (3, 10), (5, 7), (1, 1), (6, 4), (2, 9)]
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    """A world-size-1 gloo group for engines built in this process (left alone if one exists)."""
+    created = not dist.is_initialized()
+    if created:
+        store = tmp_path_factory.mktemp("store") / "rendezvous"
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    yield
+    if created:
+        dist.destroy_process_group()
+
+
+@pytest.fixture(scope="module")
+def model_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("models")
+    return {"lm": save_tiny(root / "policy"), "value": save_tiny(root / "critic", num_labels=1)}
+
+
+def rollout_batch(seed: int = 0) -> Batch:
+    """Rollout-shaped rows (rollout/base.py layout) with random tokens and the keys updates read."""
+    g = torch.Generator().manual_seed(seed)
+    n = len(LENGTHS)
+    prompt_mask = torch.zeros(n, PROMPT, dtype=torch.long)
+    response_mask = torch.zeros(n, RESPONSE, dtype=torch.long)
+    for i, (p, r) in enumerate(LENGTHS):
+        prompt_mask[i, PROMPT - p :] = 1
+        response_mask[i, :r] = 1
+    prompts = torch.randint(4, 200, (n, PROMPT), generator=g) * prompt_mask
+    responses = torch.randint(4, 200, (n, RESPONSE), generator=g) * response_mask
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    mask = response_mask.float()
+    return Batch.from_dict(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids_from_mask(attention_mask),
+            "loss_mask": attention_mask * torch.cat([torch.zeros_like(prompt_mask), response_mask], 1),
+            "advantages": (torch.randn(n, 1, generator=g) * mask).contiguous(),
+            "returns": (torch.randn(n, 1, generator=g) * mask).contiguous(),
+            "values": torch.randn(n, RESPONSE, generator=g) * 0.1 * mask,
+            "rollout_log_probs": -torch.rand(n, RESPONSE, generator=g) * 3 * mask,
+            "old_log_probs": -torch.rand(n, RESPONSE, generator=g) * 3 * mask,
+            "ref_log_probs": -torch.rand(n, RESPONSE, generator=g) * 3 * mask,
+        }
+    )
+
+
+def engine(
+    path, head: str, *, packing: bool, budget: int | None = None, trainable: bool = True
+) -> FSDPEngine:
+    return FSDPEngine(
+        model_path=path,
+        head=head,
+        device="cpu",
+        optim=OptimConfig(lr=1e-3, weight_decay=0.0) if trainable else None,
+        fsdp=FSDPConfig(),
+        grad_clip=None,  # gradients compared as computed
+        total_training_steps=10,
+        packing=packing,
+        max_tokens_per_micro_batch=budget,
+    )
+
+
+def capture_gradients(eng: FSDPEngine) -> dict[str, torch.Tensor]:
+    """Every full gradient, as the optimizer sees it, at each optimizer step (the last one wins)."""
+    grads: dict[str, torch.Tensor] = {}
+
+    def hook(optimizer, args, kwargs):
+        for name, p in eng.model.named_parameters():
+            if p.grad is not None:
+                grads[name] = p.grad.full_tensor().clone()
+
+    eng.optimizer.register_step_pre_hook(hook)
+    return grads
+
+
+def assert_grads_close(actual: dict, expected: dict) -> None:
+    assert actual.keys() == expected.keys() and expected
+    for name, grad in expected.items():
+        scale = float(grad.norm()) + 1e-12
+        assert float((actual[name] - grad).norm()) / scale < 1e-5, name
+
+
+def masked_close(a: torch.Tensor, b: torch.Tensor, mask: torch.Tensor, atol: float = 1e-5) -> None:
+    mask = mask.bool()
+    torch.testing.assert_close(a[mask], b[mask], rtol=0, atol=atol)
+
+
+CFG = [
+    "actor.use_kl_loss=true",
+    "actor.kl_loss_coef=0.1",
+    "actor.entropy_coeff=0.01",
+    "rollout.is_correction=token",
+]
+
+
+def test_packed_forward_equals_padded_for_every_role(world, model_dirs):
+    cfg = tiny_config(model_dirs["lm"], 1, *CFG, "rollout.temperature=0.7")
+    batch = rollout_batch()
+    out = {}
+    for packing in (False, True):
+        lm = engine(model_dirs["lm"], "lm", packing=packing, trainable=False)
+        value = engine(model_dirs["value"], "value", packing=packing, trainable=False)
+        out[packing] = (
+            Actor(lm, cfg).compute_log_probs(batch),
+            Reference(lm, cfg).compute_ref_log_probs(batch),
+            Critic(value, cfg).compute_values(batch),
+            RewardModel(value, cfg).compute_scores(batch),
+            SFT(lm, cfg).nll(batch),
+        )
+    (actor0, ref0, critic0, rm0, sft0), (actor1, ref1, critic1, rm1, sft1) = out[False], out[True]
+    mask = batch["response_mask"]
+    assert mask.sum() > 0 and (mask.sum(-1) == 0).any()  # real tokens, and one empty response
+    masked_close(actor1["old_log_probs"], actor0["old_log_probs"], mask)
+    masked_close(actor1["entropy"], actor0["entropy"], mask)
+    masked_close(ref1["ref_log_probs"], ref0["ref_log_probs"], mask)
+    masked_close(critic1["values"], critic0["values"], mask)
+    torch.testing.assert_close(rm1["rm_scores"], rm0["rm_scores"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(sft1["nll_sum"], sft0["nll_sum"], rtol=1e-5, atol=1e-4)
+    assert torch.equal(sft1["num_tokens"], sft0["num_tokens"])
+    # Packed outputs are 0 where the predicting position is padding: the model computed nothing there.
+    predicted_from_padding = torch.cat([torch.zeros_like(mask[:, :1]), 1 - mask[:, :-1]], dim=1).bool()
+    assert predicted_from_padding.any() and (actor1["old_log_probs"][predicted_from_padding] == 0).all()
+
+
+@pytest.mark.parametrize("old_log_probs_from_update", [False, True])
+def test_packed_updates_equal_padded(world, model_dirs, old_log_probs_from_update):
+    """Actor (clip loss + KL + entropy + IS correction) and critic: losses, metrics, gradients."""
+    flag = f"actor.old_log_probs_from_update={str(old_log_probs_from_update).lower()}"
+    cfg = tiny_config(
+        model_dirs["lm"], 1, *CFG, flag, "actor.ppo_mini_batch_size=4", "algorithm.adv_estimator=gae"
+    )
+    assert cfg.derived.old_log_probs_from_update is old_log_probs_from_update
+    batch = rollout_batch(seed=1)
+    if old_log_probs_from_update:
+        batch = batch.exclude("old_log_probs")
+    results = {}
+    for packing in (False, True):
+        actor_engine = engine(model_dirs["lm"], "lm", packing=packing)
+        critic_engine = engine(model_dirs["value"], "value", packing=packing)
+        actor_grads, critic_grads = capture_gradients(actor_engine), capture_gradients(critic_engine)
+        actor_metrics = Actor(actor_engine, cfg).update(batch)
+        critic_metrics = Critic(critic_engine, cfg).update(batch)
+        results[packing] = (actor_metrics, critic_metrics, actor_grads, critic_grads)
+    (a0, c0, ga0, gc0), (a1, c1, ga1, gc1) = results[False], results[True]
+    for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy_loss", "actor/grad_norm"):
+        assert a1[key] == pytest.approx(a0[key], rel=1e-5, abs=1e-7), key
+    for key in ("critic/loss", "critic/vf_loss", "critic/grad_norm", "critic/vpred_mean"):
+        assert c1[key] == pytest.approx(c0[key], rel=1e-5, abs=1e-7), key
+    if old_log_probs_from_update:
+        # Ratio exactly 1: no token is clipped; entropy and mismatch come from the update.
+        assert a1["actor/pg_clipfrac"] == 0.0
+        assert a1["actor/entropy"] == pytest.approx(a0["actor/entropy"], rel=1e-5)
+        assert a1["rollout_mismatch/kl"] == pytest.approx(a0["rollout_mismatch/kl"], rel=1e-5)
+    assert_grads_close(ga1, ga0)
+    assert_grads_close(gc1, gc0)
+
+
+def test_token_budget_micro_batches_equal_one_big_batch(world, model_dirs):
+    cfg = tiny_config(model_dirs["lm"], 1, *CFG, "actor.ppo_mini_batch_size=4")
+    batch = rollout_batch(seed=2)
+    tokens = batch["attention_mask"].sum(-1)
+    budget = 24  # the longest sample has 16 tokens; all 8 hold 87
+    whole = engine(model_dirs["lm"], "lm", packing=True)  # micro-batches of micro_batch_size samples
+    split = engine(model_dirs["lm"], "lm", packing=True, budget=budget)
+
+    seen: list[list[int]] = []
+
+    def fn(output, micro):
+        seen.append(micro["attention_mask"].sum(-1).tolist())
+        return {
+            "logits_sum": output.logits.sum()[None].expand(len(micro)).clone(),
+            "tokens": micro["attention_mask"].sum(-1),
+        }
+
+    # forward: rows come back in input order although micro-batches regroup them
+    out = split.forward(batch, fn, micro_batch_size=1)
+    assert torch.equal(out["tokens"], tokens)
+    assert len(seen) >= -(-int(tokens.sum()) // budget) and all(sum(m) <= budget for m in seen)
+    assert sorted(t for m in seen for t in m) == sorted(tokens.tolist())
+    log_probs_split = Actor(split, cfg).compute_log_probs(batch)
+    log_probs_whole = Actor(whole, cfg).compute_log_probs(batch)
+    masked_close(log_probs_split["old_log_probs"], log_probs_whole["old_log_probs"], batch["response_mask"])
+
+    grads_whole, grads_split = capture_gradients(whole), capture_gradients(split)
+    cfg_one = tiny_config(
+        model_dirs["lm"], 1, *CFG, "actor.ppo_mini_batch_size=4", "actor.micro_batch_size_per_rank=8"
+    )
+    metrics_whole = Actor(whole, cfg_one).update(batch)
+    metrics_split = Actor(split, cfg).update(batch)
+    assert metrics_whole["actor/loss"] == pytest.approx(metrics_split["actor/loss"], rel=1e-5)
+    assert metrics_whole["actor/grad_norm"] == pytest.approx(metrics_split["actor/grad_norm"], rel=1e-5)
+    assert_grads_close(grads_split, grads_whole)
