@@ -385,7 +385,8 @@ def check_batch_sizes(cfg: TandemConfig, problems: Problems) -> None:
                 f"Use one of: {_divisors(per_rank)}, or set actor.use_dynamic_bsz=true",
             )
     longest = cfg.data.max_prompt_length + cfg.data.max_response_length
-    if cfg.actor.use_dynamic_bsz and cfg.actor.max_tokens_per_micro_batch < longest:
+    budget = cfg.actor.max_tokens_per_micro_batch
+    if cfg.actor.use_dynamic_bsz and budget is not None and budget < longest:
         problems.add(
             ("actor.max_tokens_per_micro_batch", "data.max_response_length"),
             f"actor.max_tokens_per_micro_batch={cfg.actor.max_tokens_per_micro_batch} cannot hold one "

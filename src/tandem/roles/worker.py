@@ -103,7 +103,7 @@ class RoleWorker(Worker):
             activation_checkpointing=a.activation_checkpointing and optim is not None,
             seed=self.cfg.trainer.seed,
             packing=a.sequence_packing,
-            max_tokens_per_micro_batch=a.max_tokens_per_micro_batch if a.use_dynamic_bsz else None,
+            max_tokens_per_micro_batch=token_budget(self.cfg, self.ctx.torch_device),
         )
 
     def _role(self, name: str) -> Any:
@@ -278,6 +278,24 @@ def _empty_rollout(prompts: Batch, sampling: SamplingParams) -> Batch:
     tensors = {key: torch.zeros(0, w, dtype=dtype) for key, (w, dtype) in shapes.items()}
     non_tensors = {key: np.empty(0, dtype=object) for key in prompts.non_tensors}
     return Batch(tensors, non_tensors, dict(prompts.meta), batch_size=0)
+
+
+# Micro-batch token budgets when actor.max_tokens_per_micro_batch is None: on a CPU a budget past the
+# caches is slower (bench/README.md: 2048 tokens 1.5x faster than 16384 on W1); a GPU wants large ones.
+DEFAULT_TOKEN_BUDGET = {"cpu": 2048, "cuda": 16384}
+
+
+def token_budget(cfg: TandemConfig, device: torch.device) -> int | None:
+    """Tokens per micro-batch on one rank (None: micro-batches by sample count, use_dynamic_bsz off)."""
+    a, d = cfg.actor, cfg.data
+    if not a.use_dynamic_bsz:
+        return None
+    if a.max_tokens_per_micro_batch is not None:
+        return a.max_tokens_per_micro_batch
+    longest = d.max_prompt_length + d.max_response_length  # SFT rows are at most as long (data.max_length)
+    return max(
+        DEFAULT_TOKEN_BUDGET.get(device.type, DEFAULT_TOKEN_BUDGET["cuda"]), longest, d.max_length or 0
+    )
 
 
 def rollout_kwargs(cfg: TandemConfig, device: torch.device) -> dict[str, Any]:
