@@ -70,7 +70,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("main", "padded", "scaling")
+SECTIONS = ("main", "padded", "ablation", "scaling")
 LR = 1e-5
 KL_COEF = 0.04
 MAX_PROMPT_LENGTH = 16  # "99+99=" is 6 tokens
@@ -90,6 +90,16 @@ PADDED = [  # every training-side optimisation off
     "rollout.log_prob_micro_batch_size_per_rank=8",
     "reference.log_prob_micro_batch_size_per_rank=8",
 ]
+# One optimisation off at a time (no-ref): what each one is worth on its own.
+ABLATIONS = {
+    "no packing": ["actor.sequence_packing=false"],
+    "micro-batches of 8": [
+        "actor.use_dynamic_bsz=false",
+        "actor.micro_batch_size_per_rank=8",
+        "rollout.log_prob_micro_batch_size_per_rank=8",
+    ],
+    "old-log-prob pass": ["actor.old_log_probs_from_update=false"],
+}
 TARGETS = {"overhead": 1.3, "train_speedup": 1.5, "weight_sync_share": 0.05}
 
 
@@ -478,6 +488,14 @@ def print_padded(padded: dict[str, dict[str, float]]) -> None:
     print("padded: " + " ".join(PADDED))
 
 
+def print_ablation(rows: dict[str, dict[str, float]]) -> None:
+    print("\nablation (no-ref; one optimisation off at a time, 1 warm-up + 3 measured steps)")
+    print(f"{'off':<24}{'train s':>10}{'x defaults':>12}{'step s':>10}")
+    for label, r in rows.items():
+        print(f"{label:<24}{r['train']:>10.3f}{r['train_ratio']:>12.2f}{r['step']:>10.3f}")
+    print("x defaults = training phase s / the defaults' (the main no-ref run)")
+
+
 def print_scaling(rows: dict[str, dict[str, float]]) -> None:
     print("\nscaling (no-ref; the baseline is the main run, the others 1 warm-up + 3 measured steps)")
     print(f"{'config':<28}{'step s':>10}{'x base':>10}{'x work':>10}{'train s':>10}{'generate s':>12}")
@@ -527,6 +545,8 @@ def main() -> None:
         main_section(runner, work, model, results)
     if "padded" in sections:
         padded_section(runner, work, model, results)
+    if "ablation" in sections:
+        ablation_section(runner, work, model, results)
     if "scaling" in sections:
         scaling_section(runner, work, model, results)
     if args.json:
@@ -569,6 +589,21 @@ def padded_section(runner: Runner, work: Workload, model: dict[str, int], result
         padded = summarise(runs[f"padded/{variant}"], model, None)["train"]
         results["padded"][variant] = {"defaults": defaults, "padded": padded, "speedup": padded / defaults}
     print_padded(results["padded"])
+
+
+def ablation_section(runner: Runner, work: Workload, model: dict[str, int], results: dict[str, Any]) -> None:
+    """No-ref training phase with each optimisation off on its own, against the defaults."""
+    base = summarise(main_run(runner, work, "no-ref", results), model, None)
+    rows = {"nothing (defaults)": base}
+    for label, extra in ABLATIONS.items():
+        name = "ablation/" + label.replace(" ", "-")
+        results["runs"][name] = runner.tandem(name, replace(work, steps=3), [*VARIANTS["no-ref"], *extra])
+        rows[label] = summarise(results["runs"][name], model, None)
+    results["ablation"] = {
+        label: {"train": r["train"], "train_ratio": r["train"] / base["train"], "step": r["step"]}
+        for label, r in rows.items()
+    }
+    print_ablation(results["ablation"])
 
 
 def scaling_section(runner: Runner, work: Workload, model: dict[str, int], results: dict[str, Any]) -> None:
