@@ -119,13 +119,9 @@ class ActorConfig:
     ppo_mini_batch_size: int = 4  # PROMPTS per optimizer step, global (x rollout.n = samples)
     micro_batch_size_per_rank: int = 2  # SAMPLES per forward / backward on one rank
     use_dynamic_bsz: bool = True  # cut micro-batches by token budget, not sample count (every role)
-    max_tokens_per_micro_batch: int | None = (
-        None  # TOKENS per micro-batch on one rank; None = 2048 CPU, 16384 GPU
-    )
+    max_tokens_per_micro_batch: int | None = None  # TOKENS per micro-batch, rank; None: 2048 CPU, 16384 GPU
     sequence_packing: bool = True  # forward / backward on packed sequences, no padding computed (every role)
-    old_log_probs_from_update: bool = (
-        True  # one optimizer step per training step: skip the old-log-prob pass (see derived)
-    )
+    old_log_probs_from_update: bool = True  # one optimizer step per step: no old-log-prob pass (derived)
     ppo_epochs: int = 1  # passes over each step's samples, >= 1
     policy_loss: str = "vanilla"  # vanilla (PPO clip), gspo (sequence-level ratio) or reinforce (no ratio)
     clip_ratio_low: float = 0.2  # in [0, 1): the probability ratio is clipped below at 1 - this

@@ -31,10 +31,9 @@ from tandem.batch import Batch
 from tandem.data.packing import Packing
 
 Head = Literal["lm", "value"]  # causal LM (actor, reference) or a 1-wide token head (critic, reward model)
-ForwardFn = Callable[
-    ["ModelOutput", Batch], dict[str, Tensor]
-]  # (model output, micro-batch) -> per-row tensors
-LossFn = Callable[["ModelOutput", Batch], tuple[Tensor, dict[str, float]]]  # -> (contribution, metrics)
+# (model output, micro-batch) -> per-row tensors; -> (this micro-batch's loss contribution, metrics)
+ForwardFn = Callable[["ModelOutput", Batch], dict[str, Tensor]]
+LossFn = Callable[["ModelOutput", Batch], tuple[Tensor, dict[str, float]]]
 
 
 @dataclass

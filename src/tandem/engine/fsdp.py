@@ -336,10 +336,11 @@ class FSDPEngine(TrainEngine):
                 for i in range(0, len(batch), micro_batch_size)
             ]
         else:
-            budget = self.max_tokens_per_micro_batch
-            lengths = self._token_lengths(batch)
-            count = self._max_over_ranks(len(budget_groups(lengths, budget)))
-            groups = budget_groups(lengths, budget, min_groups=count)
+            budget, lengths = self.max_tokens_per_micro_batch, self._token_lengths(batch)
+            groups = budget_groups(lengths, budget)
+            count = self._max_over_ranks(len(groups))  # as many on every rank: balanced passes
+            if count > len(groups):
+                groups = budget_groups(lengths, budget, min_groups=count)
         if not len(batch):
             return [], None
         micros, plan = batch.partition(groups)
