@@ -9,6 +9,8 @@ and gradients to 1e-6 relative to their norm.
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -18,6 +20,7 @@ from tandem.config.schema import FSDPConfig, OptimConfig
 from tandem.data.padding import position_ids_from_mask
 from tandem.data.tiny import save_tiny
 from tandem.engine import FSDPEngine
+from tandem.engine import fsdp as fsdp_module
 from tandem.roles.actor import Actor
 from tandem.roles.critic import Critic
 from tandem.roles.reference import Reference
@@ -227,3 +230,26 @@ def test_token_budget_micro_batches_equal_one_big_batch(world, model_dirs):
     assert metrics_whole["actor/loss"] == pytest.approx(metrics_split["actor/loss"], rel=1e-5)
     assert metrics_whole["actor/grad_norm"] == pytest.approx(metrics_split["actor/grad_norm"], rel=1e-5)
     assert_grads_close(grads_split, grads_whole)
+
+
+def test_packing_turns_itself_off_for_a_model_that_mixes_packed_sequences(
+    world, model_dirs, monkeypatch, caplog
+):
+    assert (
+        engine(model_dirs["lm"], "lm", packing=True, trainable=False).packing is True
+    )  # Qwen2 separates them
+    # Stand-in for a model whose attention ignores restarting position ids: positions run on across a row,
+    # so the sequences sharing a row attend to each other. The engine's start-up probe must notice.
+    real = fsdp_module.pack_model_inputs
+
+    def positions_run_on(input_ids, attention_mask, pad_id):
+        inputs, packing = real(input_ids, attention_mask, pad_id)
+        rows, width = packing.packed_shape
+        inputs["position_ids"] = torch.arange(width).expand(rows, width).clone()
+        return inputs, packing
+
+    monkeypatch.setattr(fsdp_module, "pack_model_inputs", positions_run_on)
+    with caplog.at_level(logging.WARNING, logger="tandem.engine.fsdp"):
+        mixed = engine(model_dirs["lm"], "lm", packing=True, trainable=False)
+    assert mixed.packing is False
+    assert "sequence packing is off for Qwen2ForCausalLM" in caplog.text

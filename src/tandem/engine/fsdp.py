@@ -139,6 +139,8 @@ class FSDPEngine(TrainEngine):
             fsdp, offload, activation_checkpointing, seed
         )
         self._state_keys = set(state_keys)  # the HF state_dict's names: what state_dict_iter yields
+        if self.packing:
+            self.packing = self._packing_works()
 
         self.optimizer = None
         self.scheduler = None
@@ -354,15 +356,54 @@ class FSDPEngine(TrainEngine):
             return batch["attention_mask"].sum(-1).tolist()
         return [batch["input_ids"].shape[1]] * len(batch)
 
-    def _model_forward(self, micro: Batch) -> ModelOutput:
+    def _model_forward(self, micro: Batch, packed: bool | None = None) -> ModelOutput:
+        """The model on one micro-batch, packed (default: as the engine is set) or padded."""
         ids = micro["input_ids"]
-        if self.packing and "attention_mask" in micro:
+        if (self.packing if packed is None else packed) and "attention_mask" in micro:
             inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self._pad_id())
             # No attention mask: transformers separates the sequences by their restarting position ids.
             logits = self.model(**inputs, use_cache=False).logits
             return ModelOutput(logits, tuple(ids.shape), packing)
         inputs = {key: micro[key] for key in ("attention_mask", "position_ids") if key in micro}
         return ModelOutput(self.model(input_ids=ids, **inputs, use_cache=False).logits, tuple(ids.shape))
+
+    @torch.no_grad()
+    def _packing_works(self) -> bool:
+        """Whether this model keeps packed sequences apart: two probe sequences run packed and padded must
+        give the same outputs. Models whose attention ignores restarting position ids would let
+        packed sequences attend to each other silently; those run padded, with a warning."""
+        lengths = (5, 3, 2)  # packed: [5] and [3, 2]: the 2-token sequence shares a row with the 3-token one
+        width = max(lengths)
+        mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths], device=self.device)
+        ids = (
+            torch.arange(len(lengths) * width, device=self.device).view(mask.shape)
+            * 7
+            % self.config.vocab_size
+        )
+        probe = Batch(
+            {
+                "input_ids": ids * mask,
+                "attention_mask": mask,
+                "position_ids": (mask.cumsum(-1) - 1).clamp(min=0),
+            }
+        )
+        self.model.eval()
+        padded = self._model_forward(probe, packed=False).logits.float()
+        packed = self._model_forward(probe, packed=True)
+        unpacked = packed.packing.unpack(packed.logits.float())
+        real = mask.bool()
+        difference = float((unpacked[real] - padded[real]).abs().max())
+        tolerance = 1e-4 if self.param_dtype == torch.float32 else 5e-2
+        if difference <= tolerance * max(1.0, float(padded[real].abs().max())):
+            return True
+        logger.warning(
+            "sequence packing is off for %s: packed sequences gave outputs %.3g away from padded ones (its "
+            "attention does not separate sequences by position ids); set actor.sequence_packing=false to "
+            "silence this",
+            self._hf_class.__name__,
+            difference,
+        )
+        return False
 
     def _pad_id(self) -> int:
         return self.config.pad_token_id if self.config.pad_token_id is not None else 0
