@@ -113,6 +113,10 @@ def capture_gradients(eng: FSDPEngine) -> dict[str, torch.Tensor]:
     return grads
 
 
+def full_weights(eng: FSDPEngine) -> dict[str, torch.Tensor]:
+    return {name: tensor.clone() for name, tensor in eng.state_dict_iter()}
+
+
 def assert_grads_close(actual: dict, expected: dict) -> None:
     assert actual.keys() == expected.keys() and expected
     for name, grad in expected.items():
@@ -178,10 +182,17 @@ def test_packed_updates_equal_padded(world, model_dirs, old_log_probs_from_updat
         actor_engine = engine(model_dirs["lm"], "lm", packing=packing)
         critic_engine = engine(model_dirs["value"], "value", packing=packing)
         actor_grads, critic_grads = capture_gradients(actor_engine), capture_gradients(critic_engine)
+        before = full_weights(actor_engine)
         actor_metrics = Actor(actor_engine, cfg).update(batch)
         critic_metrics = Critic(critic_engine, cfg).update(batch)
-        results[packing] = (actor_metrics, critic_metrics, actor_grads, critic_grads)
-    (a0, c0, ga0, gc0), (a1, c1, ga1, gc1) = results[False], results[True]
+        step = {name: w - before[name] for name, w in full_weights(actor_engine).items()}
+        results[packing] = (actor_metrics, critic_metrics, actor_grads, critic_grads, step)
+    (a0, c0, ga0, gc0, step0), (a1, c1, ga1, gc1, step1) = results[False], results[True]
+    # Every parameter took the same optimizer step, the embeddings of the FSDP root included. Not
+    # element-wise: Adam's g / sqrt(v) turns rounding in near-zero gradient elements into a full lr step.
+    for name, update in step0.items():
+        assert float(update.abs().max()) > 0, name
+        assert float((step1[name] - update).norm()) / float(update.norm()) < 1e-2, name
     for key in ("actor/loss", "actor/pg_loss", "actor/kl_loss", "actor/entropy_loss", "actor/grad_norm"):
         assert a1[key] == pytest.approx(a0[key], rel=1e-5, abs=1e-7), key
     for key in ("critic/loss", "critic/vf_loss", "critic/grad_norm", "critic/vpred_mean"):
@@ -195,7 +206,7 @@ def test_packed_updates_equal_padded(world, model_dirs, old_log_probs_from_updat
     assert_grads_close(gc1, gc0)
 
 
-def test_token_budget_micro_batches_equal_one_big_batch(world, model_dirs):
+def test_token_budget_micro_batches_equal_one_big_batch(world, model_dirs, tmp_path):
     cfg = tiny_config(model_dirs["lm"], 1, *CFG, "actor.ppo_mini_batch_size=4")
     batch = rollout_batch(seed=2)
     tokens = batch["attention_mask"].sum(-1)
@@ -217,6 +228,7 @@ def test_token_budget_micro_batches_equal_one_big_batch(world, model_dirs):
     assert torch.equal(out["tokens"], tokens)
     assert len(seen) >= -(-int(tokens.sum()) // budget) and all(sum(m) <= budget for m in seen)
     assert sorted(t for m in seen for t in m) == sorted(tokens.tolist())
+    split.save(tmp_path / "after-forward")  # a forward leaves the optimizer's parameters registered
     log_probs_split = Actor(split, cfg).compute_log_probs(batch)
     log_probs_whole = Actor(whole, cfg).compute_log_probs(batch)
     masked_close(log_probs_split["old_log_probs"], log_probs_whole["old_log_probs"], batch["response_mask"])

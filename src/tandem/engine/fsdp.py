@@ -236,6 +236,9 @@ class FSDPEngine(TrainEngine):
                     )
                 else:
                     self._model_forward(self._pad_micro())
+        # FSDP2 keeps the root's parameters unsharded after a forward until the next backward: register the
+        # sharded ones again, or a save (or an optimizer built now) would see other tensors than the optimizer's.
+        self.model.reshard()
         if not parts:
             return Batch()
         if plan is None:  # an empty shard: its 0-row outputs
@@ -391,6 +394,7 @@ class FSDPEngine(TrainEngine):
         padded = self._model_forward(probe, packed=False).logits.float()
         packed = self._model_forward(probe, packed=True)
         unpacked = packed.packing.unpack(packed.logits.float())
+        self.model.reshard()  # the sharded root parameters again: the optimizer is built from them next
         real = mask.bool()
         difference = float((unpacked[real] - padded[real]).abs().max())
         tolerance = 1e-4 if self.param_dtype == torch.float32 else 5e-2
