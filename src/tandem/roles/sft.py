@@ -9,11 +9,10 @@ import torch
 from torch import Tensor
 
 from tandem.algos.aggregation import agg_loss
-from tandem.algos.core import log_probs_from_logits
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
 from tandem.engine.base import ModelOutput, TrainEngine, scatter_rows
-from tandem.roles.common import MODEL_INPUTS, run_update
+from tandem.roles.common import MODEL_INPUTS, run_update, token_log_probs
 
 SFT_KEYS = (*MODEL_INPUTS, "loss_mask")
 
@@ -29,7 +28,7 @@ def next_token_log_probs(output: ModelOutput, input_ids: Tensor) -> Tensor:
     b, width = input_ids.shape
     positions = torch.arange(width - 1, device=input_ids.device).expand(b, width - 1)
     logits, where = output.at(positions)
-    log_probs = scatter_rows(log_probs_from_logits(logits.float(), input_ids[:, 1:][where]), where)
+    log_probs = scatter_rows(token_log_probs(output, logits.float(), input_ids[:, 1:][where]), where)
     return torch.cat([log_probs, torch.zeros_like(log_probs[:, :1])], dim=1)
 
 

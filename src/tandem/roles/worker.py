@@ -98,6 +98,7 @@ class RoleWorker(Worker):
             device=self.ctx.torch_device,
             optim=optim,
             fsdp=a.fsdp,
+            megatron=a.megatron,
             grad_clip=grad_clip,
             total_training_steps=self.total_training_steps,
             activation_checkpointing=a.activation_checkpointing and optim is not None,
@@ -105,6 +106,13 @@ class RoleWorker(Worker):
             packing=a.sequence_packing,
             max_tokens_per_micro_batch=token_budget(self.cfg, self.ctx.torch_device),
         )
+
+    def dispatch_info(self) -> tuple[int, int, bool]:
+        """Dispatch.MP layout from this worker's engines (they share one): plain data parallel on FSDP; on
+        megatron the ranks of a tensor / pipeline group get the same rows and TP rank 0 of the last stage
+        answers. Generation stays Dispatch.DP: every rank holds a whole rollout engine."""
+        engines = [r.engine for r in (self.actor, self.critic, self.reference, self.reward_model) if r]
+        return engines[0].dispatch_info() if engines else super().dispatch_info()
 
     def _role(self, name: str) -> Any:
         roles = {
@@ -169,48 +177,48 @@ class RoleWorker(Worker):
 
     # ---- forward passes --------------------------------------------------------------------------
 
-    @dispatch(Dispatch.DP)
+    @dispatch(Dispatch.MP)
     def compute_log_probs(self, batch: Batch, with_entropy: bool = True) -> Batch:
         """old_log_probs (+ entropy) of the batch's responses under the current actor."""
         return self._role("actor").compute_log_probs(batch, with_entropy)
 
-    @dispatch(Dispatch.DP)
+    @dispatch(Dispatch.MP)
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
         """ref_log_probs under the reference policy."""
         return self._role("ref").compute_ref_log_probs(batch)
 
-    @dispatch(Dispatch.DP)
+    @dispatch(Dispatch.MP)
     def compute_values(self, batch: Batch) -> Batch:
         """values of the response tokens under the critic."""
         return self._role("critic").compute_values(batch)
 
-    @dispatch(Dispatch.DP)
+    @dispatch(Dispatch.MP)
     def compute_rm_scores(self, batch: Batch) -> Batch:
         """rm_scores per sample from the reward model."""
         return self._role("reward_model").compute_scores(batch)
 
     # ---- updates ---------------------------------------------------------------------------------
 
-    @dispatch(Dispatch.DP)
+    @dispatch(Dispatch.MP)
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """The PPO update of the actor on this rank's share; metrics are global (the same on every rank)."""
         metrics = self._role("actor").update(batch)
         self._rollout_stale = self.rollout is not None
         return metrics
 
-    @dispatch(Dispatch.DP)
+    @dispatch(Dispatch.MP)
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """The value update of the critic; metrics are global."""
         return self._role("critic").update(batch)
 
-    @dispatch(Dispatch.DP)
+    @dispatch(Dispatch.MP)
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One supervised optimizer step of the actor (loss on `loss_mask` tokens); metrics are global."""
         metrics = SFT(self._role("actor").engine, self.cfg).update(batch)
         self._rollout_stale = self.rollout is not None
         return metrics
 
-    @dispatch(Dispatch.DP)
+    @dispatch(Dispatch.MP)
     def sft_nll(self, batch: Batch) -> Batch:
         """Per row `nll_sum` and `num_tokens` of the `loss_mask` tokens under the actor."""
         return SFT(self._role("actor").engine, self.cfg).nll(batch)

@@ -46,7 +46,15 @@ def check_available(cfg: TandemConfig) -> None:
             "runs its own engine; set rollout.tensor_parallel=1"
         )
     if cfg.actor.strategy == "megatron":
-        problems.append("strategy=megatron is not available yet; use actor.strategy=fsdp")
+        from tandem.engine.megatron import megatron_available
+
+        mp = cfg.actor.megatron
+        if not megatron_available():
+            problems.append("actor.strategy=megatron needs megatron-core: pip install -e '.[megatron]'")
+        if mp.context_parallel != 1 or mp.expert_parallel != 1:
+            problems.append(
+                "actor.megatron.context_parallel / expert_parallel > 1 are not available yet; set both to 1"
+            )
     if problems:
         raise ConfigError("\n".join(problems))
 

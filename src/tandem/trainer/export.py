@@ -21,6 +21,9 @@ ONE_RANK = [
     "trainer.workers_per_node=1",
     "trainer.device=cpu",
     "trainer.resume=disable",
+    # One rank holds the whole model: megatron's distributed checkpoint reshards a TP / PP-sharded one.
+    "actor.megatron.tensor_parallel=1",
+    "actor.megatron.pipeline_parallel=1",
 ]
 
 

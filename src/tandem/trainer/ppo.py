@@ -98,7 +98,7 @@ class RLTrainer(Trainer):
             mask = batch["response_mask"]
 
             # Rows in an order that gives every data-parallel rank about the same number of tokens.
-            order, restore = balanced_order(batch, groups.actor.world_size)
+            order, restore = balanced_order(batch, groups.actor.dp_size)
             inputs = batch.select(*MODEL_INPUTS, "responses", "response_mask").reorder(order)
             values = groups.critic.compute_values.async_(inputs) if groups.critic else None
             if not d.old_log_probs_from_update:  # else the actor's update computes them (roles/actor.py)
@@ -151,15 +151,13 @@ class RLTrainer(Trainer):
             if groups.critic is not None:
                 with timer("update_critic"):
                     update = batch.select(*MODEL_INPUTS, "responses", "response_mask", "values", "returns")
-                    update = arrange_for_update(
-                        update, groups.critic.world_size, d.critic_mini_batches_per_step
-                    )
+                    update = arrange_for_update(update, groups.critic.dp_size, d.critic_mini_batches_per_step)
                     metrics.update(groups.critic.update_critic(update)[0])
             if self.step > cfg.trainer.critic_warmup:
                 with timer("update_actor"):
                     update = arrange_for_update(
                         batch.select(*self._actor_update_keys(batch)),
-                        groups.actor.world_size,
+                        groups.actor.dp_size,
                         d.actor_mini_batches_per_step,
                     )
                     metrics.update(groups.actor.update_actor(update)[0])

@@ -1,0 +1,233 @@
+"""Hugging Face causal LMs (Qwen2 / Llama family) <-> megatron-core's GPTModel: config and weights.
+
+Weights move one megatron parameter at a time. Each megatron parameter of this rank is a `Slot`: its
+megatron name, the Hugging Face names it is made of, and how tensor parallelism cuts it:
+
+  kind   megatron parameter                              Hugging Face parameters, TP cut
+  col    embedding / output layer [V, H]                 one, split on dim 0 (vocabulary)
+  row    linear_proj [H, heads*d], linear_fc2 [H, F]      one, split on dim 1 (input)
+  qkv    linear_qkv [(q+2kv) heads*d, H] (+ bias)         q, k, v: per query group [its q heads; k; v],
+                                                        groups split over ranks
+  fc1    linear_fc1 [2F, H]                              gate, up: rank r holds [gate_r; up_r]
+  rep    norms, a value head                            one, the same on every rank
+
+Pure tensor code (no torch.distributed, no megatron import): the engine gathers the shards, this file
+says how they fit together; tests/engine/test_megatron_convert.py checks both directions.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import torch
+from torch import Tensor
+
+Kind = Literal["col", "row", "qkv", "fc1", "rep"]
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+
+
+@dataclass(frozen=True)
+class Shapes:
+    """The attention geometry the qkv conversion needs."""
+
+    num_heads: int
+    num_query_groups: int
+    head_dim: int
+
+    @property
+    def heads_per_group(self) -> int:
+        return self.num_heads // self.num_query_groups
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One megatron parameter of this rank and the Hugging Face parameters it holds a cut of."""
+
+    megatron: str
+    hf: tuple[str, ...]
+    kind: Kind
+
+
+def shapes_of(hf_config: Any) -> Shapes:
+    heads = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
+    return Shapes(heads, getattr(hf_config, "num_key_value_heads", None) or heads, head_dim)
+
+
+def check_supported(hf_config: Any, tensor_parallel: int, pipeline_parallel: int) -> None:
+    """Errors for what the converter or the parallel layout cannot take, naming the field and the fix."""
+    model_type = getattr(hf_config, "model_type", None)
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"actor.strategy=megatron builds {', '.join(SUPPORTED_MODEL_TYPES)} models; this folder's "
+            f"config.json has model_type={model_type!r}; use actor.strategy=fsdp for it"
+        )
+    problems = []
+    if getattr(hf_config, "hidden_act", "silu") != "silu":
+        problems.append(f"hidden_act={hf_config.hidden_act!r} (megatron's gated MLP here is SiLU)")
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    if rope.get("rope_type", "default") != "default":
+        problems.append(f"rope_parameters.rope_type={rope.get('rope_type')!r} (only the default RoPE)")
+    if getattr(hf_config, "use_sliding_window", False):
+        problems.append("use_sliding_window=true")
+    if getattr(hf_config, "mlp_bias", False):
+        problems.append("mlp_bias=true")
+    shapes = shapes_of(hf_config)
+    if shapes.num_query_groups % tensor_parallel:
+        problems.append(
+            f"num_key_value_heads={shapes.num_query_groups} is not a multiple of "
+            f"actor.megatron.tensor_parallel={tensor_parallel}"
+        )
+    if hf_config.vocab_size % tensor_parallel:
+        problems.append(
+            f"vocab_size={hf_config.vocab_size} is not a multiple of actor.megatron.tensor_parallel="
+            f"{tensor_parallel} (pad the vocabulary, as most released models do)"
+        )
+    if hf_config.intermediate_size % tensor_parallel:
+        problems.append(
+            f"intermediate_size={hf_config.intermediate_size} is not a multiple of tensor_parallel={tensor_parallel}"
+        )
+    if hf_config.num_hidden_layers % pipeline_parallel:
+        problems.append(
+            f"num_hidden_layers={hf_config.num_hidden_layers} is not a multiple of "
+            f"actor.megatron.pipeline_parallel={pipeline_parallel}"
+        )
+    if problems:
+        raise ValueError("actor.strategy=megatron cannot build this model: " + "; ".join(problems))
+
+
+def attention_bias(hf_config: Any) -> bool:
+    """Qwen2 always has q/k/v biases; Llama-family configs say so in `attention_bias`."""
+    return hf_config.model_type == "qwen2" or bool(getattr(hf_config, "attention_bias", False))
+
+
+def transformer_config_kwargs(hf_config: Any) -> dict[str, Any]:
+    """megatron TransformerConfig fields that describe the Hugging Face architecture."""
+    shapes = shapes_of(hf_config)
+    return {
+        "num_layers": hf_config.num_hidden_layers,
+        "hidden_size": hf_config.hidden_size,
+        "ffn_hidden_size": hf_config.intermediate_size,
+        "num_attention_heads": shapes.num_heads,
+        "num_query_groups": shapes.num_query_groups,
+        "kv_channels": shapes.head_dim,
+        "normalization": "RMSNorm",
+        "layernorm_epsilon": hf_config.rms_norm_eps,
+        "gated_linear_unit": True,
+        "activation_func": torch.nn.functional.silu,
+        "add_bias_linear": False,
+        "add_qkv_bias": attention_bias(hf_config),
+    }
+
+
+def rotary_base(hf_config: Any) -> float:
+    rope = getattr(hf_config, "rope_parameters", None) or {}
+    return float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+
+
+def slots(
+    hf_config: Any,
+    *,
+    head: str,
+    layer_offset: int,
+    num_local_layers: int,
+    first_stage: bool,
+    last_stage: bool,
+) -> list[Slot]:
+    """This pipeline stage's megatron parameters, in model order, with their Hugging Face sources.
+
+    Layers are numbered from 0 on every stage in megatron; `layer_offset` is the stage's first global
+    layer. A tied causal LM's last stage (when it is not also the first) holds a copy of the
+    embedding as its output layer."""
+    tied = head == "lm" and bool(getattr(hf_config, "tie_word_embeddings", False))
+    bias = attention_bias(hf_config)
+    out: list[Slot] = []
+    if first_stage:
+        out.append(Slot("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "col"))
+    for local in range(num_local_layers):
+        m, h = f"decoder.layers.{local}", f"model.layers.{layer_offset + local}"
+        attn = f"{h}.self_attn"
+        out += [
+            Slot(f"{m}.input_layernorm.weight", (f"{h}.input_layernorm.weight",), "rep"),
+            Slot(
+                f"{m}.self_attention.linear_qkv.weight",
+                (f"{attn}.q_proj.weight", f"{attn}.k_proj.weight", f"{attn}.v_proj.weight"),
+                "qkv",
+            ),
+        ]
+        if bias:
+            out.append(
+                Slot(
+                    f"{m}.self_attention.linear_qkv.bias",
+                    (f"{attn}.q_proj.bias", f"{attn}.k_proj.bias", f"{attn}.v_proj.bias"),
+                    "qkv",
+                )
+            )
+        out += [
+            Slot(f"{m}.self_attention.linear_proj.weight", (f"{attn}.o_proj.weight",), "row"),
+            Slot(f"{m}.pre_mlp_layernorm.weight", (f"{h}.post_attention_layernorm.weight",), "rep"),
+            Slot(
+                f"{m}.mlp.linear_fc1.weight", (f"{h}.mlp.gate_proj.weight", f"{h}.mlp.up_proj.weight"), "fc1"
+            ),
+            Slot(f"{m}.mlp.linear_fc2.weight", (f"{h}.mlp.down_proj.weight",), "row"),
+        ]
+    if last_stage:
+        out.append(Slot("decoder.final_layernorm.weight", ("model.norm.weight",), "rep"))
+        if head == "value":
+            out += [
+                Slot("output_layer.weight", ("score.weight",), "rep"),
+                Slot("output_layer.bias", ("score.bias",), "rep"),
+            ]
+        elif not tied:
+            out.append(Slot("output_layer.weight", ("lm_head.weight",), "col"))
+        elif not first_stage:
+            out.append(Slot("output_layer.weight", ("model.embed_tokens.weight",), "col"))
+    return out
+
+
+def to_shard(slot: Slot, hf: list[Tensor], shapes: Shapes, tp_rank: int, tp_size: int) -> Tensor:
+    """This TP rank's cut of `slot` from the full Hugging Face tensors `hf` (in `slot.hf` order)."""
+    if slot.kind == "rep":
+        return hf[0]
+    if slot.kind == "col":
+        return hf[0].chunk(tp_size, dim=0)[tp_rank]
+    if slot.kind == "row":
+        return hf[0].chunk(tp_size, dim=1)[tp_rank]
+    if slot.kind == "fc1":
+        gate, up = (t.chunk(tp_size, dim=0)[tp_rank] for t in hf)
+        return torch.cat([gate, up], dim=0)
+    return fuse_qkv(*hf, shapes).chunk(tp_size, dim=0)[tp_rank]
+
+
+def from_shards(slot: Slot, shards: list[Tensor], shapes: Shapes) -> list[Tensor]:
+    """The full Hugging Face tensors (in `slot.hf` order) from every TP rank's cut, in rank order."""
+    if slot.kind == "rep":
+        return [shards[0]]
+    if slot.kind == "col":
+        return [torch.cat(shards, dim=0)]
+    if slot.kind == "row":
+        return [torch.cat(shards, dim=1)]
+    if slot.kind == "fc1":
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return [torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])]
+    return list(split_qkv(torch.cat(shards, dim=0), shapes))
+
+
+def fuse_qkv(q: Tensor, k: Tensor, v: Tensor, shapes: Shapes) -> Tensor:
+    """[q; k; v] by rows -> megatron's layout: per query group, its q heads then its k then its v."""
+    g, d = shapes.num_query_groups, shapes.head_dim
+    rest = q.shape[1:]
+    q = q.reshape(g, shapes.heads_per_group * d, *rest)
+    k = k.reshape(g, d, *rest)
+    v = v.reshape(g, d, *rest)
+    return torch.cat([q, k, v], dim=1).reshape(-1, *rest)
+
+
+def split_qkv(fused: Tensor, shapes: Shapes) -> tuple[Tensor, Tensor, Tensor]:
+    """Inverse of `fuse_qkv`."""
+    g, d, per = shapes.num_query_groups, shapes.head_dim, shapes.heads_per_group
+    rest = fused.shape[1:]
+    grouped = fused.reshape(g, (per + 2) * d, *rest)
+    q, k, v = grouped.split([per * d, d, d], dim=1)
+    return q.reshape(-1, *rest), k.reshape(-1, *rest), v.reshape(-1, *rest)

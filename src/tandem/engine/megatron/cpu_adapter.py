@@ -1,0 +1,102 @@
+"""megatron-core on a CPU-only torch (gloo): the two things megatron assumes a GPU for, redirected.
+
+megatron-core places tensors with `torch.cuda.current_device()` and keeps its tensor-parallel RNG
+streams as CUDA generator states (`tensor_parallel.random`). On a machine without CUDA both raise.
+`install()` (called by the megatron engine only when its device is the CPU) makes
+`torch.cuda.current_device()` answer "cpu" in this process and swaps megatron's RNG tracker for one
+that keeps CPU generator states. Nothing is changed where CUDA is available: there megatron runs as
+it is. tests/engine/test_megatron_cpu.py fails when a megatron-core release moves what this adapts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+TESTED_VERSIONS = ("0.16.1",)  # megatron-core releases this adapter was written and tested against
+
+_installed = False
+
+
+def install() -> None:
+    """Adapt megatron-core to this CPU-only process (idempotent; a no-op where CUDA is available)."""
+    global _installed
+    if _installed or torch.cuda.is_available():
+        return
+    torch.cuda.current_device = _cpu_device  # megatron: tensor(..., device=torch.cuda.current_device())
+    torch.cuda.synchronize = _no_sync  # megatron's timers and p2p communication synchronise
+    use_cpu_rng_tracker()
+    _installed = True
+
+
+def _cpu_device() -> str:
+    return "cpu"
+
+
+def _no_sync(device: object = None) -> None:
+    return None
+
+
+def use_cpu_rng_tracker() -> None:
+    """Make megatron's tensor-parallel RNG tracker a `CPURNGStatesTracker` (empty until seeded)."""
+    from megatron.core.tensor_parallel import random as mrandom
+
+    mrandom._CUDA_RNG_STATE_TRACKER = CPURNGStatesTracker()
+    mrandom._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+
+
+def _megatron_tracker_base() -> type:
+    from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
+
+    return CudaRNGStatesTracker
+
+
+class CPURNGStatesTracker(_megatron_tracker_base()):
+    """megatron's RNG tracker with CPU generator states: `fork(name)` runs its block on the named
+    stream of the CPU default generator (dropout inside tensor-parallel regions draws from it)."""
+
+    def add(self, name: str, seed: int) -> None:
+        if seed in self.seeds_ or name in self.states_:
+            raise ValueError(f"RNG stream {name!r} or seed {seed} is already tracked")
+        self._is_initialized = True
+        self.seeds_.add(seed)
+        self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+    @contextlib.contextmanager
+    def fork(self, name: str = "model-parallel-rng") -> Iterator[None]:
+        if name not in self.states_:
+            raise KeyError(f"RNG stream {name!r} is not tracked; call model_parallel_cuda_manual_seed first")
+        outer = torch.get_rng_state()
+        torch.set_rng_state(self.states_[name])
+        try:
+            yield
+        finally:
+            self.states_[name] = torch.get_rng_state()
+            torch.set_rng_state(outer)
+
+
+class CudaLiteralsOnCpu(TorchFunctionMode):
+    """Inside this mode, what megatron-core puts on the GPU by name lands on the CPU: tensors created
+    with a literal `device="cuda"` (its schedules' token counters, its optimizers' buffers) and
+    `tensor.cuda()` (its pipeline-parallel embedding copy). The engine runs megatron calls inside it
+    on the CPU; a function mode costs a Python call per torch op, so it is scoped to those calls."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.Tensor.cuda:
+            return args[0]
+        device = kwargs.get("device")
+        if device is not None and _is_cuda(device):
+            kwargs["device"] = "cpu"
+        if func is torch.Tensor.to and len(args) > 1 and _is_cuda(args[1]):
+            args = (args[0], "cpu", *args[2:])
+        return func(*args, **kwargs)
+
+
+def _is_cuda(device: object) -> bool:
+    if isinstance(device, str | torch.device):
+        return torch.device(device).type == "cuda"
+    return False

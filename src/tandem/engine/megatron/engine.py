@@ -1,0 +1,672 @@
+"""`MegatronEngine`: a Hugging Face causal LM (Qwen2 / Llama family) as megatron-core's GPTModel, with
+tensor (TP) and pipeline (PP) parallelism, data parallel over the rest of the ranks.
+
+Layout. megatron's parallel state is built once per process from the default process group (world =
+TP x PP x DP, TP ranks adjacent); every engine of the process (actor, reference, critic) shares it.
+Ranks of one data-parallel group (same dp_rank) receive the same rows (`dispatch_info`, Dispatch.MP).
+
+Construction. Every rank reads the Hugging Face folder on the CPU (float32, through transformers, so a
+value head missing from a causal-LM folder gets the same seeded init as on FSDP) and copies its own cut
+of each weight into the model it builds (convert.py). The critic / reward model replace the output layer
+with a replicated 1-wide `ValueHead`.
+
+Micro-batches run through megatron's pipeline schedule (`get_forward_backward_func`): one forward /
+backward per micro-batch on every stage, activations sent between stages. Packing: each micro-batch's
+sequences are packed into rows as on FSDP (data/packing.py), kept apart by a block-diagonal causal
+attention mask (megatron's RoPE takes no position ids; RoPE scores depend only on the distance between
+positions, so a sequence gives the same outputs wherever it sits in its row). The roles' functions run
+on the last stage with vocabulary-parallel logits (vocab_parallel.py); their outputs and metrics are
+broadcast to the other stages, so every rank returns the same.
+
+Optimizer: megatron's (`get_megatron_optimizer`, AdamW, weight decay on every parameter as on FSDP);
+the distributed optimizer (state sharded over data-parallel ranks) on GPU when
+megatron.distributed_optimizer is on. Gradients are averaged over data-parallel ranks by megatron's DDP
+(the loss is scaled by dp, as on FSDP); the gradient norm comes from megatron (each parameter counted
+once over TP / PP); clipping and the non-finite skip are done here, as on FSDP.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+from collections import defaultdict
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor, nn
+
+from tandem.batch import Batch, Partition
+from tandem.config.schema import MegatronConfig, OptimConfig
+from tandem.data.packing import pack_model_inputs
+from tandem.engine import hf_io
+from tandem.engine.base import ForwardFn, Head, LossFn, ModelOutput, StepResult, TrainEngine
+from tandem.engine.megatron import convert
+from tandem.engine.megatron.vocab_parallel import VocabParallel
+from tandem.engine.micro import dummy_like, merge_outputs, split_micro_batches, to_cpu
+from tandem.engine.optim import lr_multiplier
+
+logger = logging.getLogger(__name__)
+
+ENGINE_STATE_FILE = "engine_state.pt"  # step counters beside megatron's distributed checkpoint
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def megatron_available() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("megatron.core") is not None
+
+
+class ValueHead(nn.Module):
+    """A 1-wide linear value head in place of GPTModel's output layer (replicated on every TP rank)."""
+
+    def __init__(self, hidden_size: int, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
+        self.bias = nn.Parameter(torch.zeros(1, dtype=dtype))
+
+    def forward(self, hidden: Tensor, weight: Tensor | None = None, **_: Any) -> tuple[Tensor, None]:
+        return nn.functional.linear(hidden, self.weight, self.bias), None
+
+
+def init_parallel_state(tensor_parallel: int, pipeline_parallel: int, seed: int) -> None:
+    """megatron's parallel state over the default group (once per process; later calls must agree)."""
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel as mtp
+
+    world = dist.get_world_size()
+    if world % (tensor_parallel * pipeline_parallel):
+        raise ValueError(
+            f"actor.megatron tensor_parallel={tensor_parallel} x pipeline_parallel={pipeline_parallel} does "
+            f"not divide the worker group's {world} ranks"
+        )
+    if ps.model_parallel_is_initialized() and not _groups_alive(ps):
+        # Left by an earlier process group of this process (an in-process worker group shut down since).
+        ps.destroy_model_parallel()
+    if ps.model_parallel_is_initialized():
+        have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
+        if have != (tensor_parallel, pipeline_parallel):
+            raise ValueError(
+                f"this process already runs megatron with (tensor, pipeline) parallel {have}; every engine "
+                f"of a worker shares it, got {(tensor_parallel, pipeline_parallel)}"
+            )
+        return
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel
+    )
+    mtp.model_parallel_cuda_manual_seed(seed)
+
+
+def _groups_alive(ps: Any) -> bool:
+    try:
+        dist.get_process_group_ranks(ps.get_tensor_model_parallel_group())
+    except (ValueError, RuntimeError):
+        return False
+    return True
+
+
+class MegatronEngine(TrainEngine):
+    """One Hugging Face model (+ megatron's optimizer when `optim` is given) on megatron-core.
+
+    Arguments as FSDPEngine's; `megatron` holds the parallel sizes and precision. On the CPU the model
+    runs in float32 over gloo (megatron adapted by cpu_adapter.py); on CUDA in `megatron.param_dtype`
+    (bfloat16 by default) with float32 master weights in the optimizer.
+    """
+
+    def __init__(
+        self,
+        *,
+        model_path: str | Path,
+        head: Head,
+        device: torch.device | str,
+        optim: OptimConfig | None,
+        megatron: MegatronConfig,
+        grad_clip: float | None,
+        total_training_steps: int | None,
+        activation_checkpointing: bool = False,
+        seed: int = 1,
+        packing: bool = False,
+        max_tokens_per_micro_batch: int | None = None,
+    ) -> None:
+        if not (dist.is_available() and dist.is_initialized()):
+            raise RuntimeError(
+                "MegatronEngine needs torch.distributed initialised first (the worker group does it)"
+            )
+        if megatron.context_parallel != 1 or megatron.expert_parallel != 1:
+            raise NotImplementedError(
+                f"actor.megatron.context_parallel={megatron.context_parallel}, expert_parallel="
+                f"{megatron.expert_parallel}: context and expert parallelism are not built yet; set both to 1"
+            )
+        if grad_clip is not None and grad_clip <= 0:
+            raise ValueError(f"grad_clip must be > 0 or None (no clipping), got {grad_clip}")
+        self.device = torch.device(device)
+        if self.device.type == "cuda" and self.device.index is not None:
+            torch.cuda.set_device(self.device)
+        from tandem.engine.megatron import cpu_adapter
+
+        if self.device.type == "cpu":
+            cpu_adapter.install()
+        self._scope = cpu_adapter.CudaLiteralsOnCpu if self.device.type == "cpu" else contextlib.nullcontext
+        self.model_path = str(model_path)
+        self.head = head
+        self.packing = packing
+        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
+        self.grad_clip = grad_clip
+        self.global_step = 0
+        self._schedule_step = 0
+        self._is_offloaded = False
+        self._cpu_copies: list[tuple[Tensor, Tensor]] = []
+
+        from megatron.core import parallel_state as ps
+
+        init_parallel_state(megatron.tensor_parallel, megatron.pipeline_parallel, seed)
+        self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), megatron.tensor_parallel
+        self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), megatron.pipeline_parallel
+        self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == self.pp_size - 1
+        self._tp_group = ps.get_tensor_model_parallel_group()
+        self._pp_group = ps.get_pipeline_model_parallel_group()
+        self._dp_group = ps.get_data_parallel_group()
+        self._pp_ranks = dist.get_process_group_ranks(self._pp_group)  # global ranks, stage order
+        self.vocab_parallel = (
+            VocabParallel(self._tp_group, self.tp_rank, self.tp_size)
+            if self.tp_size > 1 and head == "lm"
+            else None
+        )
+
+        config = hf_io.load_config(self.model_path, head)
+        self._export_config = config.to_dict()
+        hf_io.disable_dropout(config)
+        config.use_cache = False
+        convert.check_supported(config, self.tp_size, self.pp_size)
+        self.config = config
+        self.shapes = convert.shapes_of(config)
+        self.layers_per_stage = config.num_hidden_layers // self.pp_size
+        self.param_dtype = self._resolve_dtype(megatron.param_dtype)
+
+        with self._scope():
+            self.module, self._hf_class, self._hf_shapes = self._build(activation_checkpointing, seed)
+            self.optimizer = None
+            self.model: nn.Module = self.module  # what the schedule runs: DDP-wrapped when trainable
+            if optim is not None:
+                self._build_optimizer(optim, megatron.distributed_optimizer)
+        self._lr = lr_multiplier(optim, total_training_steps) if optim is not None else None
+        self._peak_lr = optim.lr if optim is not None else 0.0
+        if optim is not None:
+            self._set_lr()
+
+    # ------------------------------------------------------------------ construction
+    def _resolve_dtype(self, param_dtype: str) -> torch.dtype:
+        if param_dtype == "auto":
+            return torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        if param_dtype not in _DTYPES:
+            raise ValueError(
+                f"megatron.param_dtype={param_dtype!r} is unknown; use auto, {', '.join(_DTYPES)}"
+            )
+        return _DTYPES[param_dtype]
+
+    def _transformer_config(self, activation_checkpointing: bool) -> Any:
+        from megatron.core.transformer import TransformerConfig
+
+        extra: dict[str, Any] = {}
+        if activation_checkpointing:
+            extra = {
+                "recompute_granularity": "full",
+                "recompute_method": "uniform",
+                "recompute_num_layers": 1,
+            }
+        return TransformerConfig(
+            **convert.transformer_config_kwargs(self.config),
+            tensor_model_parallel_size=self.tp_size,
+            pipeline_model_parallel_size=self.pp_size,
+            params_dtype=self.param_dtype,
+            pipeline_dtype=self.param_dtype,
+            bf16=self.param_dtype == torch.bfloat16,
+            fp16=self.param_dtype == torch.float16,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            use_cpu_initialization=True,
+            # Overwritten from the folder next, but megatron's CPU initialisation is also what marks weights as
+            # tensor-parallel: without it the gradient norm counts rank 0's shards only.
+            perform_initialization=True,
+            variable_seq_lengths=True,  # micro-batches differ in shape (token budget, packing)
+            moe_token_dispatcher_type="alltoall",  # megatron asks for it with variable_seq_lengths
+            # The fused kernels are CUDA-only or need Apex / Transformer Engine; the torch paths compute the same.
+            masked_softmax_fusion=False,
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            apply_rope_fusion=False,
+            gradient_accumulation_fusion=False,
+            persist_layer_norm=False,
+            **extra,
+        )
+
+    def _build(self, activation_checkpointing: bool, seed: int) -> tuple[nn.Module, type, dict[str, tuple]]:
+        from megatron.core.models.gpt import GPTModel
+        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+        tied = self.head == "lm" and bool(getattr(self.config, "tie_word_embeddings", False))
+        model = GPTModel(
+            self._transformer_config(activation_checkpointing),
+            get_gpt_layer_local_spec(normalization="RMSNorm"),
+            vocab_size=self.config.vocab_size,
+            max_sequence_length=self.config.max_position_embeddings,
+            pre_process=self.first_stage,
+            post_process=self.last_stage,
+            share_embeddings_and_output_weights=tied,
+            position_embedding_type="rope",
+            rotary_base=convert.rotary_base(self.config),
+        )
+        if self.head == "value" and self.last_stage:
+            model.output_layer = ValueHead(self.config.hidden_size, self.param_dtype)
+        hf_model = hf_io.load_pretrained(self.model_path, self.config, self.head, seed)
+        hf_state = hf_model.state_dict()
+        hf_shapes = {name: tuple(t.shape) for name, t in hf_state.items()}
+        filled = set()
+        for slot in self._slots(self.pp_rank):
+            param = model.get_parameter(slot.megatron)
+            shard = convert.to_shard(
+                slot, [hf_state[n] for n in slot.hf], self.shapes, self.tp_rank, self.tp_size
+            )
+            if tuple(shard.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"{self.model_path}: {slot.hf} give {slot.megatron} the shape {tuple(shard.shape)}, megatron "
+                    f"built {tuple(param.shape)}"
+                )
+            with torch.no_grad():
+                param.copy_(shard)
+            filled.add(slot.megatron)
+        unfilled = [name for name, _ in model.named_parameters() if name not in filled]
+        if unfilled:
+            raise ValueError(
+                f"megatron parameters with no Hugging Face source (converter incomplete): {unfilled[:5]}"
+            )
+        del hf_model, hf_state
+        model.to(self.device)
+        return model, type(hf_io.build_on_meta(self.config, self.head)), hf_shapes
+
+    def _build_optimizer(self, optim: OptimConfig, distributed: bool) -> None:
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        # megatron's distributed optimizer takes CUDA tensors only (it checks their type names).
+        distributed = distributed and self.device.type == "cuda"
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed
+        )
+        self.model = DistributedDataParallel(self.module.config, ddp_config, self.module)
+        self.module.config.finalize_model_grads_func = finalize_model_grads
+        self.module.config.no_sync_func = self.model.no_sync
+        opt_config = OptimizerConfig(
+            optimizer="adam",
+            lr=optim.lr,
+            weight_decay=optim.weight_decay,
+            adam_beta1=optim.betas[0],
+            adam_beta2=optim.betas[1],
+            adam_eps=optim.eps,
+            clip_grad=0.0,  # clipped here, after the non-finite check
+            use_distributed_optimizer=distributed,
+            bf16=self.param_dtype == torch.bfloat16,
+            fp16=self.param_dtype == torch.float16,
+            params_dtype=self.param_dtype,
+        )
+        # config_overrides={}: weight decay on every parameter, as FSDPEngine's AdamW (megatron skips biases
+        # and norms by default).
+        self.optimizer = get_megatron_optimizer(opt_config, [self.model], config_overrides={})
+
+    def _slots(self, stage: int) -> list[convert.Slot]:
+        return convert.slots(
+            self.config,
+            head=self.head,
+            layer_offset=stage * self.layers_per_stage,
+            num_local_layers=self.layers_per_stage,
+            first_stage=stage == 0,
+            last_stage=stage == self.pp_size - 1,
+        )
+
+    def dispatch_info(self) -> tuple[int, int, bool]:
+        return self.dp_rank, self.dp_size, self.tp_rank == 0 and self.last_stage
+
+    # ------------------------------------------------------------------ forward / train
+    def forward(self, batch: Batch, fn: ForwardFn, micro_batch_size: int) -> Batch:
+        """`fn(output, micro)` per micro-batch under no_grad (on the last stage; its outputs are sent to the
+        other stages); per-row tensors on the CPU in the input's row order, on every rank."""
+        self._check_onloaded("forward")
+        micros, plan = self._micro_batches(batch, micro_batch_size)
+        empty = not micros
+        if empty:  # keys and widths of the outputs still come from one (dummy) pass, as on FSDP
+            micros = [dummy_like(batch)]
+        parts: list[dict[str, Tensor]] = []
+
+        def on_output(output: ModelOutput, micro: Batch) -> Tensor:
+            out = to_cpu(fn(output, micro))
+            parts.append({k: v[:0] for k, v in out.items()} if empty else out)
+            return output.logits.sum() * 0.0
+
+        self.module.eval()
+        with torch.no_grad():
+            self._schedule(micros, on_output, forward_only=True)
+        parts = self._from_last_stage(parts)
+        return merge_outputs(parts, plan)
+
+    def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> StepResult:
+        if self.optimizer is None:
+            raise RuntimeError(
+                "train_step on a frozen engine (built with optim=None); give it an OptimConfig"
+            )
+        self._check_onloaded("train_step")
+        micros, _ = self._micro_batches(batch, micro_batch_size)
+        real = bool(micros)
+        if not real:  # an empty shard still joins the gradient all-reduce and the optimizer step
+            micros = [dummy_like(batch) if len(batch.keys()) else self._pad_micro()]
+        losses: list[float] = []
+        metrics: dict[str, list[Any]] = defaultdict(list)
+
+        def on_output(output: ModelOutput, micro: Batch) -> Tensor:
+            if not real:
+                return output.logits.sum() * 0.0
+            loss, micro_metrics = loss_fn(output, micro)
+            losses.append(float(loss.detach()))
+            for key, value in micro_metrics.items():
+                metrics[key].append(float(value.detach()) if isinstance(value, Tensor) else float(value))
+            # DDP averages gradients over data-parallel ranks; the loss contract sums contributions.
+            return loss * self.dp_size
+
+        self.module.train()
+        self.model.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        self._schedule(micros, on_output, forward_only=False)
+        losses, metrics = self._from_last_stage((losses, dict(metrics)))
+        loss_sum = torch.tensor(sum(losses), dtype=torch.float64, device=self.device)
+        dist.all_reduce(loss_sum, group=self._dp_group)
+        lr = self.lr
+        with self._scope():
+            self.optimizer.prepare_grads()
+            grad_norm = float(self.optimizer.get_grad_norm())
+            skipped = not math.isfinite(grad_norm)
+            if skipped:
+                logger.warning(
+                    "step %d: gradient norm is %s; optimizer step skipped", self.global_step, grad_norm
+                )
+            else:
+                self._clip(grad_norm)
+                self.optimizer.step_with_ready_grads()
+        self.optimizer.zero_grad()
+        self.global_step += 1
+        return StepResult(loss=float(loss_sum), grad_norm=grad_norm, lr=lr, skipped=skipped, metrics=metrics)
+
+    def _clip(self, grad_norm: float) -> None:
+        if self.grad_clip is None or grad_norm <= self.grad_clip:
+            return
+        scale = self.grad_clip / (grad_norm + 1e-6)
+        for param in self.optimizer.get_parameters():
+            if param.grad is not None:
+                param.grad.mul_(scale)
+
+    def _schedule(self, micros: list[Batch], on_output: Any, *, forward_only: bool) -> None:
+        """Every micro-batch through megatron's pipeline schedule; `on_output(output, micro)` on the last
+        stage returns the micro-batch's loss (forward only: a zero)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        prepared = [self._model_inputs(micro.to(self.device)) for micro in micros]
+        count = len(prepared)
+
+        def step(data_iterator: Iterator, model: nn.Module) -> tuple[Tensor, Any]:
+            micro, inputs, make_output = next(data_iterator)
+            output_tensor = model(**inputs)
+
+            def loss_func(logits: Tensor) -> tuple[Tensor, dict]:
+                # The schedule divides each micro-batch's loss by their count; the contract sums them.
+                return on_output(make_output(logits), micro) * count, {}
+
+            return output_tensor, loss_func
+
+        widths = [inputs["input_ids"].shape for _, inputs, _ in prepared]
+        with self._scope():
+            get_forward_backward_func()(
+                forward_step_func=step,
+                data_iterator=iter(prepared),
+                model=[self.model],
+                num_microbatches=count,
+                seq_length=max(w[1] for w in widths),
+                micro_batch_size=max(w[0] for w in widths),
+                forward_only=forward_only,
+            )
+
+    def _model_inputs(self, micro: Batch) -> tuple[Batch, dict[str, Tensor], Any]:
+        """(micro, GPTModel keyword inputs, logits -> ModelOutput) for one micro-batch.
+
+        Packed: rows of several sequences with a block-diagonal causal mask. Padded: the batch as it is
+        with a causal mask over its real tokens. megatron's mask is True where attention is NOT allowed."""
+        ids = micro["input_ids"]
+        shape = tuple(ids.shape)
+        if self.packing and "attention_mask" in micro:
+            inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self._pad_id())
+            segment = (inputs["position_ids"] == 0).long().cumsum(-1)
+            allowed = segment[:, :, None] == segment[:, None, :]
+        else:
+            inputs, packing = {"input_ids": ids, "position_ids": micro["position_ids"]}, None
+            real = (
+                micro["attention_mask"].bool() if "attention_mask" in micro else torch.ones_like(ids).bool()
+            )
+            allowed = real[:, None, :].expand(-1, ids.shape[1], -1)
+        width = inputs["input_ids"].shape[1]
+        causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
+        inputs["attention_mask"] = ~(allowed & causal).unsqueeze(1)
+
+        def make_output(logits: Tensor) -> ModelOutput:
+            return ModelOutput(logits, shape, packing, vocab_parallel=self.vocab_parallel)
+
+        return micro, inputs, make_output
+
+    def _micro_batches(self, batch: Batch, micro_batch_size: int) -> tuple[list[Batch], Partition | None]:
+        # No agreement over ranks: data-parallel ranks share no collective until the gradient all-reduce.
+        return split_micro_batches(
+            batch, micro_batch_size, max_tokens=self.max_tokens_per_micro_batch, packing=self.packing
+        )
+
+    def _from_last_stage(self, value: Any) -> Any:
+        """`value` as the last pipeline stage has it, on every stage (pickled: small per-row outputs)."""
+        if self.pp_size == 1:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, src=self._pp_ranks[-1], group=self._pp_group)
+        return box[0]
+
+    def _pad_id(self) -> int:
+        return self.config.pad_token_id if self.config.pad_token_id is not None else 0
+
+    def _pad_micro(self) -> Batch:
+        ids = torch.full((1, 1), self._pad_id(), dtype=torch.long)
+        return Batch(
+            {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.zeros_like(ids)}
+        )
+
+    # ------------------------------------------------------------------ schedule, collectives
+    def _set_lr(self) -> None:
+        lr = self._peak_lr * self._lr(self._schedule_step)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    @property
+    def lr(self) -> float:
+        """The learning rate the next optimizer step uses."""
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
+
+    def scheduler_step(self) -> float:
+        if self.optimizer is None:
+            raise RuntimeError("scheduler_step on a frozen engine (built with optim=None)")
+        self._schedule_step += 1
+        self._set_lr()
+        return self.lr
+
+    def all_reduce_sum(self, value: Tensor) -> Tensor:
+        reduced = value.detach().to(self.device, copy=True)
+        dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=self._dp_group)
+        return reduced.to(value.device)
+
+    # ------------------------------------------------------------------ weights
+    @torch.no_grad()
+    def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, full tensor on the engine's device), one megatron parameter at a time: its TP cuts
+        gathered on its stage, then sent from that stage to the others. Same names as FSDPEngine's (a tied
+        lm_head left out). Collective: every rank must iterate to the end."""
+        yielded = set()
+        for stage in range(self.pp_size):
+            for slot in self._slots(stage):
+                if stage == self.pp_rank:
+                    shard = self.module.get_parameter(slot.megatron).detach()
+                    full = self._gather_tp(slot, shard)
+                else:
+                    full = [
+                        torch.empty(self._hf_shapes[name], dtype=self.param_dtype, device=self.device)
+                        for name in slot.hf
+                    ]
+                if self.pp_size > 1:
+                    for tensor in full:
+                        dist.broadcast(tensor, src=self._pp_ranks[stage], group=self._pp_group)
+                for name, tensor in zip(slot.hf, full, strict=True):
+                    if name not in yielded:  # the last stage's copy of a tied embedding
+                        yielded.add(name)
+                        yield name, tensor
+
+    def _gather_tp(self, slot: convert.Slot, shard: Tensor) -> list[Tensor]:
+        if slot.kind == "rep":
+            return [shard]
+        if self.tp_size == 1:
+            return convert.from_shards(slot, [shard], self.shapes)
+        shards = [torch.empty_like(shard) for _ in range(self.tp_size)]
+        dist.all_gather(shards, shard.contiguous(), group=self._tp_group)
+        return convert.from_shards(slot, shards, self.shapes)
+
+    def export_hf(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        """A Hugging Face folder in `path` (global rank 0 writes; every rank must call)."""
+        dtype = dtype or hf_io.export_dtype(self.config)
+        writer = dist.get_rank() == 0
+        state = {
+            name: tensor.to("cpu", dtype=dtype if tensor.is_floating_point() else tensor.dtype)
+            for name, tensor in self.state_dict_iter()
+            if writer
+        }
+        if writer:
+            config = type(self.config).from_dict(self._export_config)
+            hf_io.save_folder(self._hf_class, config, state, path, dtype=dtype, source_path=self.model_path)
+        dist.barrier()
+
+    # ------------------------------------------------------------------ checkpoints
+    def _sharded_state(self, is_loading: bool) -> dict[str, Any]:
+        state = {"model": self.module.sharded_state_dict()}
+        if self.optimizer is not None:
+            state["optimizer"] = self.optimizer.sharded_state_dict(state["model"], is_loading=is_loading)
+        return state
+
+    def save(self, path: str | Path) -> None:
+        """megatron's distributed checkpoint (every rank writes its shards) + the step counters."""
+        from megatron.core import dist_checkpointing
+
+        path = Path(path)
+        if dist.get_rank() == 0:
+            path.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        with self._scope():
+            dist_checkpointing.save(self._sharded_state(is_loading=False), str(path))
+        if dist.get_rank() == 0:
+            torch.save(
+                {"global_step": self.global_step, "schedule_step": self._schedule_step},
+                path / ENGINE_STATE_FILE,
+            )
+        dist.barrier()
+
+    def load(self, path: str | Path) -> None:
+        from megatron.core import dist_checkpointing
+
+        path = Path(path)
+        if not (path / ENGINE_STATE_FILE).is_file():
+            raise FileNotFoundError(
+                f"{path} is not an engine checkpoint (no {ENGINE_STATE_FILE}); see save()"
+            )
+        with self._scope():
+            state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(path))
+            self.module.load_state_dict(state["model"])
+            if self.optimizer is not None:
+                if "optimizer" not in state:
+                    raise ValueError(f"{path} holds no optimizer state (saved by a frozen engine)")
+                self.optimizer.load_state_dict(state["optimizer"])
+        extra = torch.load(path / ENGINE_STATE_FILE, weights_only=True)
+        self.global_step = int(extra["global_step"])
+        self._schedule_step = int(extra["schedule_step"])
+        if self.optimizer is not None:
+            self._set_lr()
+
+    # ------------------------------------------------------------------ memory
+    def offload(self) -> None:
+        """Parameters, gradient buffers and optimizer state to host memory (GPU); a no-op on the CPU.
+        forward / train_step refuse until `onload`."""
+        if self.device.type != "cuda" or self._is_offloaded:
+            return
+        for tensor in self._device_tensors():
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
+            self._cpu_copies.append((tensor, host))
+        torch.cuda.synchronize(self.device)
+        for tensor, _ in self._cpu_copies:
+            tensor.untyped_storage().resize_(0)
+        torch.cuda.empty_cache()
+        self._is_offloaded = True
+
+    def onload(self) -> None:
+        if not self._is_offloaded:
+            return
+        for tensor, host in self._cpu_copies:
+            tensor.untyped_storage().resize_(host.numel() * host.element_size())
+            tensor.copy_(host, non_blocking=True)
+        torch.cuda.synchronize(self.device)
+        self._cpu_copies = []
+        self._is_offloaded = False
+
+    def _device_tensors(self) -> list[Tensor]:
+        """Every CUDA tensor that owns its storage: DDP's parameter / gradient buffers (or the parameters),
+        the optimizer's master weights and moments. Views into a buffer are covered by the buffer."""
+        seen: set[int] = set()
+        out: list[Tensor] = []
+
+        def add(tensor: Any) -> None:
+            if isinstance(tensor, Tensor) and tensor.is_cuda and tensor.untyped_storage().size() > 0:
+                key = tensor.untyped_storage().data_ptr()
+                if (
+                    key not in seen
+                    and tensor.storage_offset() == 0
+                    and tensor.numel() * tensor.element_size() == tensor.untyped_storage().size()
+                ):
+                    seen.add(key)
+                    out.append(tensor)
+
+        for buffer in getattr(self.model, "buffers", []) or []:
+            add(getattr(buffer, "param_data", None))
+            add(getattr(buffer, "grad_data", None))
+        for param in self.module.parameters():
+            add(param.data)
+        if self.optimizer is not None:
+            for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
+                inner = getattr(optimizer, "optimizer", None)
+                if inner is None:
+                    continue
+                for group in inner.param_groups:
+                    for param in group["params"]:
+                        add(param.data)
+                for state in inner.state.values():
+                    for value in state.values():
+                        add(value)
+        return out
+
+    def _check_onloaded(self, what: str) -> None:
+        if self._is_offloaded:
+            raise RuntimeError(f"{what} on an offloaded engine: call onload() first")

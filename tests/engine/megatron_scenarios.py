@@ -1,0 +1,191 @@
+"""What each spawned rank does in the megatron engine tests; the parent compares with FSDP and transformers.
+
+A layout (tensor_parallel, pipeline_parallel) over `world` gloo ranks builds the real roles (Actor,
+Critic) on MegatronEngine and records, on every rank: the full weights the engine streams out, the
+actor's log-probs and entropy, the critic's values, one optimizer step of the actor's and the critic's
+real loss functions (loss, grad norm, weights after), an export, and a checkpoint resumed into a fresh
+engine. Each data-parallel rank takes its own share of the rows, as Dispatch.MP hands them out.
+Each rank writes `rank{r}.pt` into the output folder.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tandem.batch import Batch
+from tandem.config import load_config
+from tandem.config.schema import FSDPConfig, MegatronConfig, OptimConfig, TandemConfig
+from tandem.data.padding import position_ids_from_mask
+from tandem.engine import build_engine
+from tandem.roles.actor import Actor
+from tandem.roles.common import global_counts
+from tandem.roles.critic import Critic
+
+PROMPT, RESPONSE = 5, 7
+# (prompt tokens, response tokens) per sample; an empty response included.
+LENGTHS = [(5, 7), (2, 3), (4, 0), (3, 7), (1, 1), (5, 4)]
+OPTIM = OptimConfig(lr=1e-3, weight_decay=0.01, warmup_steps=1, lr_scheduler="cosine", min_lr_ratio=0.1)
+TOTAL_STEPS = 10
+GRAD_CLIP = 0.5  # below the first step's norm: clipping is part of what is compared
+BUDGET = 24  # tokens per micro-batch: several micro-batches per step
+
+
+def role_config(model_path: str, critic_path: str) -> TandemConfig:
+    """The actor's PPO loss with every term on (KL to a reference, entropy bonus, truncated IS)."""
+    return load_config(
+        "ppo",
+        [
+            f"actor.model_path={model_path}",
+            f"critic.model_path={critic_path}",
+            "trainer.device=cpu",
+            "data.train_batch_size=2",
+            f"data.max_prompt_length={PROMPT}",
+            f"data.max_response_length={RESPONSE}",
+            "rollout.n=3",
+            "actor.ppo_mini_batch_size=2",
+            "actor.use_kl_loss=true",
+            "actor.kl_loss_coef=0.1",
+            "actor.entropy_coeff=0.01",
+            "rollout.is_correction=token",
+        ],
+    )
+
+
+def rollout_batch(seed: int = 0) -> Batch:
+    """Rollout-shaped rows: left-padded prompts, right-padded responses, the keys updates read."""
+    g = torch.Generator().manual_seed(seed)
+    n = len(LENGTHS)
+    prompt_mask = torch.zeros(n, PROMPT, dtype=torch.long)
+    response_mask = torch.zeros(n, RESPONSE, dtype=torch.long)
+    for i, (p, r) in enumerate(LENGTHS):
+        prompt_mask[i, PROMPT - p :] = 1
+        response_mask[i, :r] = 1
+    prompts = torch.randint(4, 200, (n, PROMPT), generator=g) * prompt_mask
+    responses = torch.randint(4, 200, (n, RESPONSE), generator=g) * response_mask
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    mask = response_mask.float()
+
+    def log_probs() -> torch.Tensor:
+        return -torch.rand(n, RESPONSE, generator=g) * 3 * mask
+
+    return Batch.from_dict(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids_from_mask(attention_mask),
+            "advantages": (torch.randn(n, 1, generator=g) * mask).contiguous(),
+            "returns": (torch.randn(n, 1, generator=g) * mask).contiguous(),
+            "values": torch.randn(n, RESPONSE, generator=g) * 0.1 * mask,
+            "rollout_log_probs": log_probs(),
+            "old_log_probs": log_probs(),
+            "ref_log_probs": log_probs(),
+        }
+    )
+
+
+def make_engine(strategy: str, model_path: str, head: str, parallel: MegatronConfig, **kwargs):
+    return build_engine(
+        strategy,
+        model_path=model_path,
+        head=head,
+        device=torch.device("cpu"),
+        optim=OPTIM,
+        fsdp=FSDPConfig(),
+        megatron=parallel,
+        grad_clip=GRAD_CLIP,
+        total_training_steps=TOTAL_STEPS,
+        packing=kwargs.pop("packing", True),
+        max_tokens_per_micro_batch=kwargs.pop("budget", BUDGET),
+        **kwargs,
+    )
+
+
+def weights(engine) -> dict[str, torch.Tensor]:
+    return {name: tensor.detach().clone() for name, tensor in engine.state_dict_iter()}
+
+
+def step(role, engine, batch: Batch) -> dict:
+    """One optimizer step of `role`'s real loss on `batch` (this rank's share)."""
+    counts = global_counts(engine, batch["response_mask"])
+    result = engine.train_step(batch, role._loss_fn(counts), 2)
+    return dataclasses.asdict(result)
+
+
+def run_roles(strategy: str, parallel: MegatronConfig, cfg: TandemConfig, out: Path, resume: bool) -> dict:
+    """Every number the tests compare, for one engine strategy / layout on this rank."""
+    batch = rollout_batch()
+    actor_engine = make_engine(strategy, cfg.actor.model_path, "lm", parallel)
+    share = batch.chunk(actor_engine.dp_size)[actor_engine.dp_rank]
+    actor = Actor(actor_engine, cfg)
+    result: dict = {"dispatch_info": actor_engine.dispatch_info(), "state0": weights(actor_engine)}
+    result["log_probs"] = actor.compute_log_probs(share).tensors.to_dict()
+    result["actor_step"] = step(actor, actor_engine, share)
+    result["lr_after"] = actor_engine.scheduler_step()
+    result["state1"] = weights(actor_engine)
+
+    critic_engine = make_engine(strategy, cfg.critic.model_path, "value", parallel)
+    critic = Critic(critic_engine, cfg)
+    result["critic_state0"] = weights(critic_engine)
+    result["values"] = critic.compute_values(share).tensors.to_dict()
+    result["critic_step"] = step(critic, critic_engine, share)
+    result["critic_state1"] = weights(critic_engine)
+    if not resume:
+        return result
+
+    actor_engine.export_hf(out / "export")
+    actor_engine.save(out / "ckpt")
+    later = rollout_batch(seed=1).chunk(actor_engine.dp_size)[actor_engine.dp_rank]
+    result["continued_step"] = step(actor, actor_engine, later)
+    result["continued_state"] = weights(actor_engine)
+    resumed = make_engine(strategy, cfg.actor.model_path, "lm", parallel)
+    resumed.load(out / "ckpt")
+    result["resumed_global_step"] = resumed.global_step
+    result["resumed_lr"] = resumed.lr
+    result["resumed_step"] = step(Actor(resumed, cfg), resumed, later)
+    result["resumed_state"] = weights(resumed)
+    return result
+
+
+def worker(
+    rank: int,
+    world: int,
+    init_method: str,
+    strategy: str,
+    layout: tuple[int, int],
+    paths: tuple[str, str],
+    out_dir: str,
+):
+    dist.init_process_group(
+        "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=300)
+    )
+    torch.set_num_threads(1)
+    try:
+        cfg = role_config(*paths)
+        parallel = MegatronConfig(tensor_parallel=layout[0], pipeline_parallel=layout[1])
+        out = Path(out_dir)
+        result = run_roles(strategy, parallel, cfg, out, resume=True)
+        torch.save(result, out / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run(
+    layout: tuple[int, int], world: int, paths: tuple[str, str], out_dir: Path, strategy: str = "megatron"
+) -> list[dict]:
+    """Spawn `world` ranks with megatron (tensor, pipeline) `layout` (or FSDP); each rank's results."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    init_method = f"file://{out_dir / f'store-{uuid.uuid4().hex}'}"
+    mp.spawn(
+        worker, args=(world, init_method, strategy, layout, paths, str(out_dir)), nprocs=world, join=True
+    )
+    return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]

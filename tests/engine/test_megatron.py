@@ -1,0 +1,126 @@
+"""MegatronEngine on megatron-core over gloo (CPU, float32): the real actor and critic roles on TP=2, PP=2 and
+DP=2 layouts of 2 ranks (megatron_scenarios.py) against the same roles on a 1-rank FSDP2 engine and against
+transformers.
+
+Tolerances (measured on this machine): weights streamed out of megatron equal the folder's exactly; actor
+log-probs / entropy and critic values ~1e-6 from FSDP's (asserted 1e-5); loss and grad norm ~2e-6 relative
+(asserted 1e-5); the weight update of one AdamW step (largest element 5e-4) 1-3e-5 of its norm away from
+FSDP's (asserted 1e-4), at most 1e-5 in any element (asserted 2e-5): Adam's first step divides each
+gradient element by its own magnitude, so float noise in near-zero gradient elements (another reduction
+order under TP / PP) shows up there. Resume and export are compared exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM
+
+from tandem.data.tiny import save_tiny
+
+from . import megatron_scenarios as sc
+
+pytest.importorskip("megatron.core")
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory):
+    root = tmp_path_factory.mktemp("megatron_models")
+    return str(save_tiny(root / "policy")), str(save_tiny(root / "critic", num_labels=1))
+
+
+@pytest.fixture(scope="module")
+def fsdp(paths, tmp_path_factory):
+    return sc.run((1, 1), 1, paths, tmp_path_factory.mktemp("fsdp"), strategy="fsdp")[0]
+
+
+@pytest.fixture(scope="module", params=list(LAYOUTS))
+def layout(request, paths, tmp_path_factory):
+    out = tmp_path_factory.mktemp(f"megatron_{request.param}")
+    return {"name": request.param, "ranks": sc.run(LAYOUTS[request.param], 2, paths, out), "out": out}
+
+
+def data_parallel_rows(layout: dict, section: str, key: str) -> torch.Tensor:
+    """`section`'s per-row `key` for the whole batch: the collectors' shares in data-parallel order."""
+    ranks = layout["ranks"]
+    collectors = sorted((r["dispatch_info"][0], i) for i, r in enumerate(ranks) if r["dispatch_info"][2])
+    return torch.cat([ranks[i][section][key] for _, i in collectors])
+
+
+def assert_states_close(actual: dict, expected: dict, atol: float) -> None:
+    assert actual.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(actual[name], expected[name], rtol=0, atol=atol, msg=name)
+
+
+def assert_update_close(actual: dict, expected: dict, before: str, after: str) -> None:
+    assert actual[after].keys() == expected[after].keys()
+    names = list(expected[after])
+    mine = torch.cat([(actual[after][n] - actual[before][n]).flatten() for n in names])
+    ref = torch.cat([(expected[after][n] - expected[before][n]).flatten() for n in names])
+    assert float((mine - ref).norm() / ref.norm()) < 1e-4
+    torch.testing.assert_close(mine, ref, rtol=0, atol=2e-5)
+
+
+def assert_step_close(actual: dict, expected: dict) -> None:
+    assert actual["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+    assert actual["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+    assert actual["lr"] == expected["lr"] and actual["skipped"] is expected["skipped"] is False
+
+
+def test_dispatch_info_names_the_data_parallel_groups_and_collectors(layout):
+    infos = [r["dispatch_info"] for r in layout["ranks"]]
+    expected = {
+        "tp2": [(0, 1, True), (0, 1, False)],  # TP rank 0 answers
+        "pp2": [(0, 1, False), (0, 1, True)],  # the last stage answers
+        "dp2": [(0, 2, True), (1, 2, True)],
+    }[layout["name"]]
+    assert infos == expected
+
+
+def test_weights_stream_out_exactly_as_loaded(layout, paths, fsdp):
+    """HF -> megatron (cut over TP, PP) -> HF is exact, on every rank, for the LM and the value model."""
+    hf = AutoModelForCausalLM.from_pretrained(paths[0], dtype=torch.float32).state_dict()
+    hf.pop("lm_head.weight")  # tied: streamed once, as model.embed_tokens.weight (as FSDP does)
+    for rank in layout["ranks"]:
+        assert_states_close(rank["state0"], hf, atol=0)
+        assert_states_close(rank["critic_state0"], fsdp["critic_state0"], atol=0)  # same seeded value head
+
+
+def test_forward_outputs_equal_fsdp(layout, fsdp):
+    mask = sc.rollout_batch()["response_mask"].bool()
+    for section, key in (("log_probs", "old_log_probs"), ("log_probs", "entropy"), ("values", "values")):
+        actual = data_parallel_rows(layout, section, key)
+        torch.testing.assert_close(actual[mask], fsdp[section][key][mask], rtol=0, atol=1e-5, msg=key)
+
+
+def test_actor_and_critic_updates_equal_fsdp(layout, fsdp):
+    for rank in layout["ranks"]:  # every rank reports the same global numbers
+        assert_step_close(rank["actor_step"], fsdp["actor_step"])
+        assert_step_close(rank["critic_step"], fsdp["critic_step"])
+        assert rank["lr_after"] == fsdp["lr_after"]
+        assert_update_close(rank, fsdp, "state0", "state1")
+        assert_update_close(rank, fsdp, "critic_state0", "critic_state1")
+    # The update moved the weights by far more than the tolerance.
+    moved = max(float((a - b).abs().max()) for a, b in zip(fsdp["state1"].values(), fsdp["state0"].values()))
+    assert moved > 1e-4
+
+
+def test_resume_from_checkpoint_equals_continuing(layout):
+    for rank in layout["ranks"]:
+        assert rank["resumed_global_step"] == 1
+        assert rank["resumed_lr"] == rank["lr_after"]
+        assert rank["resumed_step"] == rank["continued_step"]
+        assert_states_close(rank["resumed_state"], rank["continued_state"], atol=0)
+
+
+def test_export_is_a_transformers_folder_with_the_trained_weights(layout):
+    exported = load_file(layout["out"] / "export" / "model.safetensors")
+    state1 = layout["ranks"][0]["state1"]
+    assert_states_close({k: v for k, v in exported.items() if k != "lm_head.weight"}, state1, atol=0)
+    model = AutoModelForCausalLM.from_pretrained(layout["out"] / "export", dtype=torch.float32)
+    assert torch.equal(model.lm_head.weight, state1["model.embed_tokens.weight"])  # tied again
