@@ -85,9 +85,30 @@ def test_train_with_an_engine_not_built_yet_fails_before_the_workers(tmp_path):
     model = save_tiny(tmp_path / "model")
     data = write_splits("addition", tmp_path / "data", n_train=8, n_val=4, digits=2)["train"]
     done = run_cli(
-        "train", "grpo", f"actor.model_path={model}", f"data.train_files=[{data}]", "actor.strategy=megatron"
+        "train", "grpo", f"actor.model_path={model}", f"data.train_files=[{data}]", "rollout.engine=sglang"
     )
-    assert done.returncode == 2 and "strategy=megatron is not available yet" in done.stderr
+    assert done.returncode == 2 and "rollout.engine=sglang" in done.stderr
+    assert "Started a local Ray" not in done.stderr
+
+
+def test_train_with_a_model_megatron_cannot_split_fails_before_the_workers(tmp_path):
+    model = save_tiny(tmp_path / "model")  # 2 key-value heads: 4 tensor-parallel ranks cannot share them
+    data = write_splits("addition", tmp_path / "data", n_train=8, n_val=4, digits=2)["train"]
+    done = run_cli(
+        "train",
+        "grpo",
+        f"actor.model_path={model}",
+        f"data.train_files=[{data}]",
+        "actor.strategy=megatron",
+        "actor.megatron.tensor_parallel=4",
+        "actor.megatron.context_parallel=2",
+        "trainer.workers_per_node=8",
+        "data.train_batch_size=8",
+        "actor.ppo_mini_batch_size=8",
+    )
+    assert done.returncode == 2, done.stderr
+    assert "actor.model_path" in done.stderr and "num_key_value_heads=2" in done.stderr
+    assert "context_parallel / expert_parallel > 1 are not available yet" in done.stderr
     assert "Started a local Ray" not in done.stderr
 
 

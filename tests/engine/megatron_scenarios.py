@@ -1,8 +1,9 @@
 """What each spawned rank does in the megatron engine tests; the parent compares with FSDP and transformers.
 
 A layout (tensor_parallel, pipeline_parallel) over `world` gloo ranks builds the real roles (Actor,
-Critic) on MegatronEngine and records, on every rank: the full weights the engine streams out, the
-actor's log-probs and entropy, the critic's values, one optimizer step of the actor's and the critic's
+Reference, Critic, RewardModel) on MegatronEngine and records, on every rank: the full weights the engine
+streams out, the logits (vocabulary slices gathered), the actor's log-probs and entropy, the reference's
+log-probs (a frozen engine), the critic's values, the reward model's scores, one optimizer step of the actor's and the critic's
 real loss functions (loss, grad norm, weights after), an export, and a checkpoint resumed into a fresh
 engine. Each data-parallel rank takes its own share of the rows, as Dispatch.MP hands them out.
 Each rank writes `rank{r}.pt` into the output folder.
@@ -25,8 +26,10 @@ from tandem.config.schema import FSDPConfig, MegatronConfig, OptimConfig, Tandem
 from tandem.data.padding import position_ids_from_mask
 from tandem.engine import build_engine
 from tandem.roles.actor import Actor
-from tandem.roles.common import global_counts
+from tandem.roles.common import MODEL_INPUTS, global_counts
 from tandem.roles.critic import Critic
+from tandem.roles.reference import Reference
+from tandem.roles.reward_model import RewardModel
 
 PROMPT, RESPONSE = 5, 7
 # (prompt tokens, response tokens) per sample; an empty response included.
@@ -93,13 +96,13 @@ def rollout_batch(seed: int = 0) -> Batch:
     )
 
 
-def make_engine(strategy: str, model_path: str, head: str, parallel: MegatronConfig, **kwargs):
+def make_engine(strategy: str, model_path: str, head: str, parallel: MegatronConfig, optim=OPTIM, **kwargs):
     return build_engine(
         strategy,
         model_path=model_path,
         head=head,
         device=torch.device("cpu"),
-        optim=OPTIM,
+        optim=optim,
         fsdp=FSDPConfig(),
         megatron=parallel,
         grad_clip=GRAD_CLIP,
@@ -108,6 +111,25 @@ def make_engine(strategy: str, model_path: str, head: str, parallel: MegatronCon
         max_tokens_per_micro_batch=kwargs.pop("budget", BUDGET),
         **kwargs,
     )
+
+
+def full_logits(engine):
+    """A forward function returning every position's logits over the whole vocabulary [b, T, V] (0 where a
+    packed forward computed nothing): a tensor-parallel engine's vocabulary slices are gathered."""
+
+    def fn(output, micro: Batch) -> dict[str, torch.Tensor]:
+        b, width = output.shape
+        values, where = output.at(torch.arange(width).expand(b, width))
+        vp = output.vocab_parallel
+        if vp is not None:
+            slices = [torch.empty_like(values) for _ in range(vp.size)]
+            dist.all_gather(slices, values.contiguous(), group=vp.group)
+            values = torch.cat(slices, dim=-1)
+        out = values.new_zeros(b, width, values.shape[-1])
+        out[where] = values
+        return {"logits": out}
+
+    return fn
 
 
 def weights(engine) -> dict[str, torch.Tensor]:
@@ -129,6 +151,11 @@ def run_roles(strategy: str, parallel: MegatronConfig, cfg: TandemConfig, out: P
     actor = Actor(actor_engine, cfg)
     result: dict = {"dispatch_info": actor_engine.dispatch_info(), "state0": weights(actor_engine)}
     result["log_probs"] = actor.compute_log_probs(share).tensors.to_dict()
+    result["logits"] = actor_engine.forward(share.select(*MODEL_INPUTS), full_logits(actor_engine), 2)[
+        "logits"
+    ]
+    reference = Reference(make_engine(strategy, cfg.actor.model_path, "lm", parallel, optim=None), cfg)
+    result["ref_log_probs"] = reference.compute_ref_log_probs(share)["ref_log_probs"]
     result["actor_step"] = step(actor, actor_engine, share)
     result["lr_after"] = actor_engine.scheduler_step()
     result["state1"] = weights(actor_engine)
@@ -137,6 +164,7 @@ def run_roles(strategy: str, parallel: MegatronConfig, cfg: TandemConfig, out: P
     critic = Critic(critic_engine, cfg)
     result["critic_state0"] = weights(critic_engine)
     result["values"] = critic.compute_values(share).tensors.to_dict()
+    result["rm_scores"] = RewardModel(critic_engine, cfg).compute_scores(share)["rm_scores"]
     result["critic_step"] = step(critic, critic_engine, share)
     result["critic_state1"] = weights(critic_engine)
     if not resume:
@@ -189,3 +217,54 @@ def run(
         worker, args=(world, init_method, strategy, layout, paths, str(out_dir)), nprocs=world, join=True
     )
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
+
+
+def gpu_worker(rank: int, init_method: str, model_path: str, out_dir: str) -> None:
+    """One CUDA rank (NCCL): bfloat16 compute, a training step, offload and onload (GPU only)."""
+    dist.init_process_group("nccl", init_method=init_method, rank=rank, world_size=1)
+    try:
+        device = torch.device("cuda", 0)
+        engine = build_engine(
+            "megatron",
+            model_path=model_path,
+            head="lm",
+            device=device,
+            optim=OPTIM,
+            fsdp=FSDPConfig(),
+            megatron=MegatronConfig(),
+            grad_clip=GRAD_CLIP,
+            total_training_steps=TOTAL_STEPS,
+            packing=True,
+            max_tokens_per_micro_batch=BUDGET,
+        )
+        batch = rollout_batch()
+        logits = full_logits(engine)
+        result: dict = {"logits": engine.forward(batch.select(*MODEL_INPUTS), logits, 2)["logits"].float()}
+        result["param_dtypes"] = {p.dtype for p in engine.module.parameters()}
+        counts = global_counts(engine, batch["response_mask"])
+        cfg = role_config(model_path, model_path)
+        result["step"] = dataclasses.asdict(engine.train_step(batch, Actor(engine, cfg)._loss_fn(counts), 2))
+        before = engine.forward(batch.select(*MODEL_INPUTS), logits, 2)["logits"]
+        allocated = torch.cuda.memory_allocated(device)
+        engine.offload()
+        result["freed_bytes"] = allocated - torch.cuda.memory_allocated(device)
+        try:
+            engine.forward(batch.select(*MODEL_INPUTS), logits, 2)
+        except RuntimeError as err:
+            result["offloaded_forward_error"] = str(err)
+        engine.onload()
+        after = engine.forward(batch.select(*MODEL_INPUTS), logits, 2)["logits"]
+        result["onload_unchanged"] = torch.equal(before, after)
+        result["step_after_onload"] = dataclasses.asdict(
+            engine.train_step(batch, Actor(engine, cfg)._loss_fn(counts), 2)
+        )
+        torch.save(result, Path(out_dir) / "gpu-rank0.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_gpu(model_path: str, out_dir: Path) -> dict:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    init_method = f"file://{out_dir / f'store-{uuid.uuid4().hex}'}"
+    mp.spawn(gpu_worker, args=(init_method, model_path, str(out_dir)), nprocs=1, join=True)
+    return torch.load(out_dir / "gpu-rank0.pt", weights_only=False)

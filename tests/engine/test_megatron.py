@@ -44,11 +44,12 @@ def layout(request, paths, tmp_path_factory):
     return {"name": request.param, "ranks": sc.run(LAYOUTS[request.param], 2, paths, out), "out": out}
 
 
-def data_parallel_rows(layout: dict, section: str, key: str) -> torch.Tensor:
-    """`section`'s per-row `key` for the whole batch: the collectors' shares in data-parallel order."""
+def data_parallel_rows(layout: dict, section: str, key: str | None = None) -> torch.Tensor:
+    """`section`'s per-row values (its `key`) for the whole batch: the collectors' shares in data-parallel order."""
     ranks = layout["ranks"]
     collectors = sorted((r["dispatch_info"][0], i) for i, r in enumerate(ranks) if r["dispatch_info"][2])
-    return torch.cat([ranks[i][section][key] for _, i in collectors])
+    parts = [ranks[i][section] for _, i in collectors]
+    return torch.cat([part[key] if key else part for part in parts])
 
 
 def assert_states_close(actual: dict, expected: dict, atol: float) -> None:
@@ -91,11 +92,32 @@ def test_weights_stream_out_exactly_as_loaded(layout, paths, fsdp):
         assert_states_close(rank["critic_state0"], fsdp["critic_state0"], atol=0)  # same seeded value head
 
 
-def test_forward_outputs_equal_fsdp(layout, fsdp):
+def test_logits_equal_transformers(layout, paths):
+    """The whole vocabulary's logits at every real token, against the unsharded transformers model."""
+    batch = sc.rollout_batch()
+    model = AutoModelForCausalLM.from_pretrained(paths[0], dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+        ).logits
+    real = batch["attention_mask"].bool()
+    actual = data_parallel_rows(layout, "logits")
+    torch.testing.assert_close(actual[real], expected[real], rtol=0, atol=1e-5)
+
+
+def test_every_role_forward_equals_fsdp(layout, fsdp):
+    """Actor log-probs and entropy, reference log-probs (a frozen engine), critic values, reward-model scores."""
     mask = sc.rollout_batch()["response_mask"].bool()
     for section, key in (("log_probs", "old_log_probs"), ("log_probs", "entropy"), ("values", "values")):
         actual = data_parallel_rows(layout, section, key)
         torch.testing.assert_close(actual[mask], fsdp[section][key][mask], rtol=0, atol=1e-5, msg=key)
+    torch.testing.assert_close(
+        data_parallel_rows(layout, "ref_log_probs")[mask], fsdp["ref_log_probs"][mask], rtol=0, atol=1e-5
+    )
+    torch.testing.assert_close(data_parallel_rows(layout, "rm_scores"), fsdp["rm_scores"], rtol=0, atol=1e-5)
 
 
 def test_actor_and_critic_updates_equal_fsdp(layout, fsdp):
@@ -124,3 +146,22 @@ def test_export_is_a_transformers_folder_with_the_trained_weights(layout):
     assert_states_close({k: v for k, v in exported.items() if k != "lm_head.weight"}, state1, atol=0)
     model = AutoModelForCausalLM.from_pretrained(layout["out"] / "export", dtype=torch.float32)
     assert torch.equal(model.lm_head.weight, state1["model.embed_tokens.weight"])  # tied again
+
+
+# ---------------------------------------------------------------------------- GPU only
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_cuda_bf16_step_offload_and_onload(paths, tmp_path):
+    result = sc.run_gpu(paths[0], tmp_path)
+    batch = sc.rollout_batch()
+    model = AutoModelForCausalLM.from_pretrained(paths[0], dtype=torch.float32).eval()
+    with torch.no_grad():
+        expected = model(**{k: batch[k] for k in sc.MODEL_INPUTS}, use_cache=False).logits
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(result["logits"][real], expected[real], rtol=0, atol=5e-2)  # bfloat16 compute
+    assert result["param_dtypes"] == {torch.bfloat16}
+    for step in ("step", "step_after_onload"):
+        assert not result[step]["skipped"] and result[step]["grad_norm"] > 0, step
+    assert result["freed_bytes"] > 10e6
+    assert "onload() first" in result["offloaded_forward_error"]
+    assert result["onload_unchanged"]

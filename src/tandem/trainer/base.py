@@ -55,8 +55,28 @@ def check_available(cfg: TandemConfig) -> None:
             problems.append(
                 "actor.megatron.context_parallel / expert_parallel > 1 are not available yet; set both to 1"
             )
+        problems += megatron_model_problems(cfg)
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+def megatron_model_problems(cfg: TandemConfig) -> list[str]:
+    """What megatron cannot build from the configured model folders (architecture, sizes the parallel
+    layout does not divide), read from their config.json alone, before any worker starts."""
+    from tandem.engine import hf_io
+    from tandem.engine.megatron.convert import check_supported
+
+    mp = cfg.actor.megatron
+    folders = {"actor.model_path": cfg.actor.model_path, "critic.model_path": cfg.critic.model_path}
+    problems = []
+    for key, folder in folders.items():
+        if not folder or not (Path(folder) / "config.json").is_file():
+            continue  # a missing folder is reported where it is read
+        try:
+            check_supported(hf_io.load_config(folder, "lm"), mp.tensor_parallel, mp.pipeline_parallel)
+        except ValueError as err:
+            problems.append(f"{key}={folder}: {err}")
+    return problems
 
 
 class Trainer(ABC):

@@ -102,9 +102,10 @@ def init_parallel_state(tensor_parallel: int, pipeline_parallel: int, seed: int)
 
 
 def _groups_alive(ps: Any) -> bool:
+    """Whether megatron's groups belong to the current default process group (not to a destroyed one)."""
     try:
         dist.get_process_group_ranks(ps.get_tensor_model_parallel_group())
-    except (ValueError, RuntimeError):
+    except (KeyError, ValueError, RuntimeError):
         return False
     return True
 
