@@ -6,6 +6,7 @@ Prints one JSON line: the cluster's node ids and what each rank reports about wh
 
 import json
 import sys
+from pathlib import Path
 
 import ray
 import toy_workers  # beside this script (sys.path[0])
@@ -27,6 +28,8 @@ class NodeReporter(toy_workers.ToyWorker):
 def main(temp_dir: str) -> None:
     # 1 CPU per node: each node's placement group of one 1-CPU bundle fits on one node only
     node_args = {"num_cpus": 1, "temp_dir": temp_dir, "object_store_memory": 80 * 1024**2}
+    # ray's Cluster writes the head's address to /tmp/ray whatever temp_dir says; it does not create it.
+    Path(ray._private.utils.get_ray_address_file(None)).parent.mkdir(parents=True, exist_ok=True)
     cluster = Cluster(initialize_head=True, head_node_args={**node_args, "include_dashboard": False})
     try:
         second = cluster.add_node(**node_args)

@@ -20,10 +20,10 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from roles.roles_helpers import rollout_rows  # tests/ is on sys.path (pytest's rootdir)
 from tandem.batch import Batch
 from tandem.config import load_config
 from tandem.config.schema import FSDPConfig, MegatronConfig, OptimConfig, TandemConfig
-from tandem.data.padding import position_ids_from_mask
 from tandem.engine import build_engine
 from tandem.roles.actor import Actor
 from tandem.roles.common import MODEL_INPUTS, global_counts
@@ -62,38 +62,8 @@ def role_config(model_path: str, critic_path: str) -> TandemConfig:
 
 
 def rollout_batch(seed: int = 0) -> Batch:
-    """Rollout-shaped rows: left-padded prompts, right-padded responses, the keys updates read."""
-    g = torch.Generator().manual_seed(seed)
-    n = len(LENGTHS)
-    prompt_mask = torch.zeros(n, PROMPT, dtype=torch.long)
-    response_mask = torch.zeros(n, RESPONSE, dtype=torch.long)
-    for i, (p, r) in enumerate(LENGTHS):
-        prompt_mask[i, PROMPT - p :] = 1
-        response_mask[i, :r] = 1
-    prompts = torch.randint(4, 200, (n, PROMPT), generator=g) * prompt_mask
-    responses = torch.randint(4, 200, (n, RESPONSE), generator=g) * response_mask
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    mask = response_mask.float()
-
-    def log_probs() -> torch.Tensor:
-        return -torch.rand(n, RESPONSE, generator=g) * 3 * mask
-
-    return Batch.from_dict(
-        {
-            "prompts": prompts,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([prompts, responses], dim=1),
-            "attention_mask": attention_mask,
-            "position_ids": position_ids_from_mask(attention_mask),
-            "advantages": (torch.randn(n, 1, generator=g) * mask).contiguous(),
-            "returns": (torch.randn(n, 1, generator=g) * mask).contiguous(),
-            "values": torch.randn(n, RESPONSE, generator=g) * 0.1 * mask,
-            "rollout_log_probs": log_probs(),
-            "old_log_probs": log_probs(),
-            "ref_log_probs": log_probs(),
-        }
-    )
+    """Rollout-shaped rows with the keys updates read (left-padded prompts, right-padded responses)."""
+    return rollout_rows(LENGTHS, PROMPT, RESPONSE, seed)
 
 
 def make_engine(strategy: str, model_path: str, head: str, parallel: MegatronConfig, optim=OPTIM, **kwargs):

@@ -101,11 +101,14 @@ def test_sequence_parallel_is_refused(tiny_path):
         )
 
 
-def test_build_engine_strategies():
-    with pytest.raises(NotImplementedError, match="not available yet"):
-        build_engine("megatron")
+def test_build_engine_strategies(monkeypatch):
     with pytest.raises(ValueError, match="unknown engine strategy 'deepspeed'"):
         build_engine("deepspeed")
+    import tandem.engine.megatron as megatron_package
+
+    monkeypatch.setattr(megatron_package, "megatron_available", lambda: False)
+    with pytest.raises(ImportError, match=r"pip install -e '\.\[megatron\]'"):
+        build_engine("megatron")
 
 
 def test_value_head_init_depends_on_seed_only(tiny_path):

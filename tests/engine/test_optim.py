@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from tandem.config.schema import OptimConfig
-from tandem.engine.fsdp import resolve_param_dtype
+from tandem.engine.base import resolve_param_dtype
 from tandem.engine.optim import build_optimizer, build_scheduler, lr_multiplier, warmup_steps
 
 

@@ -65,3 +65,37 @@ def update_batch(rollout: Batch, seed: int = 0) -> Batch:
         {"advantages": advantages.contiguous(), "values": values, "returns": returns.contiguous()}
     )
     return rollout.union(extra)
+
+
+def rollout_rows(lengths: list[tuple[int, int]], prompt: int, response: int, seed: int = 0) -> Batch:
+    """Rollout-shaped rows (rollout/base.py layout): (prompt, response) tokens per row as `lengths`, left-padded
+    prompts of width `prompt`, right-padded responses of width `response`, random tokens and every key the
+    roles' updates read."""
+    g = torch.Generator().manual_seed(seed)
+    n = len(lengths)
+    prompt_mask = torch.zeros(n, prompt, dtype=torch.long)
+    response_mask = torch.zeros(n, response, dtype=torch.long)
+    for i, (p, r) in enumerate(lengths):
+        prompt_mask[i, prompt - p :] = 1
+        response_mask[i, :r] = 1
+    prompts = torch.randint(4, 200, (n, prompt), generator=g) * prompt_mask
+    responses = torch.randint(4, 200, (n, response), generator=g) * response_mask
+    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    mask = response_mask.float()
+    return Batch.from_dict(
+        {
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": response_mask,
+            "input_ids": torch.cat([prompts, responses], dim=1),
+            "attention_mask": attention_mask,
+            "position_ids": position_ids_from_mask(attention_mask),
+            "loss_mask": attention_mask * torch.cat([torch.zeros_like(prompt_mask), response_mask], 1),
+            "advantages": (torch.randn(n, 1, generator=g) * mask).contiguous(),
+            "returns": (torch.randn(n, 1, generator=g) * mask).contiguous(),
+            "values": torch.randn(n, response, generator=g) * 0.1 * mask,
+            "rollout_log_probs": -torch.rand(n, response, generator=g) * 3 * mask,
+            "old_log_probs": -torch.rand(n, response, generator=g) * 3 * mask,
+            "ref_log_probs": -torch.rand(n, response, generator=g) * 3 * mask,
+        }
+    )

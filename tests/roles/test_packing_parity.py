@@ -17,7 +17,6 @@ import torch.distributed as dist
 
 from tandem.batch import Batch
 from tandem.config.schema import FSDPConfig, OptimConfig
-from tandem.data.padding import position_ids_from_mask
 from tandem.data.tiny import save_tiny
 from tandem.engine import FSDPEngine
 from tandem.engine import fsdp as fsdp_module
@@ -27,7 +26,7 @@ from tandem.roles.reference import Reference
 from tandem.roles.reward_model import RewardModel
 from tandem.roles.sft import SFT
 
-from .roles_helpers import tiny_config
+from .roles_helpers import rollout_rows, tiny_config
 
 PROMPT, RESPONSE = 6, 10
 # (prompt tokens, response tokens) per sample: left-padded prompts, right-padded responses.
@@ -53,35 +52,7 @@ def model_dirs(tmp_path_factory):
 
 
 def rollout_batch(seed: int = 0) -> Batch:
-    """Rollout-shaped rows (rollout/base.py layout) with random tokens and the keys updates read."""
-    g = torch.Generator().manual_seed(seed)
-    n = len(LENGTHS)
-    prompt_mask = torch.zeros(n, PROMPT, dtype=torch.long)
-    response_mask = torch.zeros(n, RESPONSE, dtype=torch.long)
-    for i, (p, r) in enumerate(LENGTHS):
-        prompt_mask[i, PROMPT - p :] = 1
-        response_mask[i, :r] = 1
-    prompts = torch.randint(4, 200, (n, PROMPT), generator=g) * prompt_mask
-    responses = torch.randint(4, 200, (n, RESPONSE), generator=g) * response_mask
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
-    mask = response_mask.float()
-    return Batch.from_dict(
-        {
-            "prompts": prompts,
-            "responses": responses,
-            "response_mask": response_mask,
-            "input_ids": torch.cat([prompts, responses], dim=1),
-            "attention_mask": attention_mask,
-            "position_ids": position_ids_from_mask(attention_mask),
-            "loss_mask": attention_mask * torch.cat([torch.zeros_like(prompt_mask), response_mask], 1),
-            "advantages": (torch.randn(n, 1, generator=g) * mask).contiguous(),
-            "returns": (torch.randn(n, 1, generator=g) * mask).contiguous(),
-            "values": torch.randn(n, RESPONSE, generator=g) * 0.1 * mask,
-            "rollout_log_probs": -torch.rand(n, RESPONSE, generator=g) * 3 * mask,
-            "old_log_probs": -torch.rand(n, RESPONSE, generator=g) * 3 * mask,
-            "ref_log_probs": -torch.rand(n, RESPONSE, generator=g) * 3 * mask,
-        }
-    )
+    return rollout_rows(LENGTHS, PROMPT, RESPONSE, seed)
 
 
 def engine(

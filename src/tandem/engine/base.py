@@ -30,10 +30,20 @@ from torch import Tensor
 from tandem.batch import Batch
 from tandem.data.packing import Packing
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 Head = Literal["lm", "value"]  # causal LM (actor, reference) or a 1-wide token head (critic, reward model)
 # (model output, micro-batch) -> per-row tensors; -> (this micro-batch's loss contribution, metrics)
 ForwardFn = Callable[["ModelOutput", Batch], dict[str, Tensor]]
 LossFn = Callable[["ModelOutput", Batch], tuple[Tensor, dict[str, float]]]
+
+
+def resolve_param_dtype(param_dtype: str, device: torch.device, key: str = "fsdp.param_dtype") -> torch.dtype:
+    """A config's compute dtype -> torch dtype; "auto" is bfloat16 on CUDA, float32 elsewhere."""
+    if param_dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if param_dtype not in DTYPES:
+        raise ValueError(f"{key}={param_dtype!r} is unknown; use auto, {', '.join(DTYPES)}")
+    return DTYPES[param_dtype]
 
 
 @dataclass

@@ -48,24 +48,23 @@ from tandem.batch import Batch, Partition
 from tandem.config.schema import FSDPConfig, OptimConfig
 from tandem.data.packing import pack_model_inputs
 from tandem.engine import hf_io
-from tandem.engine.base import ForwardFn, Head, LossFn, ModelOutput, StepResult, TrainEngine
+from tandem.engine.base import (
+    DTYPES,
+    ForwardFn,
+    Head,
+    LossFn,
+    ModelOutput,
+    StepResult,
+    TrainEngine,
+    resolve_param_dtype,
+)
 from tandem.engine.micro import dummy_like, merge_outputs, split_micro_batches, to_cpu
 from tandem.engine.optim import build_optimizer, build_scheduler
 
 logger = logging.getLogger(__name__)
 
 ENGINE_STATE_FILE = "engine_state.pt"  # scheduler + step counter, beside the DCP shards
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 _warned_cpu_offload = False
-
-
-def resolve_param_dtype(param_dtype: str, device: torch.device) -> torch.dtype:
-    """FSDPConfig.param_dtype -> torch dtype; "auto" is bfloat16 on CUDA, float32 elsewhere."""
-    if param_dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if param_dtype not in _DTYPES:
-        raise ValueError(f"fsdp.param_dtype={param_dtype!r} is unknown; use auto, {', '.join(_DTYPES)}")
-    return _DTYPES[param_dtype]
 
 
 class FSDPEngine(TrainEngine):
@@ -166,9 +165,7 @@ class FSDPEngine(TrainEngine):
         if activation_checkpointing:
             hf_io.enable_activation_checkpointing(model)
 
-        mp_policy = MixedPrecisionPolicy(
-            param_dtype=self.param_dtype, reduce_dtype=_DTYPES[fsdp.reduce_dtype]
-        )
+        mp_policy = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])
         shard_kwargs: dict[str, Any] = {
             "mesh": init_device_mesh(self.device.type, (self.dp_size,)),
             "mp_policy": mp_policy,

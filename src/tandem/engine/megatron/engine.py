@@ -43,7 +43,15 @@ from tandem.batch import Batch, Partition
 from tandem.config.schema import MegatronConfig, OptimConfig
 from tandem.data.packing import pack_model_inputs
 from tandem.engine import hf_io
-from tandem.engine.base import ForwardFn, Head, LossFn, ModelOutput, StepResult, TrainEngine
+from tandem.engine.base import (
+    ForwardFn,
+    Head,
+    LossFn,
+    ModelOutput,
+    StepResult,
+    TrainEngine,
+    resolve_param_dtype,
+)
 from tandem.engine.megatron import convert
 from tandem.engine.megatron.vocab_parallel import VocabParallel
 from tandem.engine.micro import dummy_like, merge_outputs, split_micro_batches, to_cpu
@@ -52,7 +60,6 @@ from tandem.engine.optim import lr_multiplier
 logger = logging.getLogger(__name__)
 
 ENGINE_STATE_FILE = "engine_state.pt"  # step counters beside megatron's distributed checkpoint
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 def megatron_available() -> bool:
@@ -187,7 +194,7 @@ class MegatronEngine(TrainEngine):
         self.config = config
         self.shapes = convert.shapes_of(config)
         self.layers_per_stage = config.num_hidden_layers // self.pp_size
-        self.param_dtype = self._resolve_dtype(megatron.param_dtype)
+        self.param_dtype = resolve_param_dtype(megatron.param_dtype, self.device, "megatron.param_dtype")
 
         with self._scope():
             self.module, self._hf_class, self._hf_shapes = self._build(activation_checkpointing, seed)
@@ -201,15 +208,6 @@ class MegatronEngine(TrainEngine):
             self._set_lr()
 
     # ------------------------------------------------------------------ construction
-    def _resolve_dtype(self, param_dtype: str) -> torch.dtype:
-        if param_dtype == "auto":
-            return torch.bfloat16 if self.device.type == "cuda" else torch.float32
-        if param_dtype not in _DTYPES:
-            raise ValueError(
-                f"megatron.param_dtype={param_dtype!r} is unknown; use auto, {', '.join(_DTYPES)}"
-            )
-        return _DTYPES[param_dtype]
-
     def _transformer_config(self, activation_checkpointing: bool) -> Any:
         from megatron.core.transformer import TransformerConfig
 
