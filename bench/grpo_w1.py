@@ -70,7 +70,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("main", "padded", "ablation", "scaling")
+SECTIONS = ("main", "padded", "ablation", "scaling", "engines")
 LR = 1e-5
 KL_COEF = 0.04
 MAX_PROMPT_LENGTH = 16  # "99+99=" is 6 tokens
@@ -549,6 +549,8 @@ def main() -> None:
         ablation_section(runner, work, model, results)
     if "scaling" in sections:
         scaling_section(runner, work, model, results)
+    if "engines" in sections:
+        engines_section(runner, work, model, results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
         say(f"numbers in {args.json}")
@@ -630,6 +632,40 @@ def scaling_section(runner: Runner, work: Workload, model: dict[str, int], resul
         for label, s in rows.items()
     }
     print_scaling(results["scaling"])
+
+
+# The no-ref step on megatron-core (actor.strategy=megatron) in three layouts of the same 2 cores.
+ENGINES = {
+    "megatron, 1 rank": (1, ["actor.strategy=megatron"]),
+    "megatron TP=2, 2 ranks": (2, ["actor.strategy=megatron", "actor.megatron.tensor_parallel=2"]),
+    "megatron PP=2, 2 ranks": (2, ["actor.strategy=megatron", "actor.megatron.pipeline_parallel=2"]),
+}
+
+
+def engines_section(runner: Runner, work: Workload, model: dict[str, int], results: dict[str, Any]) -> None:
+    """No-ref step on megatron-core (1 rank, TP=2, PP=2) against the main (FSDP2, 1 rank) run."""
+    short = replace(work, steps=3)
+    base = summarise(main_run(runner, work, "no-ref", results), model, None)
+    rows = {"fsdp2, 1 rank (main run)": base}
+    for label, (ranks, extra) in ENGINES.items():
+        name = "engines/" + label.replace(" ", "-").replace(",", "").replace("=", "")
+        results["runs"][name] = runner.tandem(
+            name, replace(short, ranks=ranks), [*VARIANTS["no-ref"], *extra]
+        )
+        rows[label] = summarise(results["runs"][name], model, None)
+    results["engines"] = {
+        label: {
+            "step": r["step"],
+            "step_ratio": r["step"] / base["step"],
+            "train": r["train"],
+            "sync": r["weight_sync"],
+        }
+        for label, r in rows.items()
+    }
+    print("\nengines (no-ref; megatron rows 1 warm-up + 3 measured steps)")
+    print(f"{'engine':<28}{'step s':>10}{'x fsdp2':>10}{'train s':>10}{'sync s':>10}")
+    for label, r in results["engines"].items():
+        print(f"{label:<28}{r['step']:>10.3f}{r['step_ratio']:>10.2f}{r['train']:>10.3f}{r['sync']:>10.3f}")
 
 
 def main_run(runner: Runner, work: Workload, variant: str, results: dict[str, Any]) -> dict[str, Any]:
