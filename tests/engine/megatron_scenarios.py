@@ -127,6 +127,9 @@ def run_roles(strategy: str, parallel: MegatronConfig, cfg: TandemConfig, out: P
     reference = Reference(make_engine(strategy, cfg.actor.model_path, "lm", parallel, optim=None), cfg)
     result["ref_log_probs"] = reference.compute_ref_log_probs(share)["ref_log_probs"]
     result["actor_step"] = step(actor, actor_engine, share)
+    recomputing = make_engine(strategy, cfg.actor.model_path, "lm", parallel, activation_checkpointing=True)
+    result["checkpointed_actor_step"] = step(Actor(recomputing, cfg), recomputing, share)
+    del recomputing
     result["lr_after"] = actor_engine.scheduler_step()
     result["state1"] = weights(actor_engine)
 

@@ -132,6 +132,11 @@ def test_actor_and_critic_updates_equal_fsdp(layout, fsdp):
     assert moved > 1e-4
 
 
+def test_activation_checkpointing_changes_no_number(layout):
+    for rank in layout["ranks"]:
+        assert rank["checkpointed_actor_step"] == rank["actor_step"]
+
+
 def test_resume_from_checkpoint_equals_continuing(layout):
     for rank in layout["ranks"]:
         assert rank["resumed_global_step"] == 1

@@ -3,8 +3,9 @@
 megatron-core places tensors with `torch.cuda.current_device()` and keeps its tensor-parallel RNG
 streams as CUDA generator states (`tensor_parallel.random`). On a machine without CUDA both raise.
 `install()` (called by the megatron engine only when its device is the CPU) makes
-`torch.cuda.current_device()` answer "cpu" in this process and swaps megatron's RNG tracker for one
-that keeps CPU generator states. Nothing is changed where CUDA is available: there megatron runs as
+`torch.cuda.current_device()` answer "cpu" in this process, swaps megatron's RNG tracker for one
+that keeps CPU generator states, and makes its save / restore of the CUDA RNG state (activation
+checkpointing) a no-op. Nothing is changed where CUDA is available: there megatron runs as
 it is. tests/engine/test_megatron_cpu.py fails when a megatron-core release moves what this adapts.
 """
 
@@ -29,6 +30,12 @@ def install() -> None:
     torch.cuda.current_device = _cpu_device  # megatron: tensor(..., device=torch.cuda.current_device())
     torch.cuda.synchronize = _no_sync  # megatron's timers and p2p communication synchronise
     use_cpu_rng_tracker()
+    # Activation checkpointing saves and restores the CUDA RNG state around each recomputed layer; there is
+    # none on the CPU (the CPU generator and the tracker's streams are saved beside it, unchanged).
+    from megatron.core.tensor_parallel import random as mrandom
+
+    mrandom._get_cuda_rng_state = _no_cuda_rng_state
+    mrandom._set_cuda_rng_state = _set_no_cuda_rng_state
     _installed = True
 
 
@@ -37,6 +44,14 @@ def _cpu_device() -> str:
 
 
 def _no_sync(device: object = None) -> None:
+    return None
+
+
+def _no_cuda_rng_state(*args: object, **kwargs: object) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8)
+
+
+def _set_no_cuda_rng_state(*args: object, **kwargs: object) -> None:
     return None
 
 
