@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from tandem.batch import Batch
@@ -88,11 +89,33 @@ class StepResult:
     metrics: dict[str, list[float]] = field(default_factory=dict)  # loss_fn metrics, one per micro-batch
 
 
+def check_engine_args(engine: str, grad_clip: float | None, max_tokens_per_micro_batch: int | None) -> None:
+    """What every engine's constructor checks first: a process group, and sane clipping / token budget."""
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            f"{engine} needs torch.distributed initialised first (the worker group does it: "
+            "gloo on CPU, NCCL on GPU; a world of size 1 is fine)"
+        )
+    if grad_clip is not None and grad_clip <= 0:
+        raise ValueError(f"grad_clip must be > 0 or None (no clipping), got {grad_clip}")
+    if max_tokens_per_micro_batch is not None and max_tokens_per_micro_batch < 1:
+        raise ValueError(f"max_tokens_per_micro_batch must be >= 1 or None, got {max_tokens_per_micro_batch}")
+
+
+def pad_micro_batch(pad_id: int, device: torch.device | str = "cpu") -> Batch:
+    """One pad token: the cheapest pass that still runs every layer's collectives."""
+    ids = torch.full((1, 1), pad_id, dtype=torch.long, device=device)
+    return Batch(
+        {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.zeros_like(ids)}
+    )
+
+
 class TrainEngine(ABC):
     """One model (+ optimizer when trainable), sharded over the worker group's ranks."""
 
     dp_rank: int  # this rank's data-parallel index
     dp_size: int  # data-parallel ranks
+    _is_offloaded: bool = False  # set by offload(), cleared by onload()
 
     @abstractmethod
     def forward(self, batch: Batch, fn: ForwardFn, micro_batch_size: int) -> Batch:
@@ -136,3 +159,7 @@ class TrainEngine(ABC):
 
     def onload(self) -> None:  # noqa: B027
         """Undo `offload`."""
+
+    def _check_onloaded(self, what: str) -> None:
+        if self._is_offloaded:
+            raise RuntimeError(f"{what} on an offloaded engine: call onload() first")

@@ -56,6 +56,8 @@ from tandem.engine.base import (
     ModelOutput,
     StepResult,
     TrainEngine,
+    check_engine_args,
+    pad_micro_batch,
     resolve_param_dtype,
 )
 from tandem.engine.micro import dummy_like, merge_outputs, split_micro_batches, to_cpu
@@ -101,17 +103,7 @@ class FSDPEngine(TrainEngine):
                 f"fsdp.sequence_parallel={fsdp.sequence_parallel}: Ulysses sequence parallelism is not "
                 "implemented yet; set fsdp.sequence_parallel=1"
             )
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(
-                "FSDPEngine needs torch.distributed initialised first (the worker group does it: "
-                "gloo on CPU, NCCL on GPU; a world of size 1 is fine)"
-            )
-        if grad_clip is not None and grad_clip <= 0:
-            raise ValueError(f"grad_clip must be > 0 or None (no clipping), got {grad_clip}")
-        if max_tokens_per_micro_batch is not None and max_tokens_per_micro_batch < 1:
-            raise ValueError(
-                f"max_tokens_per_micro_batch must be >= 1 or None, got {max_tokens_per_micro_batch}"
-            )
+        check_engine_args("FSDPEngine", grad_clip, max_tokens_per_micro_batch)
         self.packing = packing
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.model_path = str(model_path)
@@ -230,7 +222,7 @@ class FSDPEngine(TrainEngine):
                     micro = dummy_like(batch).to(self.device)
                     parts.append({k: v[:0] for k, v in to_cpu(fn(self._model_forward(micro), micro)).items()})
                 else:
-                    self._model_forward(self._pad_micro())
+                    self._model_forward(pad_micro_batch(self._pad_id(), self.device))
         # FSDP2 keeps the root's parameters unsharded after a forward until the next backward: register the
         # sharded ones again, or a save (or an optimizer built now) would see other tensors than the optimizer's.
         self.model.reshard()
@@ -260,7 +252,9 @@ class FSDPEngine(TrainEngine):
                     metrics[key].append(value.detach() if isinstance(value, Tensor) else value)
             else:
                 # Same collectives as a real pass, no gradient.
-                (self._model_forward(self._pad_micro()).logits.sum() * 0.0).backward()
+                (
+                    self._model_forward(pad_micro_batch(self._pad_id(), self.device)).logits.sum() * 0.0
+                ).backward()
 
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
         grad_norm = self._clip_gradients()
@@ -385,13 +379,6 @@ class FSDPEngine(TrainEngine):
     def _pad_id(self) -> int:
         return self.config.pad_token_id if self.config.pad_token_id is not None else 0
 
-    def _pad_micro(self) -> Batch:
-        """One pad token: the cheapest pass that runs every layer's collectives."""
-        ids = torch.full((1, 1), self._pad_id(), dtype=torch.long, device=self.device)
-        return Batch(
-            {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.zeros_like(ids)}
-        )
-
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
     def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
@@ -493,10 +480,6 @@ class FSDPEngine(TrainEngine):
         self._offloaded = []
         torch.cuda.synchronize(self.device)
         self._is_offloaded = False
-
-    def _check_onloaded(self, what: str) -> None:
-        if self._is_offloaded:
-            raise RuntimeError(f"{what} on an offloaded engine: call onload() first")
 
 
 def _move_buffers(model: torch.nn.Module, device: torch.device) -> None:

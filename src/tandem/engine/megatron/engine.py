@@ -50,6 +50,8 @@ from tandem.engine.base import (
     ModelOutput,
     StepResult,
     TrainEngine,
+    check_engine_args,
+    pad_micro_batch,
     resolve_param_dtype,
 )
 from tandem.engine.megatron import convert
@@ -140,17 +142,12 @@ class MegatronEngine(TrainEngine):
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
     ) -> None:
-        if not (dist.is_available() and dist.is_initialized()):
-            raise RuntimeError(
-                "MegatronEngine needs torch.distributed initialised first (the worker group does it)"
-            )
+        check_engine_args("MegatronEngine", grad_clip, max_tokens_per_micro_batch)
         if megatron.context_parallel != 1 or megatron.expert_parallel != 1:
             raise NotImplementedError(
                 f"actor.megatron.context_parallel={megatron.context_parallel}, expert_parallel="
                 f"{megatron.expert_parallel}: context and expert parallelism are not built yet; set both to 1"
             )
-        if grad_clip is not None and grad_clip <= 0:
-            raise ValueError(f"grad_clip must be > 0 or None (no clipping), got {grad_clip}")
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
@@ -365,7 +362,7 @@ class MegatronEngine(TrainEngine):
         micros, _ = self._micro_batches(batch, micro_batch_size)
         real = bool(micros)
         if not real:  # an empty shard still joins the gradient all-reduce and the optimizer step
-            micros = [dummy_like(batch) if len(batch.keys()) else self._pad_micro()]
+            micros = [dummy_like(batch) if len(batch.keys()) else pad_micro_batch(self._pad_id())]
         losses: list[float] = []
         metrics: dict[str, list[Any]] = defaultdict(list)
 
@@ -482,12 +479,6 @@ class MegatronEngine(TrainEngine):
 
     def _pad_id(self) -> int:
         return self.config.pad_token_id if self.config.pad_token_id is not None else 0
-
-    def _pad_micro(self) -> Batch:
-        ids = torch.full((1, 1), self._pad_id(), dtype=torch.long)
-        return Batch(
-            {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.zeros_like(ids)}
-        )
 
     # ------------------------------------------------------------------ schedule, collectives
     def _set_lr(self) -> None:
@@ -665,7 +656,3 @@ class MegatronEngine(TrainEngine):
                     for value in state.values():
                         add(value)
         return out
-
-    def _check_onloaded(self, what: str) -> None:
-        if self._is_offloaded:
-            raise RuntimeError(f"{what} on an offloaded engine: call onload() first")
