@@ -3,7 +3,7 @@
 A layout (tensor_parallel, pipeline_parallel) over `world` gloo ranks builds the real roles (Actor,
 Reference, Critic, RewardModel) on MegatronEngine and records, on every rank: the full weights the engine
 streams out, the logits (vocabulary slices gathered), the actor's log-probs and entropy, the reference's
-log-probs (a frozen engine), the critic's values, the reward model's scores, one optimizer step of the actor's and the critic's
+log-probs (a frozen engine), the SFT negative log-likelihood, the critic's values, the reward model's scores, one optimizer step of the actor's and the critic's
 real loss functions (loss, grad norm, weights after), an export, and a checkpoint resumed into a fresh
 engine. Each data-parallel rank takes its own share of the rows, as Dispatch.MP hands them out.
 Each rank writes `rank{r}.pt` into the output folder.
@@ -30,6 +30,7 @@ from tandem.roles.common import MODEL_INPUTS, global_counts
 from tandem.roles.critic import Critic
 from tandem.roles.reference import Reference
 from tandem.roles.reward_model import RewardModel
+from tandem.roles.sft import SFT
 
 PROMPT, RESPONSE = 5, 7
 # (prompt tokens, response tokens) per sample; an empty response included.
@@ -124,6 +125,7 @@ def run_roles(strategy: str, parallel: MegatronConfig, cfg: TandemConfig, out: P
     result["logits"] = actor_engine.forward(share.select(*MODEL_INPUTS), full_logits(actor_engine), 2)[
         "logits"
     ]
+    result["sft_nll"] = SFT(actor_engine, cfg).nll(share)["nll_sum"]
     reference = Reference(make_engine(strategy, cfg.actor.model_path, "lm", parallel, optim=None), cfg)
     result["ref_log_probs"] = reference.compute_ref_log_probs(share)["ref_log_probs"]
     result["actor_step"] = step(actor, actor_engine, share)

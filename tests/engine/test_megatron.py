@@ -109,7 +109,7 @@ def test_logits_equal_transformers(layout, paths):
 
 
 def test_every_role_forward_equals_fsdp(layout, fsdp):
-    """Actor log-probs and entropy, reference log-probs (a frozen engine), critic values, reward-model scores."""
+    """Actor log-probs and entropy, reference log-probs (a frozen engine), SFT NLL, critic values, RM scores."""
     mask = sc.rollout_batch()["response_mask"].bool()
     for section, key in (("log_probs", "old_log_probs"), ("log_probs", "entropy"), ("values", "values")):
         actual = data_parallel_rows(layout, section, key)
@@ -118,6 +118,7 @@ def test_every_role_forward_equals_fsdp(layout, fsdp):
         data_parallel_rows(layout, "ref_log_probs")[mask], fsdp["ref_log_probs"][mask], rtol=0, atol=1e-5
     )
     torch.testing.assert_close(data_parallel_rows(layout, "rm_scores"), fsdp["rm_scores"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(data_parallel_rows(layout, "sft_nll"), fsdp["sft_nll"], rtol=1e-5, atol=1e-5)
 
 
 def test_actor_and_critic_updates_equal_fsdp(layout, fsdp):
