@@ -1,6 +1,6 @@
-"""MegatronEngine on megatron-core over gloo (CPU, float32): the real actor and critic roles on TP=2, PP=2 and
-DP=2 layouts of 2 ranks (megatron_scenarios.py) against the same roles on a 1-rank FSDP2 engine and against
-transformers.
+"""MegatronEngine on megatron-core over gloo (CPU, float32): the real roles on TP=2, PP=2 and DP=2 layouts
+of 2 ranks and TP=2 x PP=2 on 4 ranks (megatron_scenarios.py), against the same roles on a 1-rank FSDP2
+engine and against transformers.
 
 Tolerances (measured on this machine): weights streamed out of megatron equal the folder's exactly; actor
 log-probs / entropy and critic values ~1e-6 from FSDP's (asserted 1e-5); loss and grad norm ~2e-6 relative
@@ -24,7 +24,8 @@ from . import megatron_scenarios as sc
 pytest.importorskip("megatron.core")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-LAYOUTS = {"tp2": (2, 1), "pp2": (1, 2), "dp2": (1, 1)}
+# name: (tensor parallel, pipeline parallel, ranks)
+LAYOUTS = {"tp2": (2, 1, 2), "pp2": (1, 2, 2), "dp2": (1, 1, 2), "tp2pp2": (2, 2, 4)}
 
 
 @pytest.fixture(scope="module")
@@ -41,7 +42,8 @@ def fsdp(paths, tmp_path_factory):
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def layout(request, paths, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"megatron_{request.param}")
-    return {"name": request.param, "ranks": sc.run(LAYOUTS[request.param], 2, paths, out), "out": out}
+    tp, pp, world = LAYOUTS[request.param]
+    return {"name": request.param, "ranks": sc.run((tp, pp), world, paths, out), "out": out}
 
 
 def data_parallel_rows(layout: dict, section: str, key: str | None = None) -> torch.Tensor:
@@ -79,6 +81,7 @@ def test_dispatch_info_names_the_data_parallel_groups_and_collectors(layout):
         "tp2": [(0, 1, True), (0, 1, False)],  # TP rank 0 answers
         "pp2": [(0, 1, False), (0, 1, True)],  # the last stage answers
         "dp2": [(0, 2, True), (1, 2, True)],
+        "tp2pp2": [(0, 1, False), (0, 1, False), (0, 1, True), (0, 1, False)],  # TP rank 0 of the last stage
     }[layout["name"]]
     assert infos == expected
 
