@@ -38,6 +38,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
+from torch.nn.utils import clip_grads_with_norm_
 
 from tandem.batch import Batch, Partition
 from tandem.config.schema import MegatronConfig, OptimConfig
@@ -281,9 +282,10 @@ class MegatronEngine(TrainEngine):
             raise ValueError(
                 f"megatron parameters with no Hugging Face source (converter incomplete): {unfilled[:5]}"
             )
+        hf_class = type(hf_model)
         del hf_model, hf_state
         model.to(self.device)
-        return model, type(hf_io.build_on_meta(self.config, self.head)), hf_shapes
+        return model, hf_class, hf_shapes
 
     def _build_optimizer(self, optim: OptimConfig, distributed: bool) -> None:
         from megatron.core.distributed import (
@@ -400,12 +402,10 @@ class MegatronEngine(TrainEngine):
         return StepResult(loss=float(loss_sum), grad_norm=grad_norm, lr=lr, skipped=skipped, metrics=metrics)
 
     def _clip(self, grad_norm: float) -> None:
-        if self.grad_clip is None or grad_norm <= self.grad_clip:
-            return
-        scale = self.grad_clip / (grad_norm + 1e-6)
-        for param in self.optimizer.get_parameters():
-            if param.grad is not None:
-                param.grad.mul_(scale)
+        """Scale the gradients to grad_clip, as FSDPEngine does (torch's clip with the global norm)."""
+        params = [p for p in self.optimizer.get_parameters() if p.grad is not None]
+        if self.grad_clip is not None and params:
+            clip_grads_with_norm_(params, self.grad_clip, torch.tensor(grad_norm))
 
     def _schedule(self, micros: list[Batch], on_output: Any, *, forward_only: bool) -> None:
         """Every micro-batch through megatron's pipeline schedule; `on_output(output, micro)` on the last
