@@ -1,3 +1,4 @@
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -5,9 +6,13 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from tandem.cli import main
+from tandem import cli
+from tandem.cli import headline, main, write_error_log
+from tandem.controller.errors import WorkerError
 from tandem.data import save_tiny, write_rows, write_splits
+from tandem.trainer.checkpoint import CheckpointManager, save_trainer_state
 from tandem.trainer.quickstart import run as run_quickstart
+from tandem.trainer.run_lock import RunLock
 
 
 def test_config_prints_resolved_yaml(capsys):
@@ -130,3 +135,108 @@ def test_quickstart_runs_sft_then_grpo_and_plots(ray_local, tmp_path):
     assert [step for step, _ in numbers["reward_per_step"]] == [1, 2]
     assert Path(numbers["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "quickstart/sft/hf_model/model.safetensors").is_file()
+
+
+# ---- run folders: one run at a time, finished runs, damaged checkpoints (before any worker) ----------
+
+
+def small_run(tmp_path: Path, *overrides: str) -> list[str]:
+    model = save_tiny(tmp_path / "model")
+    data = write_splits("addition", tmp_path / "data", n_train=8, n_val=4, digits=1)["train"]
+    return [
+        "grpo",
+        f"actor.model_path={model}",
+        f"data.train_files=[{data}]",
+        f"trainer.output_dir={tmp_path / 'out'}",
+        "trainer.experiment_name=exp",
+        "data.train_batch_size=4",
+        "actor.ppo_mini_batch_size=4",
+        "trainer.total_training_steps=3",
+        *overrides,
+    ]
+
+
+def fake_checkpoint(run: Path, step: int) -> Path:
+    """A complete checkpoint folder as the trainer writes one (no worker shards: nothing loads it here)."""
+    manager = CheckpointManager(run / "checkpoints")
+    with manager.writing(step) as folder:
+        (folder / "actor").mkdir()
+        (folder / "actor" / "shard.distcp").write_bytes(b"weights")
+        save_trainer_state(folder, {"step": step})
+    return run / "checkpoints" / f"global_step_{step}"
+
+
+def test_a_second_run_on_a_folder_in_use_exits_2_naming_folder_and_holder(tmp_path):
+    run = tmp_path / "out" / "tandem" / "exp"
+    with RunLock(run):
+        done = run_cli("train", *small_run(tmp_path))
+    assert done.returncode == 2, done.stderr
+    assert f"run folder {run} is in use by another Tandem run: pid {os.getpid()}" in done.stderr
+    assert "Started a local Ray" not in done.stderr
+
+
+def test_a_finished_run_says_so_and_exits_0_without_workers(tmp_path):
+    run = tmp_path / "out" / "tandem" / "exp"
+    fake_checkpoint(run, 3)
+    done = run_cli("train", *small_run(tmp_path))
+    assert done.returncode == 0, done.stderr
+    assert f"run folder {run} finished at step 3 (of 3); use trainer.resume=disable" in done.stdout
+    assert "Started a local Ray" not in done.stderr and not (run / ".lock").exists()
+
+
+def test_a_damaged_checkpoint_named_explicitly_exits_2_naming_the_missing_file(tmp_path):
+    checkpoint = fake_checkpoint(tmp_path / "out" / "tandem" / "exp", 2)
+    (checkpoint / "actor" / "shard.distcp").unlink()
+    done = run_cli("train", *small_run(tmp_path, f"trainer.resume={checkpoint}"))
+    assert done.returncode == 2, done.stderr
+    assert f"checkpoint {checkpoint} is damaged: actor/shard.distcp is missing" in done.stderr
+    assert "Started a local Ray" not in done.stderr
+    done = run_cli("export", str(checkpoint), str(tmp_path / "hf"))
+    assert done.returncode == 2 and "actor/shard.distcp is missing" in done.stderr
+
+
+# ---- errors people can read --------------------------------------------------------------------------
+
+
+def test_a_worker_failure_is_one_headline_and_the_tracebacks_go_to_the_run_log(tmp_path):
+    err = WorkerError(
+        "actor_rollout_ref",
+        "update_actor",
+        1,
+        "KeyError",
+        "'advantages'\nsecond line of the message",
+        'Traceback (most recent call last):\n  File "/x/tandem/roles/actor.py", line 88, in update\n'
+        "KeyError: 'advantages'\n",
+    )
+    assert headline(err) == (
+        "worker group 'actor_rollout_ref': rank 1 failed in update_actor: KeyError: 'advantages' "
+        "(at /x/tandem/roles/actor.py:88)"
+    )
+    log = write_error_log(err, tmp_path / "logs")
+    assert log == tmp_path / "logs" / "error.log"
+    assert "--- traceback of rank 1 ---" in log.read_text() and 'actor.py", line 88' in log.read_text()
+
+
+def test_a_controller_failure_names_the_root_cause(monkeypatch, tmp_path, capsys):
+    def fail(args):
+        args.log_dir = tmp_path / "logs"
+        try:
+            raise OSError("disk full writing /data/x.parquet")
+        except OSError as err:
+            raise RuntimeError("could not write the rows") from err
+
+    monkeypatch.setattr(cli, "_run", fail)
+    assert main(["presets"]) == 1
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].startswith("tandem presets: OSError: disk full writing /data/x.parquet (at ")
+    assert lines[1] == f"  full tracebacks: {tmp_path / 'logs' / 'error.log'}" and len(lines) == 2
+    assert "could not write the rows" in (tmp_path / "logs" / "error.log").read_text()
+
+
+def test_ctrl_c_exits_130(monkeypatch, capsys):
+    def interrupted(args):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cli, "_run", interrupted)
+    assert main(["presets"]) == 130
+    assert capsys.readouterr().err == "tandem presets: interrupted\n"

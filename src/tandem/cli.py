@@ -9,15 +9,23 @@
     tandem presets                                  list the bundled presets
     tandem data TASK OUT_DIR [--n-train N] [--n-val N] [--seed S]   write a synthetic task
 
-Bad config or data exits with status 2 and a message naming the key or the row, before any
-worker starts.
+Exit status: 0 done; 2 bad config, data, model folder or checkpoint, or a run folder another run
+holds: a message naming the key, row, file or holder, before any worker starts; 1 a failure while
+running: one headline (the root exception, its message, where it was raised) and the path of
+`<run folder>/logs/error.log`, which holds the full tracebacks (every worker's output is in
+`<run folder>/logs/` too); 130 interrupted (Ctrl-C).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -75,12 +83,15 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "quickstart":
         from tandem.trainer.quickstart import run
 
+        args.log_dir = Path(args.out) / "logs"
         run(args.out, args.overrides)
     elif args.command in ("train", "sft", "eval"):
         from tandem.trainer import RLTrainer, SFTTrainer
+        from tandem.trainer.base import run_dir
 
         preset, overrides = _preset_and_overrides(args, "sft" if args.command == "sft" else "grpo")
         cfg = load_config(preset, overrides, require_data=args.command != "eval")
+        args.log_dir = run_dir(cfg) / "logs"
         if args.command == "train":
             RLTrainer(cfg).fit()
         elif args.command == "sft":
@@ -91,6 +102,7 @@ def _run(args: argparse.Namespace) -> int:
     elif args.command == "export":
         from tandem.trainer.export import export_checkpoint
 
+        args.log_dir = Path(args.checkpoint).absolute().parent.parent / "logs"  # the checkpoint's run folder
         print(export_checkpoint(args.checkpoint, args.out_dir, args.role))
     elif args.command == "config":
         preset, overrides = _preset_and_overrides(args, "grpo")
@@ -123,18 +135,63 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args.log_dir = None  # set by _run once the run folder is known
     from tandem.config import ConfigError
     from tandem.data import DataError
     from tandem.rewards import UnknownDataSourceError
+    from tandem.trainer.run_lock import RunLockedError
 
     try:
         return _run(args)
     except ConfigError as err:
         print(f"tandem {args.command}: config error\n{err}", file=sys.stderr)
-    except (DataError, UnknownDataSourceError, FileNotFoundError) as err:
+    except (DataError, UnknownDataSourceError, FileNotFoundError, RunLockedError) as err:
         message = err.args[0] if isinstance(err, KeyError) and err.args else err
         print(f"tandem {args.command}: {message}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(f"tandem {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except Exception as err:  # a worker failed, or a bug: one headline here, the tracebacks in a file
+        log = write_error_log(err, args.log_dir)
+        print(f"tandem {args.command}: {headline(err)}\n  full tracebacks: {log}", file=sys.stderr)
+        return 1
     return 2
+
+
+_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def headline(err: BaseException) -> str:
+    """One line: the failing worker (if any), the exception type and message, and where it was raised."""
+    from tandem.controller.errors import WorkerError
+
+    if isinstance(err, WorkerError):
+        frames = _FRAME.findall(err.worker_traceback)
+        first_line = err.error_message.strip().splitlines()[0] if err.error_message.strip() else ""
+        text = err.summary.replace(err.error_message, first_line) if first_line else err.summary
+    else:
+        while err.__cause__ is not None:  # the root of a `raise ... from ...` chain
+            err = err.__cause__
+        frames = [(f.filename, str(f.lineno)) for f in traceback.extract_tb(err.__traceback__)]
+        message = str(err).strip().splitlines()
+        text = f"{type(err).__name__}: {message[0]}" if message else type(err).__name__
+    return f"{text} (at {frames[-1][0]}:{frames[-1][1]})" if frames else text
+
+
+def write_error_log(err: BaseException, log_dir: Path | None) -> Path:
+    """The full traceback of `err` (with every worker's, for a WorkerError) appended to log_dir/error.log."""
+    if log_dir is None:
+        log_dir = Path(tempfile.gettempdir()) / "tandem-logs"
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+        path = log_dir / "error.log"
+        with path.open("a") as f:
+            f.write(f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(sys.argv)}\n")
+            f.write("".join(traceback.format_exception(err)))
+    except OSError:  # the run folder is not writable: the terminal is the last resort
+        traceback.print_exception(err)
+        return Path("(not written: see the traceback above)")
+    return path
 
 
 if __name__ == "__main__":

@@ -1,3 +1,6 @@
+import hashlib
+import json
+import logging
 import random
 
 import numpy as np
@@ -6,9 +9,14 @@ import torch
 
 from tandem.trainer.checkpoint import (
     COMPLETE,
+    MANIFEST,
+    TRAINER_STATE,
+    CheckpointError,
     CheckpointManager,
+    checkpoint_step,
     load_trainer_state,
     save_trainer_state,
+    verify,
 )
 
 
@@ -81,3 +89,63 @@ def test_trainer_state_restores_the_rng_streams(tmp_path):
     torch.manual_seed(99)
     assert load_trainer_state(tmp_path) == {"step": 7}
     assert (random.random(), np.random.rand(), torch.rand(1).item()) == expected
+
+
+# ---- manifests: a damaged checkpoint is found before anything loads it ------------------------------
+
+
+def test_the_manifest_lists_every_file_with_its_size_and_small_ones_with_a_checksum(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    write(manager, 2)
+    manifest = json.loads((tmp_path / "global_step_2" / MANIFEST).read_text())["files"]
+    assert set(manifest) == {"actor/shard", TRAINER_STATE}
+    assert manifest["actor/shard"] == {
+        "size": len(b"weights of step 2"),
+        "sha256": hashlib.sha256(b"weights of step 2").hexdigest(),
+    }
+    assert verify(tmp_path / "global_step_2") == []
+
+
+def test_resume_auto_falls_back_past_a_damaged_newest_checkpoint_and_says_why(tmp_path, caplog):
+    manager = CheckpointManager(tmp_path)
+    for step in (2, 4, 6):
+        write(manager, step)
+    (tmp_path / "global_step_6" / "actor" / "shard").unlink()  # a shard lost after COMPLETE was written
+    (tmp_path / "global_step_4" / "actor" / "shard").write_text("cut")  # a short file
+    with caplog.at_level(logging.WARNING):
+        assert manager.resolve("auto") == tmp_path / "global_step_2"
+    assert "global_step_6 is damaged (actor/shard is missing)" in caplog.text
+    assert "global_step_4 is damaged (actor/shard has 3 bytes, the manifest says 17)" in caplog.text
+
+
+def test_a_same_size_change_fails_the_checksum(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    write(manager, 2)
+    (tmp_path / "global_step_2" / "actor" / "shard").write_text("weights of step X")
+    assert verify(tmp_path / "global_step_2") == ["actor/shard does not match its checksum"]
+
+
+def test_a_damaged_checkpoint_named_explicitly_is_an_error_naming_the_file(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    write(manager, 2)
+    write(manager, 4)
+    (tmp_path / "global_step_4" / "actor" / "shard").unlink()
+    with pytest.raises(CheckpointError, match=r"global_step_4 is damaged: actor/shard is missing"):
+        manager.resolve(str(tmp_path / "global_step_4"))
+    assert manager.resolve(str(tmp_path / "global_step_2")) == tmp_path / "global_step_2"
+
+
+def test_when_every_checkpoint_is_damaged_resume_auto_refuses_to_start_afresh_silently(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    write(manager, 2)
+    (tmp_path / "global_step_2" / TRAINER_STATE).unlink()
+    with pytest.raises(CheckpointError, match="every checkpoint under .* is damaged.*trainer.resume=disable"):
+        manager.resolve("auto")
+
+
+def test_a_checkpoint_from_before_manifests_still_loads(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    write(manager, 2)
+    (tmp_path / "global_step_2" / MANIFEST).unlink()
+    assert manager.resolve("auto") == tmp_path / "global_step_2"
+    assert checkpoint_step(tmp_path / "global_step_2") == 2

@@ -303,7 +303,8 @@ class TrainerConfig:
     seed: int = 1  # seed of model init, sampling and everything else that is random
     # metric trackers, any of: console, jsonl, tensorboard, wandb, mlflow
     loggers: list[LoggerName] = field(default_factory=lambda: ["console"])
-    save_freq: int = -1  # steps between checkpoints, >= 1; -1 = never (the final one is still saved)
+    save_freq: int = -1  # steps between checkpoints, >= 1; -1 = none (trainer.save_final: the last one)
+    save_final: bool = True  # checkpoint after the last step; false + save_freq=-1 = no checkpoints at all
     test_freq: int = -1  # steps between validations, >= 1; -1 = never
     val_before_train: bool = False  # validate once before the first step
     output_dir: str = "outputs"  # root folder of checkpoints and logs

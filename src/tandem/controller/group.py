@@ -125,6 +125,7 @@ class WorkerGroup:
         call_timeout_s: float | None = None,
         setup_timeout_s: float | None = 1800.0,
         env: dict[str, str] | None = None,
+        log_dir: str | None = None,
     ) -> WorkerGroup:
         """One Ray actor per bundle of `pool`, each building `worker_cls(ctx, *args, **kwargs)`.
 
@@ -133,6 +134,8 @@ class WorkerGroup:
         `call_timeout_s`: the longest one method call may take (None: no limit). `setup_timeout_s`:
         the longest building the group may take (actors, rendezvous, the workers' constructors).
         torch.distributed's own timeout is 30 min. `env`: extra environment variables for the workers.
+        `log_dir`: each rank's stdout and stderr go to `<log_dir>/<name>_rank<r>.log` instead of the
+        controller's console.
         """
         from tandem.controller.ray_backend import RayBackend
 
@@ -147,6 +150,7 @@ class WorkerGroup:
             call_timeout_s=call_timeout_s,
             setup_timeout_s=setup_timeout_s,
             env=env,
+            log_dir=log_dir,
         )
         return cls(worker_cls, name, backend)
 

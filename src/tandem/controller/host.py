@@ -5,6 +5,9 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 from tandem.controller.context import WorkerContext
@@ -51,6 +54,20 @@ def init_distributed(ctx: WorkerContext, master_addr: str, master_port: int, tim
     )
 
 
+def redirect_output(path: Path) -> None:
+    """Send this process's stdout and stderr (Python's and C's, and those of the processes it starts)
+    to `path`, appended: the libraries' start-up noise and progress bars stay off the controller's
+    console, and a worker's own traceback and last words are kept in the run folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    os.write(fd, f"==== {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}\n".encode())
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
 class Shared:
     """An argument that several ranks receive: put into the object store once, fetched by each host."""
 
@@ -61,9 +78,11 @@ class Shared:
 class WorkerHost:
     """One rank of a Ray worker group: joins the process group, builds the worker, runs its methods."""
 
-    def __init__(self, group_name: str, rank: int) -> None:
+    def __init__(self, group_name: str, rank: int, log_dir: str | None = None) -> None:
         self._label = f"{group_name}:{rank}"
         self._worker: Any = None
+        if log_dir is not None:
+            redirect_output(Path(log_dir) / f"{group_name}_rank{rank}.log")
 
     def __repr__(self) -> str:  # Ray puts this into its log prefixes and errors
         return f"WorkerHost({self._label})"

@@ -67,6 +67,7 @@ class RayBackend:
         call_timeout_s: float | None,
         setup_timeout_s: float | None,
         env: dict[str, str] | None,
+        log_dir: str | None = None,
     ) -> RayBackend:
         """Create one host per rank, rendezvous at rank 0's address, and build the workers."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -97,7 +98,7 @@ class RayBackend:
                 }
                 if gpus > 0:
                     options["num_gpus"] = gpus
-                hosts.append(_host_actor_cls().options(**options).remote(name, rank))
+                hosts.append(_host_actor_cls().options(**options).remote(name, rank, log_dir))
 
             address = RayCall(
                 backend,

@@ -11,6 +11,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from tandem.config.schema import TandemConfig
 from tandem.controller import ResourcePool, WorkerGroup, init_ray
@@ -60,11 +61,16 @@ PURPOSES = ("rl", "sft", "eval")
 
 
 def build_worker_groups(
-    cfg: TandemConfig, total_training_steps: int | None = None, *, purpose: str = "rl"
+    cfg: TandemConfig,
+    total_training_steps: int | None = None,
+    *,
+    purpose: str = "rl",
+    log_dir: str | Path | None = None,
 ) -> WorkerGroups:
     """Start the workers of every role the config needs; the caller owns `shutdown()`.
 
     purpose: rl = every role the config needs; sft = the actor alone; eval = the actor and its rollout.
+    log_dir: where the Ray workers' output goes (one file per rank) instead of the console.
     """
     d, t = cfg.derived, cfg.trainer
     if purpose not in PURPOSES:
@@ -89,6 +95,7 @@ def build_worker_groups(
         return WorkerGroups(group, has("ref", group), has("critic", group), has("reward_model", group))
 
     init_ray(address=t.ray_address)
+    logs = {"log_dir": None if log_dir is None else str(log_dir)}
     gpus = 1 if resolve_device(cfg) == "cuda" else 0
 
     def pool(name: str) -> ResourcePool:
@@ -107,6 +114,7 @@ def build_worker_groups(
             kwargs=kwargs,
             share=share,
             call_timeout_s=t.worker_timeout_s,
+            **logs,
         )
         groups.ref = has("ref", groups.actor)
         if t.placement == "colocate" and others:
@@ -118,6 +126,7 @@ def build_worker_groups(
                 kwargs=kwargs,
                 share=0.5,
                 call_timeout_s=t.worker_timeout_s,
+                **logs,
             )
             groups.critic, groups.reward_model = has("critic", side), has("reward_model", side)
         else:
@@ -131,6 +140,7 @@ def build_worker_groups(
                     args=(*args, [role]),
                     kwargs=kwargs,
                     call_timeout_s=t.worker_timeout_s,
+                    **logs,
                 )
                 setattr(groups, role, group)
     except BaseException:

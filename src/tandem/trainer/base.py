@@ -6,6 +6,8 @@ validation and checkpoint schedule, resume, and the trackers.
         metrics.jsonl     with trainer.loggers=[...,jsonl]: one line per step (step 0: validation before training)
         tensorboard/      with tensorboard in trainer.loggers (wandb/, mlruns/ likewise)
         checkpoints/      see tandem/trainer/checkpoint.py
+        .lock             held while a run uses the folder (tandem/trainer/run_lock.py)
+        logs/             each Ray worker's output (<group>_rank<r>.log); error.log: the tracebacks of a failure
 """
 
 from __future__ import annotations
@@ -21,7 +23,13 @@ from tandem.config.schema import TandemConfig
 from tandem.data import StatefulSampler
 from tandem.roles.layout import WorkerGroups, build_worker_groups
 from tandem.rollout import LATER_ENGINES, resolve_engine
-from tandem.trainer.checkpoint import CheckpointManager, load_trainer_state, save_trainer_state
+from tandem.trainer.checkpoint import (
+    CheckpointManager,
+    checkpoint_step,
+    load_trainer_state,
+    save_trainer_state,
+)
+from tandem.trainer.run_lock import RunLock
 from tandem.trainer.tracking import Tracker
 
 logger = logging.getLogger(__name__)
@@ -90,6 +98,7 @@ class Trainer(ABC):
         check_available(cfg)
         self.cfg = cfg
         self.run_dir = run_dir(cfg)
+        self.log_dir = self.run_dir / "logs"  # the workers' output, and error.log (tandem/cli.py)
         d, t = cfg.data, cfg.trainer
         self.sampler = StatefulSampler(num_items, batch_size, shuffle=d.shuffle, seed=d.seed)
         self._batches: Any = None
@@ -137,15 +146,30 @@ class Trainer(ABC):
 
     def fit(self, until_step: int | None = None) -> list[dict[str, float]]:
         """Train to trainer.total_training_steps (or stop after `until_step`, as an interrupted run would);
-        returns the logged metrics, one dict per logged step."""
+        returns the logged metrics, one dict per logged step. The run folder is locked for the whole
+        call (tandem/trainer/run_lock.py): a second run on the same folder is refused."""
+        with RunLock(self.run_dir):
+            return self._fit_locked(until_step)
+
+    def _fit_locked(self, until_step: int | None) -> list[dict[str, float]]:
         t = self.cfg.trainer
         stop = min(self.total_steps, until_step) if until_step is not None else self.total_steps
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml())
         self.checkpoints.remove_partial()
+        resume_from = self.checkpoints.resolve(t.resume)  # before any worker: a damaged one is an error now
+        if resume_from is not None and checkpoint_step(resume_from) >= self.total_steps:
+            print(
+                f"[tandem] run folder {self.run_dir} finished at step {checkpoint_step(resume_from)} "
+                f"(of {self.total_steps}); use trainer.resume=disable or another trainer.experiment_name "
+                "to train again",
+                flush=True,
+            )
+            return self.history
+        (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml())
         try:
-            self.groups = build_worker_groups(self.cfg, self.total_steps, purpose=self.purpose)
-            self.resume()
+            self.groups = build_worker_groups(
+                self.cfg, self.total_steps, purpose=self.purpose, log_dir=self.log_dir
+            )
+            self.resume(resume_from)
             with Tracker(
                 t.loggers,
                 log_dir=self.run_dir,
@@ -165,7 +189,7 @@ class Trainer(ABC):
                     last = self.step == stop
                     if self.has_validation() and t.test_freq > 0 and (self.step % t.test_freq == 0 or last):
                         metrics.update(self._timed_validation())
-                    if last or (t.save_freq > 0 and self.step % t.save_freq == 0):
+                    if (last and t.save_final) or (t.save_freq > 0 and self.step % t.save_freq == 0):
                         start = time.perf_counter()
                         self.save_checkpoint()
                         metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
@@ -205,12 +229,11 @@ class Trainer(ABC):
         logger.info("saved checkpoint %s", self.checkpoints.root / f"global_step_{self.step}")
         return self.checkpoints.root / f"global_step_{self.step}"
 
-    def resume(self) -> Path | None:
-        """Load the checkpoint trainer.resume names (auto = the newest of this run), if any."""
+    def resume(self, path: Path | None) -> None:
+        """Load the checkpoint `path` (what trainer.resume resolved to), if any, into the workers and here."""
         assert self.groups is not None
-        path = self.checkpoints.resolve(self.cfg.trainer.resume)
         if path is None:
-            return None
+            return
         for group in self.groups.unique():
             group.load_checkpoint(str(path))
         state = load_trainer_state(path)
@@ -219,4 +242,3 @@ class Trainer(ABC):
         self._batches = None
         self.load_extra_state(state["extra"])
         print(f"[tandem] resumed from {path} (step {self.step} of {self.total_steps})", flush=True)
-        return path

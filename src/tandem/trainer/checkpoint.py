@@ -4,15 +4,21 @@
         actor/ critic/               the engines' sharded state (torch.distributed.checkpoint)
         trainer_state.pt             step, data sampler position, RNG states, KL controller, ...
         config.yaml                  the run's config
+        MANIFEST.json                every file above with its size (and a checksum for small files)
     <root>/.partial-global_step_6/   a checkpoint being written (or left by a crash): never read
 
 A checkpoint is written under a `.partial-` name and renamed when complete, so a crash mid-write
-leaves the previous checkpoint as the newest complete one. With several machines, `root` must be
+leaves the previous checkpoint as the newest complete one. The manifest is written last, before the
+COMPLETE marker; a checkpoint damaged later (a shard deleted, a file cut short by a full disk or a
+partial copy) fails its manifest check: `resume=auto` then falls back to the newest intact checkpoint
+with a warning, and a damaged checkpoint named explicitly is an error naming the file. With several machines, `root` must be
 on a file system every worker sees (workers write their shards there).
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import random
@@ -32,7 +38,13 @@ PREFIX = "global_step_"
 PARTIAL = ".partial-"
 COMPLETE = "COMPLETE"
 TRAINER_STATE = "trainer_state.pt"
+MANIFEST = "MANIFEST.json"
+CHECKSUM_MAX_BYTES = 64 << 20  # files up to this size get a sha256 in the manifest (shards: size only)
 _STEP_DIR = re.compile(rf"^{PREFIX}(\d+)$")
+
+
+class CheckpointError(FileNotFoundError):
+    """A checkpoint named explicitly is not complete or is damaged (the CLI exits 2 with the message)."""
 
 
 class CheckpointManager:
@@ -45,7 +57,7 @@ class CheckpointManager:
         self.keep = keep
 
     def checkpoints(self) -> list[tuple[int, Path]]:
-        """Complete checkpoints, oldest first, as (step, folder)."""
+        """Complete checkpoints (they hold the COMPLETE marker), oldest first, as (step, folder)."""
         if not self.root.is_dir():
             return []
         found = []
@@ -56,22 +68,41 @@ class CheckpointManager:
         return sorted(found)
 
     def latest(self) -> Path | None:
-        """The newest complete checkpoint, or None."""
-        found = self.checkpoints()
-        return found[-1][1] if found else None
+        """The newest complete checkpoint that passes its manifest check, or None. A newer one that
+        fails it is skipped with a warning that says what is wrong with it."""
+        for _, path in reversed(self.checkpoints()):
+            problems = verify(path)
+            if not problems:
+                return path
+            logger.warning(
+                "checkpoint %s is damaged (%s); falling back to an older one", path, "; ".join(problems)
+            )
+        return None
 
     def resolve(self, resume: str) -> Path | None:
-        """trainer.resume -> the checkpoint to load: auto = the newest here (or None), disable = None,
-        else that folder, which must be a complete checkpoint."""
+        """trainer.resume -> the checkpoint to load: auto = the newest intact one here (or None),
+        disable = None, else that folder, which must be a complete, intact checkpoint."""
         if resume == "disable":
             return None
         if resume == "auto":
-            return self.latest()
+            latest = self.latest()
+            if latest is None and self.checkpoints():
+                raise CheckpointError(
+                    f"every checkpoint under {self.root} is damaged (see the warnings above); "
+                    "use trainer.resume=disable to train afresh, or restore one from a backup"
+                )
+            return latest
         path = Path(resume).expanduser()
         if not (path / COMPLETE).is_file() or not (path / TRAINER_STATE).is_file():
-            raise FileNotFoundError(
+            raise CheckpointError(
                 f"trainer.resume={resume!r} is not a complete Tandem checkpoint (a complete one holds "
                 f"{COMPLETE} and {TRAINER_STATE}); use a global_step_N folder, auto or disable"
+            )
+        problems = verify(path)
+        if problems:
+            raise CheckpointError(
+                f"checkpoint {path} is damaged: {'; '.join(problems)}. Name an older checkpoint, or use "
+                "trainer.resume=auto (the newest intact one)"
             )
         return path
 
@@ -93,6 +124,7 @@ class CheckpointManager:
         partial.mkdir(parents=True)
         try:
             yield partial
+            write_manifest(partial)
             (partial / COMPLETE).write_text(f"{step}\n")
             _fsync_tree(partial)
         except BaseException:
@@ -110,6 +142,59 @@ class CheckpointManager:
             return
         for _, path in self.checkpoints()[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def checkpoint_step(folder: Path) -> int:
+    """The step of a global_step_N folder (from its name)."""
+    match = _STEP_DIR.match(folder.name)
+    if match is None:
+        raise CheckpointError(f"{folder} is not a {PREFIX}N checkpoint folder")
+    return int(match.group(1))
+
+
+def write_manifest(folder: Path) -> None:
+    """Every file under `folder` with its size, and a sha256 where the file is small enough to hash cheaply."""
+    files = {}
+    for path in sorted(folder.rglob("*")):
+        if path.is_file() and path.name not in (MANIFEST, COMPLETE):
+            size = path.stat().st_size
+            entry: dict[str, Any] = {"size": size}
+            if size <= CHECKSUM_MAX_BYTES:
+                entry["sha256"] = _sha256(path)
+            files[path.relative_to(folder).as_posix()] = entry
+    (folder / MANIFEST).write_text(json.dumps({"version": 1, "files": files}, indent=1) + "\n")
+
+
+def verify(folder: Path) -> list[str]:
+    """What is wrong with a complete checkpoint, by its manifest: missing, short or changed files.
+    [] when it is intact, or when it has no manifest (written before manifests existed: nothing to check)."""
+    manifest = folder / MANIFEST
+    if not manifest.is_file():
+        return []
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError, TypeError) as err:
+        return [f"{MANIFEST} is unreadable ({err})"]
+    problems = []
+    for name, entry in files.items():
+        path = folder / name
+        if not path.is_file():
+            problems.append(f"{name} is missing")
+            continue
+        size = path.stat().st_size
+        if size != entry["size"]:
+            problems.append(f"{name} has {size} bytes, the manifest says {entry['size']}")
+        elif "sha256" in entry and _sha256(path) != entry["sha256"]:
+            problems.append(f"{name} does not match its checksum")
+    return problems
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
 
 
 def save_trainer_state(folder: Path, state: dict[str, Any]) -> None:

@@ -336,9 +336,10 @@ class RLTrainer(Trainer):
     def evaluate(self, checkpoint: str | None = None) -> dict[str, float]:
         """Validation alone: the actor of actor.model_path (or of `checkpoint`) on data.val_files."""
         try:
-            self.groups = build_worker_groups(self.cfg, purpose="eval")
-            if checkpoint is not None:
-                self.groups.actor.load_checkpoint(str(self.checkpoints.resolve(checkpoint)))
+            path = self.checkpoints.resolve(checkpoint) if checkpoint is not None else None  # before workers
+            self.groups = build_worker_groups(self.cfg, purpose="eval", log_dir=self.log_dir)
+            if path is not None:
+                self.groups.actor.load_checkpoint(str(path))
             return self.validate()
         finally:
             if self.groups is not None:
