@@ -240,3 +240,27 @@ def test_ctrl_c_exits_130(monkeypatch, capsys):
     monkeypatch.setattr(cli, "_run", interrupted)
     assert main(["presets"]) == 130
     assert capsys.readouterr().err == "tandem presets: interrupted\n"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_real_worker_failure_prints_a_headline_and_keeps_the_tracebacks_in_the_run_folder(tmp_path):
+    args = small_run(tmp_path)
+    model = tmp_path / "model" / "model.safetensors"
+    model.write_bytes(model.read_bytes()[:1000])  # passes the start-up checks, fails in the workers' load
+    done = run_cli("train", *args)
+    assert done.returncode == 1, done.stderr
+    ours = [
+        line for line in done.stderr.splitlines() if line.startswith(("tandem train:", "  full tracebacks:"))
+    ]
+    run = tmp_path / "out" / "tandem" / "exp"
+    assert ours == [ours[0], f"  full tracebacks: {run / 'logs' / 'error.log'}"]
+    assert ours[0].startswith("tandem train: worker group 'actor_rollout_ref': rank ")
+    assert "SafetensorError" in ours[0] and "Traceback" not in done.stderr
+    log = (run / "logs" / "error.log").read_text()
+    assert "--- traceback of rank" in log and "load_pretrained" in log
+    assert sorted(p.name for p in (run / "logs").glob("*_rank*.log")) == [
+        "actor_rollout_ref_rank0.log",
+        "actor_rollout_ref_rank1.log",
+    ]
+    assert not (run / ".lock").exists()

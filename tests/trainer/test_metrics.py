@@ -46,6 +46,13 @@ def test_throughput_and_shares():
     assert m["timing_s/step"] == 2.0 and "timing_share/step" not in m
 
 
-def test_worker_metrics_take_the_max_over_ranks():
-    merged = worker_metrics([{"memory/peak_rss_gib": 1.0, "a": 3.0}, {"memory/peak_rss_gib": 2.0}])
-    assert merged == {"memory/peak_rss_gib": 2.0, "a": 3.0}
+def test_worker_metrics_take_the_max_over_ranks_and_sum_the_memory_of_every_worker():
+    merged = worker_metrics(
+        [{"memory/peak_rss_gib": 1.0, "a": 3.0}, {"memory/peak_rss_gib": 2.0}, {"memory/peak_rss_gib": 0.5}]
+    )
+    assert merged == {
+        "memory/peak_rss_gib": 2.0,
+        "memory/peak_rss_gib_sum": 3.5,
+        "memory/workers": 3.0,
+        "a": 3.0,
+    }

@@ -36,6 +36,8 @@ STEP_KEYS = {
     "timing_share/generate",
     "perf/tokens_per_s",
     "memory/peak_rss_gib",
+    "memory/peak_rss_gib_sum",
+    "memory/controller_peak_rss_gib",
     "rollout_mismatch/max_ratio",
     "reward/error_count",
 }

@@ -1,3 +1,4 @@
+import datetime
 import io
 import math
 import re
@@ -13,6 +14,25 @@ from tandem.trainer import tracking
 from tandem.trainer.tracking import Tracker, read_jsonl
 
 
+CLOCK = re.compile(r"^\d\d:\d\d:\d\d ", re.MULTILINE)
+
+
+def unclocked(text: str) -> str:
+    """Console text without the wall-clock time that starts every line (checked once, below)."""
+    return CLOCK.sub("", text)
+
+
+def rows(path: Path) -> list[dict]:
+    """metrics.jsonl rows without their "time" field, which every row must carry (ISO 8601, local offset)."""
+    found = read_jsonl(path)
+    for row in found:
+        when = datetime.datetime.fromisoformat(row.pop("time"))
+        assert (
+            when.tzinfo is not None and abs(datetime.datetime.now().astimezone() - when).total_seconds() < 600
+        )
+    return found
+
+
 def tracker(tmp_path: Path, loggers: list[str], **kwargs) -> Tracker:
     kwargs.setdefault("progress", False)
     return Tracker(loggers, log_dir=tmp_path / "run", project="proj", experiment="exp", **kwargs)
@@ -25,7 +45,7 @@ def test_jsonl_values_read_back_equal(tmp_path):
     with tracker(tmp_path, ["jsonl"]) as t:
         t.log({"score/mean": 0.25, "perf/samples": 64, "np": np.float32(1.5), "tensor": torch.tensor(2.0)}, 1)
         t.log({"score/mean": 0.5, "note": "not a number", "vector": torch.ones(3)}, 2)
-    assert read_jsonl(tmp_path / "run" / "metrics.jsonl") == [
+    assert rows(tmp_path / "run" / "metrics.jsonl") == [
         {"step": 1, "score/mean": 0.25, "perf/samples": 64, "np": 1.5, "tensor": 2.0},
         {"step": 2, "score/mean": 0.5},
     ]
@@ -35,7 +55,9 @@ def test_jsonl_writes_non_finite_as_null(tmp_path):
     with tracker(tmp_path, ["jsonl"]) as t:
         t.log({"loss": math.nan, "up": math.inf, "down": -math.inf, "ok": 1.0}, 1)
     text = (tmp_path / "run" / "metrics.jsonl").read_text()
-    assert text == '{"step": 1, "loss": null, "up": null, "down": null, "ok": 1.0}\n'
+    assert re.fullmatch(
+        r'\{"step": 1, "time": "[^"]+", "loss": null, "up": null, "down": null, "ok": 1.0\}\n', text
+    )
 
 
 def test_jsonl_resume_drops_the_steps_after_start_step(tmp_path):
@@ -47,7 +69,7 @@ def test_jsonl_resume_drops_the_steps_after_start_step(tmp_path):
         file.write('{"step": 5, "x": ')  # torn by a killed process
     with tracker(tmp_path, ["jsonl"], start_step=2) as t:
         t.log({"x": 30.0}, 3)
-    assert read_jsonl(path) == [{"step": s, "x": x} for s, x in [(0, 0.0), (1, 1.0), (2, 2.0), (3, 30.0)]]
+    assert rows(path) == [{"step": s, "x": x} for s, x in [(0, 0.0), (1, 1.0), (2, 2.0), (3, 30.0)]]
     assert not path.with_name("metrics.jsonl.tmp").exists()
 
 
@@ -57,7 +79,7 @@ def test_jsonl_fresh_run_overwrites(tmp_path):
         t.log({"x": 2.0}, 2)
     with tracker(tmp_path, ["jsonl"]) as t:
         t.log({"x": 9.0}, 1)
-    assert read_jsonl(tmp_path / "run" / "metrics.jsonl") == [{"step": 1, "x": 9.0}]
+    assert rows(tmp_path / "run" / "metrics.jsonl") == [{"step": 1, "x": 9.0}]
 
 
 def test_read_jsonl_names_the_bad_line(tmp_path):
@@ -75,7 +97,8 @@ def test_console_line_shows_the_chosen_keys(tmp_path, capsys):
         t.log({"a": 0.123456, "b": 3, "c": 7.0}, 3)
         t.log({"a": 12345.678}, 4)
     out = capsys.readouterr()
-    assert out.out == "[step 3/40] b=3 a=0.1235\n[step 4/40] a=1.235e+04\n"
+    assert re.match(r"\d\d:\d\d:\d\d \[step 3/40\]", out.out)  # each line starts with the time of day
+    assert unclocked(out.out) == "[step 3/40] b=3 a=0.1235\n[step 4/40] a=1.235e+04\n"
     assert out.err == ""
 
 
@@ -84,7 +107,8 @@ def test_console_default_keys(tmp_path, capsys):
         t.log({"timing_s/step": 1.5, "val/acc": 0.75, "score/mean": 0.5, "critic/vf_loss": 2.0, "x": 3.0}, 1)
     # in DEFAULT_CONSOLE_KEYS order; "x" is not a headline metric, absent ones are skipped
     assert (
-        capsys.readouterr().out == "[step 1] score/mean=0.5 val/acc=0.75 critic/vf_loss=2 timing_s/step=1.5\n"
+        unclocked(capsys.readouterr().out)
+        == "[step 1] score/mean=0.5 val/acc=0.75 critic/vf_loss=2 timing_s/step=1.5\n"
     )
 
 
@@ -93,7 +117,7 @@ def test_without_a_terminal_the_line_carries_the_eta(tmp_path, capsys):
         t.log({"a": 1.0}, 1)
         t.log({"a": 2.0}, 2)
     out = capsys.readouterr()
-    lines = out.out.splitlines()
+    lines = unclocked(out.out).splitlines()
     assert len(lines) == 2
     assert re.fullmatch(r"\[step 2/4\] a=2 \[50% \d\d:\d\d<(\d\d:\d\d|\?)\]", lines[1])
     assert out.err == ""  # no bar redraws in a log file
@@ -106,7 +130,7 @@ def test_without_console_a_status_line_goes_to_stderr_now_and_then(tmp_path, cap
     out = capsys.readouterr()
     assert out.out == ""
     # the first and the last step; the ones between come at most every 10 s (this test is faster)
-    lines = out.err.splitlines()
+    lines = unclocked(out.err).splitlines()
     assert [line.split("]")[0] for line in lines] == ["[step 3/6", "[step 6/6"]
     assert re.fullmatch(r"\[step 3/6\] \[50% \d\d:\d\d<(\d\d:\d\d|\?)\]", lines[0])
 
@@ -124,7 +148,9 @@ def test_on_a_terminal_a_bar_counts_from_start_step(tmp_path, monkeypatch, capsy
         t.log({"a": 1.0}, 5)
         t.log({"a": 2.0}, 6)
         assert t._bar.n == 6
-    assert capsys.readouterr().out == "[step 5/10] a=1\n[step 6/10] a=2\n"  # no ETA: the bar shows it
+    assert (
+        unclocked(capsys.readouterr().out) == "[step 5/10] a=1\n[step 6/10] a=2\n"
+    )  # no ETA: the bar shows it
     assert "6/10" in terminal.getvalue()
 
 
@@ -255,4 +281,4 @@ def test_close_twice(tmp_path):
     t.log({"x": 1.0}, 1)
     t.close()
     t.close()
-    assert read_jsonl(tmp_path / "run" / "metrics.jsonl") == [{"step": 1, "x": 1.0}]
+    assert rows(tmp_path / "run" / "metrics.jsonl") == [{"step": 1, "x": 1.0}]

@@ -13,6 +13,7 @@ validation and checkpoint schedule, resume, and the trackers.
 from __future__ import annotations
 
 import logging
+import resource
 import time
 from abc import ABC, abstractmethod
 from pathlib import Path
@@ -29,6 +30,7 @@ from tandem.trainer.checkpoint import (
     load_trainer_state,
     save_trainer_state,
 )
+from tandem.trainer.metrics import worker_metrics
 from tandem.trainer.run_lock import RunLock
 from tandem.trainer.tracking import Tracker
 
@@ -186,6 +188,7 @@ class Trainer(ABC):
                 while self.step < stop:
                     self.step += 1
                     metrics = self.train_step()
+                    metrics = {**self.worker_metrics(), **metrics}  # the controller's timings win
                     last = self.step == stop
                     if self.has_validation() and t.test_freq > 0 and (self.step % t.test_freq == 0 or last):
                         metrics.update(self._timed_validation())
@@ -201,6 +204,15 @@ class Trainer(ABC):
                 self.groups.shutdown()
                 self.groups = None
         return self.history
+
+    def worker_metrics(self) -> dict[str, float]:
+        """What every worker of every group reported since the last call (timings, peak memory), merged
+        over them (tandem/trainer/metrics.py), and the controller's own peak memory."""
+        assert self.groups is not None
+        metrics = worker_metrics([m for group in self.groups.unique() for m in group.pop_metrics()])
+        # ru_maxrss is in KiB on Linux
+        metrics["memory/controller_peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+        return metrics
 
     def finish(self) -> None:  # noqa: B027 - optional hook
         """Called after the last step, while the workers are up."""

@@ -83,11 +83,19 @@ def throughput_metrics(batch: Batch, timings: dict[str, float]) -> dict[str, flo
 
 
 def worker_metrics(per_rank: list[dict[str, float]]) -> dict[str, float]:
-    """Numbers the workers report per rank (pop_metrics): the max over ranks (memory, the slowest rank)."""
+    """Numbers the workers report per rank (pop_metrics), one list over every worker of every group: the
+    max over them (the largest worker's memory, the slowest rank's time); for `memory/*` also the sum
+    over all workers (`memory/<name>_sum`, what the run holds in all) and `memory/workers`, their count."""
     merged: dict[str, float] = {}
+    workers = 0
     for metrics in per_rank:
+        workers += any(key.startswith("memory/") for key in metrics)
         for key, value in metrics.items():
             merged[key] = max(merged.get(key, value), value)
+            if key.startswith("memory/"):
+                merged[f"{key}_sum"] = merged.get(f"{key}_sum", 0.0) + value
+    if workers:
+        merged["memory/workers"] = float(workers)
     return merged
 
 

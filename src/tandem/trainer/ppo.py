@@ -31,7 +31,7 @@ from tandem.roles.layout import build_worker_groups
 from tandem.roles.reward_model import last_token_index
 from tandem.rollout import PROMPT_INDEX, SamplingParams
 from tandem.trainer.base import Trainer
-from tandem.trainer.metrics import Timer, batch_metrics, throughput_metrics, worker_metrics
+from tandem.trainer.metrics import Timer, batch_metrics, throughput_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -164,8 +164,6 @@ class RLTrainer(Trainer):
 
         metrics.update(batch_metrics(batch, cfg.data.max_response_length))
         metrics.update(throughput_metrics(batch, timer.seconds))
-        per_rank = [m for group in groups.unique() for m in group.pop_metrics()]
-        metrics = {**worker_metrics(per_rank), **metrics}  # the controller's timings win over the workers'
         metrics["reward/error_count_total"] = float(self.reward_errors_total)
         return metrics
 

@@ -1,7 +1,8 @@
 """Where a run's metrics go (trainer.loggers): console lines, metrics.jsonl, TensorBoard, wandb, mlflow;
 and the progress bar with the ETA.
 
-    <log_dir>/metrics.jsonl    jsonl: {"step": 3, "score/mean": 0.5, ...} per line, non-finite -> null
+    <log_dir>/metrics.jsonl    jsonl: {"step": 3, "time": "2026-11-23T22:03:44.120+00:00", "score/mean": 0.5, ...}
+                               per line (time: when the line was logged), non-finite -> null
     <log_dir>/tensorboard/     tensorboard event files
     <log_dir>/wandb/           wandb, offline unless WANDB_MODE says otherwise
     <log_dir>/mlruns/          mlflow file store, unless MLFLOW_TRACKING_URI is set
@@ -13,6 +14,7 @@ elapsed time and ETA (or, without the console logger, a one-line status goes to 
 
 from __future__ import annotations
 
+import datetime
 import importlib.util
 import json
 import math
@@ -77,6 +79,7 @@ class Tracker:
         self.console_keys = tuple(DEFAULT_CONSOLE_KEYS if console_keys is None else console_keys)
         self._failed = False  # set by __exit__ on an exception: wandb / mlflow mark the run failed
         self._started = time.monotonic()
+        self._now = datetime.datetime.now().astimezone()
         self._stack = ExitStack()
         self._sinks: list[Sink] = []
         self._bar: tqdm | None = None
@@ -105,6 +108,7 @@ class Tracker:
     def log(self, metrics: Mapping[str, float | int], step: int) -> None:
         """Record `metrics` at `step` in every logger; values that are not numbers are skipped."""
         values = {key: n for key, value in metrics.items() if (n := _as_number(value)) is not None}
+        self._now = datetime.datetime.now().astimezone()  # one wall-clock time for every logger's line
         for sink in self._sinks:
             sink(values, step)
         if self._console:
@@ -129,7 +133,13 @@ class Tracker:
     # ---- console ---------------------------------------------------------------------------------------
 
     def _step_label(self, step: int) -> str:
-        return f"[step {step}]" if self.total_steps is None else f"[step {step}/{self.total_steps}]"
+        """'22:03:44 [step 3/40]': the wall-clock time of the line, then the step."""
+        clock = self._now.strftime("%H:%M:%S")
+        return (
+            f"{clock} [step {step}]"
+            if self.total_steps is None
+            else f"{clock} [step {step}/{self.total_steps}]"
+        )
 
     def _status_due(self, step: int) -> bool:
         """A status line (no console logger, no terminal) for the first and last step and every
@@ -165,7 +175,10 @@ class Tracker:
         file = self._stack.enter_context(path.open(mode, encoding="utf-8"))
 
         def write(values: dict[str, Number], step: int) -> None:
-            row: dict[str, Number | None] = {"step": step}
+            row: dict[str, Number | str | None] = {
+                "step": step,
+                "time": self._now.isoformat(timespec="milliseconds"),
+            }
             row.update((k, v if math.isfinite(v) else None) for k, v in values.items() if k != "step")
             file.write(json.dumps(row, allow_nan=False) + "\n")
             file.flush()
