@@ -70,8 +70,7 @@ def test_a_lock_file_from_another_host_is_not_taken_over(tmp_path):
 
 
 def test_the_same_process_cannot_hold_a_folder_twice_and_can_take_it_again_after_release(tmp_path):
-    with RunLock(tmp_path):
-        with pytest.raises(RunLockedError):
-            RunLock(tmp_path).acquire()
+    with RunLock(tmp_path), pytest.raises(RunLockedError):
+        RunLock(tmp_path).acquire()
     with RunLock(tmp_path):
         pass

@@ -13,7 +13,6 @@ import torch
 from tandem.trainer import tracking
 from tandem.trainer.tracking import Tracker, read_jsonl
 
-
 CLOCK = re.compile(r"^\d\d:\d\d:\d\d ", re.MULTILINE)
 
 
