@@ -252,3 +252,31 @@ def test_old_log_probs_are_a_constant():
     loss, _ = vanilla(logp, logp, adv, torch.ones(1, 2, dtype=torch.float64))
     (grad,) = torch.autograd.grad(loss, logp)
     torch.testing.assert_close(grad, torch.tensor([[-0.5, 1.0]], dtype=torch.float64))
+
+
+def test_gspo_caps_the_sequence_log_ratio_at_10_from_above_as_verl_does():
+    # row 0: logp - old = 15 on both tokens, A = -1: -A e^min(15, 10) = e^10 (not e^15), clamped: no gradient
+    # row 1: logp - old = -30, A = +1: no lower cap, max(-e^-30, -0.8) = -e^-30 (unclipped, gradient flows)
+    logp = torch.tensor([[15.0, 15.0], [-30.0, -30.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(2, 2, dtype=torch.float64)
+    adv = torch.tensor([[-1.0, -1.0], [1.0, 1.0]], dtype=torch.float64)
+    loss, _ = gspo(old, logp, adv, torch.ones(2, 2, dtype=torch.float64))
+    assert loss.item() == pytest.approx((2 * math.exp(10.0) - 2 * math.exp(-30.0)) / 4, rel=1e-12)
+    loss.backward()
+    assert torch.equal(logp.grad[0], torch.zeros(2, dtype=torch.float64))
+    torch.testing.assert_close(logp.grad[1], torch.full((2,), -math.exp(-30.0) / 4, dtype=torch.float64))
+
+
+def test_value_loss_counts_no_unclipped_token_as_clipped_in_float32():
+    # In float32 old + (v - old) is not always v: these values are within the clip range but the sum
+    # rounds away from v (checked below), which the old formula counted as clipped.
+    gen = torch.Generator().manual_seed(0)
+    old = torch.randn(4096, generator=gen)
+    # |v - old| < 0.2 < c = 0.5, rounded to float32 from float64 (so v - old is not exact)
+    values = (old.double() + (torch.rand(4096, generator=gen).double() - 0.5) * 0.4).float()
+    returns = torch.randn(4096, generator=gen)
+    assert (old + (values - old) != values).any(), "pick inputs whose round trip loses a bit"
+    mask = torch.ones(1, 4096)
+    loss, metrics = value_loss(values[None], old[None], returns[None], mask, cliprange_value=0.5)
+    assert metrics["vf_clipfrac"].item() == 0.0
+    assert loss.item() == pytest.approx((0.5 * (values - returns) ** 2).mean().item(), rel=1e-6)

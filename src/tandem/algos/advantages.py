@@ -274,11 +274,17 @@ def gpg(
     index: GroupIndex | None = None,
     **_: Any,
 ) -> tuple[Tensor, Tensor]:
-    """GPG: A_i = alpha (s_i - mean_g(s)), alpha = B / M, M = #samples whose group's scores vary.
+    """GPG (Chu et al. 2025, arXiv 2504.02546): A_i = alpha (s_i - mean_g(s)), alpha = B / (B - M).
 
+    M counts the paper's "invalid" samples, those of groups whose scores are all equal (and, here,
+    groups of one, which have no baseline): B - M is the number of samples whose group's scores vary.
     No std normalisation (the paper's default). alpha rescales the batch mean so that groups with
-    no signal (all scores equal, or a single sample) do not dilute the gradient; M = 0 gives
-    alpha = 1 (every advantage is 0 then anyway).
+    no signal do not dilute the gradient; B - M = 0 gives alpha = 1 (every advantage is 0 anyway).
+
+    verl 0.9.1 differs on purpose here: it takes alpha = B / (number of non-zero scores) and gives a
+    group of one the advantage alpha * s_i (baseline 0). The paper's accurate-gradient-estimation
+    section defines alpha through the samples of groups with identical rewards, so Tandem follows the
+    paper; with 0/1 rewards and every group mixed the two agree only when half the scores are 1.
     """
     rewards, mask = _prepare(token_level_rewards, response_mask)
     scores = _scores(rewards, mask)

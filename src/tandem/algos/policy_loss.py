@@ -25,6 +25,7 @@ from tandem.algos.registry import POLICY_LOSSES
 
 # exp() of a log-ratio beyond this overflows float32 / explodes the loss; the clamp kills its gradient.
 MAX_LOG_RATIO = 20.0
+GSPO_MAX_LOG_RATIO = 10.0  # verl's cap on GSPO's sequence log-ratio (from above only)
 
 
 def _log_ratio(log_probs: Tensor, old_log_probs: Tensor, mask: Tensor) -> Tensor:
@@ -107,7 +108,9 @@ def gspo(
     seq_log_ratio = masked_mean(log_ratio, response_mask, dim=-1)
     # value: the sequence's log-ratio on every token; gradient: that token's d logp_t.
     token_seq_log_ratio = seq_log_ratio.detach()[:, None] + log_ratio - log_ratio.detach()
-    ratio = torch.exp(torch.clamp(token_seq_log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+    # Capped from above at 10 as verl caps it: a runaway ratio gives a bounded loss and, being clamped,
+    # no gradient (a symmetric +-20 let the loss of a negative advantage grow by e^10 more).
+    ratio = torch.exp(torch.clamp(token_seq_log_ratio, max=GSPO_MAX_LOG_RATIO))
     pg, clipped = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
     loss = agg_loss(_weighted(pg, is_weights), response_mask, loss_agg_mode, **(agg_kwargs or {}))
     return loss, _metrics(log_ratio, response_mask, clipped, torch.zeros_like(clipped))
@@ -148,9 +151,13 @@ def value_loss(
     loss_agg_mode: str = "token-mean",
     agg_kwargs: dict[str, Any] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
-    """Clipped value loss: 0.5 max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)."""
+    """Clipped value loss: 0.5 max((V - R)^2, (clip(V, V_old - c, V_old + c) - R)^2).
+
+    V is clamped into [V_old - c, V_old + c] itself (as verl does), not written as V_old + clip(V - V_old):
+    in floating point that sum need not give back V when nothing is clipped, and vf_clipfrac then counted
+    unclipped tokens as clipped."""
     values, old_values, returns = upcast(values), upcast(old_values), upcast(returns)
-    clipped_values = old_values + torch.clamp(values - old_values, -cliprange_value, cliprange_value)
+    clipped_values = torch.clamp(values, old_values - cliprange_value, old_values + cliprange_value)
     unclipped_sq = (values - returns) ** 2
     clipped_sq = (clipped_values - returns) ** 2
     loss_mat = 0.5 * torch.maximum(unclipped_sq, clipped_sq)
