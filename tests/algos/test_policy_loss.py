@@ -280,3 +280,58 @@ def test_value_loss_counts_no_unclipped_token_as_clipped_in_float32():
     loss, metrics = value_loss(values[None], old[None], returns[None], mask, cliprange_value=0.5)
     assert metrics["vf_clipfrac"].item() == 0.0
     assert loss.item() == pytest.approx((0.5 * (values - returns) ** 2).mean().item(), rel=1e-6)
+
+
+def test_cispo_hand_computed_every_token_keeps_its_gradient():
+    # r = (1.5, 0.9, 0.5), A = (1, -1, 2), clip 0.2: w = sg(clip(r)) = (1.2, 0.9, 0.8), l_t = -w A logp
+    ratios = [1.5, 0.9, 0.5]
+    logp = torch.tensor([[math.log(r) for r in ratios]], dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(1, 3, dtype=torch.float64)
+    adv = torch.tensor([[1.0, -1.0, 2.0]], dtype=torch.float64)
+    loss, metrics = POLICY_LOSSES.get("cispo")(old, logp, adv, torch.ones(1, 3, dtype=torch.float64))
+    expected = (-1.2 * math.log(1.5) + 0.9 * math.log(0.9) - 1.6 * math.log(0.5)) / 3
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert metrics["pg_clipfrac"].item() == pytest.approx(2 / 3)  # t0 and t2
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1.2 / 3, 0.9 / 3, -1.6 / 3]], dtype=torch.float64))
+
+
+def test_geo_mean_hand_computed():
+    # row 0, A = +1, d = (0.3, -0.1, 0.05): clipped pessimistically to (0.2, -0.1, 0.05), mean 0.05
+    # row 1, A = -1, d = (-0.5, 0.1, pad): clipped to (-0.2, 0.1), mean -0.05
+    # loss = mean over sequences of -A_i exp(mean): (-e^0.05 + e^-0.05) / 2
+    logp = torch.tensor([[0.3, -0.1, 0.05], [-0.5, 0.1, 7.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(2, 3, dtype=torch.float64)
+    adv = torch.tensor([[1.0, 1.0, 1.0], [-1.0, -1.0, 0.0]], dtype=torch.float64)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
+    loss, metrics = POLICY_LOSSES.get("geo_mean")(old, logp, adv, mask, loss_agg_mode="token-mean")
+    assert loss.item() == pytest.approx((-math.exp(0.05) + math.exp(-0.05)) / 2, rel=1e-12)
+    assert metrics["pg_clipfrac"].item() == pytest.approx(1 / 5)  # row 0 t0 (A > 0)
+    assert metrics["pg_clipfrac_lower"].item() == pytest.approx(1 / 5)  # row 1 t0 (A < 0)
+    loss.backward()
+    # the clipped tokens get no gradient; the others d/dlogp_t = -A_i exp(mean_i) / n_i / 2 sequences
+    e0, e1 = math.exp(0.05) / 6, math.exp(-0.05) / 4
+    expected = torch.tensor([[0.0, -e0, -e0], [0.0, e1, 0.0]], dtype=torch.float64)
+    torch.testing.assert_close(logp.grad, expected)
+
+
+def test_sapo_gate_is_the_policy_gradient_on_policy_and_soft_away_from_it():
+    # t0: r = 1, A = +1, tau 1: gate 4 sigma(0) = 2, l = -2; d l / d logp = -A (4/tau) tau sigma'(0) r = -1
+    # t1: r = e^0.5, A = -1, tau 1.05: gate (4 / 1.05) sigma(1.05 (e^0.5 - 1)), l = +gate
+    logp = torch.tensor([[0.0, 0.5]], dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    adv = torch.tensor([[1.0, -1.0]], dtype=torch.float64)
+    loss, metrics = POLICY_LOSSES.get("sapo")(old, logp, adv, torch.ones(1, 2, dtype=torch.float64))
+
+    def sigmoid(x):
+        return 1 / (1 + math.exp(-x))
+
+    r1 = math.exp(0.5)
+    gate1 = 4 / 1.05 * sigmoid(1.05 * (r1 - 1))
+    assert loss.item() == pytest.approx((-2 + gate1) / 2, rel=1e-12)  # seq-mean-token-mean, one sequence
+    loss.backward()
+    d_gate1 = 4 * sigmoid(1.05 * (r1 - 1)) * (1 - sigmoid(1.05 * (r1 - 1))) * r1
+    torch.testing.assert_close(logp.grad, torch.tensor([[-1 / 2, d_gate1 / 2]], dtype=torch.float64))
+    assert metrics["pg_clipfrac"].item() == 0.0
+    with pytest.raises(ValueError, match="tau_pos and tau_neg must be > 0"):
+        POLICY_LOSSES.get("sapo")(old, logp, adv, torch.ones(1, 2), tau_neg=0.0)

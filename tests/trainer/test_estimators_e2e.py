@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tandem.trainer import RLTrainer
@@ -50,3 +52,22 @@ def test_dynamic_sampling_that_keeps_no_group_stops_after_max_rounds_with_the_fi
     )
     with pytest.raises(RuntimeError, match=r"after 3 rounds of 4 prompts only 0 of .*max_num_gen_batches"):
         RLTrainer(cfg).fit()
+
+
+@pytest.mark.parametrize("loss", ["cispo", "geo_mean", "sapo"])
+def test_policy_loss_trains_two_steps(assets, tmp_path, loss):
+    cfg = run_config(
+        assets,
+        tmp_path,
+        "grpo",
+        "trainer.backend=inprocess",
+        "trainer.workers_per_node=1",
+        "trainer.total_training_steps=2",
+        f"actor.policy_loss={loss}",
+        *custom_reward("by_length"),
+    )
+    history = RLTrainer(cfg).fit()
+    assert [m["step"] for m in history] == [1, 2]
+    for metrics in history:
+        assert math.isfinite(metrics["actor/pg_loss"]) and metrics["actor/pg_loss"] != 0
+        assert math.isfinite(metrics["actor/grad_norm"]) and metrics["actor/grad_norm"] > 0

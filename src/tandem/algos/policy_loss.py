@@ -1,4 +1,4 @@
-"""Policy losses (PPO clip with dual clip, GSPO, REINFORCE) and the clipped value loss.
+"""Policy losses (PPO clip with dual clip, GSPO, REINFORCE, CISPO, GMPO, SAPO) and the clipped value loss.
 
 Every policy loss takes (old_log_probs, log_probs, advantages, response_mask) as (B, T) tensors and
 the same keywords, and returns (scalar loss, metrics). The scalar is aggregated by `agg_loss`
@@ -135,6 +135,105 @@ def reinforce(
     return loss, _metrics(
         _log_ratio(log_probs, old_log_probs, response_mask), response_mask, no_clip, no_clip
     )
+
+
+@POLICY_LOSSES.register("cispo")
+def cispo(
+    old_log_probs: Tensor,
+    log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    is_weights: Tensor | None = None,
+    agg_kwargs: dict[str, Any] | None = None,
+    **_: Any,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """CISPO (MiniMax-M1, arXiv 2506.13585): l_t = -sg(clip(r_t, 1 - low, 1 + high)) A_t logp_t.
+
+    The importance weight is clipped and detached, so every token keeps its gradient -w_t A_t (PPO's
+    clip drops the clipped tokens' gradient). pg_clipfrac = share of tokens whose weight was clipped.
+    """
+    log_ratio = _log_ratio(log_probs, old_log_probs, response_mask)
+    ratio = torch.exp(torch.clamp(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+    weight = torch.clamp(ratio, 1.0 - clip_ratio_low, 1.0 + clip_ratio_high).detach()
+    pg = -weight * advantages * zero_padding(upcast(log_probs), response_mask)
+    loss = agg_loss(_weighted(pg, is_weights), response_mask, loss_agg_mode, **(agg_kwargs or {}))
+    clipped = weight != ratio.detach()
+    return loss, _metrics(log_ratio, response_mask, clipped, torch.zeros_like(clipped))
+
+
+@POLICY_LOSSES.register("geo_mean")
+def geo_mean(
+    old_log_probs: Tensor,
+    log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    is_weights: Tensor | None = None,
+    agg_kwargs: dict[str, Any] | None = None,
+    **_: Any,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GMPO (arXiv 2507.20673): l_i = -A_i exp(mean_t c_t), the geometric mean of the token ratios.
+
+    c_t = sign(A) min(sign(A) d_t, sign(A) clip(d_t, -low, high)) with d_t = logp_t - old_t: the log-ratio
+    clipped per token, pessimistically for the advantage's sign (the clip range applies to log-ratios,
+    as in the paper and verl). A_i is the token-mean advantage of sequence i; the loss is the mean over
+    sequences whatever loss_agg_mode says (GMPO is a sequence-level objective). IS weights enter as
+    their per-sequence geometric mean. pg_clipfrac / _lower: clipped tokens with A > 0 / A < 0.
+    """
+    log_ratio = _log_ratio(log_probs, old_log_probs, response_mask)
+    sign = torch.sign(advantages)
+    clamped = torch.clamp(log_ratio, -clip_ratio_low, clip_ratio_high)
+    pessimistic = sign * torch.minimum(sign * log_ratio, sign * clamped)
+    seq_ratio = torch.exp(masked_mean(pessimistic, response_mask, dim=-1))
+    seq_advantage = masked_mean(upcast(advantages), response_mask, dim=-1)
+    per_seq = -seq_advantage * seq_ratio
+    if is_weights is not None:
+        log_w = torch.log(is_weights.detach().to(per_seq.dtype).clamp(min=1e-10))
+        per_seq = per_seq * torch.exp(masked_mean(log_w, response_mask, dim=-1))
+    # every token of a sequence carries its loss: seq-mean-token-mean gives back the mean over sequences
+    loss = agg_loss(
+        per_seq[:, None].expand_as(log_ratio), response_mask, "seq-mean-token-mean", **(agg_kwargs or {})
+    )
+    clipped = log_ratio != clamped
+    return loss, _metrics(log_ratio, response_mask, clipped & (advantages > 0), clipped & (advantages < 0))
+
+
+@POLICY_LOSSES.register("sapo")
+def sapo(
+    old_log_probs: Tensor,
+    log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    tau_pos: float = 1.0,
+    tau_neg: float = 1.05,
+    is_weights: Tensor | None = None,
+    agg_kwargs: dict[str, Any] | None = None,
+    **_: Any,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """SAPO (arXiv 2511.20347): l_t = -f(r_t) A_t with the soft gate f(r) = (4 / tau) sigmoid(tau (r - 1)).
+
+    tau is tau_pos where A_t > 0, else tau_neg. f(1) = 2 / tau and f'(1) = 1, so on-policy the gradient
+    is the policy gradient; far from r = 1 the gate flattens (a soft clip, no hard cut). Aggregated as
+    seq-mean-token-mean whatever loss_agg_mode says, as the paper and verl do. Nothing is clipped:
+    pg_clipfrac and pg_clipfrac_lower are 0.
+    """
+    if tau_pos <= 0 or tau_neg <= 0:
+        raise ValueError(f"sapo: tau_pos and tau_neg must be > 0, got {tau_pos} and {tau_neg}")
+    log_ratio = _log_ratio(log_probs, old_log_probs, response_mask)
+    ratio = torch.exp(torch.clamp(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+    tau = torch.full_like(ratio, tau_neg).masked_fill(advantages > 0, tau_pos)  # in ratio's precision
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    pg = -gate * advantages
+    loss = agg_loss(_weighted(pg, is_weights), response_mask, "seq-mean-token-mean", **(agg_kwargs or {}))
+    none = torch.zeros_like(response_mask, dtype=torch.bool)
+    return loss, _metrics(log_ratio, response_mask, none, none)
 
 
 def policy_loss(name: str, *args: Any, **kwargs: Any) -> tuple[Tensor, dict[str, Tensor]]:

@@ -24,6 +24,8 @@ VERL: dict[str, tuple[str, str]] = {
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": ("actor.max_tokens_per_micro_batch", ""),
     "actor_rollout_ref.actor.clip_ratio": ("actor.clip_ratio_low and actor.clip_ratio_high", ""),
     "actor_rollout_ref.actor.policy_loss.loss_mode": ("actor.policy_loss", ""),
+    "actor_rollout_ref.actor.tau_pos": ("actor.tau_pos", ""),
+    "actor_rollout_ref.actor.tau_neg": ("actor.tau_neg", ""),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("actor.fsdp.sequence_parallel", ""),
     "actor_rollout_ref.actor.fsdp_config": ("actor.fsdp", ""),
     "actor_rollout_ref.actor.fsdp_config.param_offload": ("actor.fsdp.cpu_offload", ""),

@@ -127,7 +127,9 @@ class ActorConfig:
     sequence_packing: bool = True  # forward / backward on packed sequences, no padding computed (every role)
     old_log_probs_from_update: bool = True  # one optimizer step per step: no old-log-prob pass (derived)
     ppo_epochs: int = 1  # passes over each step's samples, >= 1
-    policy_loss: str = "vanilla"  # vanilla (PPO clip), gspo (sequence-level ratio) or reinforce (no ratio)
+    policy_loss: str = "vanilla"  # vanilla (PPO clip), gspo, reinforce, cispo, geo_mean (GMPO), sapo; README
+    tau_pos: float = 1.0  # > 0: sapo's gate temperature where the advantage is positive (verl's default)
+    tau_neg: float = 1.05  # > 0: ... and where it is not
     clip_ratio_low: float = 0.2  # in [0, 1): the probability ratio is clipped below at 1 - this
     clip_ratio_high: float = 0.2  # >= 0: ... and above at 1 + this (DAPO's "clip-higher" raises it, 0.28)
     clip_ratio_c: float = 3.0  # > 1: dual clip; a negative-advantage token's loss is <= this x |advantage|

@@ -107,6 +107,8 @@ class Actor:
                 clip_ratio_low=a.clip_ratio_low,
                 clip_ratio_high=a.clip_ratio_high,
                 clip_ratio_c=a.clip_ratio_c,
+                tau_pos=a.tau_pos,
+                tau_neg=a.tau_neg,
                 is_weights=weights,
                 agg_kwargs=agg,
             )
