@@ -8,7 +8,7 @@ import torch
 
 from tandem.algos import ADV_ESTIMATORS, compute_advantages, masked_whiten
 
-GROUP_ESTIMATORS = ["grpo", "dr_grpo", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline"]
+GROUP_ESTIMATORS = ["grpo", "dr_grpo", "grpo_passk", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline"]
 
 
 def outcome_rewards(scores, mask):
@@ -239,3 +239,19 @@ def test_low_precision_rewards_computed_in_float32(name):
     assert adv.dtype == ret.dtype == torch.float32
     torch.testing.assert_close(adv, ref_adv)
     torch.testing.assert_close(ret, ref_ret)
+
+
+def test_grpo_passk_only_the_best_sample_learns_its_margin():
+    # p1 = rows 0, 2, 4 scores (1, 0, 1): tie at 1, the first best (row 0) gets (1 - 1) / std = 0
+    # q = rows 1, 3, 5 scores (3, 0.5, 2): row 1 gets (3 - 2) / std(3, .5, 2); rows 3 and 5 get 0
+    # r = row 6 alone: 0
+    scores = [1.0, 3.0, 0.0, 0.5, 1.0, 2.0, 4.0]
+    rewards, mask = outcome_rewards(scores, torch.ones(7, 2))
+    index = ["p1", "q", "p1", "q", "p1", "q", "r"]
+    std_q = float(np.std([3.0, 0.5, 2.0], ddof=1))
+    adv, returns = compute_advantages("grpo_passk", rewards, mask, index=index)
+    expected = torch.tensor([0.0, 1.0 / (std_q + 1e-6), 0.0, 0.0, 0.0, 0.0, 0.0])[:, None] * mask
+    torch.testing.assert_close(adv, expected)
+    assert torch.equal(adv, returns)
+    raw, _ = compute_advantages("grpo_passk", rewards, mask, index=index, norm_adv_by_std=False)
+    torch.testing.assert_close(raw[:, 0], torch.tensor([0.0, 1.0, 0.0, 0.0, 0.0, 0.0, 0.0]))

@@ -17,3 +17,8 @@ def sometimes_raises(data_source, solution_str, ground_truth, extra_info=None):
 def constant(data_source, solution_str, ground_truth, extra_info=None):
     """0.5 for everything: every group scores alike, so dynamic sampling keeps none."""
     return {"score": 0.5, "acc": 0.5}
+
+
+def by_characters(data_source, solution_str, ground_truth, extra_info=None):
+    """A score in [0, 1) from the characters: different responses rarely tie (for grpo_passk's margin)."""
+    return {"score": (sum(map(ord, solution_str)) % 97) / 97, "acc": False}

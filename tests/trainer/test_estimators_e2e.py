@@ -54,8 +54,16 @@ def test_dynamic_sampling_that_keeps_no_group_stops_after_max_rounds_with_the_fi
         RLTrainer(cfg).fit()
 
 
-@pytest.mark.parametrize("loss", ["cispo", "geo_mean", "sapo"])
-def test_policy_loss_trains_two_steps(assets, tmp_path, loss):
+@pytest.mark.parametrize(
+    "override",
+    [
+        "actor.policy_loss=cispo",
+        "actor.policy_loss=geo_mean",
+        "actor.policy_loss=sapo",
+        "algorithm.adv_estimator=grpo_passk",
+    ],
+)
+def test_loss_or_estimator_trains_two_steps(assets, tmp_path, override):
     cfg = run_config(
         assets,
         tmp_path,
@@ -63,8 +71,8 @@ def test_policy_loss_trains_two_steps(assets, tmp_path, loss):
         "trainer.backend=inprocess",
         "trainer.workers_per_node=1",
         "trainer.total_training_steps=2",
-        f"actor.policy_loss={loss}",
-        *custom_reward("by_length"),
+        override,
+        *custom_reward("by_characters"),
     )
     history = RLTrainer(cfg).fit()
     assert [m["step"] for m in history] == [1, 2]

@@ -5,7 +5,7 @@ Every estimator takes the same keywords (`index`, `values`, `reward_baselines`, 
 them the same way. Outputs are 0 at padding (whatever the rewards hold there), carry no gradient,
 and are float32 at least (bf16 / fp16 inputs are upcast).
 
-Group-relative estimators (grpo, dr_grpo, rloo, opo, gpg, reinforce_plus_plus_baseline) compare a
+Group-relative estimators (grpo, dr_grpo, grpo_passk, rloo, opo, gpg, reinforce_plus_plus_baseline) compare a
 sample with the other samples of its prompt (`index` = the prompt's uid). A group of one has
 nothing to compare with, so its advantage is 0; a group whose scores are all equal also gets 0.
 """
@@ -19,6 +19,7 @@ from torch import Tensor
 
 from tandem.algos.core import (
     GroupIndex,
+    group_ids,
     group_min,
     group_stats,
     group_sum,
@@ -261,6 +262,43 @@ def opo(
     baseline = group_sum(lengths * shifted, index) / total_length.clamp(min=1e-8)
     keep = (count > 1) & (total_length > 0)
     adv = torch.where(keep, shifted - baseline, torch.zeros_like(scores))
+    advantages = _broadcast(adv, mask)
+    return advantages, advantages.clone()
+
+
+@ADV_ESTIMATORS.register("grpo_passk", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
+@torch.no_grad()
+def grpo_passk(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    index: GroupIndex | None = None,
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+    **_: Any,
+) -> tuple[Tensor, Tensor]:
+    """Pass@k training (Chen et al. 2025, arXiv 2503.19595, as verl's grpo_passk): only the best sample
+    of each group learns, A = (s_max - s_second) / (std_g(s) + eps) (no division with norm_adv_by_std
+    false); every other sample gets 0. Ties go to the first best sample (then s_max - s_second = 0).
+    A group of one gets 0, as in every group estimator here (verl raises instead)."""
+    rewards, mask = _prepare(token_level_rewards, response_mask)
+    scores = _scores(rewards, mask)
+    inverse, num_groups = group_ids(_index(index, "grpo_passk"), scores.shape[0])
+    inverse = inverse.to(scores.device)
+    _, std, count = group_stats(scores, index)
+    best = scores.new_full((num_groups,), -torch.inf).scatter_reduce(0, inverse, scores, reduce="amax")
+    position = torch.arange(scores.shape[0], device=scores.device)
+    is_best = scores == best[inverse]
+    first_best = torch.full((num_groups,), scores.shape[0], device=scores.device).scatter_reduce(
+        0, inverse[is_best], position[is_best], reduce="amin"
+    )
+    winner = position == first_best[inverse]
+    others = torch.where(winner, torch.full_like(scores, -torch.inf), scores)
+    second = scores.new_full((num_groups,), -torch.inf).scatter_reduce(0, inverse, others, reduce="amax")
+    margin = best[inverse] - second[inverse]
+    if norm_adv_by_std:
+        margin = margin / (std + epsilon)
+    adv = torch.where(winner & (count > 1), margin, torch.zeros_like(scores))
     advantages = _broadcast(adv, mask)
     return advantages, advantages.clone()
 
