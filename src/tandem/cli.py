@@ -13,7 +13,7 @@ Exit status: 0 done; 2 bad config, data, model folder or checkpoint, or a run fo
 holds: a message naming the key, row, file or holder, before any worker starts; 1 a failure while
 running: one headline (the root exception, its message, where it was raised) and the path of
 `<run folder>/logs/error.log`, which holds the full tracebacks (every worker's output is in
-`<run folder>/logs/` too); 130 interrupted (Ctrl-C).
+`<run folder>/logs/` too); 130 interrupted (Ctrl-C); 143 SIGTERM (tandem/controller/cleanup.py).
 """
 
 from __future__ import annotations

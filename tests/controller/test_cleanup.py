@@ -55,3 +55,14 @@ def test_worker_error_keeps_its_fields_when_pickled():
         [(0, "X: y")],
     )
     assert str(back) == str(err)
+
+
+def test_sigterm_releases_everything_then_exits_143(fresh_registry):
+    log: list[int] = []
+    pool, group = Fake(1, log), Fake(0, log)  # held here: the registry only keeps weak references
+    cleanup.track(pool)
+    cleanup.track(group)
+    assert signal.getsignal(signal.SIGTERM) is cleanup._on_sigterm
+    with pytest.raises(SystemExit) as stopped:
+        cleanup._on_sigterm(signal.SIGTERM, None)
+    assert stopped.value.code == 143 and log == [0, 1]

@@ -1,8 +1,10 @@
 """Kill worker groups and free resource pools when the controller exits or is interrupted (Ctrl-C).
 
-Worker groups and pools register here; at interpreter exit (atexit) and on SIGINT every live one is
-released, groups before pools. The SIGINT handler then hands the signal on to the handler that was
-installed before it (normally Python's, which raises KeyboardInterrupt).
+Worker groups and pools register here; at interpreter exit (atexit), on SIGINT and on SIGTERM every
+live one is released, groups before pools. The SIGINT handler then hands the signal on to the handler
+that was installed before it (normally Python's, which raises KeyboardInterrupt). SIGTERM (a cluster
+scheduler's preemption, `kill`) then exits with status 143 through SystemExit, so `finally` blocks run
+(the run folder's lock is dropped) instead of Ray's own handler aborting the process.
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import signal
+import sys
 import threading
 import weakref
 from typing import Any, Protocol
@@ -59,6 +62,8 @@ def _install() -> None:
         if previous is not signal.SIG_IGN:  # ignored on purpose (a shell's background job): leave it so
             _previous_sigint = previous
             signal.signal(signal.SIGINT, _on_sigint)
+        if signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN:
+            signal.signal(signal.SIGTERM, _on_sigterm)
     _installed = True
 
 
@@ -69,3 +74,9 @@ def _on_sigint(signum: int, frame: Any) -> None:
         previous(signum, frame)
     elif previous != signal.SIG_IGN:  # SIG_DFL or a handler not set from Python: stop as Python would
         raise KeyboardInterrupt
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    print("[tandem] terminated (SIGTERM): stopping the workers", file=sys.stderr, flush=True)
+    release_all()
+    raise SystemExit(128 + signum)
