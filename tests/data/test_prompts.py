@@ -109,6 +109,16 @@ BAD_ROWS = {
         ["field 'prompt' message 0", "needs a string 'content'"],
     ),
     "message not a dict": ({**GOOD, "prompt": ["hi"]}, ["field 'prompt' message 0 must be a dict"]),
+    "prompt is null": ({**GOOD, "prompt": None}, ["field 'prompt' is null"]),
+    "message content is null": (
+        {**GOOD, "prompt": [{"role": "user", "content": None}]},
+        ["field 'prompt' message 0 needs a string 'content', got null"],
+    ),
+    "message without role": (
+        {**GOOD, "prompt": [{"content": "x"}]},
+        ["field 'prompt' message 0 needs a string 'role', got nothing (no such key)"],
+    ),
+    "data_source is null": ({**GOOD, "data_source": None}, ["field 'data_source' is null"]),
     "missing data_source": ({"prompt": GOOD["prompt"]}, ["missing field 'data_source'"]),
     "data_source not a string": ({**GOOD, "data_source": 3}, ["field 'data_source' must be a str"]),
     "reward_model not a dict": ({**GOOD, "reward_model": "3"}, ["field 'reward_model' must be an object"]),
@@ -192,3 +202,25 @@ def test_collate_from_dataset_with_pad_id(tmp_path, tokenizer):
     assert batch["input_ids"][1].tolist() == [0, *chat_ids("3")]
     assert batch["position_ids"][1].tolist() == [0, *range(len(chat_ids("3")))]
     assert np.array_equal(batch["data_source"], np.array(["addition", "addition"], dtype=object))
+
+
+def test_a_null_field_is_called_null_not_missing(tmp_path, tokenizer):
+    """A row that has the field with value null (a parquet column with a gap) is not "missing" it."""
+    path = write_rows([GOOD, {**GOOD, "prompt": None}], tmp_path / "null.parquet")
+    with pytest.raises(DataError) as err:
+        PromptDataset(path, tokenizer, max_prompt_length=64)
+    assert str(err.value) == (
+        f"{path} row 1: field 'prompt' is null; give it a value in every row, or drop the row"
+    )
+
+
+def test_locations_absent_ground_truths_and_sample_texts(tmp_path, tokenizer):
+    no_reward_model = {key: value for key, value in chat_row("b").items() if key != "reward_model"}
+    rows = [chat_row("a"), no_reward_model, chat_row("c", ground_truth=None), *[chat_row("d")] * 7]
+    path = write_jsonl(tmp_path / "p.jsonl", rows)
+    dataset = PromptDataset(path, tokenizer, max_prompt_length=64)
+    assert dataset.locations[:3] == [f"{path} row {i} (line {i + 1})" for i in range(3)]
+    assert dataset.ground_truth_absent == {1}  # row 2 has the field, with value null
+    assert [dataset[i]["ground_truth"] for i in range(3)] == ["1", None, None]
+    assert len(dataset.sample_texts) == 8
+    assert dataset.sample_texts[0] == (f"{path} row 0 (line 1)", tokenizer.decode(chat_ids("a")))

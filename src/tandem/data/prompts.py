@@ -27,6 +27,7 @@ logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "filter", "left", "right")
 MAX_LOGGED_ROWS = 3  # filtered / truncated rows named in the log, as examples
+SAMPLE_ROWS = 8  # rendered prompts kept (`sample_texts`) for the start-up tokenizer round-trip check
 NON_TENSOR_KEYS = ("raw_prompt", "data_source", "ground_truth", "extra_info", "index")
 
 
@@ -36,7 +37,9 @@ class PromptDataset:
     Each item: ``input_ids`` (list of ints), ``raw_prompt`` (the messages), ``data_source``,
     ``ground_truth`` (``reward_model.ground_truth``, None when the row has no ``reward_model``),
     ``extra_info`` (dict, may be empty) and ``index`` (``extra_info.index``, else the row's
-    position over all files).
+    position over all files). ``locations[i]`` names item i's file and row; ``ground_truth_absent``
+    holds the items whose row has no ``reward_model.ground_truth`` field at all (as opposed to null);
+    ``sample_texts`` are (location, text) of the first rows' prompts as rendered for the model.
 
     Prompts longer than ``max_prompt_length`` tokens: ``truncation="error"`` raises, ``"filter"``
     drops them, ``"left"`` keeps their last tokens, ``"right"`` their first. With a chat template,
@@ -64,19 +67,24 @@ class PromptDataset:
         self.files = as_paths(files)
         self.max_prompt_length = max_prompt_length
 
-        rows, locations, texts = [], [], []
+        rows, locations, texts, absent = [], [], [], set()
         for path in self.files:
             for location, row in iter_rows(path):
                 row = check_row(location, row)
                 rows.append(_parse_row(location, row, prompt_key, mode, position=len(rows)))
+                if "ground_truth" not in (row.get("reward_model") or {}):  # a dict: _parse_row checked
+                    absent.add(len(rows) - 1)
                 locations.append(location)
                 texts.append(render_prompt(rows[-1]["raw_prompt"], tokenizer, mode, location))
+        self.sample_texts: list[tuple[str, str]] = list(zip(locations, texts))[:SAMPLE_ROWS]
 
         keep_at_end = generation_prompt_ids(tokenizer, mode) if truncation == "right" else []
         self._items: list[dict[str, Any]] = []
+        self.locations: list[str] = []
+        self.ground_truth_absent: set[int] = set()
         filtered: list[str] = []
         truncated: list[str] = []
-        for item, location, ids in zip(rows, locations, tokenize(tokenizer, texts)):
+        for position, (item, location, ids) in enumerate(zip(rows, locations, tokenize(tokenizer, texts))):
             ids = list(ids)
             if not ids:
                 raise DataError(
@@ -95,7 +103,10 @@ class PromptDataset:
                 truncated.append(f"{location} ({len(ids)} tokens)")
                 ids = _truncate(location, ids, max_prompt_length, truncation, keep_at_end)
             item["input_ids"] = ids
+            if position in absent:
+                self.ground_truth_absent.add(len(self._items))
             self._items.append(item)
+            self.locations.append(location)
 
         self.report = {
             "total": len(rows),

@@ -121,10 +121,12 @@ def check_row(location: str, row: Any) -> dict[str, Any]:
 
 def require(location: str, row: dict[str, Any], key: str, kind: type, hint: str = "") -> Any:
     """``row[key]``, which must be present, not null and an instance of ``kind``; ``hint`` is added
-    to the message when the field is missing."""
-    if key not in row or row[key] is None:
+    to the message when the field is missing (a field present with value null is "null", not missing)."""
+    if key not in row:
         present = ", ".join(sorted(row)) or "none"
         raise DataError(f"{location}: missing field {key!r} (fields present: {present}).{hint}")
+    if row[key] is None:
+        raise DataError(f"{location}: field {key!r} is null; give it a value in every row, or drop the row")
     value = row[key]
     if not isinstance(value, kind):
         raise DataError(
@@ -174,7 +176,13 @@ def check_prompt(location: str, prompt: Any, key: str, mode: str) -> list[dict[s
             )
         for part in ("role", "content"):
             if not isinstance(message.get(part), str):
-                got = "nothing" if message.get(part) is None else type(message[part]).__name__
+                got = (
+                    "nothing (no such key)"
+                    if part not in message
+                    else "null"
+                    if message[part] is None
+                    else type(message[part]).__name__
+                )
                 raise DataError(
                     f"{location}: field {key!r} message {j} needs a string {part!r}, got {got}; "
                     f"each message is {{'role': ..., 'content': ...}}"

@@ -25,6 +25,7 @@ logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "right")
 MAX_LOGGED_ROWS = 3  # filtered / truncated rows named in the log, as examples
+SAMPLE_ROWS = 8  # rendered rows kept (`sample_texts`) for the start-up tokenizer round-trip check
 
 
 class SFTDataset:
@@ -37,7 +38,8 @@ class SFTDataset:
 
     Sequences longer than ``max_length``: ``truncation="error"`` raises; ``"right"`` cuts the end,
     and drops (counted in ``report["filtered"]``) rows whose prompt leaves no response token; both
-    are logged as a warning that names a few of the rows.
+    are logged as a warning that names a few of the rows. ``sample_texts`` are (location, text) of
+    the first rows: the rendered prompt followed by the response.
     """
 
     def __init__(
@@ -78,6 +80,10 @@ class SFTDataset:
                 )
                 locations.append(location)
 
+        self.sample_texts: list[tuple[str, str]] = [
+            (location, prompt + response)
+            for location, prompt, response in list(zip(locations, prompts, responses))[:SAMPLE_ROWS]
+        ]
         self._items: list[dict[str, list[int]]] = []
         filtered: list[str] = []
         truncated: list[str] = []
