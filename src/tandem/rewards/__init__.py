@@ -6,7 +6,9 @@ from tandem.rewards.manager import RewardManager, RewardResult, reward_manager_f
 from tandem.rewards.pool import ScorerPool
 from tandem.rewards.registry import (
     DATA_SOURCES,
+    GROUND_TRUTH_CHECKS,
     SCORERS,
+    GroundTruthCheck,
     ScorerFn,
     UnknownDataSourceError,
     default_scorer_for,
@@ -23,8 +25,10 @@ from tandem.rewards.terms import FormatTerm, LengthTerm, Term, TermInput, soft_o
 
 __all__ = [
     "DATA_SOURCES",
+    "GROUND_TRUTH_CHECKS",
     "SCORERS",
     "FormatTerm",
+    "GroundTruthCheck",
     "LengthTerm",
     "RewardManager",
     "RewardResult",

@@ -1,4 +1,9 @@
-"""Load a user's scorer function from a Python file given by path."""
+"""Load a user's scorer function from a Python file given by path.
+
+The file may also define `check_ground_truth(data_source, ground_truth) -> str | None`: it is run on
+every dataset row the file scores, when the data is loaded; a string it returns (what was expected)
+makes that row an error before training starts.
+"""
 
 from __future__ import annotations
 
@@ -58,6 +63,17 @@ def load_function(path: str | os.PathLike, function_name: str = "compute_score")
         raise TypeError(f"{where}: '{function_name}' is a {type(fn).__name__}, not a function")
     _LOADED[(real, function_name)] = fn
     return fn
+
+
+GROUND_TRUTH_CHECK = "check_ground_truth"  # the optional function of a custom reward file
+
+
+def load_ground_truth_check(path: str | os.PathLike) -> Callable[..., Any] | None:
+    """The file's `check_ground_truth` function, or None when the file defines none."""
+    try:
+        return load_function(path, GROUND_TRUTH_CHECK)
+    except AttributeError:  # no such name: the file declares no check
+        return None
 
 
 def _describe_load_error(error: BaseException, real: str) -> str:

@@ -7,19 +7,22 @@ import math
 import os
 import pickle
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from tandem.rewards.custom import load_function, split_file_spec
+from tandem.rewards.custom import GROUND_TRUTH_CHECK, load_function, load_ground_truth_check, split_file_spec
 from tandem.rewards.pool import ScorerPool
 from tandem.rewards.registry import (
+    GROUND_TRUTH_CHECKS,
     SCORERS,
+    GroundTruthCheck,
     UnknownDataSourceError,
     scorer_name_for,
+    scorer_name_of,
     unknown_data_source_message,
 )
 from tandem.rewards.scoring import Outcome, ScorerSpec, Task, resolve, score_tasks, spec_key
@@ -149,6 +152,43 @@ class RewardManager:
                 unknown.append(str(error))
         if unknown:
             raise UnknownDataSourceError("; ".join(unknown))
+
+    def _ground_truth_check(self, data_source: str, style: str | None) -> tuple[str, GroundTruthCheck | None]:
+        """(who scores the data_source, in words; its ground-truth check or None)."""
+        _, spec = self._scorer_for(data_source, style)
+        if isinstance(spec, tuple):  # a user's file: its optional check_ground_truth
+            return f"{spec[1]} in {spec[0]}", load_ground_truth_check(spec[0])
+        name = scorer_name_of(spec)
+        if name is None:
+            return repr(spec), None
+        return f"scorer '{name}'", GROUND_TRUTH_CHECKS.get(name)
+
+    def ground_truth_problems(
+        self, rows: Iterable[tuple[str, str | None, Any]]
+    ) -> Iterator[tuple[int, str, str]]:
+        """For each (data_source, style, ground_truth) row that its scorer's check rejects:
+        (the row's position, who scores it, what the check expected). Rows whose scorer declares no
+        check pass; a check that raises, or returns something other than None or a str, is reported
+        as the row's problem too, naming the check."""
+        checks: dict[tuple[str, str | None], tuple[str, GroundTruthCheck | None]] = {}
+        for i, (data_source, style, ground_truth) in enumerate(rows):
+            key = (data_source, style)
+            if key not in checks:
+                checks[key] = self._ground_truth_check(data_source, style)
+            scorer, check = checks[key]
+            if check is None:
+                continue
+            try:
+                problem = check(data_source, ground_truth)
+            except Exception as error:
+                problem = f"{GROUND_TRUTH_CHECK} of {scorer} raised {type(error).__name__}: {error}"
+            if problem is not None and not isinstance(problem, str):
+                problem = (
+                    f"{GROUND_TRUTH_CHECK} of {scorer} returned {problem!r:.40}; it must return None "
+                    "(the ground truth is fine) or a string saying what it expected"
+                )
+            if problem is not None:
+                yield i, scorer, problem
 
     # --- the call --------------------------------------------------------------------------------
 

@@ -13,9 +13,14 @@ from collections.abc import Callable
 from typing import Any
 
 ScorerFn = Callable[[str, str, Any, "dict | None"], "float | dict"]
+# `check(data_source, ground_truth) -> None` when the scorer can use the ground truth, else a phrase
+# saying what it expected ("expected a whole number such as 42"); run on every row at load time.
+GroundTruthCheck = Callable[[str, Any], "str | None"]
 
 # scorer name -> function; the name also matches as a data_source.
 SCORERS: dict[str, ScorerFn] = {}
+# scorer name -> its ground-truth check (scorers registered without one accept any ground truth).
+GROUND_TRUTH_CHECKS: dict[str, GroundTruthCheck] = {}
 # extra data_source aliases -> scorer name (e.g. "openai/gsm8k" -> "gsm8k").
 DATA_SOURCES: dict[str, str] = {}
 
@@ -31,8 +36,14 @@ def _qualname(fn: Callable[..., Any]) -> str:
     return f"{getattr(fn, '__module__', '?')}.{getattr(fn, '__qualname__', repr(fn))}"
 
 
-def register_scorer(name: str, *data_sources: str) -> Callable[[ScorerFn], ScorerFn]:
+def register_scorer(
+    name: str, *data_sources: str, check_ground_truth: GroundTruthCheck | None = None
+) -> Callable[[ScorerFn], ScorerFn]:
     """Register `fn` as scorer `name`, used for data_source `name` and each of `data_sources`.
+
+    `check_ground_truth(data_source, ground_truth) -> str | None` declares what the scorer's ground
+    truth must look like: every dataset row scored by it is checked when the data is loaded, and a
+    row it rejects is an error then (instead of a sample that scores 0 on every step).
 
     Registering the same function again (a re-imported module) replaces the old entry;
     a different function under a taken name or data_source is an error.
@@ -49,6 +60,9 @@ def register_scorer(name: str, *data_sources: str) -> Callable[[ScorerFn], Score
             if owner is not None and owner != name:
                 raise ValueError(f"data_source '{source}' is already scored by scorer '{owner}'")
         SCORERS[name] = fn
+        GROUND_TRUTH_CHECKS.pop(name, None)
+        if check_ground_truth is not None:
+            GROUND_TRUTH_CHECKS[name] = check_ground_truth
         for source in data_sources:
             DATA_SOURCES[source] = name
         return fn
@@ -87,3 +101,8 @@ def default_scorer_for(data_source: str, style: str | None = None) -> ScorerFn:
     if name is None:
         raise UnknownDataSourceError(unknown_data_source_message(data_source))
     return SCORERS[name]
+
+
+def scorer_name_of(fn: Any) -> str | None:
+    """The name `fn` is registered under (None for a function that is not a registered scorer)."""
+    return next((name for name, registered in SCORERS.items() if registered is fn), None)

@@ -51,7 +51,16 @@ def whole_number(value: Any, what: str) -> int:
     return int(number)
 
 
-@register_scorer("addition")
+def check_addition_truth(data_source: str, ground_truth: Any) -> str | None:
+    """None when `ground_truth` is a whole number the addition scorer can read, else what it expects."""
+    try:
+        whole_number(ground_truth, "addition ground_truth")
+    except ValueError:
+        return "expected a whole number such as 42 or '42'"
+    return None
+
+
+@register_scorer("addition", check_ground_truth=check_addition_truth)
 def addition_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
 ) -> dict:
@@ -164,7 +173,19 @@ def _countdown_problem(ground_truth: Any) -> tuple[int, list[int]]:
     return target, [whole_number(n, "countdown ground_truth 'numbers'") for n in given]
 
 
-@register_scorer("countdown")
+def check_countdown_truth(data_source: str, ground_truth: Any) -> str | None:
+    """None when `ground_truth` is a countdown problem the scorer can read, else what it expects."""
+    try:
+        _countdown_problem(ground_truth)
+    except ValueError:  # json.JSONDecodeError too
+        return (
+            'expected {"target": 24, "numbers": [4, 6, 1, 1]}: a dict (or its JSON text) whose '
+            "target is a whole number and numbers a list of whole numbers"
+        )
+    return None
+
+
+@register_scorer("countdown", check_ground_truth=check_countdown_truth)
 def countdown_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
 ) -> dict:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numbers
 import re
 from fractions import Fraction
 from typing import Any
@@ -28,7 +29,15 @@ def extract_gsm8k_answer(text: str) -> str | None:
     return None if answer is None else answer.replace(",", "")
 
 
-@register_scorer("gsm8k", "openai/gsm8k")
+def check_gsm8k_truth(data_source: str, ground_truth: Any) -> str | None:
+    """None when `ground_truth` holds the number the gsm8k scorer compares with, else what it expects."""
+    readable = isinstance(ground_truth, str | numbers.Real) and not isinstance(ground_truth, bool)
+    if not readable or extract_gsm8k_answer(str(ground_truth)) is None:
+        return 'expected the final answer as a number such as 72 or "72", or a solution ending in "#### 72"'
+    return None
+
+
+@register_scorer("gsm8k", "openai/gsm8k", check_ground_truth=check_gsm8k_truth)
 def gsm8k_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
 ) -> dict:

@@ -5,6 +5,7 @@ When math_verify cannot parse either side, the two answers are compared as norma
 
 from __future__ import annotations
 
+import numbers
 import re
 import threading
 from typing import Any
@@ -62,11 +63,31 @@ def _verify(gold: str, pred: str) -> bool | None:
     return bool(verify(gold_parsed, pred_parsed, timeout_seconds=limit))
 
 
-@register_scorer("math", "lighteval/MATH", "math_dapo", "DigitalLearningGmbH/MATH-lighteval")
+def check_math_truth(data_source: str, ground_truth: Any) -> str | None:
+    """None when `ground_truth` is an answer the math scorer can compare with, else what it expects."""
+    text = isinstance(ground_truth, str) and ground_truth.strip()
+    number = isinstance(ground_truth, numbers.Real) and not isinstance(ground_truth, bool)
+    if not (text or number):
+        return (
+            "expected the answer as non-empty text (LaTeX such as '\\frac{1}{2}' or '\\boxed{3}') or a number"
+        )
+    return None
+
+
+@register_scorer(
+    "math",
+    "lighteval/MATH",
+    "math_dapo",
+    "DigitalLearningGmbH/MATH-lighteval",
+    check_ground_truth=check_math_truth,
+)
 def math_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
 ) -> dict:
     """1.0 if the last \\boxed{} answer equals the ground truth (math_verify, else normalized strings)."""
+    problem = check_math_truth(data_source, ground_truth)
+    if problem is not None:  # str(None) would be compared as the answer "None": 0 on every sample
+        raise ValueError(f"math ground_truth: {problem}, got {ground_truth!r:.80}")
     gold = str(ground_truth)
     gold = last_boxed(gold) or gold
     pred = last_boxed(solution_str)
