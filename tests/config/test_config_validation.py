@@ -150,6 +150,26 @@ def test_critic_inherits_actor_settings():
     assert kept.critic.ppo_mini_batch_size == 8
 
 
+def test_tokenizer_paths_default_to_the_model_folders():
+    cfg = load("actor.model_path=/m")
+    assert (cfg.actor.tokenizer_path, cfg.critic.tokenizer_path, cfg.reward.reward_model.tokenizer_path) == (
+        None,
+        None,
+        None,
+    )
+    # The critic on the actor's folder reads the actor's tokenizer, wherever that is...
+    cfg = load("actor.model_path=/m", "actor.tokenizer_path=/t")
+    assert (cfg.critic.model_path, cfg.critic.tokenizer_path) == ("/m", "/t")
+    # ... and one with a folder of its own, that folder's (None), unless told otherwise.
+    cfg = load("actor.model_path=/m", "actor.tokenizer_path=/t", "critic.model_path=/c")
+    assert (cfg.critic.model_path, cfg.critic.tokenizer_path) == ("/c", None)
+    cfg = load(
+        "actor.tokenizer_path=/t", "critic.tokenizer_path=/ct", "reward.reward_model.tokenizer_path=/rt"
+    )
+    assert (cfg.critic.tokenizer_path, cfg.reward.reward_model.tokenizer_path) == ("/ct", "/rt")
+    assert load("actor.tokenizer_path=/t").to_dict()["actor"]["tokenizer_path"] == "/t"
+
+
 def test_critic_batch_rules_apply_only_with_a_critic():
     assert load("critic.micro_batch_size_per_rank=3").critic.enable is False
     msg = error_of(

@@ -119,6 +119,7 @@ class ActorConfig:
     """
 
     model_path: str | None = None  # local Hugging Face folder of the initial policy (and of the reference)
+    tokenizer_path: str | None = None  # folder of the tokenizer (prompts, rollout, SFT); None = model_path
     strategy: Strategy = "fsdp"  # training engine: fsdp or megatron; the critic and reference use the same
     ppo_mini_batch_size: int = 4  # PROMPTS per optimizer step, global (x rollout.n = samples)
     micro_batch_size_per_rank: int = 2  # SAMPLES per forward / backward on one rank
@@ -190,6 +191,7 @@ class CriticConfig:
 
     enable: bool | Literal["auto"] = "auto"  # auto = on exactly when the estimator needs values (gae)
     model_path: str | None = None  # None = actor.model_path (a value head is added)
+    tokenizer_path: str | None = None  # None = model_path's (both None: the actor's); compared to actor's
     optim: OptimConfig = field(default_factory=lambda: OptimConfig(lr=1e-5))
     ppo_mini_batch_size: int | None = None  # PROMPTS per optimizer step, global; None = the actor's
     micro_batch_size_per_rank: int | None = None  # SAMPLES per forward / backward on one rank; None = actor's
@@ -205,6 +207,7 @@ class RewardModelConfig:
 
     enable: bool = False  # score samples with a reward model (added to rule-based scores); needs model_path
     model_path: str | None = None  # local Hugging Face folder of a sequence-classification model
+    tokenizer_path: str | None = None  # None = model_path; it reads the actor's token ids: checked to match
     micro_batch_size_per_rank: int = 8  # SAMPLES per forward on one rank
 
 

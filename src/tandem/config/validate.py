@@ -43,6 +43,8 @@ def resolve(cfg: TandemConfig, info: dict[str, Any]) -> None:
     if critic.enable == "auto":
         critic.enable = bool(info.get("needs_critic", False))
     if critic.model_path is None:
+        if critic.tokenizer_path is None:  # the actor's folder: the actor's tokenizer, wherever it is
+            critic.tokenizer_path = cfg.actor.tokenizer_path
         critic.model_path = cfg.actor.model_path
     if critic.ppo_mini_batch_size is None:
         critic.ppo_mini_batch_size = cfg.actor.ppo_mini_batch_size

@@ -25,6 +25,60 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgp
 MODEL_FILES = ("config.json", "model.safetensors.index.json", "pytorch_model.bin.index.json")
 
 
+# Files that hold a tokenizer's vocabulary (tokenizer_config.json alone holds none).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+MAX_LISTED_FILES = 8  # files named in a message about a folder
+
+
+def _listing(folder: Path) -> str:
+    names = sorted(p.name for p in folder.iterdir())
+    more = f", ... ({len(names)} in all)" if len(names) > MAX_LISTED_FILES else ""
+    return ", ".join(names[:MAX_LISTED_FILES]) + more
+
+
+def _folder_problem(folder: Path) -> str | None:
+    if not folder.exists():
+        return "the folder does not exist"
+    if not folder.is_dir():
+        return "this is a file, not a folder"
+    if not any(folder.iterdir()):
+        return "the folder is empty"
+    return None
+
+
+def model_folder_problem(path: str | Path) -> str | None:
+    """What keeps `path` from being a Hugging Face model folder (None when nothing does): read from
+    the file system and config.json alone, so it is cheap enough to run before any worker starts."""
+    folder = Path(path).expanduser()
+    problem = _folder_problem(folder)
+    if problem is not None:
+        return problem
+    if not (folder / "config.json").is_file():
+        return f"no config.json in it (it holds: {_listing(folder)})"
+    weights = [p for p in folder.iterdir() if p.name.endswith(WEIGHT_SUFFIXES)]
+    if not weights:
+        return f"no weights in it: no *.safetensors or pytorch_model*.bin file (it holds: {_listing(folder)})"
+    try:
+        AutoConfig.from_pretrained(folder)
+    except Exception as error:  # an unknown model_type, broken JSON, ...: transformers says which
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        return f"transformers cannot read its config.json ({type(error).__name__}: {first_line})"
+    return None
+
+
+def tokenizer_folder_problem(path: str | Path) -> str | None:
+    """What keeps `path` from holding a tokenizer (None when nothing does), from its file names."""
+    folder = Path(path).expanduser()
+    problem = _folder_problem(folder)
+    if problem is not None:
+        return problem
+    if not any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return (
+            f"no tokenizer files in it: none of {', '.join(TOKENIZER_FILES)} (it holds: {_listing(folder)})"
+        )
+    return None
+
+
 def auto_class(head: str) -> type:
     """The transformers Auto class of a head: a causal LM, or a token classifier with one label."""
     if head == "lm":

@@ -90,17 +90,25 @@ class RolloutEngine(ABC):
         cls,
         model_path: str | Path,
         *,
+        tokenizer_path: str | Path | None = None,
         eos_token_ids: Sequence[int] | None = None,
         pad_token_id: int | None = None,
         **kwargs: Any,
     ) -> Self:
-        """Start the engine on a Hugging Face folder; stop and pad ids not given are read from it
-        (see `read_special_ids`); `kwargs` go to the engine's constructor."""
+        """Start the engine on a Hugging Face folder; stop and pad ids not given are read from it and
+        from the tokenizer in `tokenizer_path` (None = `model_path`; see `read_special_ids`); `kwargs`
+        go to the engine's constructor."""
         if eos_token_ids is None or pad_token_id is None:
-            found_eos, found_pad = read_special_ids(model_path)
+            found_eos, found_pad = read_special_ids(model_path, tokenizer_path)
             eos_token_ids = found_eos if eos_token_ids is None else eos_token_ids
             pad_token_id = found_pad if pad_token_id is None else pad_token_id
-        return cls(model_path, eos_token_ids=eos_token_ids, pad_token_id=pad_token_id, **kwargs)
+        return cls(
+            model_path,
+            tokenizer_path=tokenizer_path,
+            eos_token_ids=eos_token_ids,
+            pad_token_id=pad_token_id,
+            **kwargs,
+        )
 
     @abstractmethod
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
@@ -158,8 +166,10 @@ def assemble(
     return rows
 
 
-def read_special_ids(model_path: str | Path) -> tuple[list[int], int]:
-    """Stop ids and pad id of a Hugging Face folder.
+def read_special_ids(
+    model_path: str | Path, tokenizer_path: str | Path | None = None
+) -> tuple[list[int], int]:
+    """Stop ids and pad id of a Hugging Face folder (its tokenizer read from `tokenizer_path` when given).
 
     Stop ids: ``generation_config.json``'s ``eos_token_id`` (an int or a list; else ``config.json``'s),
     plus the tokenizer's ``eos_token_id`` when not already there. Pad: the tokenizer's ``pad_token_id``,
@@ -172,7 +182,7 @@ def read_special_ids(model_path: str | Path) -> tuple[list[int], int]:
     if (path / "generation_config.json").is_file():
         generation_config = json.loads((path / "generation_config.json").read_text())
     config = AutoConfig.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = AutoTokenizer.from_pretrained(path if tokenizer_path is None else Path(tokenizer_path))
 
     eos = generation_config.get("eos_token_id", getattr(config, "eos_token_id", None))
     eos_ids = [] if eos is None else [int(t) for t in (eos if isinstance(eos, list) else [eos])]

@@ -28,6 +28,8 @@ class HFRollout(RolloutEngine):
 
     Give either ``model_path`` (a local Hugging Face folder, loaded in ``dtype``) or ``model`` (an
     already built model; the engine takes it over and moves it to ``device`` / ``dtype`` in place).
+    ``tokenizer_path`` is not read here: token ids go in and out (``from_pretrained`` reads the stop
+    and pad ids from it); it is accepted so that every engine takes the same arguments.
     A sample stops after any of ``eos_token_ids`` (kept in the response, mask 1) or at
     ``sampling.max_tokens``; ``pad_token_id`` fills the rest. ``max_batch_size`` caps the rows decoded
     together (None: the whole batch at once); it changes speed and memory, not the samples.
@@ -47,6 +49,7 @@ class HFRollout(RolloutEngine):
         self,
         model_path: str | Path | None = None,
         *,
+        tokenizer_path: str | Path | None = None,
         model: PreTrainedModel | None = None,
         eos_token_ids: Sequence[int],
         pad_token_id: int,

@@ -52,6 +52,7 @@ CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # see "CPU threads" above
 class VLLMRollout(RolloutEngine):
     """Generates with vLLM's offline `LLM`, held in this process (see the module docstring).
 
+    ``tokenizer_path`` is the tokenizer's folder (None = ``model_path``);
     ``max_model_len`` bounds prompt + response tokens; ``tensor_parallel`` is vLLM's own (GPU);
     ``gpu_memory_utilization`` is the share of GPU memory vLLM takes for weights and KV cache
     (the trainer needs the rest); ``kv_cache_gib`` sizes the KV cache on CPU.
@@ -61,6 +62,7 @@ class VLLMRollout(RolloutEngine):
         self,
         model_path: str | Path,
         *,
+        tokenizer_path: str | Path | None = None,
         eos_token_ids: Sequence[int],
         pad_token_id: int,
         device: torch.device | str = "cpu",
@@ -86,6 +88,7 @@ class VLLMRollout(RolloutEngine):
         start = time.perf_counter()
         self.llm = LLM(
             model=str(model_path),
+            tokenizer=str(model_path if tokenizer_path is None else tokenizer_path),
             dtype=dtype,
             max_model_len=max_model_len,
             tensor_parallel_size=tensor_parallel,

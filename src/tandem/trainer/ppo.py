@@ -32,17 +32,17 @@ from tandem.roles.reward_model import last_token_index
 from tandem.rollout import PROMPT_INDEX, SamplingParams
 from tandem.trainer.base import Trainer
 from tandem.trainer.metrics import Timer, batch_metrics, throughput_metrics
+from tandem.trainer.start_checks import (
+    check_ground_truths,
+    check_model_folders,
+    check_tokenizers,
+    load_actor_tokenizer,
+)
 
 logger = logging.getLogger(__name__)
 
 PROMPT_SIDE = {"prompts": "pad", "input_ids": "pad", "attention_mask": 0, "position_ids": 0}
 COUNT_SUFFIX = "_count"
-
-
-def load_tokenizer(model_path: str) -> Any:
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(model_path)
 
 
 class RLTrainer(Trainer):
@@ -54,14 +54,17 @@ class RLTrainer(Trainer):
         d = cfg.data
         if not train and not (d.val_files and cfg.actor.model_path):
             raise ConfigError("evaluation needs data.val_files and actor.model_path; set both")
-        self.tokenizer = load_tokenizer(cfg.actor.model_path)
+        check_model_folders(cfg, "rl" if train else "eval")
+        self.tokenizer = load_actor_tokenizer(cfg)
         self.pad_id = self.tokenizer.pad_token_id
         self.train_data = self._prompts(d.train_files, cfg) if train else None
         self.val_data = self._prompts(d.val_files, cfg) if d.val_files else None
-        num_items = len(self.train_data) if train else 1
-        super().__init__(cfg, num_items, cfg.derived.gen_prompts_per_round if train else 1)
+        check_tokenizers(cfg, self.tokenizer, [self.train_data, self.val_data], "rl" if train else "eval")
         self.rewards = reward_manager_from_config(cfg, self.tokenizer)
         self.rewards.check_data_sources(self._data_sources())
+        check_ground_truths(self.rewards, [self.train_data, self.val_data])
+        num_items = len(self.train_data) if train else 1
+        super().__init__(cfg, num_items, cfg.derived.gen_prompts_per_round if train else 1)
         alg = cfg.algorithm
         self.kl_ctrl = kl_controller_from_config(alg.kl_ctrl) if alg.use_kl_in_reward else None
         self.reward_errors_total = 0

@@ -12,7 +12,11 @@ from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.data import SFTDataset, collate_sft
 from tandem.trainer.base import Trainer
-from tandem.trainer.ppo import load_tokenizer
+from tandem.trainer.start_checks import (
+    check_model_folders,
+    check_tokenizers,
+    load_actor_tokenizer,
+)
 
 SFT_TRUNCATION = ("error", "right")
 
@@ -29,9 +33,11 @@ class SFTTrainer(Trainer):
                 f"data.truncation={d.truncation} is for RL prompts; SFT takes error or right "
                 "(set data.truncation=error or right)"
             )
-        self.tokenizer = load_tokenizer(cfg.actor.model_path)
+        check_model_folders(cfg, "sft")
+        self.tokenizer = load_actor_tokenizer(cfg)
         self.train_data = self._rows(d.train_files, cfg)
         self.val_data = self._rows(d.val_files, cfg) if d.val_files else None
+        check_tokenizers(cfg, self.tokenizer, [self.train_data, self.val_data], "sft")
         super().__init__(cfg, len(self.train_data), d.train_batch_size)
         self.hf_dir = self.run_dir / "hf_model"
 

@@ -1,0 +1,233 @@
+"""Start-up checks of what the config points at, run in the trainers' constructors before any worker
+starts: the model and tokenizer folders, the tokenizer on the run's own prompts, and every row's
+ground truth against the scorer of its data_source. A problem is an error naming the key, folder,
+file, row or field (exit status 2 through the CLI); a tokenizer that changes the text is a warning.
+"""
+
+from __future__ import annotations
+
+import logging
+import unicodedata
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from tandem.config.errors import ConfigError
+from tandem.config.schema import TandemConfig
+from tandem.data.rows import DataError, tokenize
+from tandem.engine.hf_io import TOKENIZER_FILES, model_folder_problem, tokenizer_folder_problem
+
+logger = logging.getLogger(__name__)
+
+GROUND_TRUTH_FIELD = "reward_model.ground_truth"
+MAX_LISTED_ROWS = 5  # rows named in a ground-truth error
+EXCERPT_CHARS = 80  # characters of a prompt shown around the first place a round trip changed it
+
+
+def actor_tokenizer_source(cfg: TandemConfig) -> tuple[str, str]:
+    """(key, folder) of the actor's tokenizer: actor.tokenizer_path, else actor.model_path."""
+    a = cfg.actor
+    return (
+        ("actor.tokenizer_path", a.tokenizer_path) if a.tokenizer_path else ("actor.model_path", a.model_path)
+    )
+
+
+def load_tokenizer(path: str, key: str = "actor.model_path") -> Any:
+    """The tokenizer in folder `path` (named by config key `key`); a folder transformers cannot read
+    a tokenizer from is a ConfigError naming the key and the folder."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as error:  # transformers' own words: a missing sentencepiece, a broken JSON, ...
+        first_line = (str(error).strip().splitlines() or [""])[0]
+        raise ConfigError(
+            f"{key}={path}: transformers cannot load a tokenizer from this folder ({type(error).__name__}: "
+            f"{first_line}); point {key} at a folder with the model's tokenizer files "
+            f"({', '.join(TOKENIZER_FILES)} and tokenizer_config.json)"
+        ) from error
+
+
+def load_actor_tokenizer(cfg: TandemConfig) -> Any:
+    """The actor's tokenizer (actor.tokenizer_path, else actor.model_path): the prompts', rollout's and SFT's."""
+    key, folder = actor_tokenizer_source(cfg)
+    return load_tokenizer(folder, key)
+
+
+# --- folders -------------------------------------------------------------------------------------------
+
+
+def _role_folders(cfg: TandemConfig, purpose: str) -> list[tuple[str, str, str, bool]]:
+    """(role, key, folder, is_model) of every folder a run of `purpose` reads, model folders first."""
+    a, c, rm = cfg.actor, cfg.critic, cfg.reward.reward_model
+    tokenizer_key, tokenizer_path = actor_tokenizer_source(cfg)
+    folders = [("actor", "actor.model_path", a.model_path, True)]
+    if purpose == "rl" and cfg.derived.critic_needed:
+        folders.append(("critic", "critic.model_path", c.model_path, True))
+    if purpose == "rl" and cfg.derived.reward_model_needed:
+        folders.append(("reward model", "reward.reward_model.model_path", rm.model_path, True))
+    folders.append(("actor", tokenizer_key, tokenizer_path, False))
+    # The critic and the reward model read the actor's token ids: their tokenizers are only compared
+    # with the actor's (role_tokenizer_warnings), so only one named explicitly must be there.
+    if (
+        purpose == "rl"
+        and cfg.derived.critic_needed
+        and c.tokenizer_path
+        and c.tokenizer_path != a.tokenizer_path
+    ):
+        folders.append(("critic", "critic.tokenizer_path", c.tokenizer_path, False))
+    if purpose == "rl" and cfg.derived.reward_model_needed and rm.tokenizer_path:
+        folders.append(("reward model", "reward.reward_model.tokenizer_path", rm.tokenizer_path, False))
+    return [f for f in folders if f[2]]
+
+
+def check_model_folders(cfg: TandemConfig, purpose: str = "rl") -> None:
+    """Every model folder a run of `purpose` (rl, eval, sft) loads must hold config.json and weights,
+    and the actor's tokenizer folder tokenizer files; else a ConfigError listing each key and folder."""
+    problems, bad_folders = [], set()
+    for role, key, folder, is_model in _role_folders(cfg, purpose):
+        if folder in bad_folders:
+            continue  # one message per folder
+        if is_model:
+            problem = model_folder_problem(folder)
+            fix = (
+                f"point {key} at a local Hugging Face folder of the {role} (config.json, weights, tokenizer)"
+            )
+        else:
+            problem = tokenizer_folder_problem(folder)
+            fix = (
+                "put the model's tokenizer files there, or set actor.tokenizer_path to the folder that holds them"
+                if key == "actor.model_path"
+                else f"point {key} at a folder holding the tokenizer files, or leave it unset"
+            )
+        if problem is not None:
+            bad_folders.add(folder)
+            problems.append(f"{key}={folder}: {problem}; {fix}")
+    if problems:
+        raise ConfigError(problems)
+
+
+# --- tokenizers ----------------------------------------------------------------------------------------
+
+
+def _decode(tokenizer: Any, ids: Sequence[int]) -> str:
+    return tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
+def _excerpt(text: str, at: int) -> str:
+    start = max(0, at - EXCERPT_CHARS // 4)
+    piece = text[start : start + EXCERPT_CHARS]
+    return ("..." if start else "") + repr(piece) + ("..." if start + EXCERPT_CHARS < len(text) else "")
+
+
+def round_trip_warning(
+    tokenizer: Any, samples: Iterable[tuple[str, str]], key: str, folder: str
+) -> str | None:
+    """A warning when decoding the token ids of a sample text does not give the text back (the model
+    would train on other text than the data holds), with the first such sample; None when all do."""
+    samples = list(samples)
+    if not samples:
+        return None
+    ids = tokenize(tokenizer, [text for _, text in samples])
+    changed = 0
+    first = None
+    for (location, text), row in zip(samples, ids):
+        decoded = _decode(tokenizer, row)
+        if unicodedata.normalize("NFC", decoded) != unicodedata.normalize("NFC", text):
+            changed += 1
+            first = first or (location, text, decoded)
+    if first is None:
+        return None
+    location, text, decoded = first
+    at = next((i for i, (x, y) in enumerate(zip(text, decoded)) if x != y), min(len(text), len(decoded)))
+    return (
+        f"the tokenizer of {key}={folder} ({type(tokenizer).__name__}) does not give back the text it "
+        f"encodes ({changed} of the first {len(samples)} prompts change): {location} is {_excerpt(text, at)} "
+        f"but decodes as {_excerpt(decoded, at)} (first difference at character {at}). The model would see "
+        "other text than the data holds. transformers may have picked the tokenizer class from config.json's "
+        "model type rather than the folder's tokenizer: set actor.tokenizer_path to a folder holding only "
+        "the tokenizer files (tokenizer.json, tokenizer_config.json, ...)"
+    )
+
+
+def role_tokenizer_warnings(
+    cfg: TandemConfig, tokenizer: Any, samples: Sequence[tuple[str, str]]
+) -> list[str]:
+    """Warnings for a critic or reward model whose tokenizer encodes the sample texts into other ids
+    than the actor's: both read the actor's token ids as they are."""
+    c, rm = cfg.critic, cfg.reward.reward_model
+    actor_folder = actor_tokenizer_source(cfg)[1]
+    roles = []
+    if cfg.derived.critic_needed:
+        roles.append(("critic", "critic.tokenizer_path", c.tokenizer_path, c.model_path))
+    if cfg.derived.reward_model_needed:
+        roles.append(("reward model", "reward.reward_model.tokenizer_path", rm.tokenizer_path, rm.model_path))
+    texts = [text for _, text in samples]
+    warnings = []
+    for role, key, explicit, model_path in roles:
+        folder = explicit or model_path
+        if not folder or folder == actor_folder or not texts:
+            continue
+        if not explicit and tokenizer_folder_problem(folder) is not None:
+            continue  # no tokenizer of its own to compare (none is needed)
+        other = load_tokenizer(folder, key if explicit else key.replace("tokenizer_path", "model_path"))
+        if tokenize(other, texts) != tokenize(tokenizer, texts):
+            warnings.append(
+                f"the {role}'s tokenizer ({folder}) encodes the data's prompts into other token ids than "
+                f"the actor's ({actor_folder}); the {role} reads the actor's token ids as they are, so it "
+                f"would see other text. Use a {role} trained with the actor's tokenizer, or set {key} to "
+                "the actor's tokenizer folder if the tokenizer in its model folder is not the right one"
+            )
+    return warnings
+
+
+def check_tokenizers(cfg: TandemConfig, tokenizer: Any, datasets: Iterable[Any], purpose: str = "rl") -> None:
+    """Log a warning when the actor's tokenizer does not round-trip the first rows of each dataset (as
+    rendered for the model), or a critic's / reward model's tokenizer encodes them differently."""
+    key, folder = actor_tokenizer_source(cfg)
+    samples = [sample for data in datasets if data is not None for sample in data.sample_texts]
+    warnings = [round_trip_warning(tokenizer, samples, key, folder)]
+    if purpose == "rl":
+        warnings += role_tokenizer_warnings(cfg, tokenizer, samples)
+    for warning in warnings:
+        if warning is not None:
+            logger.warning("%s", warning)
+
+
+# --- ground truth --------------------------------------------------------------------------------------
+
+
+def _found(data: Any, i: int, value: Any) -> str:
+    if value is None:
+        return f"the row has no {GROUND_TRUTH_FIELD}" if i in data.ground_truth_absent else "it is null"
+    return f"found {value!r:.80} ({type(value).__name__})"
+
+
+def check_ground_truths(rewards: Any, datasets: Iterable[Any]) -> None:
+    """Every row's ground truth must suit the scorer of its data_source (the scorer's declared check,
+    see tandem/rewards/registry.py); else a DataError naming the file, row and field of each bad row."""
+    problems = []
+    for data in datasets:
+        if data is None:
+            continue
+        rows = []
+        for i in range(len(data)):
+            item = data[i]
+            style = item["extra_info"].get("style")
+            rows.append(
+                (item["data_source"], style if isinstance(style, str) else None, item["ground_truth"])
+            )
+        for i, scorer, problem in rewards.ground_truth_problems(rows):
+            data_source, _, value = rows[i]
+            problems.append(
+                f"{data.locations[i]}: field '{GROUND_TRUTH_FIELD}' (data_source '{data_source}', scored by "
+                f"{scorer}): {problem}; {_found(data, i, value)}"
+            )
+    if not problems:
+        return
+    listed = "\n".join(f"  - {p}" for p in problems[:MAX_LISTED_ROWS])
+    more = f"\n  ... and {len(problems) - MAX_LISTED_ROWS} more" if len(problems) > MAX_LISTED_ROWS else ""
+    raise DataError(
+        f"{len(problems)} row(s) hold a ground truth their scorer cannot use (each would score 0 on every "
+        f"sample):\n{listed}{more}\nFix the rows' {GROUND_TRUTH_FIELD}, or give the data_source a scorer that "
+        "reads it (reward.custom_reward_file)"
+    )
