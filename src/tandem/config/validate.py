@@ -231,7 +231,9 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
         )
     for key, tau in (("actor.tau_pos", a.tau_pos), ("actor.tau_neg", a.tau_neg)):
         if tau <= 0:
-            problems.add(key, f"{key}={tau} must be > 0: it is sapo's gate temperature (1.0 / 1.05 are usual)")
+            problems.add(
+                key, f"{key}={tau} must be > 0: it is sapo's gate temperature (1.0 / 1.05 are usual)"
+            )
     _at_least(problems, "actor.kl_loss_coef", a.kl_loss_coef, 0)
     _at_least(problems, "critic.cliprange_value", c.cliprange_value, 0)
     if cfg.reward.custom_reward_file and not Path(cfg.reward.custom_reward_file).expanduser().is_file():

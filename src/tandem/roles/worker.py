@@ -308,7 +308,11 @@ def token_budget(cfg: TandemConfig, device: torch.device) -> int | None:
 
 def rollout_kwargs(cfg: TandemConfig, device: torch.device) -> dict[str, Any]:
     """The rollout engine's constructor arguments from the config."""
-    kwargs: dict[str, Any] = {"model_path": cfg.actor.model_path, "device": device}
+    kwargs: dict[str, Any] = {
+        "model_path": cfg.actor.model_path,
+        "tokenizer_path": cfg.actor.tokenizer_path,
+        "device": device,
+    }
     if resolve_engine(cfg.rollout.engine) == "vllm":
         r, d = cfg.rollout, cfg.data
         kwargs.update(
