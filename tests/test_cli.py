@@ -264,3 +264,10 @@ def test_a_real_worker_failure_prints_a_headline_and_keeps_the_tracebacks_in_the
         "actor_rollout_ref_rank1.log",
     ]
     assert not (run / ".lock").exists()
+
+
+def test_fewer_rows_than_one_batch_exits_2_before_any_worker(tmp_path):
+    done = run_cli("train", *small_run(tmp_path, "data.train_batch_size=16", "actor.ppo_mini_batch_size=16"))
+    assert done.returncode == 2, done.stderr
+    assert "the dataset has 8 items, fewer than one batch of 16" in done.stderr
+    assert "Started a local Ray" not in done.stderr

@@ -102,7 +102,10 @@ class Trainer(ABC):
         self.run_dir = run_dir(cfg)
         self.log_dir = self.run_dir / "logs"  # the workers' output, and error.log (tandem/cli.py)
         d, t = cfg.data, cfg.trainer
-        self.sampler = StatefulSampler(num_items, batch_size, shuffle=d.shuffle, seed=d.seed)
+        try:
+            self.sampler = StatefulSampler(num_items, batch_size, shuffle=d.shuffle, seed=d.seed)
+        except ValueError as err:  # too few rows for one batch: the data and the config disagree
+            raise ConfigError(f"data.train_files={d.train_files}: {err}") from None
         self._batches: Any = None
         self.total_steps = t.total_training_steps or t.total_epochs * len(self.sampler)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", t.max_checkpoints_to_keep)
