@@ -1,3 +1,4 @@
+import json
 import os
 import subprocess
 import sys
@@ -5,12 +6,16 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
+import torch
+from safetensors.torch import load_file
 
 from tandem import cli
 from tandem.cli import headline, main, write_error_log
 from tandem.controller.errors import WorkerError
 from tandem.data import save_tiny, write_rows, write_splits
+from tandem.trainer import quickstart
 from tandem.trainer.checkpoint import CheckpointManager, save_trainer_state
+from tandem.trainer.quickstart import prepare as prepare_quickstart
 from tandem.trainer.quickstart import run as run_quickstart
 from tandem.trainer.run_lock import RunLock
 
@@ -124,17 +129,41 @@ def test_export_of_a_folder_that_is_no_checkpoint_exits_2(tmp_path):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_quickstart_runs_sft_then_grpo_and_plots(ray_local, tmp_path):
+def test_quickstart_runs_sft_then_grpo_and_plots(ray_local, tmp_path, monkeypatch):
+    monkeypatch.setattr(quickstart, "TARGET_VAL_LOSS", 100.0)  # SFT stops at its first validation
     numbers = run_quickstart(
         tmp_path,
         ["trainer.total_training_steps=2", "trainer.test_freq=1", "trainer.loggers=[jsonl]"],
-        sft_overrides=["trainer.total_training_steps=4"],
+        sft_overrides=["trainer.total_training_steps=6", "trainer.test_freq=2"],
     )
+    sft_steps = [json.loads(line)["step"] for line in (tmp_path / "quickstart/sft/metrics.jsonl").open()]
+    assert sft_steps[-1] == 2 and numbers["sft_steps"] == 2
     assert [step for step, _ in numbers["accuracy_per_validation"]] == [0, 1, 2]
     assert 0 <= numbers["accuracy_after_sft"] <= 1 and 0 <= numbers["accuracy_after_rl"] <= 1
     assert [step for step, _ in numbers["reward_per_step"]] == [1, 2]
     assert Path(numbers["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "quickstart/sft/hf_model/model.safetensors").is_file()
+
+
+def test_quickstart_seed_picks_model_data_and_training_seeds(tmp_path):
+    def made(seed: int, name: str) -> tuple[dict, list[str], list[str], list[str]]:
+        model_dir, overrides = prepare_quickstart(tmp_path / name, seed)
+        prompts = [
+            pq.read_table(tmp_path / name / "data" / f"{split}.parquet").column("prompt").to_pylist()
+            for split in ("train", "val")
+        ]
+        return load_file(model_dir / "model.safetensors"), overrides, *prompts
+
+    weights0, overrides0, train0, val0 = made(0, "a")
+    weights0_again, _, train0_again, val0_again = made(0, "b")
+    weights1, overrides1, train1, val1 = made(1, "c")
+    assert len(val0) == 256 and not {str(p) for p in val0} & {str(p) for p in train0}  # held out
+    assert all(torch.equal(weights0[k], weights0_again[k]) for k in weights0)
+    assert (train0, val0) == (train0_again, val0_again)
+    assert not torch.equal(weights0["model.embed_tokens.weight"], weights1["model.embed_tokens.weight"])
+    assert val0 != val1 and train0[:32] != train1[:32]
+    assert {"trainer.seed=0", "data.seed=0"} <= set(overrides0)
+    assert {"trainer.seed=1", "data.seed=1"} <= set(overrides1)
 
 
 # ---- run folders: one run at a time, finished runs, damaged checkpoints (before any worker) ----------

@@ -35,6 +35,7 @@ def _parser() -> argparse.ArgumentParser:
     quick = sub.add_parser("quickstart", help="the main job on a tiny model (CPU, a few minutes)")
     quick.add_argument("overrides", nargs="*", help="RL config overrides such as actor.optim.lr=1e-5")
     quick.add_argument("--out", default="runs/quickstart", help="output folder (default: runs/quickstart)")
+    quick.add_argument("--seed", type=int, default=0, help="seeds model init, data and training (default: 0)")
 
     train = sub.add_parser("train", help="RL training from a preset or YAML file")
     train.add_argument("preset", help="preset name (tandem presets) or YAML path")
@@ -84,7 +85,7 @@ def _run(args: argparse.Namespace) -> int:
         from tandem.trainer.quickstart import run
 
         args.log_dir = Path(args.out) / "logs"
-        run(args.out, args.overrides)
+        run(args.out, args.overrides, seed=args.seed)
     elif args.command in ("train", "sft", "eval"):
         from tandem.trainer import RLTrainer, SFTTrainer
         from tandem.trainer.base import run_dir

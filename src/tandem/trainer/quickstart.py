@@ -1,12 +1,14 @@
 """`tandem quickstart`: the main job on a tiny model, start to finish, on a CPU laptop.
 
 1. Build a tiny Qwen2 model and byte-level tokenizer, and the synthetic two-digit addition task as
-   parquet, its 64 validation problems held out of the training rows.
-2. Warm-start it with SFT (`tandem sft`), on 2 Ray worker ranks with FSDP2.
+   parquet, its 256 validation problems held out of the training rows.
+2. Warm-start it with SFT (`tandem sft`), on 2 Ray worker ranks with FSDP2, until the validation
+   loss reaches TARGET_VAL_LOSS: the model has begun to learn addition and RL has room to grow.
 3. RL with GRPO (`tandem train grpo`) on 2 Ray worker ranks: FSDP2 actor + reference + rollout
    engine in each, weights synced into the rollout every step; validation before, during, after.
 4. Print validation accuracy after SFT and after RL; plot reward and accuracy per step (PNG).
-Every output lands in --out (default runs/quickstart); a rerun starts afresh.
+Every output lands in --out (default runs/quickstart); a rerun starts afresh. `--seed` picks the
+model's initial weights, the problems and the training seeds.
 """
 
 from __future__ import annotations
@@ -16,9 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from tandem.config import load_config
+from tandem.config.schema import TandemConfig
 from tandem.data import save_tiny, write_splits
 from tandem.rollout import resolve_engine
 from tandem.trainer.base import run_dir
@@ -26,7 +27,8 @@ from tandem.trainer.plot import plot_run
 from tandem.trainer.ppo import RLTrainer
 from tandem.trainer.sft import SFTTrainer
 
-TASK = {"task": "addition", "n_train": 16384, "n_val": 64, "digits": 2}
+TARGET_VAL_LOSS = 0.7  # SFT stops here: the model has begun to learn addition, RL has room to grow
+TASK = {"task": "addition", "n_train": 16384, "n_val": 256, "digits": 2}
 COMMON = [
     "data.max_prompt_length=32",
     "data.max_response_length=4",
@@ -43,9 +45,9 @@ SFT = [
     "actor.micro_batch_size_per_rank=16",
     "actor.optim.lr=1e-3",
     "actor.optim.lr_scheduler=constant",
-    "actor.optim.warmup_ratio=0.05",
-    "trainer.total_training_steps=520",
-    "trainer.test_freq=260",
+    "actor.optim.warmup_steps=25",
+    "trainer.total_training_steps=1200",
+    "trainer.test_freq=25",
     "trainer.experiment_name=sft",
     "trainer.loggers=[jsonl]",
 ]
@@ -57,43 +59,46 @@ GRPO = [
     "actor.optim.lr=1e-4",
     "rollout.log_prob_micro_batch_size_per_rank=64",
     "reference.log_prob_micro_batch_size_per_rank=64",
-    "trainer.total_training_steps=80",
+    "trainer.total_training_steps=40",
     "trainer.test_freq=10",
     "trainer.val_before_train=true",
-    "trainer.save_freq=40",
     "trainer.experiment_name=grpo",
     "trainer.loggers=[console,jsonl,tensorboard]",
 ]
 
 
 def run(
-    out_dir: str | Path = "runs/quickstart", overrides: Sequence[str] = (), sft_overrides: Sequence[str] = ()
+    out_dir: str | Path = "runs/quickstart",
+    overrides: Sequence[str] = (),
+    sft_overrides: Sequence[str] = (),
+    *,
+    seed: int = 0,
 ) -> dict[str, Any]:
     """Run the quickstart; `overrides` (key=value) of the RL run and `sft_overrides` of the SFT run come
-    last and win. Returns its numbers."""
+    last and win. `seed` seeds everything random: the model's initial weights, the data (which
+    problems are held out), the shuffle and the trainers (sampling). Returns its numbers."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     start = time.perf_counter()
     out = Path(out_dir)
-    torch.manual_seed(0)
-    model_dir = save_tiny(out / "tiny-model")
-    task = dict(TASK)
-    files = write_splits(task.pop("task"), out / "data", seed=0, **task)
-    data = [f"data.train_files=[{files['train']}]", f"data.val_files=[{files['val']}]"]
-    paths = [f"trainer.output_dir={out}", *data]
-    say(f"tiny Qwen2 model in {model_dir}; addition task in {out / 'data'}")
+    model_dir, paths = prepare(out, seed)
+    say(f"seed {seed}: tiny Qwen2 model in {model_dir}; addition task in {out / 'data'}")
 
     sft_cfg = load_config(
         "sft", [*COMMON, *SFT, *paths, f"actor.model_path={model_dir}", *sft_overrides], require_data=True
     )
-    say(f"SFT: {sft_cfg.trainer.total_training_steps} steps on 2 Ray ranks (FSDP2)")
-    sft = SFTTrainer(sft_cfg)
+    say(
+        f"SFT: until the validation loss is at most {TARGET_VAL_LOSS} (at most "
+        f"{sft_cfg.trainer.total_training_steps} steps) on 2 Ray ranks (FSDP2)"
+    )
+    sft = WarmStart(sft_cfg, TARGET_VAL_LOSS)
     sft_history = sft.fit()
     sft_seconds = time.perf_counter() - start
     last = sft_history[-1]
     say(
-        f"SFT: final loss {last['sft/loss']:.3f}, validation loss {last['val/loss']:.3f}; model in {sft.hf_dir}"
+        f"SFT: stopped at step {last['step']}, loss {last['sft/loss']:.3f}, validation loss "
+        f"{last['val/loss']:.3f}; model in {sft.hf_dir}"
     )
 
     rl_cfg = load_config(
@@ -112,6 +117,7 @@ def run(
     numbers = {
         "accuracy_after_sft": accuracy[0][1],
         "accuracy_after_rl": accuracy[-1][1],
+        "sft_steps": last["step"],
         "rl_steps": rl_cfg.trainer.total_training_steps,
         "samples_per_step": rl_cfg.derived.samples_per_step,
         "sft_seconds": round(sft_seconds, 1),
@@ -122,13 +128,60 @@ def run(
         "reward_per_step": plot["reward"],
     }
     say(
-        "validation accuracy (greedy, 64 held-out additions): "
+        f"validation accuracy (greedy, {TASK['n_val']} held-out additions): "
         + "  ".join(f"step {s}: {a:.3f}" for s, a in accuracy)
     )
     for key in ("accuracy_after_sft", "accuracy_after_rl", "seconds", "plot", "metrics"):
         value = numbers[key]
         say(f"{key:<20}{value:.3f}" if isinstance(value, float) else f"{key:<20}{value}")
     return numbers
+
+
+class WarmStart(SFTTrainer):
+    """SFT that stops at the first validation whose loss is at most `target_loss` (or at
+    trainer.total_training_steps) and exports that model. The step where the loss of addition drops
+    moves with the seed and the host's float summation order; a loss target does not."""
+
+    def __init__(self, cfg: TandemConfig, target_loss: float) -> None:
+        super().__init__(cfg)
+        self.target_loss = target_loss
+        self.reached = False
+
+    def validate(self) -> dict[str, float]:
+        metrics = super().validate()
+        self.reached = self.reached or metrics["val/loss"] <= self.target_loss
+        return metrics
+
+    def train_step(self) -> dict[str, float]:
+        if self.reached:
+            self.finish()  # export the model of the step that reached the target, then end the loop
+            raise _TargetReached
+        return super().train_step()
+
+    def fit(self, until_step: int | None = None) -> list[dict[str, float]]:
+        try:
+            return super().fit(until_step)
+        except _TargetReached:
+            return self.history
+
+
+class _TargetReached(Exception):
+    """Ends WarmStart's training loop."""
+
+
+def prepare(out: Path, seed: int) -> tuple[Path, list[str]]:
+    """Write the tiny model and the addition task of `seed` under `out`. Returns the model folder and
+    the overrides both runs share: output folder, seeds, data files."""
+    model_dir = save_tiny(out / "tiny-model", seed=seed)
+    task = dict(TASK)
+    files = write_splits(task.pop("task"), out / "data", seed=seed, **task)
+    return model_dir, [
+        f"trainer.output_dir={out}",
+        f"trainer.seed={seed}",
+        f"data.seed={seed}",
+        f"data.train_files=[{files['train']}]",
+        f"data.val_files=[{files['val']}]",
+    ]
 
 
 def say(line: str) -> None:
