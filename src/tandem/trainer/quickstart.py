@@ -27,7 +27,7 @@ from tandem.trainer.plot import plot_run
 from tandem.trainer.ppo import RLTrainer
 from tandem.trainer.sft import SFTTrainer
 
-TARGET_VAL_LOSS = 0.7  # SFT stops here: the model has begun to learn addition, RL has room to grow
+TARGET_VAL_LOSS = 0.6  # SFT stops here: the model has begun to learn addition, RL has room to grow
 TASK = {"task": "addition", "n_train": 16384, "n_val": 256, "digits": 2}
 COMMON = [
     "data.max_prompt_length=32",
@@ -46,8 +46,8 @@ SFT = [
     "actor.optim.lr=1e-3",
     "actor.optim.lr_scheduler=constant",
     "actor.optim.warmup_steps=25",
-    "trainer.total_training_steps=1200",
-    "trainer.test_freq=25",
+    "trainer.total_training_steps=1000",
+    "trainer.test_freq=10",
     "trainer.experiment_name=sft",
     "trainer.loggers=[jsonl]",
 ]
@@ -59,7 +59,7 @@ GRPO = [
     "actor.optim.lr=1e-4",
     "rollout.log_prob_micro_batch_size_per_rank=64",
     "reference.log_prob_micro_batch_size_per_rank=64",
-    "trainer.total_training_steps=40",
+    "trainer.total_training_steps=50",
     "trainer.test_freq=10",
     "trainer.val_before_train=true",
     "trainer.experiment_name=grpo",
