@@ -289,8 +289,10 @@ def grpo_passk(
     best = scores.new_full((num_groups,), -torch.inf).scatter_reduce(0, inverse, scores, reduce="amax")
     position = torch.arange(scores.shape[0], device=scores.device)
     is_best = scores == best[inverse]
+    # no boolean indexing (a host round trip): positions of non-best samples count as "past the end"
+    candidates = torch.where(is_best, position, torch.full_like(position, scores.shape[0]))
     first_best = torch.full((num_groups,), scores.shape[0], device=scores.device).scatter_reduce(
-        0, inverse[is_best], position[is_best], reduce="amin"
+        0, inverse, candidates, reduce="amin"
     )
     winner = position == first_best[inverse]
     others = torch.where(winner, torch.full_like(scores, -torch.inf), scores)
