@@ -126,6 +126,11 @@ class Trainer(ABC):
     def has_validation(self) -> bool:
         return False
 
+    def stop_early(self, metrics: dict[str, float]) -> bool:
+        """After a step (and its validation, if any): True ends the run here, as if it were the last step
+        (final checkpoint, finish). A resumed run (trainer.resume=auto) would train on past it."""
+        return False
+
     def extra_state(self) -> dict[str, Any]:
         """Controller state beyond step and data position, saved in checkpoints."""
         return {}
@@ -195,12 +200,15 @@ class Trainer(ABC):
                     last = self.step == stop
                     if self.has_validation() and t.test_freq > 0 and (self.step % t.test_freq == 0 or last):
                         metrics.update(self._timed_validation())
+                    last = last or self.stop_early(metrics)
                     if (last and t.save_final) or (t.save_freq > 0 and self.step % t.save_freq == 0):
                         start = time.perf_counter()
                         self.save_checkpoint()
                         metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
                     metrics["train/epoch"] = float(self.epoch)
                     self._log(tracker, metrics, self.step)
+                    if last:
+                        break
                 self.finish()
         finally:
             if self.groups is not None:

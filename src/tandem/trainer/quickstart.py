@@ -13,6 +13,7 @@ model's initial weights, the problems and the training seeds.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -145,28 +146,9 @@ class WarmStart(SFTTrainer):
     def __init__(self, cfg: TandemConfig, target_loss: float) -> None:
         super().__init__(cfg)
         self.target_loss = target_loss
-        self.reached = False
 
-    def validate(self) -> dict[str, float]:
-        metrics = super().validate()
-        self.reached = self.reached or metrics["val/loss"] <= self.target_loss
-        return metrics
-
-    def train_step(self) -> dict[str, float]:
-        if self.reached:
-            self.finish()  # export the model of the step that reached the target, then end the loop
-            raise _TargetReached
-        return super().train_step()
-
-    def fit(self, until_step: int | None = None) -> list[dict[str, float]]:
-        try:
-            return super().fit(until_step)
-        except _TargetReached:
-            return self.history
-
-
-class _TargetReached(Exception):
-    """Ends WarmStart's training loop."""
+    def stop_early(self, metrics: dict[str, float]) -> bool:
+        return metrics.get("val/loss", math.inf) <= self.target_loss
 
 
 def prepare(out: Path, seed: int) -> tuple[Path, list[str]]:
