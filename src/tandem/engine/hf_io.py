@@ -46,6 +46,12 @@ def _folder_problem(folder: Path) -> str | None:
     return None
 
 
+def error_summary(error: BaseException) -> str:
+    """'Type: first line of the message': transformers' errors run to many lines of advice."""
+    first_line = (str(error).strip().splitlines() or [""])[0]
+    return f"{type(error).__name__}: {first_line}"
+
+
 def model_folder_problem(path: str | Path) -> str | None:
     """What keeps `path` from being a Hugging Face model folder (None when nothing does): read from
     the file system and config.json alone, so it is cheap enough to run before any worker starts."""
@@ -61,8 +67,7 @@ def model_folder_problem(path: str | Path) -> str | None:
     try:
         AutoConfig.from_pretrained(folder)
     except Exception as error:  # an unknown model_type, broken JSON, ...: transformers says which
-        first_line = (str(error).strip().splitlines() or [""])[0]
-        return f"transformers cannot read its config.json ({type(error).__name__}: {first_line})"
+        return f"transformers cannot read its config.json ({error_summary(error)})"
     return None
 
 

@@ -14,7 +14,12 @@ from typing import Any
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.data.rows import DataError, tokenize
-from tandem.engine.hf_io import TOKENIZER_FILES, model_folder_problem, tokenizer_folder_problem
+from tandem.engine.hf_io import (
+    TOKENIZER_FILES,
+    error_summary,
+    model_folder_problem,
+    tokenizer_folder_problem,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -39,10 +44,9 @@ def load_tokenizer(path: str, key: str = "actor.model_path") -> Any:
     try:
         return AutoTokenizer.from_pretrained(path)
     except Exception as error:  # transformers' own words: a missing sentencepiece, a broken JSON, ...
-        first_line = (str(error).strip().splitlines() or [""])[0]
         raise ConfigError(
-            f"{key}={path}: transformers cannot load a tokenizer from this folder ({type(error).__name__}: "
-            f"{first_line}); point {key} at a folder with the model's tokenizer files "
+            f"{key}={path}: transformers cannot load a tokenizer from this folder ({error_summary(error)}); "
+            f"point {key} at a folder with the model's tokenizer files "
             f"({', '.join(TOKENIZER_FILES)} and tokenizer_config.json)"
         ) from error
 
