@@ -42,6 +42,7 @@ import asyncio
 import json
 import os
 import random
+import shutil
 import statistics
 import sys
 import tempfile
@@ -450,7 +451,8 @@ def main() -> None:
         )
 
     tokenizer = build_tokenizer()
-    folder = save_tiny(Path(tempfile.mkdtemp(prefix="tandem-agent-bench-")) / "model")
+    workdir = Path(tempfile.mkdtemp(prefix="tandem-agent-bench-"))
+    folder = save_tiny(workdir / "model")
     prompts = make_prompts(tokenizer, args.samples, seed=0)
     longest_prompt = int(prompts["attention_mask"].sum(1).max())
     stops = [tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids(IM_END)]
@@ -530,6 +532,7 @@ def main() -> None:
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
         say(f"numbers in {args.json}")
+    shutil.rmtree(workdir, ignore_errors=True)
 
 
 def multi_turn(
