@@ -124,3 +124,71 @@ def test_write_splits_holds_out_validation_problems(tmp_path):
         write_splits("addition", tmp_path / "tiny", n_train=5, n_val=2000, seed=0, digits=1)
     with pytest.raises(ValueError, match=r"\.parquet or \.jsonl"):
         write_task("addition", tmp_path / "x.csv", 2, seed=0)
+
+
+def test_tool_multiply_rows_for_a_fixed_seed():
+    rows = make_rows("tool_multiply", 3, seed=0)
+    call = '<tool_call>{"name":"calculator","arguments":{"expression":"910*391"}}</tool_call>'
+    assert rows[0] == {
+        "prompt": [{"role": "user", "content": "910*391"}],
+        "data_source": "tool_multiply",
+        "reward_model": {"ground_truth": "355810", "style": "rule"},  # 910 * 391 by hand
+        "extra_info": {"index": 0, "split": "train"},
+        "response": "355810",
+        "messages": [
+            {"role": "user", "content": "910*391"},
+            {"role": "assistant", "content": call},
+            {"role": "tool", "content": "355810"},
+            {"role": "assistant", "content": "355810"},
+        ],
+    }
+    assert [(r["prompt"][0]["content"], r["response"]) for r in rows[1:]] == [
+        ("641*695", "445495"),
+        ("183*802", "146766"),
+    ]
+
+
+def test_tool_multiply_products_of_three_digit_numbers():
+    rows = make_rows("tool_multiply", 2000, seed=3, split="val")
+    factors = []
+    for i, row in enumerate(rows):
+        a, b = map(int, row["prompt"][0]["content"].split("*"))
+        factors += [a, b]
+        assert row["reward_model"]["ground_truth"] == row["response"] == str(a * b)
+        assert row["extra_info"] == {"index": i, "split": "val"}
+        assert row["messages"][0] == row["prompt"][0]
+        assert json.loads(
+            row["messages"][1]["content"].removeprefix("<tool_call>").removesuffix("</tool_call>")
+        ) == {
+            "name": "calculator",
+            "arguments": {"expression": f"{a}*{b}"},
+        }
+        assert row["messages"][2:] == [
+            {"role": "tool", "content": str(a * b)},
+            {"role": "assistant", "content": str(a * b)},
+        ]
+    assert min(factors) >= 100 and max(factors) <= 999
+    assert min(factors) < 110 and max(factors) > 990  # the whole range is drawn
+    assert len({r["response"] for r in rows}) > 1950
+    one_digit = {r["prompt"][0]["content"] for r in make_rows("tool_multiply", 500, seed=0, digits=1)}
+    assert len(one_digit) == 81 and "1*1" in one_digit and "9*9" in one_digit
+    with pytest.raises(ValueError, match="tool_multiply: digits must be >= 1"):
+        make_rows("tool_multiply", 1, seed=0, digits=0)
+
+
+def test_tool_multiply_parquet_round_trip_and_held_out_splits(tmp_path):
+    paths = write_splits("tool_multiply", tmp_path / "tm", n_train=400, n_val=30, seed=0, digits=1)
+    train, val = (pq.read_table(paths[k]).to_pylist() for k in ("train", "val"))
+    assert (len(train), len(val)) == (400, 30)
+    val_prompts = {r["prompt"][0]["content"] for r in val}
+    assert len(val_prompts) > 20  # of the 81 one-digit problems
+    assert not val_prompts & {r["prompt"][0]["content"] for r in train}
+    assert not val_prompts & {r["messages"][0]["content"] for r in train}
+    assert val == make_rows("tool_multiply", 30, "0:val", split="val", digits=1)
+    messages = pa.list_(pa.struct([("role", pa.string()), ("content", pa.string())]))
+    assert pq.read_table(paths["train"]).schema.field("messages").type == messages
+    # three digits, the default: a held-out set where one problem is under 1 %
+    paths = write_splits("tool_multiply", tmp_path / "tm3", n_train=3000, n_val=500, seed=1, fmt="jsonl")
+    train, val = ([json.loads(line) for line in paths[k].read_text().splitlines()] for k in ("train", "val"))
+    assert (len(train), len(val)) == (3000, 500)
+    assert not {r["prompt"][0]["content"] for r in val} & {r["prompt"][0]["content"] for r in train}

@@ -57,6 +57,43 @@ def test_chat_template_renders_chatml(tokenizer):
     assert without == "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\n1+2=<|im_end|>\n"
 
 
+CALCULATOR = {"type": "function", "function": {"name": "calculator", "parameters": {"type": "object"}}}
+
+
+def test_chat_template_lists_tool_names_in_a_system_block(tokenizer):
+    messages = [
+        {"role": "user", "content": "123*456"},
+        {"role": "assistant", "content": '<tool_call>{"name":"calculator"}</tool_call>'},
+        {"role": "tool", "content": "56088"},
+    ]
+    text = tokenizer.apply_chat_template(
+        messages, tools=[CALCULATOR], tokenize=False, add_generation_prompt=True
+    )
+    assert text == (
+        "<|im_start|>system\ntools: calculator<|im_end|>\n"
+        "<|im_start|>user\n123*456<|im_end|>\n"
+        '<|im_start|>assistant\n<tool_call>{"name":"calculator"}</tool_call><|im_end|>\n'
+        "<|im_start|>tool\n56088<|im_end|>\n"
+        "<|im_start|>assistant\n"
+    )
+    python = {"type": "function", "function": {"name": "python"}}
+    two = tokenizer.apply_chat_template(messages[:1], tools=[CALCULATOR, python], tokenize=False)
+    assert (
+        two == "<|im_start|>system\ntools: calculator,python<|im_end|>\n<|im_start|>user\n123*456<|im_end|>\n"
+    )
+    # No tools (absent, None or empty): byte for byte what the template rendered before tools existed.
+    plain = "<|im_start|>user\n123*456<|im_end|>\n<|im_start|>assistant\n"
+    assert tokenizer.apply_chat_template(messages[:1], tokenize=False, add_generation_prompt=True) == plain
+    for tools in (None, []):
+        rendered = tokenizer.apply_chat_template(
+            messages[:1], tools=tools, tokenize=False, add_generation_prompt=True
+        )
+        assert rendered == plain
+    # The system block is special tokens and one token per character, as everything else.
+    ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+    assert ids[:26] == [2, *char_ids("system\ntools: calculator"), 3]
+
+
 @pytest.mark.parametrize("padding_side", ["left", "right"])
 def test_tokenizer_round_trips_through_saved_folder(tmp_path, padding_side):
     original = build_tokenizer(padding_side=padding_side)

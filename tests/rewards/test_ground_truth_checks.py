@@ -15,20 +15,29 @@ from tandem.rewards import (
     math_score,
     register_scorer,
 )
+from tandem.rewards.scorers import tool_multiply_score
 
 GOOD = {
     "addition": ["42", 42, 42.0, " 7 ", "1,042", np.int64(3)],
     "countdown": [{"target": 24, "numbers": [4, 6, 1, 1]}, '{"target": 3, "numbers": [1, 2]}'],
     "gsm8k": ["72", 72, "He has 3 + 4 = 7 <<3+4=7>>\n#### 7", 0.5],
     "math": ["\\frac{1}{2}", "\\boxed{3}", 3, "x"],
+    "tool_multiply": ["56088", 56088, "56,088"],
 }
 BAD = {
     "addition": [None, "two", 4.5, True, [42], {"answer": 42}],
     "countdown": [None, {"target": 3}, {"target": 3, "numbers": "1 2"}, "{not json", 24],
     "gsm8k": [None, "none", [72], True, {"answer": 72}],
     "math": [None, "", "   ", True, ["1"], {"answer": "1"}],
+    "tool_multiply": [None, "123*456", 56088.5, [56088]],
 }
-SCORE = {"addition": addition_score, "countdown": countdown_score, "gsm8k": gsm8k_score, "math": math_score}
+SCORE = {
+    "addition": addition_score,
+    "countdown": countdown_score,
+    "gsm8k": gsm8k_score,
+    "math": math_score,
+    "tool_multiply": tool_multiply_score,
+}
 
 
 @pytest.mark.parametrize("name", sorted(GOOD))

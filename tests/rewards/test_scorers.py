@@ -3,7 +3,15 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from tandem.rewards import addition_score, countdown_score, evaluate_arithmetic, gsm8k_score, math_score
+from tandem.rewards import (
+    addition_score,
+    countdown_score,
+    default_scorer_for,
+    evaluate_arithmetic,
+    gsm8k_score,
+    math_score,
+)
+from tandem.rewards.scorers import tool_multiply_score
 from tandem.rewards.scorers.arithmetic import extract_countdown_expression
 from tandem.rewards.scorers.gsm8k import extract_gsm8k_answer
 from tandem.rewards.scorers.math_answer import last_boxed, normalize_answer
@@ -72,6 +80,65 @@ def test_addition_reports_prediction_and_rejects_broken_ground_truth():
     assert addition_score("addition", "42.5", "42", None) == {"score": 0.0, "acc": False, "pred": "42.5"}
     with pytest.raises(ValueError):
         addition_score("addition", "42", "forty-two", None)
+
+
+# --- tool_multiply ----------------------------------------------------------------------------
+
+CALL = '<tool_call>{"name":"calculator","arguments":{"expression":"123*456"}}</tool_call>'
+
+
+@pytest.mark.parametrize(
+    ("response", "expected"),
+    [
+        ("56088", 1.0),
+        ("The answer is 56,088.", 1.0),
+        ("123*456=56088", 1.0),
+        (f"{CALL}56088", 1.0),  # an answer written after a call still counts
+        ("56087", 0.0),
+        ("56088 (123*456)", 0.0),  # the LAST integer counts
+        ("5608 8", 0.0),
+        ("560880", 0.0),
+        ("56088.5", 0.0),
+        ("", 0.0),
+        ("fifty-six thousand", 0.0),
+        ("<|im_end|>", 0.0),
+        (CALL, 0.0),  # the tool call turn alone is a question, not an answer
+        ('<tool_call>{"name":"calculator","arguments":{"expression":"56088"}}</tool_call>', 0.0),
+        ('<tool_call>{"name":"calculator","arguments":{"expression":"56088', 0.0),  # cut off
+    ],
+)
+def test_tool_multiply(response, expected):
+    assert score(tool_multiply_score, response, "56088", "tool_multiply") == expected
+
+
+def test_tool_multiply_registered_reports_prediction_and_checks_ground_truth():
+    assert default_scorer_for("tool_multiply") is tool_multiply_score
+    assert tool_multiply_score("tool_multiply", "so 56088", 56088, None) == {
+        "score": 1.0,
+        "acc": True,
+        "pred": "56088",
+    }
+    assert tool_multiply_score("tool_multiply", CALL, "56088", None) == {
+        "score": 0.0,
+        "acc": False,
+        "pred": None,
+    }
+    with pytest.raises(ValueError, match="tool_multiply ground_truth must be a whole number"):
+        tool_multiply_score("tool_multiply", "1", "56088.5", None)
+
+
+def test_tool_multiply_scores_the_task_rows():
+    from tandem.data.synthetic import make_rows
+
+    for row in make_rows("tool_multiply", 20, seed=0):
+        truth = row["reward_model"]["ground_truth"]
+        call, _, answer = (m["content"] for m in row["messages"][1:])
+        assert (
+            score(tool_multiply_score, answer, truth)
+            == score(tool_multiply_score, row["response"], truth)
+            == 1.0
+        )
+        assert score(tool_multiply_score, call, truth) == 0.0
 
 
 # --- countdown --------------------------------------------------------------------------------

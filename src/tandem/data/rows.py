@@ -203,18 +203,27 @@ def resolve_mode(chat_template: str, tokenizer: Any) -> str:
     return chat_template
 
 
-def render_prompt(prompt: list[dict[str, str]] | str, tokenizer: Any, mode: str, location: str = "") -> str:
+def render_prompt(
+    prompt: list[dict[str, str]] | str,
+    tokenizer: Any,
+    mode: str,
+    location: str = "",
+    *,
+    tools: list[dict] | None = None,
+) -> str:
     """The prompt as text, ready for the model to continue with its answer.
 
-    ``chat``: the tokenizer's chat template with the generation prompt; ``plain``: the message
-    contents joined by newlines; ``none``: the string as it is.
+    ``chat``: the tokenizer's chat template with the generation prompt (and ``tools``, OpenAI-style
+    schemas, when given: the template declares them as it does for the agent loop); ``plain``: the
+    message contents joined by newlines; ``none``: the string as it is (``tools`` unused in both).
     """
     if mode == "none":
         return prompt  # type: ignore[return-value]
     if mode == "plain":
         return "\n".join(message["content"] for message in prompt)
+    kwargs = {"tools": tools} if tools else {}
     try:
-        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **kwargs)
     except Exception as e:  # jinja templates raise their own errors ("roles must alternate", ...)
         raise DataError(
             f"{location}: the tokenizer's chat template fails on field 'prompt' ({type(e).__name__}: {e}); "

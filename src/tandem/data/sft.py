@@ -1,4 +1,4 @@
-"""The SFT dataset: a prompt rendered exactly as the RL prompts are, then the response and EOS."""
+"""The SFT dataset: (prompt, response) pairs, or whole conversations whose assistant turns are trained."""
 
 from __future__ import annotations
 
@@ -27,19 +27,31 @@ TRUNCATION_MODES = ("error", "right")
 MAX_LOGGED_ROWS = 3  # filtered / truncated rows named in the log, as examples
 SAMPLE_ROWS = 8  # rendered rows kept (`sample_texts`) for the start-up tokenizer round-trip check
 
+Piece = tuple[str, int]  # (text, 1 if the loss covers its tokens else 0)
+
 
 class SFTDataset:
-    """(prompt, response) rows as ``input_ids`` and ``loss_mask`` token lists.
+    """SFT rows as ``input_ids`` and ``loss_mask`` token lists, aligned (the loss shifts the mask
+    with the labels). A row is one of two kinds:
 
-    ``input_ids`` = prompt tokens (rendered with the generation prompt, as :class:`PromptDataset`
-    does) + response tokens + EOS. Prompt and response are tokenized separately, so the response
-    tokens are the ones the policy would generate after that prompt. ``loss_mask`` is 1 exactly on
-    the response tokens and the EOS, aligned with ``input_ids`` (the loss shifts it with the labels).
+    - a conversation, when it has a non-null ``messages_key`` field (``messages_key=None``: never):
+      system / user / assistant / tool messages rendered whole by the chat template (with ``tools``,
+      OpenAI-style schemas, when given). ``loss_mask`` is 1 exactly on each assistant message's
+      content tokens and the token that ends its turn (the first of ``stop_token_ids`` after the
+      content; default: EOS), so the model learns to stop where the rollout stops it; 0 on the
+      turn headers, the text after the stop token, and every other message. The last message must
+      be the assistant's. Found by rendering growing prefixes of the conversation, which must each
+      start with the one before (a prefix-stable template), and checked: the pieces' tokens
+      together equal the tokens of the whole rendering.
+    - a (prompt, response) pair otherwise: prompt tokens (rendered with the generation prompt, as
+      :class:`PromptDataset` does, ``tools`` included) + response tokens + EOS, prompt and response
+      tokenized separately so the response tokens are the ones the policy would generate after that
+      prompt; ``loss_mask`` is 1 on the response tokens and the EOS.
 
     Sequences longer than ``max_length``: ``truncation="error"`` raises; ``"right"`` cuts the end,
-    and drops (counted in ``report["filtered"]``) rows whose prompt leaves no response token; both
-    are logged as a warning that names a few of the rows. ``sample_texts`` are (location, text) of
-    the first rows: the rendered prompt followed by the response.
+    and drops (counted in ``report["filtered"]``) rows with no trained token left; both are logged
+    as a warning that names a few of the rows. ``sample_texts`` are (location, text) of the first
+    rows: the rendered prompt followed by the response, or the rendered conversation.
     """
 
     def __init__(
@@ -50,8 +62,11 @@ class SFTDataset:
         max_length: int,
         prompt_key: str = "prompt",
         response_key: str = "response",
+        messages_key: str | None = "messages",
         truncation: str = "error",
         chat_template: str = "auto",
+        tools: list[dict] | None = None,
+        stop_token_ids: Sequence[int] | None = None,
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation must be one of {TRUNCATION_MODES} for SFT, got {truncation!r}")
@@ -59,54 +74,79 @@ class SFTDataset:
             raise ValueError(f"data.max_length must be >= 2, got {max_length}")
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no EOS token; SFT appends one to every response")
+        stop_ids = _check_stop_ids(tokenizer, stop_token_ids)
         mode = resolve_mode(chat_template, tokenizer)
         self.files = as_paths(files)
         self.max_length = max_length
 
-        locations, prompts, responses = [], [], []
+        # Per row: its location, its pieces, and for a conversation its whole rendering (the
+        # pieces' tokens are checked against it); a pair's EOS is added after tokenizing.
+        rows: list[tuple[str, list[Piece], str | None]] = []
         for path in self.files:
             for location, row in iter_rows(path):
                 row = check_row(location, row)
+                if messages_key is not None and row.get(messages_key) is not None:
+                    if mode != "chat":
+                        raise DataError(
+                            f"{location}: field {messages_key!r} holds a conversation, which needs the "
+                            f"tokenizer's chat template (data.chat_template={chat_template} resolves to "
+                            f"{mode}); use a tokenizer with a chat template and data.chat_template=auto"
+                        )
+                    messages = check_prompt(location, row[messages_key], messages_key, mode)
+                    pieces, whole = _conversation_pieces(
+                        location, messages, messages_key, tokenizer, tools, stop_ids
+                    )
+                    rows.append((location, pieces, whole))
+                    continue
                 prompt = require(
                     location, row, prompt_key, object, " Set data.prompt_key if it has another name."
                 )
-                prompts.append(
-                    render_prompt(check_prompt(location, prompt, prompt_key, mode), tokenizer, mode, location)
+                prompt_text = render_prompt(
+                    check_prompt(location, prompt, prompt_key, mode), tokenizer, mode, location, tools=tools
                 )
-                responses.append(
-                    require(
-                        location, row, response_key, str, " Set data.response_key if it has another name."
-                    )
+                response = require(
+                    location, row, response_key, str, " Set data.response_key if it has another name."
                 )
-                locations.append(location)
+                rows.append((location, [(prompt_text, 0), (response, 1)], None))
 
         self.sample_texts: list[tuple[str, str]] = [
-            (location, prompt + response)
-            for location, prompt, response in list(zip(locations, prompts, responses))[:SAMPLE_ROWS]
+            (location, "".join(text for text, _ in pieces)) for location, pieces, _ in rows[:SAMPLE_ROWS]
         ]
+        texts = [text for _, pieces, _ in rows for text, _ in pieces]
+        texts += [whole for _, _, whole in rows if whole is not None]
+        all_ids = iter(tokenize(tokenizer, texts))
+        pieces_ids = [[next(all_ids) for _ in pieces] for _, pieces, _ in rows]
+        whole_ids = {i: next(all_ids) for i, (_, _, whole) in enumerate(rows) if whole is not None}
+
         self._items: list[dict[str, list[int]]] = []
         filtered: list[str] = []
         truncated: list[str] = []
         eos = tokenizer.eos_token_id
-        for location, prompt_ids, response_ids in zip(
-            locations, tokenize(tokenizer, prompts), tokenize(tokenizer, responses)
-        ):
-            input_ids = [*prompt_ids, *response_ids, eos]
-            loss_mask = [0] * len(prompt_ids) + [1] * (len(response_ids) + 1)
+        for i, ((location, pieces, whole), ids_of_pieces) in enumerate(zip(rows, pieces_ids)):
+            input_ids = [token for ids in ids_of_pieces for token in ids]
+            loss_mask = [trained for (_, trained), ids in zip(pieces, ids_of_pieces) for _ in ids]
+            if whole is None:
+                input_ids.append(eos)
+                loss_mask.append(1)
+                what = "prompt + response + EOS"
+            else:
+                _check_conversation_ids(location, pieces, ids_of_pieces, whole_ids[i], stop_ids, tokenizer)
+                what = "the conversation"
             if len(input_ids) > max_length:
                 if truncation == "error":
                     raise DataError(
-                        f"{location}: prompt + response + EOS is {len(input_ids)} tokens, longer than "
+                        f"{location}: {what} is {len(input_ids)} tokens, longer than "
                         f"data.max_length={max_length}; raise data.max_length or set data.truncation=right"
                     )
-                if len(prompt_ids) >= max_length:
-                    filtered.append(f"{location} (prompt alone {len(prompt_ids)} tokens)")
+                first_trained = loss_mask.index(1)
+                if first_trained >= max_length:
+                    filtered.append(f"{location} (prompt alone {first_trained} tokens)")
                     continue
                 truncated.append(f"{location} ({len(input_ids)} tokens)")
                 input_ids, loss_mask = input_ids[:max_length], loss_mask[:max_length]
             self._items.append({"input_ids": input_ids, "loss_mask": loss_mask})
 
-        total = len(locations)
+        total = len(rows)
         self.report = {
             "total": total,
             "kept": len(self._items),
@@ -149,3 +189,116 @@ def collate_sft(items: Sequence[dict[str, Any]], pad_token_id: int) -> Batch:
         "loss_mask": pad_sequences([item["loss_mask"] for item in items], 0, side="right"),
     }
     return Batch.from_dict(tensors)
+
+
+def _check_stop_ids(tokenizer: Any, stop_token_ids: Sequence[int] | None) -> dict[int, str]:
+    """Stop id -> its token's text (what a rendering holds), EOS when none are given."""
+    ids = [tokenizer.eos_token_id] if stop_token_ids is None else [int(t) for t in stop_token_ids]
+    if not ids:
+        raise ValueError("stop_token_ids is empty; give the ids that end an assistant turn (e.g. EOS)")
+    stops = {}
+    for token_id in ids:
+        token = tokenizer.convert_ids_to_tokens(token_id) if 0 <= token_id < len(tokenizer) else None
+        if not token:
+            raise ValueError(f"stop_token_ids: {token_id} is not a token id of this tokenizer")
+        stops[token_id] = token
+    return stops
+
+
+def _render(
+    location: str, key: str, tokenizer: Any, messages: list, upto: int, tools: list[dict] | None, *, gen: bool
+) -> str:
+    kwargs = {"tools": tools} if tools else {}
+    try:
+        return tokenizer.apply_chat_template(
+            messages[:upto], tokenize=False, add_generation_prompt=gen, **kwargs
+        )
+    except Exception as e:  # jinja templates raise their own errors ("roles must alternate", ...)
+        raise DataError(
+            f"{location}: the tokenizer's chat template fails on field {key!r} up to message {upto - 1} "
+            f"({type(e).__name__}: {e}); fix the messages"
+        ) from e
+
+
+def _conversation_pieces(
+    location: str,
+    messages: list[dict[str, Any]],
+    key: str,
+    tokenizer: Any,
+    tools: list[dict] | None,
+    stops: dict[int, str],
+) -> tuple[list[Piece], str]:
+    """The conversation's rendering cut into (text, trained) pieces, and the whole rendering.
+
+    For each assistant message i, the rendering of messages[:i] with the generation prompt ends
+    where its content starts, and its turn is trained up to the first stop token after the content
+    in the rendering of messages[:i+1]."""
+    last = messages[-1]["role"]
+    if last != "assistant":
+        raise DataError(
+            f"{location}: field {key!r} must end with an assistant message, the last one is {last!r}; "
+            f"SFT trains the assistant turns, and text after the last of them teaches nothing"
+        )
+    pieces: list[Piece] = []
+    done = ""  # the rendering cut into pieces so far
+    previous = ""  # the last rendering, which the next one must start with
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        before = _render(location, key, tokenizer, messages, i, tools, gen=True)
+        after = _render(location, key, tokenizer, messages, i + 1, tools, gen=False)
+        for text, upto in ((before, i), (after, i + 1)):
+            if not text.startswith(previous):
+                raise DataError(
+                    f"{location}: field {key!r} message {i}: the chat template is not prefix-stable: its "
+                    f"rendering of messages[:{upto}] does not start with the rendering of the messages before "
+                    f"it, so the assistant turns cannot be cut out of the whole; use a template that renders "
+                    f"a conversation as the rendering of its beginning followed by the rest"
+                )
+            previous = text
+        turn = after[len(before) :]
+        content = message["content"]
+        content_end = turn.find(content) + len(content) if content in turn else 0
+        ends = [(turn.find(stop, content_end), stop) for stop in stops.values() if stop in turn[content_end:]]
+        if not ends:
+            raise DataError(
+                f"{location}: field {key!r} message {i}: the chat template does not end assistant turns with "
+                f"a stop token ({', '.join(map(repr, stops.values()))}); it renders the turn as {turn!r}. "
+                f"Pass stop_token_ids with the token that ends its turns (the one generation stops at)"
+            )
+        position, stop = min(ends)
+        cut = len(before) + position + len(stop)
+        pieces += [(before[len(done) :], 0), (after[len(before) : cut], 1)]
+        done = after[:cut]
+    if previous[len(done) :]:
+        pieces.append((previous[len(done) :], 0))
+    return [piece for piece in pieces if piece[0]], previous
+
+
+def _check_conversation_ids(
+    location: str,
+    pieces: list[Piece],
+    ids_of_pieces: list[list[int]],
+    whole_ids: list[int],
+    stops: dict[int, str],
+    tokenizer: Any,
+) -> None:
+    """The pieces' tokens must be those of the whole rendering, each trained piece ending in a stop id."""
+    joined = [token for ids in ids_of_pieces for token in ids]
+    if joined != list(whole_ids):
+        at = next(
+            (j for j, (a, b) in enumerate(zip(joined, whole_ids)) if a != b), min(len(joined), len(whole_ids))
+        )
+        raise DataError(
+            f"{location}: tokenizing the conversation turn by turn gives other tokens than tokenizing it "
+            f"whole (first difference at token {at}: the tokenizer merges text across a turn boundary), "
+            f"so the loss mask would not line up with the tokens; use a tokenizer whose turn markers are "
+            f"special tokens"
+        )
+    for (text, trained), ids in zip(pieces, ids_of_pieces):
+        if trained and (not ids or ids[-1] not in stops):
+            end = tokenizer.convert_ids_to_tokens(ids[-1]) if ids else None
+            raise DataError(
+                f"{location}: an assistant turn {text!r:.60} ends in token {end!r}, not one stop token "
+                f"({', '.join(map(repr, stops.values()))}); the stop token must be a single (special) token"
+            )

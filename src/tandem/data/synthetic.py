@@ -3,7 +3,9 @@
 A row: ``{"prompt": [{"role": "user", "content": ...}], "data_source": str,
 "reward_model": {"ground_truth": ..., "style": "rule"}, "extra_info": {"index": i, "split": ...},
 "response": str}`` (``response`` is one correct answer, for SFT). Prompts are kept short because
-the tiny model's tokenizer spends one token per character.
+the tiny model's tokenizer spends one token per character. Tool tasks add ``"messages"``: a whole
+tool-use demonstration (user, assistant tool call, tool result, assistant answer) for the SFT
+warm start of multi-turn RL.
 """
 
 from __future__ import annotations
@@ -20,14 +22,25 @@ import pyarrow.parquet as pq
 Row = dict[str, Any]
 
 
-def _row(task: str, content: str, ground_truth: Any, response: str, index: int, split: str) -> Row:
-    return {
+def _row(
+    task: str,
+    content: str,
+    ground_truth: Any,
+    response: str,
+    index: int,
+    split: str,
+    messages: list[dict[str, str]] | None = None,
+) -> Row:
+    row = {
         "prompt": [{"role": "user", "content": content}],
         "data_source": task,
         "reward_model": {"ground_truth": ground_truth, "style": "rule"},
         "extra_info": {"index": index, "split": split},
         "response": response,
     }
+    if messages is not None:
+        row["messages"] = messages
+    return row
 
 
 def addition_row(rng: random.Random, index: int, split: str, *, digits: int = 2) -> Row:
@@ -91,7 +104,38 @@ def countdown_row(
     )
 
 
-TASKS: dict[str, Callable[..., Row]] = {"addition": addition_row, "countdown": countdown_row}
+CALCULATOR = "calculator"  # the built-in tool's name (tandem.tools)
+
+
+def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
+    """A tool call as the Hermes / Qwen2.5 format writes it, in compact JSON (every character is a token)."""
+    payload = json.dumps({"name": name, "arguments": arguments}, separators=(",", ":"))
+    return f"<tool_call>{payload}</tool_call>"
+
+
+def tool_multiply_row(rng: random.Random, index: int, split: str, *, digits: int = 3) -> Row:
+    """``a*b`` with ``a, b`` uniform over the ``digits``-digit numbers: too hard for the tiny model
+    in its head, easy with the calculator. ``messages`` shows the tool use: the call, the result
+    as the calculator returns it, and the answer."""
+    if digits < 1:
+        raise ValueError(f"tool_multiply: digits must be >= 1, got {digits}")
+    low = 10 ** (digits - 1) if digits > 1 else 1
+    a, b = rng.randint(low, 10**digits - 1), rng.randint(low, 10**digits - 1)
+    content, answer = f"{a}*{b}", str(a * b)
+    messages = [
+        {"role": "user", "content": content},
+        {"role": "assistant", "content": tool_call_text(CALCULATOR, {"expression": content})},
+        {"role": "tool", "content": answer},
+        {"role": "assistant", "content": answer},
+    ]
+    return _row("tool_multiply", content, answer, answer, index, split, messages)
+
+
+TASKS: dict[str, Callable[..., Row]] = {
+    "addition": addition_row,
+    "countdown": countdown_row,
+    "tool_multiply": tool_multiply_row,
+}
 
 
 def make_rows(task: str, n: int, seed: int | str, *, split: str = "train", **task_kwargs: Any) -> list[Row]:

@@ -34,7 +34,17 @@ IM_END = "<|im_end|>"
 SPECIAL_TOKENS = (PAD_TOKEN, EOS_TOKEN, IM_START, IM_END)
 
 # ChatML-like: any role, one message per block; the generation prompt opens the assistant turn.
+# With `tools` (OpenAI-style schemas), a first system block lists their names only: the tiny
+# tokenizer spends one token per character, so no descriptions or parameter schemas.
 CHAT_TEMPLATE = (
+    "{% if tools %}"
+    "{{ '<|im_start|>system\\ntools: ' }}"
+    "{% for tool in tools %}"
+    "{{ (tool['function']['name'] if tool['function'] is defined else tool['name']) }}"
+    "{{ ',' if not loop.last else '' }}"
+    "{% endfor %}"
+    "{{ '<|im_end|>\\n' }}"
+    "{% endif %}"
     "{% for message in messages %}"
     "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n' }}"
     "{% endfor %}"

@@ -1,7 +1,19 @@
 """Built-in scorers; importing this package registers them in `tandem.rewards.registry.SCORERS`."""
 
-from tandem.rewards.scorers.arithmetic import addition_score, countdown_score, evaluate_arithmetic
+from tandem.rewards.scorers.arithmetic import (
+    addition_score,
+    countdown_score,
+    evaluate_arithmetic,
+    tool_multiply_score,
+)
 from tandem.rewards.scorers.gsm8k import gsm8k_score
 from tandem.rewards.scorers.math_answer import math_score
 
-__all__ = ["addition_score", "countdown_score", "evaluate_arithmetic", "gsm8k_score", "math_score"]
+__all__ = [
+    "addition_score",
+    "countdown_score",
+    "evaluate_arithmetic",
+    "gsm8k_score",
+    "math_score",
+    "tool_multiply_score",
+]

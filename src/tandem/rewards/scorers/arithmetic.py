@@ -1,4 +1,4 @@
-"""Scorers for the synthetic arithmetic tasks: "addition" and "countdown".
+"""Scorers for the synthetic arithmetic tasks: "addition", "countdown" and "tool_multiply".
 
 A wrong or malformed answer scores 0.0; only a broken ground truth raises (counted as an error).
 """
@@ -69,6 +69,28 @@ def addition_score(
     pred = last_integer(solution_str)
     correct = pred is not None and pred == target
     return {"score": float(correct), "acc": correct, "pred": last_number(solution_str)}
+
+
+# --- tool_multiply ------------------------------------------------------------------------------
+
+# A tool call block (closed, or cut off at the end of the text): a request, never an answer.
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.DOTALL)
+
+
+@register_scorer("tool_multiply", check_ground_truth=check_addition_truth)
+def tool_multiply_score(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> dict:
+    """1.0 if the last integer of the final answer, outside any ``<tool_call>`` block, equals the product.
+
+    ``solution_str`` is the final assistant turn (the reward manager's multi-turn input); the
+    numbers inside a tool call are the question, so a turn that only calls the tool scores 0.0.
+    """
+    target = whole_number(ground_truth, "tool_multiply ground_truth")
+    answer = _TOOL_CALL_BLOCK.sub(" ", solution_str)
+    pred = last_integer(answer)
+    correct = pred is not None and pred == target
+    return {"score": float(correct), "acc": correct, "pred": last_number(answer)}
 
 
 # --- countdown ---------------------------------------------------------------------------------
