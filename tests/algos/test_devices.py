@@ -24,6 +24,9 @@ from tandem.algos import (
 B, T, V = 4, 5, 7
 INDEX = [0, 0, 1, 1]
 COUNTS = {"global_num_tokens": 13, "global_num_seqs": 3}
+# dro has no default beta; clip_cov_ratio 1 drops every candidate, so its random pick (CPU and CUDA
+# generators differ) cannot tell the devices apart
+LOSS_KEYS = {"dro_beta": 0.5, "clip_cov_ratio": 1.0}
 
 
 def run_everything(device: str) -> dict[str, torch.Tensor]:
@@ -39,7 +42,9 @@ def run_everything(device: str) -> dict[str, torch.Tensor]:
     for name in POLICY_LOSSES:
         for mode in AGG_MODES:
             logp = (old + 0.1 * rand(B, T)).requires_grad_(True)
-            loss, metrics = policy_loss(name, old, logp, adv, mask, loss_agg_mode=mode, agg_kwargs=COUNTS)
+            loss, metrics = policy_loss(
+                name, old, logp, adv, mask, loss_agg_mode=mode, agg_kwargs=COUNTS, **LOSS_KEYS
+            )
             loss.backward()
             out[f"{name}/{mode}"] = loss.detach()
             out[f"{name}/{mode}/grad"] = logp.grad

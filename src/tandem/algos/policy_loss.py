@@ -1,4 +1,5 @@
-"""Policy losses (PPO clip with dual clip, GSPO, REINFORCE, CISPO, GMPO, SAPO) and the clipped value loss.
+"""Policy losses (PPO clip with dual clip, GSPO, REINFORCE, CISPO, GMPO, SAPO, Clip-Cov, KL-Cov, DRO, DPPO)
+and the clipped value loss.
 
 Every policy loss takes (old_log_probs, log_probs, advantages, response_mask) as (B, T) tensors and
 the same keywords, and returns (scalar loss, metrics). The scalar is aggregated by `agg_loss`
@@ -14,6 +15,7 @@ that carries a graph (on-policy: old = logp).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -26,6 +28,7 @@ from tandem.algos.registry import POLICY_LOSSES
 # exp() of a log-ratio beyond this overflows float32 / explodes the loss; the clamp kills its gradient.
 MAX_LOG_RATIO = 20.0
 GSPO_MAX_LOG_RATIO = 10.0  # verl's cap on GSPO's sequence log-ratio (from above only)
+BINARY_KL_EPS = 1e-8  # verl's guard in DPPO's log((1 - p_old) / (1 - p)) for p = 1
 
 
 def _log_ratio(log_probs: Tensor, old_log_probs: Tensor, mask: Tensor) -> Tensor:
@@ -234,6 +237,211 @@ def sapo(
     loss = agg_loss(_weighted(pg, is_weights), response_mask, "seq-mean-token-mean", **(agg_kwargs or {}))
     none = torch.zeros_like(response_mask, dtype=torch.bool)
     return loss, _metrics(log_ratio, response_mask, none, none)
+
+
+def _token_covariance(advantages: Tensor, log_probs: Tensor, mask: Tensor) -> Tensor:
+    """(A_t - mean A)(logp_t - mean logp), means over the valid tokens: each token's term of Cov(logp, A)."""
+    adv = zero_padding(upcast(advantages).detach(), mask)
+    logp = zero_padding(upcast(log_probs).detach(), mask)
+    return (adv - masked_mean(adv, mask)) * (logp - masked_mean(logp, mask))
+
+
+def _token_budget(mask: Tensor, fraction: float) -> Tensor:
+    """max(1, floor(fraction x valid tokens)) as a 0-d tensor: a count that stays on the device."""
+    valid = (mask != 0).sum().to(torch.float64)  # float64: the same floor as verl's Python int()
+    return torch.clamp(torch.floor(valid * fraction), min=1.0)
+
+
+def _largest(key: Tensor, count: Tensor) -> Tensor:
+    """True at the `count` largest entries of `key` (ties: the earlier position first); fixed shapes."""
+    flat = key.reshape(-1)
+    order = torch.argsort(flat, descending=True, stable=True)
+    rank = torch.empty_like(order).scatter_(0, order, torch.arange(flat.numel(), device=flat.device))
+    return rank.view_as(key) < count
+
+
+@POLICY_LOSSES.register("clip_cov")
+def clip_cov(
+    old_log_probs: Tensor,
+    log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_cov_ratio: float = 0.0002,
+    clip_cov_lb: float = 1.0,
+    clip_cov_ub: float = 5.0,
+    is_weights: Tensor | None = None,
+    agg_kwargs: dict[str, Any] | None = None,
+    **_: Any,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """Clip-Cov (Cui et al. 2025, arXiv 2505.22617): PPO clip; random tokens with lb < cov_t < ub get loss 0.
+
+    cov_t = (A_t - mean A)(logp_t - mean logp) over the N valid tokens of the micro-batch (verl's scope).
+    Among the valid tokens that PPO did not clip and whose cov_t lies strictly in (clip_cov_lb,
+    clip_cov_ub), max(1, floor(clip_cov_ratio N)) picked uniformly at random (torch's generator of the
+    tensors' device: seeded runs repeat, CPU and CUDA pick differently) get loss 0 and so no gradient,
+    as in verl (the paper detaches them; same gradient). No dual clip, as in verl.
+    pg_clipfrac = share of tokens dropped this way (verl's metric; PPO-clipped tokens not counted).
+    """
+    if clip_cov_ratio <= 0:
+        raise ValueError(f"clip_cov: clip_cov_ratio must be > 0, got {clip_cov_ratio}")
+    log_ratio = _log_ratio(log_probs, old_log_probs, response_mask)
+    ratio = torch.exp(torch.clamp(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+    pg, clipped = _clipped_surrogate(ratio, advantages, clip_ratio_low, clip_ratio_high)
+    cov = _token_covariance(advantages, log_probs, response_mask)
+    candidate = (response_mask != 0) & ~clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+    # a random order of the candidates (uniform keys), every other token after them (key -1)
+    key = torch.where(candidate, torch.rand_like(cov), torch.full_like(cov, -1.0))
+    dropped = candidate & _largest(key, _token_budget(response_mask, clip_cov_ratio))
+    pg = torch.where(dropped, torch.zeros_like(pg), pg)
+    loss = agg_loss(_weighted(pg, is_weights), response_mask, loss_agg_mode, **(agg_kwargs or {}))
+    return loss, _metrics(log_ratio, response_mask, dropped, torch.zeros_like(dropped))
+
+
+@POLICY_LOSSES.register("kl_cov")
+def kl_cov(
+    old_log_probs: Tensor,
+    log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    kl_cov_ratio: float = 0.0002,
+    ppo_kl_coef: float = 0.1,
+    is_weights: Tensor | None = None,
+    agg_kwargs: dict[str, Any] | None = None,
+    **_: Any,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """KL-Cov (Cui et al. 2025, arXiv 2505.22617): l_t = -A_t r_t + coef |logp_t - old_t| on the top-k cov_t.
+
+    cov_t = (A_t - mean A)(logp_t - mean logp) over the N valid tokens of the micro-batch (verl's scope);
+    the k = max(1, floor(kl_cov_ratio N)) largest get the penalty, coef = ppo_kl_coef (ties: the earlier
+    position). No clip.
+    pg_clipfrac = share of penalised tokens (verl logs none); ppo_kl is the k1 mean of every loss here,
+    where verl's kl_cov logs mean |logp - old| under that name.
+    """
+    if kl_cov_ratio <= 0:
+        raise ValueError(f"kl_cov: kl_cov_ratio must be > 0, got {kl_cov_ratio}")
+    log_ratio = _log_ratio(log_probs, old_log_probs, response_mask)
+    ratio = torch.exp(torch.clamp(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+    valid = response_mask != 0
+    cov = _token_covariance(advantages, log_probs, response_mask)
+    key = torch.where(valid, cov, torch.full_like(cov, -torch.inf))
+    penalised = valid & _largest(key, _token_budget(response_mask, kl_cov_ratio))
+    pg = -advantages * ratio
+    pg = torch.where(penalised, pg + ppo_kl_coef * log_ratio.abs(), pg)
+    loss = agg_loss(_weighted(pg, is_weights), response_mask, loss_agg_mode, **(agg_kwargs or {}))
+    return loss, _metrics(log_ratio, response_mask, penalised, torch.zeros_like(penalised))
+
+
+@POLICY_LOSSES.register("dro")
+def dro(
+    old_log_probs: Tensor,
+    log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    dro_beta: float | None = None,
+    is_weights: Tensor | None = None,
+    agg_kwargs: dict[str, Any] | None = None,
+    **_: Any,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DRO (Richemond et al. 2024, arXiv 2405.19107): l_t = -(A_t logp_t - beta/2 (logp_t - old_t)^2).
+
+    The form verl uses: the quadratic log-ratio penalty replaces the clip; beta (dro_beta) has no default
+    and must be > 0. The gradient -(A_t - beta (logp_t - old_t)) d logp_t is, up to the factor beta, that of DRO's squared
+    residual 1/2 (A - beta log(pi / pi_old))^2 with the sampling policy as reference; on-policy it is
+    REINFORCE's, and beta -> 0 gives REINFORCE. Nothing is clipped: pg_clipfrac and _lower are 0.
+    """
+    if dro_beta is None or dro_beta <= 0:
+        raise ValueError(
+            f"dro: dro_beta (the weight of the quadratic log-ratio penalty) must be > 0, got {dro_beta}; "
+            "set actor.dro_beta"
+        )
+    log_ratio = _log_ratio(log_probs, old_log_probs, response_mask)
+    pg = -(advantages * zero_padding(upcast(log_probs), response_mask) - 0.5 * dro_beta * log_ratio**2)
+    loss = agg_loss(_weighted(pg, is_weights), response_mask, loss_agg_mode, **(agg_kwargs or {}))
+    none = torch.zeros_like(response_mask, dtype=torch.bool)
+    return loss, _metrics(log_ratio, response_mask, none, none)
+
+
+def _tv_region(logp: Tensor, old: Tensor, advantages: Tensor, low: float, high: float) -> Tensor:
+    """p - p_old <= high where A > 0, p_old - p <= low elsewhere (binary total variation)."""
+    change = torch.exp(logp) - torch.exp(old)
+    return torch.where(advantages > 0, change <= high, change >= -low)
+
+
+def _binary_kl_region(logp: Tensor, old: Tensor, advantages: Tensor, low: float, high: float) -> Tensor:
+    """KL(Bern(p_old) || Bern(p)) <= high (A > 0) / low (A <= 0), or p moved against the advantage."""
+    p, p_old = torch.exp(logp), torch.exp(old)
+    binary_kl = p_old * (old - logp) + (1 - p_old) * torch.log(
+        (1 - p_old + BINARY_KL_EPS) / (1 - p + BINARY_KL_EPS)
+    )
+    return torch.where(advantages > 0, (binary_kl <= high) | (p <= p_old), (binary_kl <= low) | (p >= p_old))
+
+
+def _dppo(
+    region: Callable[[Tensor, Tensor, Tensor, float, float], Tensor],
+    old_log_probs: Tensor,
+    log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    is_weights: Tensor | None = None,
+    agg_kwargs: dict[str, Any] | None = None,
+    **_: Any,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """l_t = -A_t sg(min(r_t, c)) logp_t inside the trust region `region` says, 0 outside."""
+    log_ratio = _log_ratio(log_probs, old_log_probs, response_mask)
+    ratio = torch.exp(torch.clamp(log_ratio, -MAX_LOG_RATIO, MAX_LOG_RATIO))
+    # the region is judged on detached probabilities, in float32 at least; padding: p = p_old = 1
+    logp = zero_padding(upcast(log_probs).detach(), response_mask)
+    old = zero_padding(upcast(old_log_probs).detach(), response_mask)
+    in_region = region(logp, old, advantages, clip_ratio_low, clip_ratio_high)
+    weight = torch.clamp(ratio, max=clip_ratio_c).detach()
+    pg = -advantages * weight * zero_padding(upcast(log_probs), response_mask)
+    pg = torch.where(in_region, pg, torch.zeros_like(pg))
+    loss = agg_loss(_weighted(pg, is_weights), response_mask, loss_agg_mode, **(agg_kwargs or {}))
+    truncated = in_region & (ratio.detach() > clip_ratio_c)
+    return loss, _metrics(log_ratio, response_mask, ~in_region, truncated)
+
+
+@POLICY_LOSSES.register("dppo_tv")
+def dppo_tv(
+    old_log_probs: Tensor, log_probs: Tensor, advantages: Tensor, response_mask: Tensor, **kwargs: Any
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DPPO-Binary-TV (Qi et al. 2026, arXiv 2602.04879): l_t = -A_t sg(min(r_t, c)) logp_t, 0 off the region.
+
+    The trust region bounds the probability, not the ratio: a token with A > 0 is dropped when
+    p - p_old > clip_ratio_high, one with A <= 0 when p_old - p > clip_ratio_low (verl reuses the clip
+    keys as these TV bounds; its example uses 0.15). A move against the advantage is never dropped.
+    c = clip_ratio_c truncates the detached IS weight (verl passes actor.clip_ratio_c; the paper wants
+    it large, verl's example sets 10000); the gradient of a kept token is -A min(r, c) d logp, PPO's
+    unclipped one while r < c. pg_clipfrac = share dropped; pg_clipfrac_lower = share kept but r > c.
+    Keywords: loss_agg_mode, clip_ratio_low, clip_ratio_high, clip_ratio_c, is_weights, agg_kwargs.
+    """
+    return _dppo(_tv_region, old_log_probs, log_probs, advantages, response_mask, **kwargs)
+
+
+@POLICY_LOSSES.register("dppo_kl")
+def dppo_kl(
+    old_log_probs: Tensor, log_probs: Tensor, advantages: Tensor, response_mask: Tensor, **kwargs: Any
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """DPPO-Binary-KL (Qi et al. 2026, arXiv 2602.04879): dppo_tv with a region on KL(Bern(p_old) || Bern(p)).
+
+    KL = p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p)) (1e-8 added inside the second
+    log, as verl does, for p = 1). A token with A > 0 is dropped when KL > clip_ratio_high and p > p_old,
+    one with A <= 0 when KL > clip_ratio_low and p < p_old (verl's example: 0.05 both).
+    """
+    return _dppo(_binary_kl_region, old_log_probs, log_probs, advantages, response_mask, **kwargs)
 
 
 def policy_loss(name: str, *args: Any, **kwargs: Any) -> tuple[Tensor, dict[str, Tensor]]:

@@ -29,6 +29,9 @@ Dtype = Literal["float32", "bfloat16", "float16"]
 ParamDtype = Literal["auto", "float32", "bfloat16", "float16"]
 LrScheduler = Literal["constant", "cosine", "linear"]
 RolloutEngineName = Literal["auto", "hf", "vllm", "sglang"]
+RolloutMode = Literal["sync", "async"]
+TruncateSide = Literal["left", "right", "middle"]
+ToolCallFormat = Literal["hermes"]
 Device = Literal["cpu", "cuda", "auto"]
 LoggerName = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
 SamplingMetric = Literal["score", "acc"]
@@ -128,9 +131,15 @@ class ActorConfig:
     sequence_packing: bool = True  # forward / backward on packed sequences, no padding computed (every role)
     old_log_probs_from_update: bool = True  # one optimizer step per step: no old-log-prob pass (derived)
     ppo_epochs: int = 1  # passes over each step's samples, >= 1
-    policy_loss: str = "vanilla"  # vanilla (PPO clip), gspo, reinforce, cispo, geo_mean (GMPO), sapo; README
+    policy_loss: str = "vanilla"  # vanilla (PPO clip) or another of README's policy losses: gspo, dro, ...
     tau_pos: float = 1.0  # > 0: sapo's gate temperature where the advantage is positive (verl's default)
     tau_neg: float = 1.05  # > 0: ... and where it is not
+    clip_cov_ratio: float = 0.0002  # in (0, 1]: clip_cov drops this share of the valid tokens (at least 1)
+    clip_cov_lb: float = 1.0  # clip_cov drops only tokens whose (A - mean A)(logp - mean logp) is above this
+    clip_cov_ub: float = 5.0  # > clip_cov_lb: ... and below this
+    kl_cov_ratio: float = 0.0002  # in (0, 1]: kl_cov penalises this share of the valid tokens (at least 1)
+    ppo_kl_coef: float = 0.1  # >= 0: kl_cov's weight of |logp - old| on those tokens
+    dro_beta: float | None = None  # > 0, required by dro: weight of its penalty beta/2 (logp - old)^2
     clip_ratio_low: float = 0.2  # in [0, 1): the probability ratio is clipped below at 1 - this
     clip_ratio_high: float = 0.2  # >= 0: ... and above at 1 + this (DAPO's "clip-higher" raises it, 0.28)
     clip_ratio_c: float = 3.0  # > 1: dual clip; a negative-advantage token's loss is <= this x |advantage|
@@ -156,12 +165,31 @@ class ValRolloutConfig:
 
 
 @dataclass
+class MultiTurnConfig:
+    """Agentic rollouts (rollout.mode=async): tools the model calls and a simulated user (rollout/agent.py)."""
+
+    tools: list[str] = field(default_factory=list)  # built-in tools the model may call: calculator, python
+    tool_file: str | None = None  # a Python file of more tools (TOOLS list or @tandem.tools.tool)
+    interaction: str | None = None  # a simulated user: try_again, or one from interaction_file
+    interaction_file: str | None = None  # a Python file defining INTERACTION (tandem/tools)
+    max_assistant_turns: int = 5  # >= 1: model turns per trajectory
+    max_user_turns: int = 2  # >= 0: interaction replies per trajectory
+    max_parallel_calls: int = 1  # >= 1: tool calls run per model turn; further ones get an error result
+    max_tool_response_length: int = 256  # >= 1: CHARACTERS of a tool result the model reads
+    tool_response_truncate_side: TruncateSide = "middle"  # where a long result is cut: left, right, middle
+    tool_timeout_s: float = 10.0  # > 0: wall-clock seconds per tool call; a timeout is an error result
+    format: ToolCallFormat = "hermes"  # tool call syntax: hermes = <tool_call>{json}</tool_call> (Qwen)
+
+
+@dataclass
 class RolloutConfig:
     """Generation of training samples."""
 
     engine: RolloutEngineName = (
         "auto"  # inference engine: auto (vllm where installed, else hf), vllm, hf, sglang
     )
+    mode: RolloutMode = "sync"  # sync: one batched generate; async: the agent loop, one coroutine per sample
+    multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     cpu_kv_cache_gib: int = 1  # >= 1: GiB of KV cache per vLLM engine on CPU (VLLM_CPU_KVCACHE_SPACE wins)
     n: int = 4  # SAMPLES per prompt (the group size of group estimators: >= 2 for grpo, rloo, ...)
     temperature: float = 1.0  # sampling temperature, > 0 (training needs sampling; greedy is for rollout.val)

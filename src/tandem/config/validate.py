@@ -31,6 +31,7 @@ def finalize(cfg: TandemConfig, problems: Problems, *, require_data: bool = Fals
     check_algorithm(cfg, problems, info)
     check_batch_sizes(cfg, problems)
     check_parallel(cfg, problems)
+    check_multi_turn(cfg, problems)
     if require_data:
         check_data(cfg, problems)
     if len(problems.items) == before:
@@ -234,6 +235,7 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
             problems.add(
                 key, f"{key}={tau} must be > 0: it is sapo's gate temperature (1.0 / 1.05 are usual)"
             )
+    _check_policy_loss_keys(cfg, problems)
     _at_least(problems, "actor.kl_loss_coef", a.kl_loss_coef, 0)
     _at_least(problems, "critic.cliprange_value", c.cliprange_value, 0)
     if cfg.reward.custom_reward_file and not Path(cfg.reward.custom_reward_file).expanduser().is_file():
@@ -279,6 +281,28 @@ def _check_reward_terms(cfg: TandemConfig, problems: Problems) -> None:
 
 
 # --- algorithm combinations ---------------------------------------------------------------------
+
+
+def _check_policy_loss_keys(cfg: TandemConfig, problems: Problems) -> None:
+    """The keys of clip_cov, kl_cov and dro (verl's actor.policy_loss.* keys, flat under actor)."""
+    a = cfg.actor
+    _within(problems, "actor.clip_cov_ratio", a.clip_cov_ratio, 0, 1, "(]")
+    _within(problems, "actor.kl_cov_ratio", a.kl_cov_ratio, 0, 1, "(]")
+    if a.clip_cov_lb >= a.clip_cov_ub:
+        problems.add(
+            ("actor.clip_cov_lb", "actor.clip_cov_ub"),
+            f"actor.clip_cov_lb={a.clip_cov_lb} must be below actor.clip_cov_ub={a.clip_cov_ub}: "
+            "clip_cov drops tokens whose covariance lies between them (1.0 and 5.0 are verl's defaults)",
+        )
+    _at_least(problems, "actor.ppo_kl_coef", a.ppo_kl_coef, 0)
+    if a.policy_loss == "dro" and a.dro_beta is None:
+        problems.add(
+            "actor.dro_beta",
+            "actor.policy_loss=dro needs actor.dro_beta, the weight of its quadratic log-ratio penalty "
+            "beta/2 (logp - old)^2; it has no default: set e.g. actor.dro_beta=0.1",
+        )
+    elif a.dro_beta is not None and a.dro_beta <= 0:
+        problems.add("actor.dro_beta", f"actor.dro_beta={a.dro_beta} must be > 0 (null when dro is unused)")
 
 
 def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any]) -> None:
@@ -455,6 +479,62 @@ def check_parallel(cfg: TandemConfig, problems: Problems) -> None:
             ("rollout.engine", "trainer.device"),
             "rollout.engine=sglang has no CPU path: use rollout.engine=vllm or hf on trainer.device=cpu",
         )
+
+
+BUILTIN_TOOLS = (
+    "calculator",
+    "python",
+)  # tandem/tools; checked here so a typo fails before any worker starts
+BUILTIN_INTERACTIONS = ("try_again",)
+
+
+def check_multi_turn(cfg: TandemConfig, problems: Problems) -> None:
+    """rollout.mode and rollout.multi_turn: the agent loop runs on vLLM, and only in async mode."""
+    r, m = cfg.rollout, cfg.rollout.multi_turn
+    uses_agent = bool(m.tools or m.tool_file or m.interaction)
+    if uses_agent and r.mode != "async":
+        problems.add(
+            "rollout.mode",
+            f"rollout.multi_turn names tools or an interaction, but rollout.mode={r.mode}: tools run in the agent "
+            "loop; set rollout.mode=async",
+        )
+    if r.mode == "async" and r.engine in ("hf", "sglang"):
+        problems.add(
+            ("rollout.mode", "rollout.engine"),
+            f"rollout.mode=async runs on vLLM's continuously batched engine; rollout.engine={r.engine} has none. "
+            "Set rollout.engine=vllm (or auto where vLLM is installed)",
+        )
+    for key, value in [
+        ("rollout.multi_turn.max_assistant_turns", m.max_assistant_turns),
+        ("rollout.multi_turn.max_parallel_calls", m.max_parallel_calls),
+        ("rollout.multi_turn.max_tool_response_length", m.max_tool_response_length),
+    ]:
+        _at_least(problems, key, value, 1)
+    _at_least(problems, "rollout.multi_turn.max_user_turns", m.max_user_turns, 0)
+    if m.tool_timeout_s <= 0:
+        problems.add(
+            "rollout.multi_turn.tool_timeout_s",
+            f"rollout.multi_turn.tool_timeout_s={m.tool_timeout_s} must be > 0",
+        )
+    unknown = [name for name in m.tools if name not in BUILTIN_TOOLS]
+    if unknown:
+        problems.add(
+            "rollout.multi_turn.tools",
+            f"rollout.multi_turn.tools names {unknown}, not built-in tools ({', '.join(BUILTIN_TOOLS)}); tools of your "
+            "own go in a Python file named by rollout.multi_turn.tool_file (all of its tools are offered)",
+        )
+    if m.interaction and m.interaction not in BUILTIN_INTERACTIONS and not m.interaction_file:
+        problems.add(
+            "rollout.multi_turn.interaction",
+            f"rollout.multi_turn.interaction={m.interaction} is not built in ({', '.join(BUILTIN_INTERACTIONS)}); "
+            "define it in a Python file and set rollout.multi_turn.interaction_file",
+        )
+    for key, path in [
+        ("rollout.multi_turn.tool_file", m.tool_file),
+        ("rollout.multi_turn.interaction_file", m.interaction_file),
+    ]:
+        if path and not Path(path).expanduser().is_file():
+            problems.add(key, f"{key}: '{path}' does not exist")
 
 
 def check_data(cfg: TandemConfig, problems: Problems) -> None:

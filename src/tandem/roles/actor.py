@@ -109,6 +109,12 @@ class Actor:
                 clip_ratio_c=a.clip_ratio_c,
                 tau_pos=a.tau_pos,
                 tau_neg=a.tau_neg,
+                clip_cov_ratio=a.clip_cov_ratio,
+                clip_cov_lb=a.clip_cov_lb,
+                clip_cov_ub=a.clip_cov_ub,
+                kl_cov_ratio=a.kl_cov_ratio,
+                ppo_kl_coef=a.ppo_kl_coef,
+                dro_beta=a.dro_beta,
                 is_weights=weights,
                 agg_kwargs=agg,
             )
