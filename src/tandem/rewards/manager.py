@@ -30,6 +30,10 @@ from tandem.rewards.terms import FormatTerm, LengthTerm, Term, TermInput, check_
 
 logger = logging.getLogger(__name__)
 
+# The per-sample column the agent loop adds (rollout/agent.py): messages, tool calls, final answer.
+# A scorer reads it as extra_info["trajectory"]; solution_str is the final answer alone.
+TRAJECTORY_KEY = "trajectory"
+
 RESERVED_EXTRA = ("score", "scorer_score", "error")
 
 
@@ -235,6 +239,13 @@ class RewardManager:
         ground_truths = list(batch["ground_truth"])
         extra_infos = list(batch["extra_info"]) if "extra_info" in batch else [None] * n
         texts = self._decode(responses, mask)
+        if TRAJECTORY_KEY in batch:  # multi-turn (rollout/agent.py): score the final answer, show the rest
+            trajectories = list(batch[TRAJECTORY_KEY])
+            texts = [str(t.get("final_answer", "")) for t in trajectories]
+            extra_infos = [
+                {**(info if isinstance(info, dict) else {}), TRAJECTORY_KEY: t}
+                for info, t in zip(extra_infos, trajectories, strict=True)
+            ]
         lengths = mask.sum(-1).tolist()
 
         specs: dict[str, ScorerSpec] = {}

@@ -29,6 +29,7 @@ from tandem.roles.reference import Reference
 from tandem.roles.reward_model import RewardModel
 from tandem.roles.sft import SFT
 from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, SamplingParams, build_rollout, resolve_engine
+from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY, TRAJECTORY_KEY, AgentLoop, AgentSettings
 from tandem.rollout.base import METRICS_KEY
 
 ROLES = ("actor", "rollout", "ref", "critic", "reward_model")
@@ -73,9 +74,12 @@ class RoleWorker(Worker):
         if "reward_model" in roles:
             rm = cfg.reward.reward_model
             self.reward_model = RewardModel(self._engine(rm.model_path, "value", None, None), cfg)
+        self.agent: AgentLoop | None = None
         if "rollout" in roles:
             start = time.perf_counter()
             self.rollout = build_rollout(cfg.rollout.engine, **rollout_kwargs(cfg, ctx.torch_device))
+            if cfg.rollout.mode == "async":
+                self.agent = agent_loop_from_config(cfg, self.rollout)
             self._rollout_start_s = time.perf_counter() - start
         # The rollout starts from actor.model_path, as the actor does: in sync until the first update.
         self._rollout_stale = False
@@ -145,7 +149,9 @@ class RoleWorker(Worker):
             # Without step-wide prompt indices, ranks would key their first prompts alike: mix the rank in.
             sampling = replace(sampling, seed=sampling.seed * 1_000_003 + self.ctx.rank)
         if len(prompts) == 0:  # an empty shard: every rank still takes part in the weight sync above
-            out = _empty_rollout(prompts, sampling)
+            out = _empty_rollout(prompts, sampling, agent=self.agent is not None)
+        elif self.agent is not None:
+            out = self.agent.generate(rollout.turn_engine, prompts, sampling)
         else:
             out = rollout.generate(prompts, sampling)
         rollout.sleep()
@@ -270,8 +276,9 @@ class RoleWorker(Worker):
         return metrics
 
 
-def _empty_rollout(prompts: Batch, sampling: SamplingParams) -> Batch:
-    """A 0-row rollout output with the right keys and widths, for a rank that got no prompts."""
+def _empty_rollout(prompts: Batch, sampling: SamplingParams, *, agent: bool = False) -> Batch:
+    """A 0-row rollout output with the right keys and widths, for a rank that got no prompts
+    (``agent``: with the agent loop's columns too)."""
     width, length = prompts["input_ids"].shape[1], sampling.max_tokens
     shapes = {
         "prompts": (width, torch.long),
@@ -285,6 +292,9 @@ def _empty_rollout(prompts: Batch, sampling: SamplingParams) -> Batch:
     assert set(shapes) == set(ROLLOUT_KEYS)
     tensors = {key: torch.zeros(0, w, dtype=dtype) for key, (w, dtype) in shapes.items()}
     non_tensors = {key: np.empty(0, dtype=object) for key in prompts.non_tensors}
+    if agent:
+        tensors.update({key: torch.zeros(0, dtype=torch.float32) for key in AGENT_COUNT_KEYS})
+        non_tensors.update({key: np.empty(0, dtype=object) for key in (AGENT_FINISH_KEY, TRAJECTORY_KEY)})
     return Batch(tensors, non_tensors, dict(prompts.meta), batch_size=0)
 
 
@@ -303,6 +313,40 @@ def token_budget(cfg: TandemConfig, device: torch.device) -> int | None:
     longest = d.max_prompt_length + d.max_response_length  # SFT rows are at most as long (data.max_length)
     return max(
         DEFAULT_TOKEN_BUDGET.get(device.type, DEFAULT_TOKEN_BUDGET["cuda"]), longest, d.max_length or 0
+    )
+
+
+def agent_loop_from_config(cfg: TandemConfig, rollout: Any) -> AgentLoop:
+    """The agent loop of rollout.mode=async: rollout.multi_turn's tools and interaction, the rollout
+    engine's stop ids, the actor's tokenizer (to render inserted messages)."""
+    from transformers import AutoTokenizer
+
+    from tandem.tools import build_interaction, build_toolset
+
+    m = cfg.rollout.multi_turn
+    tokenizer = AutoTokenizer.from_pretrained(cfg.actor.tokenizer_path or cfg.actor.model_path)
+    tools = None
+    if m.tools or m.tool_file:
+        tools = build_toolset(
+            m.tools,
+            m.tool_file,
+            timeout_s=m.tool_timeout_s,
+            max_result_chars=m.max_tool_response_length,
+            truncate_side=m.tool_response_truncate_side,
+        )
+    settings = AgentSettings(
+        max_assistant_turns=m.max_assistant_turns,
+        max_user_turns=m.max_user_turns,
+        max_parallel_calls=m.max_parallel_calls,
+        tool_call_format=m.format,
+    )
+    return AgentLoop(
+        tokenizer,
+        rollout.eos_token_ids,
+        settings=settings,
+        tools=tools,
+        interaction=build_interaction(m.interaction, m.interaction_file),
+        pad_token_id=rollout.pad_token_id,
     )
 
 

@@ -6,8 +6,10 @@ N x n rows (each prompt's n samples next to each other, non-tensors repeated) ho
   prompts            [N*n, P]    the prompt ids, left-padded as given
   responses          [N*n, R]    generated ids, R = sampling.max_tokens exactly; pad id after the stop
   response_mask      [N*n, R]    1 on generated tokens up to and including the stop token, else 0
+                                 (multi-turn: 0 also on the tokens tools / users inserted)
   input_ids          [N*n, P+R]  prompts ++ responses
-  attention_mask     [N*n, P+R]  the prompt's mask ++ response_mask
+  attention_mask     [N*n, P+R]  the prompt's mask ++ response_mask (multi-turn: ++ 1 on every
+                                 token of the trajectory, inserted ones included)
   position_ids       [N*n, P+R]  cumsum(attention_mask) - 1, clamped at 0
   rollout_log_probs  [N*n, R]    float32 log-prob of each generated token under the SAMPLING
                                  distribution: log_softmax(logits / temperature) (greedy: T = 1);
@@ -118,6 +120,12 @@ class RolloutEngine(ABC):
     def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
         """Load new weights, given one (Hugging Face name, full tensor) at a time; consume lazily."""
 
+    def turn_engine(self) -> Any:
+        """A `rollout.async_engine.TurnEngine` on this engine, for the agent loop (rollout.mode=async)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} has no asynchronous turn engine; rollout.mode=async needs rollout.engine=vllm"
+        )
+
     def sleep(self) -> None:  # noqa: B027 - a no-op is the right default for engines without memory to free
         """Free accelerator memory (weights and KV cache) while the trainer runs."""
 
@@ -133,13 +141,18 @@ def assemble(
     response_mask: Tensor,
     log_probs: Tensor,
     seconds: float,
+    trajectory_mask: Tensor | None = None,
     **metrics: float,
 ) -> Batch:
     """Fill `rows` (the prompts repeated n times, interleaved) with the layout of this module's
     docstring from the [N*n, ...] prompt and response tensors, and put the call's numbers in
     meta[METRICS_KEY]: samples, prompt_tokens, generated_tokens, seconds, tokens_per_second and
-    the engine's own `metrics`."""
-    attention_mask = torch.cat([prompt_mask, response_mask], dim=1)
+    the engine's own `metrics`. ``trajectory_mask`` (multi-turn, rollout/agent.py) is 1 on every
+    response token, generated or inserted: the attention mask's response part, where
+    ``response_mask`` is 1 on generated tokens only; None = ``response_mask``."""
+    if trajectory_mask is None:
+        trajectory_mask = response_mask
+    attention_mask = torch.cat([prompt_mask, trajectory_mask], dim=1)
     out = {
         "prompts": prompt_ids,
         "responses": responses,

@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from tandem.batch import Batch
+from tandem.rollout.async_engine import VLLMTurnEngine
 from tandem.rollout.base import RolloutEngine, SamplingParams, assemble
 from tandem.rollout.hf import check_prompts, sample_keys
 
@@ -169,6 +170,15 @@ class VLLMRollout(RolloutEngine):
         prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
         seconds = time.perf_counter() - start
         return assemble(rows, prompt_ids, prompt_mask, responses, response_mask, log_probs, seconds)
+
+    def turn_engine(self) -> VLLMTurnEngine:
+        """This engine, one awaitable turn at a time and continuously batched (rollout/async_engine.py)."""
+        if self._asleep:
+            raise RuntimeError("VLLMRollout.turn_engine called while asleep; call wake() first")
+        if self._kv_cache_asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self._kv_cache_asleep = False
+        return VLLMTurnEngine(self.llm, self.eos_token_ids, self.max_model_len)
 
     # ---------------------------------------------------------------- weights
     def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:

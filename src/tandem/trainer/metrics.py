@@ -9,6 +9,8 @@ Names (each computed here and nowhere else):
   actor/entropy      token-mean entropy of the policy on the sampled responses
   timing_s/*         seconds per phase, timing_share/* its share of the step
   perf/*             tokens per second, samples per step
+  agent/*            multi-turn rollouts (rollout.mode=async): turns, tool calls, errors, timeouts and
+                     seconds, how trajectories ended, generated vs inserted tokens
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from torch import Tensor
 
 from tandem.algos.core import masked_mean
 from tandem.batch import Batch
+from tandem.rollout.agent import AGENT_FINISH_KEY
 
 
 def _stats(prefix: str, values: Tensor) -> dict[str, float]:
@@ -38,11 +41,14 @@ def batch_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     """Reward, advantage, value and length statistics of a step's batch (keys as in the module docstring)."""
     mask = batch["response_mask"].bool()
     lengths = mask.sum(-1)
-    prompt_lengths = batch["attention_mask"].sum(-1) - lengths
+    # The response part of the attention mask: the whole trajectory, tokens tools inserted included.
+    trajectory_lengths = batch["attention_mask"][:, -mask.shape[1] :].sum(-1)
+    prompt_lengths = batch["attention_mask"].sum(-1) - trajectory_lengths
     metrics = {
         **_stats("response_length", lengths),
-        "response_length/clip_ratio": float((lengths >= max_response_length).double().mean()),
+        "response_length/clip_ratio": float((trajectory_lengths >= max_response_length).double().mean()),
         **_stats("prompt_length", prompt_lengths),
+        **agent_metrics(batch),
     }
     if "token_level_scores" in batch:
         metrics.update(_stats("score", (batch["token_level_scores"] * mask).sum(-1)))
@@ -60,6 +66,29 @@ def batch_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     if "entropy" in batch:
         metrics["actor/entropy"] = float(masked_mean(batch["entropy"].double(), mask.double()))
     return metrics
+
+
+def agent_metrics(batch: Batch, prefix: str = "agent") -> dict[str, float]:
+    """agent/* over the batch's trajectories; {} when the rollout was not the agent loop."""
+    if "agent_turns" not in batch:
+        return {}
+    calls, errors = batch["agent_tool_calls"].double(), batch["agent_tool_errors"].double()
+    finish = batch[AGENT_FINISH_KEY]
+    samples = max(len(batch), 1)
+    return {
+        **_stats(f"{prefix}/turns", batch["agent_turns"]),
+        f"{prefix}/user_turns/mean": float(batch["agent_user_turns"].double().mean()),
+        f"{prefix}/tool_calls_per_sample": float(calls.mean()),
+        f"{prefix}/tool_use_ratio": float((calls > 0).double().mean()),
+        f"{prefix}/tool_errors": float(errors.sum()),
+        f"{prefix}/tool_error_ratio": float(errors.sum() / calls.sum()) if calls.sum() > 0 else 0.0,
+        f"{prefix}/tool_timeouts": float(batch["agent_tool_timeouts"].sum()),
+        f"{prefix}/tool_seconds": float(batch["agent_tool_seconds"].sum()),
+        f"{prefix}/finish_max_turns_ratio": sum(f == "max_turns" for f in finish) / samples,
+        f"{prefix}/finish_budget_ratio": sum(f == "budget" for f in finish) / samples,
+        f"{prefix}/generated_tokens/mean": float(batch["agent_generated_tokens"].double().mean()),
+        f"{prefix}/inserted_tokens/mean": float(batch["agent_inserted_tokens"].double().mean()),
+    }
 
 
 def throughput_metrics(batch: Batch, timings: dict[str, float]) -> dict[str, float]:

@@ -30,8 +30,9 @@ from tandem.roles.common import MODEL_INPUTS, arrange_for_update, balanced_order
 from tandem.roles.layout import build_worker_groups
 from tandem.roles.reward_model import last_token_index
 from tandem.rollout import PROMPT_INDEX, SamplingParams
+from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY
 from tandem.trainer.base import Trainer
-from tandem.trainer.metrics import Timer, batch_metrics, throughput_metrics
+from tandem.trainer.metrics import Timer, agent_metrics, batch_metrics, throughput_metrics
 from tandem.trainer.start_checks import (
     check_ground_truths,
     check_model_folders,
@@ -301,13 +302,15 @@ class RLTrainer(Trainer):
             prompts = self._collate(items)
             prompts = prompts.union(Batch.from_dict({PROMPT_INDEX: torch.arange(start, start + len(items))}))
             batch, _ = self.score(self.groups.actor.generate(prompts, sampling))
-            scored.append(batch.select("acc", "score", "response_mask", "data_source"))
+            agent_keys = [k for k in (*AGENT_COUNT_KEYS, AGENT_FINISH_KEY) if k in batch]
+            scored.append(batch.select("acc", "score", "response_mask", "data_source", *agent_keys))
         batch = Batch.concat(scored, meta="first")
         sources = np.asarray(batch["data_source"], dtype=object)
         metrics = {
             "val/acc": float(batch["acc"].mean()),
             "val/score_mean": float(batch["score"].mean()),
             "val/response_length/mean": float(batch["response_mask"].sum(-1).double().mean()),
+            **agent_metrics(batch, "val/agent"),
         }
         for source in sorted(set(sources)):
             rows = torch.as_tensor(sources == source)
