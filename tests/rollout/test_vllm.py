@@ -90,6 +90,23 @@ def test_seeded_samples_depend_on_the_prompt_index_not_the_split(engine, tokeniz
     assert torch.equal(engine.generate(tail, SAMPLED)["responses"], out["responses"][SAMPLED.n :])
 
 
+def test_seeded_prompts_past_one_step_of_tokens_do_not_crash_and_keep_their_samples(engine, tokenizer):
+    """96 seeded samples of 50-token prompts: 4800 prompt tokens, more than one engine step takes
+    (4096). vLLM's CPU runner crashed ("CPU Generator does not use offset") when a seeded prompt was
+    chunked over two steps; the CPU engine runs without chunked prefill. A prompt's samples do not
+    depend on the prompts beside it."""
+    texts = [f"{i:03d}" + "x" * 46 for i in range(48)]
+    many = make_prompts(tokenizer, texts)
+    many[PROMPT_INDEX] = torch.arange(48)
+    sampling = SamplingParams(max_tokens=8, n=2, temperature=1.0, seed=11)
+    out = engine.generate(many, sampling)
+    assert out["responses"].shape == (96, 8)
+    alone = make_prompts(tokenizer, texts[-2:])
+    alone[PROMPT_INDEX] = torch.tensor([46, 47])
+    alone = engine.generate(alone, sampling)
+    assert torch.equal(alone["responses"], out["responses"][-4:])
+
+
 def test_greedy(engine, model, prompts):
     greedy = SamplingParams(max_tokens=6, temperature=0)
     out = engine.generate(prompts, greedy)

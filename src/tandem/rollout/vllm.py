@@ -35,6 +35,7 @@ import time
 import warnings
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -48,6 +49,17 @@ logger = logging.getLogger(__name__)
 
 TIED_EMBEDDING, TIED_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # see "CPU threads" above
+
+
+def _cpu_scheduling(device: torch.device, max_model_len: int) -> dict[str, Any]:
+    """No chunked prefill on CPU: vLLM 0.32's CPU runner crashes ("CPU Generator does not use
+    offset") when a seeded request's prompt is split over two engine steps, which happens as soon as
+    a step's prompts pass max_num_batched_tokens (4096 by default; 64 prompts of 480 tokens do it).
+    Without chunking, a prompt that does not fit waits for the next step; a step then holds at most
+    max(4096, max_model_len) prompt tokens, which vLLM requires to hold the longest prompt."""
+    if device.type != "cpu":
+        return {}
+    return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, max_model_len)}
 
 
 class VLLMRollout(RolloutEngine):
@@ -99,6 +111,7 @@ class VLLMRollout(RolloutEngine):
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
             enable_sleep_mode=self.device.type == "cuda",
+            **_cpu_scheduling(self.device, max_model_len),
         )
         self.start_seconds = time.perf_counter() - start
         self.eos_token_ids = [int(t) for t in eos_token_ids]
