@@ -1,6 +1,6 @@
 """`tandem`: the command line.
 
-    tandem quickstart [--out DIR] [key=value ...]   the main job: tiny model, SFT warm start, then GRPO
+    tandem quickstart [--out DIR] [--task addition|calculator] [key=value ...]   the main job: tiny model, SFT, GRPO
     tandem train PRESET|FILE [key=value ...]        RL training (grpo, ppo, dapo, rloo, remax, ...)
     tandem sft [PRESET|FILE] [key=value ...]        supervised fine-tuning (default preset: sft)
     tandem eval PRESET|FILE [key=value ...] [--checkpoint DIR]   validation accuracy of a model
@@ -36,6 +36,12 @@ def _parser() -> argparse.ArgumentParser:
     quick.add_argument("overrides", nargs="*", help="RL config overrides such as actor.optim.lr=1e-5")
     quick.add_argument("--out", default="runs/quickstart", help="output folder (default: runs/quickstart)")
     quick.add_argument("--seed", type=int, default=0, help="seeds model init, data and training (default: 0)")
+    quick.add_argument(
+        "--task",
+        default="addition",
+        choices=["addition", "calculator"],
+        help="addition (default), or calculator: multi-turn tool use on the agent loop",
+    )
 
     train = sub.add_parser("train", help="RL training from a preset or YAML file")
     train.add_argument("preset", help="preset name (tandem presets) or YAML path")
@@ -85,7 +91,7 @@ def _run(args: argparse.Namespace) -> int:
         from tandem.trainer.quickstart import run
 
         args.log_dir = Path(args.out) / "logs"
-        run(args.out, args.overrides, seed=args.seed)
+        run(args.out, args.overrides, seed=args.seed, task=args.task)
     elif args.command in ("train", "sft", "eval"):
         from tandem.trainer import RLTrainer, SFTTrainer
         from tandem.trainer.base import run_dir

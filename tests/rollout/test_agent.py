@@ -152,9 +152,13 @@ def test_bad_calls_become_error_observations_and_are_counted(tokenizer):
     messages = out["trajectory"][0]["messages"]
     assert messages[2]["role"] == "tool" and "unknown tool 'nope'" in messages[2]["content"]
     assert messages[4]["role"] == "tool" and "not valid JSON" in messages[4]["content"]
-    # the third turn calls correctly but is the last allowed: the trajectory ends there, unanswered
-    assert out["trajectory"][0]["finish"] == "max_turns"
-    assert (out["agent_turns"][0], out["agent_tool_calls"][0], out["agent_tool_errors"][0]) == (3, 3, 2)
+    # the third turn calls correctly but is the last allowed: the trajectory ends there, unanswered,
+    # and the call is not run (no turn is left to read its result)
+    assert out["trajectory"][0]["finish"] == "max_turns" and len(messages) == 6
+    assert messages[5]["tool_calls"] == [
+        {"type": "function", "function": {"name": "calculator", "arguments": {"expression": "12*34"}}}
+    ]
+    assert (out["agent_turns"][0], out["agent_tool_calls"][0], out["agent_tool_errors"][0]) == (3, 2, 2)
 
 
 def test_token_budget_ends_a_trajectory_without_a_partial_insertion(tokenizer):

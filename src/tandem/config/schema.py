@@ -50,6 +50,9 @@ class DataConfig:
     max_response_length: int = 512  # TOKENS generated per sample at most, >= 1
     max_length: int | None = None  # SFT only: TOKENS of prompt + response + EOS; None = the two above summed
     response_key: str = "response"  # SFT only: column holding the target response text
+    messages_key: str | None = (
+        "messages"  # SFT only: column of whole conversations (assistant turns trained); null: none
+    )
     train_batch_size: int = 8  # PROMPTS per training step, global (x rollout.n = samples per step)
     val_batch_size: int | None = None  # PROMPTS per validation generation call, global; None = all at once
     truncation: Truncation = "error"  # over-long prompt: error, filter (drop it), left / right (cut that end; `right` keeps the chat template's generation prompt); SFT: error or right

@@ -46,7 +46,8 @@ class PromptDataset:
     ``"right"`` still ends the prompt with the template's generation prompt (``<|im_start|>assistant``),
     so the model answers instead of continuing the cut user message. ``report`` counts ``total``,
     ``kept``, ``filtered`` and ``truncated`` rows; filtered and truncated rows are logged as a warning
-    that names a few of them.
+    that names a few of them. ``tools`` (OpenAI-style schemas) are rendered into every prompt by the
+    chat template, as the agent loop's tools are (rollout.multi_turn).
     """
 
     def __init__(
@@ -58,6 +59,7 @@ class PromptDataset:
         prompt_key: str = "prompt",
         truncation: str = "error",
         chat_template: str = "auto",
+        tools: list[dict] | None = None,
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
@@ -75,7 +77,7 @@ class PromptDataset:
                 if "ground_truth" not in (row.get("reward_model") or {}):  # a dict: _parse_row checked
                     absent.add(len(rows) - 1)
                 locations.append(location)
-                texts.append(render_prompt(rows[-1]["raw_prompt"], tokenizer, mode, location))
+                texts.append(render_prompt(rows[-1]["raw_prompt"], tokenizer, mode, location, tools=tools))
         self.sample_texts: list[tuple[str, str]] = list(zip(locations, texts))[:SAMPLE_ROWS]
 
         keep_at_end = generation_prompt_ids(tokenizer, mode) if truncation == "right" else []

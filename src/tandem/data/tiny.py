@@ -156,12 +156,21 @@ def save_tokenizer(tokenizer: PreTrainedTokenizerFast, path: str | Path) -> Path
     return path
 
 
-def save_tiny(path: str | Path, *, padding_side: str = "left", **model_kwargs) -> Path:
+def save_tiny(
+    path: str | Path, *, padding_side: str = "left", stop_at_im_end: bool = False, **model_kwargs
+) -> Path:
     """Write a Hugging Face folder (safetensors, config, tokenizer, chat template) holding a tiny
-    model; ``model_kwargs`` go to :func:`build_model`. Returns the folder."""
+    model; ``model_kwargs`` go to :func:`build_model`. Returns the folder. ``stop_at_im_end``: the
+    generation config's ``eos_token_id`` is [EOS, <|im_end|>], as in Qwen's chat models, so
+    generation stops at the end of an assistant turn (multi-turn tasks)."""
     path = Path(path)
     tokenizer = build_tokenizer(padding_side=padding_side)
     model = build_model(tokenizer, **model_kwargs)
+    if stop_at_im_end:
+        model.generation_config.eos_token_id = [
+            tokenizer.eos_token_id,
+            tokenizer.convert_tokens_to_ids(IM_END),
+        ]
     model.save_pretrained(path, safe_serialization=True)
     save_tokenizer(tokenizer, path)
     return path

@@ -321,19 +321,12 @@ def agent_loop_from_config(cfg: TandemConfig, rollout: Any) -> AgentLoop:
     engine's stop ids, the actor's tokenizer (to render inserted messages)."""
     from transformers import AutoTokenizer
 
-    from tandem.tools import build_interaction, build_toolset
+    from tandem.rollout.agent import toolset_from_config
+    from tandem.tools import build_interaction
 
     m = cfg.rollout.multi_turn
     tokenizer = AutoTokenizer.from_pretrained(cfg.actor.tokenizer_path or cfg.actor.model_path)
-    tools = None
-    if m.tools or m.tool_file:
-        tools = build_toolset(
-            m.tools,
-            m.tool_file,
-            timeout_s=m.tool_timeout_s,
-            max_result_chars=m.max_tool_response_length,
-            truncate_side=m.tool_response_truncate_side,
-        )
+    tools = toolset_from_config(m)
     settings = AgentSettings(
         max_assistant_turns=m.max_assistant_turns,
         max_user_turns=m.max_user_turns,

@@ -370,3 +370,26 @@ class AgentLoop:
 def _turn_seed(seed: int, turn: int) -> int:
     """The seed of a later turn of a sample: a different stream per turn, fixed by the sample's seed."""
     return (seed * 1_000_003 + 7919 * turn) % (2**31 - 1)
+
+
+def toolset_from_config(m: Any) -> Any:
+    """The `tandem.tools.ToolSet` of ``rollout.multi_turn`` (``m``), or None when it names no tools."""
+    if not (m.tools or m.tool_file):
+        return None
+    from tandem.tools import build_toolset
+
+    return build_toolset(
+        m.tools,
+        m.tool_file,
+        timeout_s=m.tool_timeout_s,
+        max_result_chars=m.max_tool_response_length,
+        truncate_side=m.tool_response_truncate_side,
+    )
+
+
+def tool_schemas(m: Any) -> list[dict] | None:
+    """The OpenAI-style schemas of ``rollout.multi_turn``'s tools, as prompts declare them (None: no
+    tools). The data of RL and of SFT render them the same way, so a warm start sees the prompts RL
+    will see."""
+    tools = toolset_from_config(m)
+    return tools.schemas() if tools is not None and len(tools) else None

@@ -30,7 +30,7 @@ from tandem.roles.common import MODEL_INPUTS, arrange_for_update, balanced_order
 from tandem.roles.layout import build_worker_groups
 from tandem.roles.reward_model import last_token_index
 from tandem.rollout import PROMPT_INDEX, SamplingParams
-from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY
+from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY, tool_schemas
 from tandem.trainer.base import Trainer
 from tandem.trainer.metrics import Timer, agent_metrics, batch_metrics, throughput_metrics
 from tandem.trainer.start_checks import (
@@ -79,6 +79,7 @@ class RLTrainer(Trainer):
             prompt_key=d.prompt_key,
             truncation=d.truncation,
             chat_template=d.chat_template,
+            tools=tool_schemas(cfg.rollout.multi_turn),
         )
 
     def _data_sources(self) -> set[tuple[str, str | None]]:

@@ -9,6 +9,11 @@
 4. Print validation accuracy after SFT and after RL; plot reward and accuracy per step (PNG).
 Every output lands in --out (default runs/quickstart); a rerun starts afresh. `--seed` picks the
 model's initial weights, the problems and the training seeds.
+
+`--task calculator` is the agentic variant: products of two three-digit numbers, which the tiny
+model cannot work out in its head. The SFT warm start trains on a few hundred demonstrations of
+the calculator's use (call, result, answer); GRPO then runs the agent loop (rollout.mode=async) with
+the built-in calculator, rewarding the final answer of the whole multi-turn trajectory.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,7 @@ from tandem.trainer.ppo import RLTrainer
 from tandem.trainer.sft import SFTTrainer
 
 TARGET_VAL_LOSS = 0.6  # SFT stops here: the model has begun to learn addition, RL has room to grow
+CALCULATOR_TARGET_VAL_LOSS = 0.1  # the calculator task's SFT stops here (see CALCULATOR)
 TASK = {"task": "addition", "n_train": 16384, "n_val": 256, "digits": 2}
 COMMON = [
     "data.max_prompt_length=32",
@@ -68,32 +75,89 @@ GRPO = [
 ]
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """One quickstart task: its data, the overrides of its SFT and RL runs, where SFT stops."""
+
+    task: dict[str, Any]
+    common: list[str]
+    sft: list[str]
+    grpo: list[str]
+    target_val_loss: float
+    what: str  # the problems, as the summary lines name them
+    stop_at_im_end: bool = False  # the model's turns end at <|im_end|> (multi-turn tasks)
+
+
+# Products of two three-digit numbers through the calculator: a trajectory is the call (about 80
+# tokens: the tiny tokenizer spends one per character), the inserted result (about 25) and the
+# answer (7). The prompt declares the tool (the chat template lists its name).
+CALCULATOR_TOOLS = ["rollout.mode=async", "rollout.multi_turn.tools=[calculator]"]
+CALCULATOR = Recipe(
+    task={"task": "tool_multiply", "n_train": 4096, "n_val": 256, "digits": 3},
+    common=[
+        "data.max_prompt_length=64",
+        "data.max_response_length=144",
+        *CALCULATOR_TOOLS,
+        *(line for line in COMMON if not line.startswith("data.max_")),
+    ],
+    sft=[
+        *SFT,
+        "data.train_batch_size=16",
+        "actor.ppo_mini_batch_size=16",
+        "actor.micro_batch_size_per_rank=8",
+    ],
+    grpo=[
+        *(
+            line
+            for line in GRPO
+            if not line.startswith(("data.train_batch_size", "trainer.total_training_steps"))
+        ),
+        "data.train_batch_size=16",
+        "trainer.total_training_steps=20",
+        "trainer.test_freq=5",
+        "rollout.multi_turn.max_assistant_turns=3",
+    ],
+    target_val_loss=CALCULATOR_TARGET_VAL_LOSS,
+    what="products of two three-digit numbers, with the calculator",
+    stop_at_im_end=True,
+)
+ADDITION = Recipe(TASK, COMMON, SFT, GRPO, TARGET_VAL_LOSS, "additions")
+RECIPES = {"addition": ADDITION, "calculator": CALCULATOR}
+
+
 def run(
     out_dir: str | Path = "runs/quickstart",
     overrides: Sequence[str] = (),
     sft_overrides: Sequence[str] = (),
     *,
     seed: int = 0,
+    task: str = "addition",
 ) -> dict[str, Any]:
     """Run the quickstart; `overrides` (key=value) of the RL run and `sft_overrides` of the SFT run come
     last and win. `seed` seeds everything random: the model's initial weights, the data (which
-    problems are held out), the shuffle and the trainers (sampling). Returns its numbers."""
+    problems are held out), the shuffle and the trainers (sampling). `task`: addition (the default)
+    or calculator (tool use, see the module docstring). Returns its numbers."""
     from transformers.utils import logging as hf_logging
 
+    if task not in RECIPES:
+        raise ValueError(f"quickstart task {task!r} is not one of {sorted(RECIPES)}")
+    recipe = RECIPES[task]
     hf_logging.disable_progress_bar()
     start = time.perf_counter()
     out = Path(out_dir)
-    model_dir, paths = prepare(out, seed)
-    say(f"seed {seed}: tiny Qwen2 model in {model_dir}; addition task in {out / 'data'}")
+    model_dir, paths = prepare(out, seed, recipe)
+    say(f"seed {seed}: tiny Qwen2 model in {model_dir}; {recipe.task['task']} task in {out / 'data'}")
 
     sft_cfg = load_config(
-        "sft", [*COMMON, *SFT, *paths, f"actor.model_path={model_dir}", *sft_overrides], require_data=True
+        "sft",
+        [*recipe.common, *recipe.sft, *paths, f"actor.model_path={model_dir}", *sft_overrides],
+        require_data=True,
     )
     say(
-        f"SFT: until the validation loss is at most {TARGET_VAL_LOSS} (at most "
+        f"SFT: until the validation loss is at most {recipe.target_val_loss} (at most "
         f"{sft_cfg.trainer.total_training_steps} steps) on 2 Ray ranks (FSDP2)"
     )
-    sft = WarmStart(sft_cfg, TARGET_VAL_LOSS)
+    sft = WarmStart(sft_cfg, recipe.target_val_loss)
     sft_history = sft.fit()
     sft_seconds = time.perf_counter() - start
     last = sft_history[-1]
@@ -103,7 +167,9 @@ def run(
     )
 
     rl_cfg = load_config(
-        "grpo", [*COMMON, *GRPO, *paths, f"actor.model_path={sft.hf_dir}", *overrides], require_data=True
+        "grpo",
+        [*recipe.common, *recipe.grpo, *paths, f"actor.model_path={sft.hf_dir}", *overrides],
+        require_data=True,
     )
     say(
         f"GRPO: {rl_cfg.trainer.total_training_steps} steps x {rl_cfg.derived.samples_per_step} samples "
@@ -113,8 +179,13 @@ def run(
     accuracy = [(m["step"], m["val/acc"]) for m in history if "val/acc" in m]
     rl_dir = run_dir(rl_cfg)
     plot = plot_run(
-        rl_dir / "metrics.jsonl", rl_dir / "plot.png", title="tandem quickstart: GRPO on addition"
+        rl_dir / "metrics.jsonl",
+        rl_dir / "plot.png",
+        title=f"tandem quickstart: GRPO on {recipe.task['task']}",
     )
+    tool_use = [
+        (m["step"], m["val/agent/tool_use_ratio"]) for m in history if "val/agent/tool_use_ratio" in m
+    ]
     numbers = {
         "accuracy_after_sft": accuracy[0][1],
         "accuracy_after_rl": accuracy[-1][1],
@@ -128,11 +199,20 @@ def run(
         "accuracy_per_validation": accuracy,
         "reward_per_step": plot["reward"],
     }
+    keys = ["accuracy_after_sft", "accuracy_after_rl"]
+    if tool_use:
+        numbers.update(tool_use_after_sft=tool_use[0][1], tool_use_after_rl=tool_use[-1][1])
+        keys += ["tool_use_after_sft", "tool_use_after_rl"]
     say(
-        f"validation accuracy (greedy, {TASK['n_val']} held-out additions): "
+        f"validation accuracy (greedy, {recipe.task['n_val']} held-out {recipe.what}): "
         + "  ".join(f"step {s}: {a:.3f}" for s, a in accuracy)
     )
-    for key in ("accuracy_after_sft", "accuracy_after_rl", "seconds", "plot", "metrics"):
+    if tool_use:
+        say(
+            "share of validation answers that called the tool: "
+            + "  ".join(f"step {s}: {a:.3f}" for s, a in tool_use)
+        )
+    for key in (*keys, "seconds", "plot", "metrics"):
         value = numbers[key]
         say(f"{key:<20}{value:.3f}" if isinstance(value, float) else f"{key:<20}{value}")
     return numbers
@@ -151,11 +231,11 @@ class WarmStart(SFTTrainer):
         return metrics.get("val/loss", math.inf) <= self.target_loss
 
 
-def prepare(out: Path, seed: int) -> tuple[Path, list[str]]:
-    """Write the tiny model and the addition task of `seed` under `out`. Returns the model folder and
+def prepare(out: Path, seed: int, recipe: Recipe = ADDITION) -> tuple[Path, list[str]]:
+    """Write the tiny model and the recipe's task of `seed` under `out`. Returns the model folder and
     the overrides both runs share: output folder, seeds, data files."""
-    model_dir = save_tiny(out / "tiny-model", seed=seed)
-    task = dict(TASK)
+    model_dir = save_tiny(out / "tiny-model", seed=seed, stop_at_im_end=recipe.stop_at_im_end)
+    task = dict(recipe.task)
     files = write_splits(task.pop("task"), out / "data", seed=seed, **task)
     return model_dir, [
         f"trainer.output_dir={out}",

@@ -11,6 +11,8 @@ import time
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.data import SFTDataset, collate_sft
+from tandem.rollout.agent import tool_schemas
+from tandem.rollout.base import read_special_ids
 from tandem.trainer.base import Trainer
 from tandem.trainer.start_checks import (
     check_model_folders,
@@ -49,8 +51,11 @@ class SFTTrainer(Trainer):
             max_length=d.max_length or d.max_prompt_length + d.max_response_length,
             prompt_key=d.prompt_key,
             response_key=d.response_key,
+            messages_key=d.messages_key,
             truncation=d.truncation,
             chat_template=d.chat_template,
+            tools=tool_schemas(cfg.rollout.multi_turn),
+            stop_token_ids=read_special_ids(cfg.actor.model_path, cfg.actor.tokenizer_path)[0],
         )
 
     def train_step(self) -> dict[str, float]:
