@@ -1,0 +1,41 @@
+"""Tools the model calls and simulated users that answer it, for the agent loop (rollout/agent.py).
+
+Built-in tools: ``calculator`` (safe arithmetic) and ``python`` (a fresh, resource-limited process;
+not a sandbox). Your own: functions decorated with `tool` (or `Tool` subclasses in a ``TOOLS``
+list) in the Python file named by rollout.multi_turn.tool_file. Built-in interaction:
+``try_again``; your own: ``INTERACTION`` in rollout.multi_turn.interaction_file.
+"""
+
+from tandem.tools.base import ERRORS, Tool, ToolResult, ToolSet, truncate
+from tandem.tools.calculator import Calculator, evaluate
+from tandem.tools.functions import FunctionTool, tool
+from tandem.tools.interaction import (
+    BUILTIN_INTERACTIONS,
+    Interaction,
+    InteractionReply,
+    TryAgain,
+    build_interaction,
+)
+from tandem.tools.loading import BUILTIN_TOOLS, build_toolset, load_tools
+from tandem.tools.python_tool import PythonTool
+
+__all__ = [
+    "BUILTIN_INTERACTIONS",
+    "BUILTIN_TOOLS",
+    "ERRORS",
+    "Calculator",
+    "FunctionTool",
+    "Interaction",
+    "InteractionReply",
+    "PythonTool",
+    "Tool",
+    "ToolResult",
+    "ToolSet",
+    "TryAgain",
+    "build_interaction",
+    "build_toolset",
+    "evaluate",
+    "load_tools",
+    "tool",
+    "truncate",
+]

@@ -1,0 +1,223 @@
+"""Tools the model calls in the agent loop, and the set that runs them.
+
+`ToolSet.run` never raises for anything a tool or the model's call does wrong: an unknown name,
+bad arguments, an exception, a timeout or a non-text result each become a `ToolResult` whose text
+the model reads (``error: ...``) and whose ``error`` field the agent loop counts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+TRUNCATE_SIDES = ("left", "right", "middle")
+ERRORS = ("unknown_tool", "bad_arguments", "raised", "timeout", "bad_result")
+# JSON schema type -> the Python types json.loads gives for it (bool is not an integer here).
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "number": (int, float),
+    "boolean": (bool,),
+    "array": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What one tool call gave: the text the model reads and, on failure, which kind (`ERRORS`)."""
+
+    text: str
+    error: str | None  # None on success
+    seconds: float  # wall time of the call
+    truncated: bool = False  # the text was cut to the toolset's max_result_chars
+
+
+class Tool(ABC):
+    """A function the model may call: a name, a description and a JSON schema of its arguments.
+
+    ``parameters`` is an OpenAI-style schema of the arguments object:
+    ``{"type": "object", "properties": {...}, "required": [...]}``. ``timeout_s`` is the tool's
+    wall-clock limit per call (None: the toolset's)."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    timeout_s: float | None = None
+
+    @abstractmethod
+    async def call(self, **arguments: Any) -> str:
+        """Run the tool on the (already checked) arguments; return the text the model reads."""
+
+    def schema(self) -> dict[str, Any]:
+        """The OpenAI function-calling entry the chat template lists."""
+        return {
+            "type": "function",
+            "function": {"name": self.name, "description": self.description, "parameters": self.parameters},
+        }
+
+
+def json_type_name(value: Any) -> str:
+    """The JSON type of a parsed JSON value: "string", "integer", ... (a Python type name otherwise)."""
+    if isinstance(value, bool):
+        return "boolean"
+    for name in ("string", "integer", "number", "array", "object", "null"):
+        if isinstance(value, _JSON_TYPES[name]):
+            return name
+    return type(value).__name__
+
+
+def _matches(value: Any, declared: Any) -> bool:
+    """Whether `value` has the declared JSON type (a name or a list of names; unknown names pass)."""
+    names = declared if isinstance(declared, list) else [declared]
+    for name in names:
+        types = _JSON_TYPES.get(name)
+        if types is None or (
+            isinstance(value, types) and not (isinstance(value, bool) and bool not in types)
+        ):
+            return True
+    return False
+
+
+def check_arguments(tool: Tool, arguments: Any) -> str | None:
+    """None when `arguments` fit the tool's schema (keys and top-level JSON types), else what is wrong."""
+    where = f"tool '{tool.name}'"
+    if not isinstance(arguments, dict):
+        return f"the arguments of {where} must be a JSON object, got {json_type_name(arguments)}"
+    properties = tool.parameters.get("properties", {})
+    for key in tool.parameters.get("required", []):
+        if key not in arguments:
+            kind = properties.get(key, {}).get("type")
+            return f"{where} needs argument '{key}'" + (f" ({kind})" if isinstance(kind, str) else "")
+    if tool.parameters.get("additionalProperties") is not True:
+        for key in arguments:
+            if key not in properties:
+                return f"{where} has no argument '{key}'; its arguments: {', '.join(properties) or 'none'}"
+    for key, value in arguments.items():
+        declared = properties.get(key, {}).get("type")
+        if declared is not None and not _matches(value, declared):
+            wanted = " or ".join(declared) if isinstance(declared, list) else declared
+            return f"argument '{key}' of {where} must be {wanted}, got {json_type_name(value)}"
+    return None
+
+
+def truncate(text: str, limit: int, side: str) -> str:
+    """`text` cut to at most `limit` characters: "right" keeps the start, "left" the end, "middle"
+    both ends around a marker such as ``...[1234 characters cut]...`` (plain cut if it does not fit)."""
+    if len(text) <= limit:
+        return text
+    if side == "right":
+        return text[:limit]
+    if side == "left":
+        return text[len(text) - limit :]
+    # The marker's length depends on the count it shows: try counts of fewer and fewer digits.
+    for digits in range(len(str(len(text))), 0, -1):
+        marker_len = len("...[ characters cut]...") + digits
+        kept = limit - marker_len
+        if kept < 2:  # no room for both ends next to the marker
+            break
+        cut = len(text) - kept
+        if len(str(cut)) == digits:
+            head = kept - kept // 2
+            return f"{text[:head]}...[{cut} characters cut]...{text[len(text) - kept // 2 :]}"
+    return text[:limit]
+
+
+class ToolSet:
+    """The tools of a rollout: their schemas for the chat template, and `run` for the agent loop.
+
+    ``timeout_s`` is the wall-clock limit of a call (a tool's own ``timeout_s`` wins);
+    every text a call gives, results and errors alike, is cut to ``max_result_chars`` characters
+    on ``truncate_side`` (left, right or middle)."""
+
+    def __init__(
+        self,
+        tools: list[Tool],
+        timeout_s: float = 10.0,
+        max_result_chars: int = 256,
+        truncate_side: str = "middle",
+    ) -> None:
+        if truncate_side not in TRUNCATE_SIDES:
+            raise ValueError(
+                f"truncate_side must be one of {', '.join(TRUNCATE_SIDES)}, got {truncate_side!r}"
+            )
+        if max_result_chars < 1:
+            raise ValueError(f"max_result_chars must be >= 1, got {max_result_chars}")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s must be > 0, got {timeout_s}")
+        self._tools: dict[str, Tool] = {}
+        for tool in tools:
+            if not isinstance(tool, Tool):
+                raise TypeError(f"a ToolSet holds Tool instances, got {tool!r} ({type(tool).__name__})")
+            if not isinstance(getattr(tool, "name", None), str) or not tool.name:
+                raise ValueError(f"{type(tool).__name__} has no name: set its `name` to a non-empty string")
+            params = getattr(tool, "parameters", None)
+            if not isinstance(params, dict) or params.get("type") != "object":
+                raise ValueError(
+                    f'tool \'{tool.name}\': parameters must be a JSON schema dict with "type": "object", '
+                    f"got {params!r}"
+                )
+            if tool.name in self._tools:
+                raise ValueError(f"two tools are named '{tool.name}': tool names must be unique, rename one")
+            self._tools[tool.name] = tool
+        self.timeout_s = float(timeout_s)
+        self.max_result_chars = int(max_result_chars)
+        self.truncate_side = truncate_side
+
+    @property
+    def names(self) -> list[str]:
+        return list(self._tools)
+
+    def __len__(self) -> int:
+        return len(self._tools)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._tools
+
+    def __getitem__(self, name: str) -> Tool:
+        return self._tools[name]
+
+    def schemas(self) -> list[dict[str, Any]]:
+        """The tools' OpenAI function-calling entries, in order."""
+        return [tool.schema() for tool in self._tools.values()]
+
+    async def run(self, name: str, arguments: Any) -> ToolResult:
+        """Call tool `name`; whatever goes wrong comes back as an error result, never an exception."""
+        start = time.perf_counter()
+        tool = self._tools.get(name)
+        if tool is None:
+            available = ", ".join(self._tools) or "none"
+            return self._result(
+                f"error: unknown tool {name!r}; available tools: {available}", "unknown_tool", start
+            )
+        problem = check_arguments(tool, arguments)
+        if problem is not None:
+            return self._result(f"error: {problem}", "bad_arguments", start)
+        limit = tool.timeout_s if tool.timeout_s is not None else self.timeout_s
+        try:
+            value = await asyncio.wait_for(tool.call(**arguments), limit)
+        except (asyncio.CancelledError, KeyboardInterrupt):
+            raise
+        except TimeoutError:  # asyncio.TimeoutError is TimeoutError since Python 3.11
+            return self._result(f"error: the tool did not answer within {limit:g} s", "timeout", start)
+        except BaseException as error:  # SystemExit too: a tool must not end the rollout
+            return self._result(f"error: {describe(error)}", "raised", start)
+        if not isinstance(value, str):
+            return self._result(
+                f"error: tool '{name}' returned {type(value).__name__}, not str", "bad_result", start
+            )
+        return self._result(value, None, start)
+
+    def _result(self, text: str, error: str | None, start: float) -> ToolResult:
+        cut = truncate(text, self.max_result_chars, self.truncate_side)
+        return ToolResult(cut, error, time.perf_counter() - start, truncated=len(cut) < len(text))
+
+
+def describe(error: BaseException) -> str:
+    """ "ValueError: first line of the message" ("ValueError" when there is none)."""
+    lines = str(error).strip().splitlines()
+    return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__

@@ -1,0 +1,128 @@
+"""Interactions: a simulated user that reads the model's answer and may ask for another turn."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import re
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any
+
+from tandem.tools.loading import load_module
+
+# A tool call block (closed, or cut off at the end): a request, never an answer.
+_TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.DOTALL)
+
+
+@dataclass(frozen=True)
+class InteractionReply:
+    """The user's next message (``text``), or ``done=True`` when the conversation ends here."""
+
+    text: str | None
+    done: bool
+
+
+class Interaction(ABC):
+    """A simulated user. ``respond`` gets the conversation so far (OpenAI-style messages, the
+    model's answer last) and the sample's fields (``ground_truth``, ``data_source``, ``extra_info``)."""
+
+    name: str = ""
+
+    @abstractmethod
+    async def respond(self, messages: list[dict[str, Any]], sample: dict[str, Any]) -> InteractionReply:
+        """The reply to the model's last answer."""
+
+
+class TryAgain(Interaction):
+    """Ends the conversation when the last answer is right, else says so without the answer.
+
+    "Right" is what the reward scorer registered for the sample's ``data_source`` (or its
+    ``extra_info["style"]``) counts as correct ("acc", else a score of 1); where there is no such
+    scorer, the last whole number of the answer must equal the ground truth. A sample without a
+    ground truth cannot be judged: the conversation ends. A custom reward file is not consulted."""
+
+    name = "try_again"
+
+    def __init__(self, message: str = "That is not right. Try again.") -> None:
+        self.message = message
+
+    async def respond(self, messages: list[dict[str, Any]], sample: dict[str, Any]) -> InteractionReply:
+        answer = next(
+            (m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), ""
+        )
+        if sample.get("ground_truth") is None:
+            return InteractionReply(None, True)
+        right = await asyncio.to_thread(is_right, str(answer), sample)
+        return InteractionReply(None, True) if right else InteractionReply(self.message, False)
+
+
+def is_right(answer: str, sample: dict[str, Any]) -> bool:
+    """Whether `answer` is correct for the sample, by its data source's scorer (see `TryAgain`)."""
+    from tandem.rewards.registry import UnknownDataSourceError, default_scorer_for
+    from tandem.rewards.scorers.arithmetic import last_integer, whole_number
+    from tandem.rewards.scoring import Task, score_task
+
+    ground_truth, extra_info = sample.get("ground_truth"), sample.get("extra_info")
+    style = extra_info.get("style") if isinstance(extra_info, dict) else None
+    try:
+        scorer = default_scorer_for(str(sample.get("data_source")), style)
+    except UnknownDataSourceError:
+        scorer = None
+    if scorer is not None:
+        task = Task("", str(sample.get("data_source")), answer, ground_truth, extra_info)
+        outcome = score_task(scorer, task)
+        if outcome.error is None:
+            return bool(outcome.fields["acc"]) if "acc" in outcome.fields else outcome.score >= 1.0
+    try:
+        target = whole_number(ground_truth, "ground_truth")
+    except ValueError:  # not a whole number: compare the text
+        return answer.strip() == str(ground_truth).strip()
+    return last_integer(_TOOL_CALL_BLOCK.sub(" ", answer)) == target
+
+
+BUILTIN_INTERACTIONS: dict[str, type[Interaction]] = {"try_again": TryAgain}
+
+
+def build_interaction(
+    name: str | None, interaction_file: str | os.PathLike | None = None
+) -> Interaction | None:
+    """The interaction of rollout.multi_turn: built-in `name`, or the ``INTERACTION`` of
+    `interaction_file` (whose name must then be `name`, if given); None when neither is set."""
+    if not interaction_file:
+        if not name:
+            return None
+        if name not in BUILTIN_INTERACTIONS:
+            raise ValueError(
+                f"interaction '{name}' is not built in ({', '.join(BUILTIN_INTERACTIONS)}); define it in a "
+                "Python file (INTERACTION = ...) and set rollout.multi_turn.interaction_file"
+            )
+        return BUILTIN_INTERACTIONS[name]()
+    setting = "rollout.multi_turn.interaction_file"
+    where = f"{setting} '{interaction_file}'"
+    module = load_module(interaction_file, setting)
+    found = getattr(module, "INTERACTION", None)
+    if found is None:
+        raise AttributeError(
+            f"{where} has no INTERACTION: define INTERACTION = MyInteraction() (a tandem.tools.Interaction)"
+        )
+    if inspect.isclass(found) and issubclass(found, Interaction):
+        try:
+            found = found()
+        except TypeError as error:
+            raise TypeError(
+                f"{where}: INTERACTION is a class that cannot be built without arguments ({error}); "
+                "set INTERACTION to an instance"
+            ) from error
+    if not isinstance(found, Interaction):
+        raise TypeError(
+            f"{where}: INTERACTION must be a tandem.tools.Interaction (an instance or a subclass), "
+            f"got {found!r}"
+        )
+    if name and found.name != name:
+        raise ValueError(
+            f"{where} defines interaction '{found.name}', but rollout.multi_turn.interaction is '{name}': "
+            f"set it to '{found.name}' or leave it empty"
+        )
+    return found
