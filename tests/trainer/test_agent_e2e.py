@@ -1,0 +1,131 @@
+"""The agent loop end to end on the real stack: a short SFT warm start on the calculator task's
+demonstrations (multi-turn SFT with tools, 2 Ray ranks), then GRPO with rollout.mode=async on vLLM,
+the built-in calculator and the try_again interaction. The warm start only teaches the call's
+format (the random tiny model never writes one), so the run has tool calls, tool results and
+user turns to mask. Checks numbers: finite updates, agent metrics, rollout log-probs of the model's
+tokens equal to the actor's, and a resumed run equal to an uninterrupted one."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from tandem.config import load_config
+from tandem.data import save_tiny, write_splits
+from tandem.trainer import RLTrainer, SFTTrainer
+
+from .test_rl_e2e import NOT_COMPARABLE, by_step
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+AGENT = [
+    "rollout.mode=async",
+    "rollout.engine=vllm",
+    "rollout.multi_turn.tools=[calculator]",
+    "rollout.multi_turn.interaction=try_again",
+    "rollout.multi_turn.max_assistant_turns=3",
+    "rollout.multi_turn.max_user_turns=1",
+]
+SHARED = [
+    "data.max_prompt_length=48",
+    "data.max_response_length=112",
+    "trainer.workers_per_node=2",
+    "trainer.device=cpu",
+    "trainer.loggers=[jsonl]",
+    "trainer.progress_bar=false",
+    *AGENT,
+]
+
+
+@pytest.fixture(scope="module")
+def warm_start(ray_local, tmp_path_factory):
+    """The tiny model after 40 SFT steps on one-digit calculator demonstrations, and the task."""
+    root = tmp_path_factory.mktemp("agent")
+    files = write_splits("tool_multiply", root / "data", n_train=64, n_val=8, seed=0, digits=1)
+    model = save_tiny(root / "model", stop_at_im_end=True)
+    cfg = load_config(
+        "sft",
+        [
+            *SHARED,
+            f"actor.model_path={model}",
+            f"data.train_files=[{files['train']}]",
+            "data.train_batch_size=16",
+            "actor.ppo_mini_batch_size=16",
+            "actor.micro_batch_size_per_rank=8",
+            "actor.optim.lr=3e-3",
+            "actor.optim.lr_scheduler=constant",
+            "actor.optim.warmup_ratio=0",
+            "trainer.total_training_steps=40",
+            f"trainer.output_dir={root}",
+            "trainer.experiment_name=sft",
+        ],
+        require_data=True,
+    )
+    trainer = SFTTrainer(cfg)
+    history = trainer.fit()
+    assert history[-1]["sft/loss"] < 0.5 * history[0]["sft/loss"]
+    return {"model": trainer.hf_dir, **files}
+
+
+def grpo(assets, out, experiment, *overrides):
+    return load_config(
+        "grpo",
+        [
+            *SHARED,
+            f"actor.model_path={assets['model']}",
+            f"data.train_files=[{assets['train']}]",
+            f"data.val_files=[{assets['val']}]",
+            "data.train_batch_size=4",
+            "rollout.n=4",
+            "actor.ppo_mini_batch_size=2",
+            "actor.micro_batch_size_per_rank=4",
+            "actor.optim.lr=1e-4",
+            f"trainer.output_dir={out}",
+            f"trainer.experiment_name={experiment}",
+            "reward.num_workers=0",
+            *overrides,
+        ],
+        require_data=True,
+    )
+
+
+def test_grpo_on_the_agent_loop_trains_counts_tools_and_resumes_exactly(warm_start, tmp_path):
+    def config(experiment):
+        return grpo(
+            warm_start,
+            tmp_path,
+            experiment,
+            "trainer.total_training_steps=4",
+            "trainer.save_freq=2",
+            "trainer.test_freq=4",
+        )
+
+    straight = by_step(RLTrainer(config("straight")).fit())
+    assert {1, 2, 3, 4} <= set(straight)
+    calls = sum(straight[s]["agent/tool_calls_per_sample"] for s in (1, 2, 3, 4))
+    assert calls > 0, "the warm start taught no tool call: more SFT steps"
+    for step in (1, 2, 3, 4):
+        m = straight[step]
+        assert math.isfinite(m["actor/pg_loss"]) and math.isfinite(m["actor/grad_norm"])
+        assert 1 <= m["agent/turns/mean"] <= 3 and m["agent/turns/max"] <= 3
+        assert 0 <= m["agent/tool_use_ratio"] <= 1 and m["agent/tool_errors"] >= 0
+        assert m["agent/inserted_tokens/mean"] >= 0 and m["agent/generated_tokens/mean"] > 0
+        assert 0 <= m["agent/finish_max_turns_ratio"] + m["agent/finish_budget_ratio"] <= 1
+        # the rollout's log-probs of the model's tokens equal the FSDP2 actor's (fp32): masks and
+        # positions of multi-turn trajectories line up in every role
+        assert m["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-3)
+        assert m["rollout_mismatch/min_ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert "val/agent/tool_use_ratio" in straight[4] and "val/acc" in straight[4]
+    inserted = sum(straight[s]["agent/inserted_tokens/mean"] for s in (1, 2, 3, 4))
+    assert inserted > 0  # tool results or "try again" were inserted and masked out
+
+    RLTrainer(config("resumed")).fit(until_step=2)  # stops after step 2, as a killed run would
+    resumed = by_step(RLTrainer(config("resumed")).fit())
+    assert {3, 4} <= set(resumed) and not {1, 2} & set(resumed)
+    for step in (3, 4):
+        keys = {k for k in straight[step] if not k.startswith(NOT_COMPARABLE) and "tool_seconds" not in k}
+        assert keys <= set(resumed[step])
+        for key in sorted(keys):
+            a, b = resumed[step][key], straight[step][key]
+            assert a == pytest.approx(b, rel=1e-6, abs=1e-7), f"step {step} {key}: resumed {a} vs {b}"
