@@ -25,8 +25,7 @@ answers "Try again", inserted through the chat template.
 Workload "instant" (not run unless named): "multi" with an environment that answers at once, to tell
 the cost of the turn barrier itself from that of waiting for the slowest environment step.
 Both paths seed every turn as the agent loop does, so they sample the same tokens and do the same work
-(the script checks it: "same trajectories"). On CPU, seeded multi-turn runs are limited to
-max_num_batched_tokens / KV block size samples (32 here; see `main`), or run --unseeded.
+(the script checks it: "same trajectories").
 
 Each mode runs once to warm up, then --repeats times, interleaved (sync, async, sync, ...); the table
 shows min / median / max. tok/s = generated (model) tokens / wall seconds of the whole rollout, inserted
@@ -466,25 +465,6 @@ def main() -> None:
         eos_token_ids=stops,
         pad_token_id=tokenizer.pad_token_id,
     )
-    scheduler, cache = (
-        engine.llm.llm_engine.vllm_config.scheduler_config,
-        engine.llm.llm_engine.vllm_config.cache_config,
-    )
-    if (
-        engine.device.type == "cpu"
-        and {"multi", "instant"} & set(workloads)
-        and not args.unseeded
-        and args.samples * cache.block_size > scheduler.max_num_batched_tokens
-    ):
-        # vLLM 0.32's CPU runner fails ("CPU Generator does not use offset") when a seeded request's prefill
-        # is split over two steps, which happens once a step's new tokens pass max_num_batched_tokens. A later
-        # turn's context is in the prefix cache but for its last, partial block: at most one block of new
-        # tokens per sample, so this many samples always fit in one step.
-        parser.error(
-            f"--samples {args.samples} x {cache.block_size} (KV block) > {scheduler.max_num_batched_tokens} "
-            "(vLLM's max_num_batched_tokens): seeded multi-turn rollouts would crash vLLM's CPU runner; use "
-            f"--samples <= {scheduler.max_num_batched_tokens // cache.block_size} or --unseeded"
-        )
     seed = None if args.unseeded else SEED
     results: dict[str, Any] = {"args": vars(args)}
     print(
