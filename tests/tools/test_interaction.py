@@ -94,6 +94,6 @@ def test_interaction_file_errors(tmp_path, text, name, error, message):
 
 def test_a_missing_interaction_file(tmp_path):
     with pytest.raises(
-        FileNotFoundError, match="rollout.multi_turn.interaction_file '.*gone.py' does not exist"
+        FileNotFoundError, match="rollout.multi_turn.interaction_file '.*gone.py': the file does not exist"
     ):
         build_interaction("polite", tmp_path / "gone.py")

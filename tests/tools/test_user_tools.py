@@ -150,7 +150,9 @@ def test_file_errors_name_the_file_and_the_fix(tmp_path, text, error, message):
 
 
 def test_a_missing_file_and_an_unknown_builtin(tmp_path):
-    with pytest.raises(FileNotFoundError, match="rollout.multi_turn.tool_file '.*nope.py' does not exist"):
+    with pytest.raises(
+        FileNotFoundError, match="rollout.multi_turn.tool_file '.*nope.py': the file does not exist"
+    ):
         build_toolset([], tmp_path / "nope.py")
     with pytest.raises(
         ValueError, match=r"'search' is not a built-in tool \(calculator, python\); fix rollout"

@@ -7,13 +7,11 @@ makes that row an error before training starts.
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
-import sys
-import traceback
 from collections.abc import Callable
 from typing import Any
+
+from tandem.usercode import load_user_module
 
 # (real path, function name) -> function; a file is executed once per process.
 _LOADED: dict[tuple[str, str], Callable[..., Any]] = {}
@@ -25,33 +23,7 @@ def load_function(path: str | os.PathLike, function_name: str = "compute_score")
     real = os.path.realpath(os.fspath(path))
     if (real, function_name) in _LOADED:
         return _LOADED[(real, function_name)]
-    if os.path.isdir(real):
-        raise IsADirectoryError(
-            f"{where}: that is a directory; point custom_reward_file at the .py file itself"
-        )
-    if not os.path.isfile(real):
-        raise FileNotFoundError(
-            f"{where}: the file does not exist (custom_reward_file is {os.path.abspath(path)})"
-        )
-    module_name = "tandem_custom_reward_" + hashlib.sha1(real.encode()).hexdigest()[:12]
-    module = sys.modules.get(module_name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(module_name, real)
-        if spec is None or spec.loader is None:
-            raise ImportError(f"{where}: cannot be loaded as a Python module (does it end in .py?)")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[module_name] = module  # dataclasses and pickling look modules up here
-        try:
-            spec.loader.exec_module(module)
-        except (Exception, SystemExit) as error:
-            del sys.modules[module_name]
-            raise ImportError(
-                f"{where}: running the file failed: {_describe_load_error(error, real)}; fix it, or run the "
-                "file with python to see the full error"
-            ) from error
-        except BaseException:  # KeyboardInterrupt: not the file's fault, pass it on as it is
-            del sys.modules[module_name]
-            raise
+    module = load_user_module(path, where=where, setting="custom_reward_file", prefix="tandem_custom_reward_")
     fn = getattr(module, function_name, None)
     if fn is None:
         available = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
@@ -74,19 +46,6 @@ def load_ground_truth_check(path: str | os.PathLike) -> Callable[..., Any] | Non
         return load_function(path, GROUND_TRUTH_CHECK)
     except AttributeError:  # no such name: the file declares no check
         return None
-
-
-def _describe_load_error(error: BaseException, real: str) -> str:
-    """ "SyntaxError: invalid syntax at line 2: `return 1 +`" or "ModuleNotFoundError: ... (line 1)"."""
-    if isinstance(error, SyntaxError):
-        code = (error.text or "").strip()
-        other = f" of {error.filename}" if error.filename and os.path.realpath(error.filename) != real else ""
-        return f"{type(error).__name__}: {error.msg} at line {error.lineno}{other}" + (
-            f": `{code}`" if code else ""
-        )
-    lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if f.filename == real]
-    where = f" (line {lines[-1]})" if lines else ""
-    return f"{type(error).__name__}: {error}{where}"
 
 
 def split_file_spec(spec: str) -> tuple[str, str] | None:

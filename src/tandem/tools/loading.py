@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
-import importlib.util
 import os
-import sys
 import types
 from collections.abc import Callable
 
@@ -13,6 +10,7 @@ from tandem.tools.base import Tool, ToolSet
 from tandem.tools.calculator import Calculator
 from tandem.tools.functions import FunctionTool
 from tandem.tools.python_tool import PythonTool
+from tandem.usercode import load_user_module
 
 # name -> factory(timeout_s); keep in step with config/validate.py BUILTIN_TOOLS.
 BUILTIN_TOOLS: dict[str, Callable[[float], Tool]] = {
@@ -24,34 +22,7 @@ BUILTIN_TOOLS: dict[str, Callable[[float], Tool]] = {
 def load_module(path: str | os.PathLike, setting: str) -> types.ModuleType:
     """Run the Python file at `path` as its own module (once per process); `setting` names the
     config key that points at it, for the error messages."""
-    from tandem.rewards.custom import _describe_load_error  # the same wording as reward files
-
-    where = f"{setting} '{path}'"
-    real = os.path.realpath(os.fspath(path))
-    if os.path.isdir(real):
-        raise IsADirectoryError(f"{where} is a directory; point {setting} at the .py file itself")
-    if not os.path.isfile(real):
-        raise FileNotFoundError(f"{where} does not exist (looked for {os.path.abspath(path)}); fix {setting}")
-    module_name = "tandem_user_tools_" + hashlib.sha1(real.encode()).hexdigest()[:12]
-    if module_name in sys.modules:
-        return sys.modules[module_name]
-    spec = importlib.util.spec_from_file_location(module_name, real)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"{where} cannot be loaded as a Python module (does it end in .py?)")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[module_name] = module  # dataclasses and pickling look modules up here
-    try:
-        spec.loader.exec_module(module)
-    except (Exception, SystemExit) as error:
-        del sys.modules[module_name]
-        raise ImportError(
-            f"{where}: running the file failed: {_describe_load_error(error, real)}; fix it, or run the file "
-            "with python to see the full error"
-        ) from error
-    except BaseException:  # KeyboardInterrupt: not the file's fault
-        del sys.modules[module_name]
-        raise
-    return module
+    return load_user_module(path, where=f"{setting} '{path}'", setting=setting, prefix="tandem_user_tools_")
 
 
 def load_tools(path: str | os.PathLike, setting: str = "rollout.multi_turn.tool_file") -> list[Tool]:

@@ -35,7 +35,9 @@ from tandem.trainer.ppo import RLTrainer
 from tandem.trainer.sft import SFTTrainer
 
 TARGET_VAL_LOSS = 0.6  # SFT stops here: the model has begun to learn addition, RL has room to grow
-CALCULATOR_TARGET_VAL_LOSS = 0.02  # the calculator task: the digits it copies (call, answer) must be near right
+CALCULATOR_TARGET_VAL_LOSS = (
+    0.02  # the calculator task: the digits it copies (call, answer) must be near right
+)
 TASK = {"task": "addition", "n_train": 16384, "n_val": 256, "digits": 2}
 COMMON = [
     "data.max_prompt_length=32",
