@@ -26,6 +26,23 @@ from dataclasses import dataclass
 from typing import Any
 
 
+def vllm_sampling(*, stop_token_ids: Sequence[int], seed: int | None, **kwargs: Any) -> Any:
+    """vLLM's SamplingParams as both rollout paths ask for them: token ids out (no detokenizing), the
+    sampled token's log-prob, stop at ``stop_token_ids`` only. One place, so that the agent loop and
+    the synchronous generate sample the same tokens from the same seeds."""
+    from vllm import SamplingParams
+
+    return SamplingParams(
+        stop_token_ids=list(stop_token_ids),
+        ignore_eos=False,
+        logprobs=0,
+        seed=seed,
+        detokenize=False,
+        skip_special_tokens=False,
+        **kwargs,
+    )
+
+
 @dataclass(frozen=True)
 class TurnRequest:
     """One turn to generate: the whole context so far as token ids, and how to sample."""
@@ -73,7 +90,6 @@ class VLLMTurnEngine(TurnEngine):
         self.max_in_flight = 0  # the most requests the engine held at once
 
     async def generate(self, request: TurnRequest) -> TurnOutput:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
@@ -82,18 +98,14 @@ class VLLMTurnEngine(TurnEngine):
                 f"a turn's context of {len(request.prompt_ids)} tokens + max_tokens={request.max_tokens} exceeds "
                 f"the engine's max_model_len={self.max_model_len}"
             )
-        params = SamplingParams(
+        params = vllm_sampling(
             n=1,
             temperature=request.temperature,
             top_p=request.top_p,
             top_k=request.top_k,
             max_tokens=request.max_tokens,
             stop_token_ids=self.stop_token_ids,
-            ignore_eos=False,
-            logprobs=0,
             seed=request.seed,
-            detokenize=False,
-            skip_special_tokens=False,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
         request_id = f"turn-{next(self._ids)}"

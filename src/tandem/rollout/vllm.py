@@ -41,7 +41,7 @@ import torch
 from torch import Tensor
 
 from tandem.batch import Batch
-from tandem.rollout.async_engine import VLLMTurnEngine
+from tandem.rollout.async_engine import VLLMTurnEngine, vllm_sampling
 from tandem.rollout.base import RolloutEngine, SamplingParams, assemble
 from tandem.rollout.hf import check_prompts, sample_keys
 
@@ -124,7 +124,6 @@ class VLLMRollout(RolloutEngine):
 
     # ---------------------------------------------------------------- generate
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        from vllm import SamplingParams as VLLMSamplingParams
         from vllm.inputs import TokensPrompt
 
         if self._asleep:
@@ -147,18 +146,14 @@ class VLLMRollout(RolloutEngine):
             ids = prompt_ids[row][prompt_mask[row].bool()].tolist()
             requests.append(TokensPrompt(prompt_token_ids=ids))
             params.append(
-                VLLMSamplingParams(
+                vllm_sampling(
                     n=sampling.n,
                     temperature=sampling.temperature,
                     top_p=sampling.top_p,
                     top_k=sampling.top_k,
                     max_tokens=sampling.max_tokens,
                     stop_token_ids=self.eos_token_ids,
-                    ignore_eos=False,
-                    logprobs=0,
                     seed=None if sampling.seed is None else _request_seed(sampling.seed, int(keys[row])),
-                    detokenize=False,
-                    skip_special_tokens=False,
                 )
             )
         outputs = self.llm.generate(requests, params, use_tqdm=False)
