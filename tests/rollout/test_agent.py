@@ -11,7 +11,7 @@ from tandem.data.tiny import IM_END, save_tiny
 from tandem.rollout import SamplingParams
 from tandem.rollout.agent import AgentLoop, AgentSettings
 from tandem.rollout.async_engine import TurnEngine, TurnOutput, TurnRequest
-from tandem.tools import build_toolset
+from tandem.tools import ToolSet, build_toolset, tool
 
 from .conftest import make_prompts
 from .test_vllm import SAMPLED, TINY_VLLM, recomputed, start
@@ -100,15 +100,20 @@ def one_prompt(tokenizer, text="12*34"):
     return batch
 
 
-def test_tool_turn_masks_equal_a_hand_built_conversation(tokenizer):
-    model = ScriptedModel(tokenizer, [CALL, "408"])
-    loop = AgentLoop(
+def tool_loop(tokenizer, tools=None, **settings):
+    """An agent loop over the calculator (or ``tools``), with the tiny template's stop ids."""
+    return AgentLoop(
         tokenizer,
         stops(tokenizer),
-        settings=AgentSettings(max_assistant_turns=3),
-        tools=build_toolset(["calculator"]),
+        settings=AgentSettings(**settings),
+        tools=tools or build_toolset(["calculator"]),
         pad_token_id=tokenizer.pad_token_id,
     )
+
+
+def test_tool_turn_masks_equal_a_hand_built_conversation(tokenizer):
+    model = ScriptedModel(tokenizer, [CALL, "408"])
+    loop = tool_loop(tokenizer, max_assistant_turns=3)
     out = loop.generate(lambda: model, one_prompt(tokenizer), SamplingParams(max_tokens=160))
     response = out["responses"][0][out["attention_mask"][0, -160:].bool()].tolist()
     # What the chat template renders for the same conversation: the trajectory after the prompt.
@@ -141,13 +146,7 @@ def test_bad_calls_become_error_observations_and_are_counted(tokenizer):
         "408",
     ]
     model = ScriptedModel(tokenizer, turns)
-    loop = AgentLoop(
-        tokenizer,
-        stops(tokenizer),
-        settings=AgentSettings(max_assistant_turns=3),
-        tools=build_toolset(["calculator"]),
-        pad_token_id=tokenizer.pad_token_id,
-    )
+    loop = tool_loop(tokenizer, max_assistant_turns=3)
     out = loop.generate(lambda: model, one_prompt(tokenizer), SamplingParams(max_tokens=400))
     messages = out["trajectory"][0]["messages"]
     assert messages[2]["role"] == "tool" and "unknown tool 'nope'" in messages[2]["content"]
@@ -161,11 +160,51 @@ def test_bad_calls_become_error_observations_and_are_counted(tokenizer):
     assert (out["agent_turns"][0], out["agent_tool_calls"][0], out["agent_tool_errors"][0]) == (3, 2, 2)
 
 
+@tool
+def explode(x: int) -> str:
+    """Raises."""
+    raise RuntimeError("boom")
+
+
+@tool
+def flood(x: int) -> str:
+    """Returns far too much."""
+    return "a" * 10_000 + "END"
+
+
+def test_a_raising_tool_a_huge_result_and_calls_past_the_limit_are_error_observations(tokenizer):
+    both = (
+        '<tool_call>{"name": "explode", "arguments": {"x": 1}}</tool_call>'
+        '<tool_call>{"name": "flood", "arguments": {"x": 1}}</tool_call>'
+    )
+    model = ScriptedModel(
+        tokenizer, [both, '<tool_call>{"name": "flood", "arguments": {"x": 1}}</tool_call>', "1"]
+    )
+    tools = ToolSet([explode, flood], max_result_chars=40, truncate_side="right")
+    out = tool_loop(tokenizer, tools, max_assistant_turns=3).generate(
+        lambda: model, one_prompt(tokenizer), SamplingParams(max_tokens=600)
+    )
+    messages = out["trajectory"][0]["messages"]
+    assert [m["role"] for m in messages] == [
+        "user",
+        "assistant",
+        "tool",
+        "tool",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    assert messages[2]["content"] == "error: RuntimeError: boom"
+    # max_parallel_calls=1: the turn's second call is not run
+    assert messages[3]["content"] == "error: at most 1 tool call(s) per turn; this one was not run"
+    assert messages[5]["content"] == "a" * 40  # cut to max_result_chars, from the right
+    assert out["trajectory"][0]["finish"] == "answer"
+    assert (out["agent_tool_calls"][0], out["agent_tool_errors"][0]) == (3, 2)
+
+
 def test_token_budget_ends_a_trajectory_without_a_partial_insertion(tokenizer):
     model = ScriptedModel(tokenizer, [CALL, "408"])
-    loop = AgentLoop(
-        tokenizer, stops(tokenizer), tools=build_toolset(["calculator"]), pad_token_id=tokenizer.pad_token_id
-    )
+    loop = tool_loop(tokenizer)
     budget = len(CALL) + 1 + 10  # the call fits, the tool's answer and the reply do not
     out = loop.generate(lambda: model, one_prompt(tokenizer), SamplingParams(max_tokens=budget))
     assert out["trajectory"][0]["finish"] == "budget"
