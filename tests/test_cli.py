@@ -166,6 +166,30 @@ def test_quickstart_seed_picks_model_data_and_training_seeds(tmp_path):
     assert {"trainer.seed=1", "data.seed=1"} <= set(overrides1)
 
 
+def test_the_calculator_quickstart_declares_the_tool_and_stops_turns_at_im_end(tmp_path):
+    """Its configs resolve and validate (no run: tests/trainer/test_agent_e2e.py runs the agent
+    loop end to end); the model stops at <|im_end|>; SFT rows are the tool-use conversations."""
+    from tandem.config import load_config
+    from tandem.rollout.base import read_special_ids
+
+    recipe = quickstart.RECIPES["calculator"]
+    model_dir, shared = prepare_quickstart(tmp_path, 0, recipe)
+    assert read_special_ids(model_dir)[0] == [1, 3]  # <|endoftext|>, <|im_end|>
+    rl = load_config("grpo", [*recipe.common, *recipe.grpo, *shared, f"actor.model_path={model_dir}"])
+    sft = load_config("sft", [*recipe.common, *recipe.sft, *shared, f"actor.model_path={model_dir}"])
+    assert rl.rollout.mode == "async" and rl.rollout.multi_turn.tools == ["calculator"]
+    assert sft.rollout.multi_turn.tools == ["calculator"] and sft.data.messages_key == "messages"
+    rows = pq.read_table(tmp_path / "data" / "val.parquet").to_pylist()
+    assert len(rows) == 256 and [m["role"] for m in rows[0]["messages"]] == [
+        "user",
+        "assistant",
+        "tool",
+        "assistant",
+    ]
+    with pytest.raises(ValueError, match="quickstart task 'nope' is not one of"):
+        run_quickstart(tmp_path / "x", task="nope")
+
+
 # ---- run folders: one run at a time, finished runs, damaged checkpoints (before any worker) ----------
 
 

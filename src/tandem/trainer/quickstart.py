@@ -35,9 +35,8 @@ from tandem.trainer.ppo import RLTrainer
 from tandem.trainer.sft import SFTTrainer
 
 TARGET_VAL_LOSS = 0.6  # SFT stops here: the model has begun to learn addition, RL has room to grow
-CALCULATOR_TARGET_VAL_LOSS = (
-    0.02  # the calculator task: the digits it copies (call, answer) must be near right
-)
+# the calculator task's SFT stops here: the digits it copies (call, answer) mostly right, RL has room
+CALCULATOR_TARGET_VAL_LOSS = 0.04
 TASK = {"task": "addition", "n_train": 16384, "n_val": 256, "digits": 2}
 COMMON = [
     "data.max_prompt_length=32",
@@ -115,7 +114,7 @@ CALCULATOR = Recipe(
             if not line.startswith(("data.train_batch_size", "trainer.total_training_steps"))
         ),
         "data.train_batch_size=16",
-        "trainer.total_training_steps=20",
+        "trainer.total_training_steps=30",
         "trainer.test_freq=5",
         "rollout.multi_turn.max_assistant_turns=3",
     ],
