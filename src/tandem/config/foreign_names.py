@@ -81,6 +81,22 @@ VERL: dict[str, tuple[str, str]] = {
     "custom_reward_function": ("reward.custom_reward_file and reward.custom_reward_function", ""),
     "custom_reward_function.path": ("reward.custom_reward_file", ""),
     "custom_reward_function.name": ("reward.custom_reward_function", ""),
+    "algorithm.rollout_correction.rollout_token_veto_threshold": (
+        "algorithm.rollout_correction.rollout_rs",
+        "verl 0.7's per-token veto is gone in newer verl; seq_max_k2 / seq_max_k3 reject a sequence for its worst token",
+    ),
+    "algorithm.rollout_correction.rollout_rs_threshold_lower": (
+        "algorithm.rollout_correction.rollout_rs_threshold",
+        "write the k1 bounds as lower_upper, e.g. 0.5_2.0",
+    ),
+    "algorithm.rollout_correction.use_policy_gradient": (
+        "actor.policy_loss",
+        "set actor.policy_loss=reinforce; Tandem has no bypass mode (the old log-probs are recomputed)",
+    ),
+    "actor_rollout_ref.rollout.calculate_log_probs": (
+        "algorithm.rollout_correction",
+        "Tandem's rollout engines always return the rollout log-probs; nothing to turn on",
+    ),
     "algorithm.filter_groups": ("algorithm.dynamic_sampling", ""),
     "algorithm.norm_adv_by_std_in_grpo": ("algorithm.norm_adv_by_std", ""),
     "data.gen_batch_size": ("algorithm.dynamic_sampling.gen_batch_size", ""),

@@ -201,8 +201,8 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_rank: int = 8  # SAMPLES per forward on one rank, recomputing log-probs
     tensor_parallel: int = 1  # RANKS per inference engine instance; divides the world size; 1 for hf
     gpu_memory_utilization: float = 0.5  # in (0, 1]: fraction of GPU memory vLLM / SGLang may claim
-    is_correction: str = "none"  # rollout-vs-trainer importance weights: none, token or sequence
-    is_threshold: float = 2.0  # > 0: importance weights are truncated at this value
+    is_correction: str = "none"  # older name of algorithm.rollout_correction.rollout_is (none = null)
+    is_threshold: float = 2.0  # older name of algorithm.rollout_correction.rollout_is_threshold
     val: ValRolloutConfig = field(default_factory=ValRolloutConfig)
 
 
@@ -300,6 +300,27 @@ class DynamicSamplingConfig:
 
 
 @dataclass
+class RolloutCorrectionConfig:
+    """Correction for the rollout engine's policy differing from the trainer's (verl's keys and defaults).
+
+    IS weights r = pi_old / pi_rollout, truncated at rollout_is_threshold (TIS), zero outside the IcePop
+    band, optionally divided by their batch mean; rejection sampling drops tokens / sequences from the
+    loss's mask (tandem.algos.rollout_correction). `rollout.is_correction` / `rollout.is_threshold`
+    are older names of rollout_is / rollout_is_threshold, copied here at start-up. No bypass mode.
+    """
+
+    rollout_is: str | None = None  # IS weights per token or sequence; null = none
+    rollout_is_threshold: float = 2.0  # > 0: IS weights truncated at this value
+    rollout_is_band_low: float | None = None  # IcePop (Tandem only): weight 0 where r < low, in [0, 1]
+    rollout_is_band_high: float | None = None  # ... and where r > high, >= 1; both or neither
+    rollout_is_batch_normalize: bool = False  # weights / their mean over kept tokens (sequences)
+    rollout_rs: str | None = None  # rejection options, comma-separated: token_k1, seq_mean_k3, ...
+    rollout_rs_threshold: float | str | None = None  # per option: "lower_upper" (k1), upper (k2, k3)
+    bypass_mode: bool = False  # verl's bypass mode: not built in Tandem, must stay false
+    loss_type: str = "ppo_clip"  # verl's bypass-mode loss: only ppo_clip (actor.policy_loss rules)
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantages and reward shaping done by the controller."""
 
@@ -313,6 +334,7 @@ class AlgorithmConfig:
     kl_penalty: str = "kl"  # estimator for that penalty, as actor.kl_loss_type
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
+    rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
 
 
 @dataclass

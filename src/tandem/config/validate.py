@@ -34,8 +34,10 @@ def finalize(cfg: TandemConfig, problems: Problems, *, require_data: bool = Fals
     check_multi_turn(cfg, problems)
     if require_data:
         check_data(cfg, problems)
+    check_rollout_correction(cfg, problems)
     if len(problems.items) == before:
         cfg._derived = compute_derived(cfg, estimator_info=info)
+        _check_old_log_probs_for_correction(cfg, problems)
 
 
 def resolve(cfg: TandemConfig, info: dict[str, Any]) -> None:
@@ -53,6 +55,13 @@ def resolve(cfg: TandemConfig, info: dict[str, Any]) -> None:
         critic.micro_batch_size_per_rank = cfg.actor.micro_batch_size_per_rank
     if critic.ppo_epochs is None:
         critic.ppo_epochs = cfg.actor.ppo_epochs
+    # rollout.is_correction / is_threshold: the older names, copied into algorithm.rollout_correction
+    # (a conflict between the two is reported by check_rollout_correction).
+    rc, r = cfg.algorithm.rollout_correction, cfg.rollout
+    if r.is_correction in ("token", "sequence") and rc.rollout_is is None:
+        rc.rollout_is = r.is_correction
+        if rc.rollout_is_threshold == 2.0:
+            rc.rollout_is_threshold = r.is_threshold
 
 
 # --- registry names -----------------------------------------------------------------------------
@@ -96,6 +105,90 @@ def check_names(cfg: TandemConfig, problems: Problems, regs: dict[str, Registry]
     _check_name(problems, "algorithm.kl_penalty", cfg.algorithm.kl_penalty, regs["kl"])
     _check_name(problems, "algorithm.kl_ctrl.type", cfg.algorithm.kl_ctrl.type, regs["ctrl"])
     _check_name(problems, "rollout.is_correction", cfg.rollout.is_correction, regs["is"], extra=("none",))
+
+
+# --- rollout correction -------------------------------------------------------------------------
+
+_RC = "algorithm.rollout_correction"
+
+
+def check_rollout_correction(cfg: TandemConfig, problems: Problems) -> None:
+    """algorithm.rollout_correction: known names, sane bounds, and agreement with the older rollout.is_* keys."""
+    from tandem.algos.rollout_correction import parse_rollout_rs
+
+    rc, r = cfg.algorithm.rollout_correction, cfg.rollout
+    if r.is_threshold <= 0:
+        problems.add("rollout.is_threshold", f"rollout.is_threshold={r.is_threshold} must be > 0")
+    if r.is_correction in ("token", "sequence") and (
+        rc.rollout_is != r.is_correction or rc.rollout_is_threshold != r.is_threshold
+    ):
+        problems.add(
+            ("rollout.is_correction", f"{_RC}.rollout_is"),
+            f"rollout.is_correction={r.is_correction} (threshold {r.is_threshold}) and {_RC}.rollout_is="
+            f"{rc.rollout_is} (threshold {rc.rollout_is_threshold}) disagree: rollout.is_* are the older "
+            f"names; set only {_RC}.rollout_is and {_RC}.rollout_is_threshold",
+        )
+    if rc.rollout_is is not None and rc.rollout_is not in ("token", "sequence"):
+        hint = " (use null to turn it off)" if str(rc.rollout_is).lower() == "none" else ""
+        problems.add(
+            f"{_RC}.rollout_is", f"{_RC}.rollout_is={rc.rollout_is!r}: use token, sequence or null{hint}"
+        )
+    if rc.rollout_is_threshold <= 0:
+        problems.add(
+            f"{_RC}.rollout_is_threshold", f"{_RC}.rollout_is_threshold={rc.rollout_is_threshold} must be > 0"
+        )
+    low, high = rc.rollout_is_band_low, rc.rollout_is_band_high
+    if (low is None) != (high is None):
+        problems.add(
+            (f"{_RC}.rollout_is_band_low", f"{_RC}.rollout_is_band_high"),
+            f"the IcePop band needs both {_RC}.rollout_is_band_low and rollout_is_band_high (e.g. 0.5 and 5.0), "
+            f"got {low} and {high}",
+        )
+    elif low is not None and high is not None and not 0 <= low <= 1 <= high:
+        problems.add(
+            (f"{_RC}.rollout_is_band_low", f"{_RC}.rollout_is_band_high"),
+            f"{_RC}.rollout_is_band_low={low} / rollout_is_band_high={high}: need 0 <= low <= 1 <= high, "
+            "or the band drops tokens the rollout and the trainer agree on (ratio 1)",
+        )
+    needs_is = [
+        k
+        for k in ("rollout_is_band_low", "rollout_is_batch_normalize")
+        if getattr(rc, k) not in (None, False)
+    ]
+    if rc.rollout_is is None and needs_is:
+        problems.add(
+            f"{_RC}.{needs_is[0]}",
+            f"{_RC}.{needs_is[0]} acts on IS weights: set {_RC}.rollout_is=token or sequence",
+        )
+    if rc.rollout_rs is not None:
+        try:
+            parse_rollout_rs(rc.rollout_rs, rc.rollout_rs_threshold, key=_RC)
+        except ValueError as e:
+            problems.add((f"{_RC}.rollout_rs", f"{_RC}.rollout_rs_threshold"), str(e))
+    if rc.bypass_mode:
+        problems.add(
+            f"{_RC}.bypass_mode",
+            f"{_RC}.bypass_mode=true (rollout log-probs as the old ones) is not built in Tandem; set it to false. "
+            "With one optimizer step per step (actor.old_log_probs_from_update=true) there is no old-log-prob pass anyway",
+        )
+    if rc.loss_type != "ppo_clip":
+        problems.add(
+            f"{_RC}.loss_type",
+            f"{_RC}.loss_type={rc.loss_type!r} belongs to bypass mode, which Tandem lacks; leave it ppo_clip "
+            "(actor.policy_loss picks the loss, e.g. reinforce)",
+        )
+
+
+def _check_old_log_probs_for_correction(cfg: TandemConfig, problems: Problems) -> None:
+    rc = cfg.algorithm.rollout_correction
+    wanted = [k for k in ("rollout_rs", "rollout_is_batch_normalize") if getattr(rc, k) not in (None, False)]
+    if wanted and cfg.derived.old_log_probs_from_update:
+        problems.add(
+            (f"{_RC}.{wanted[0]}", "actor.old_log_probs_from_update"),
+            f"{_RC}.{wanted[0]} needs the old log-probs of the whole batch before the update, but they come "
+            "from the update itself (actor.old_log_probs_from_update=true, one optimizer step per step): set "
+            "actor.old_log_probs_from_update=false (one more forward pass)",
+        )
 
 
 # --- single values ------------------------------------------------------------------------------
@@ -206,8 +299,6 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
             "rollout.cpu_kv_cache_gib",
             f"rollout.cpu_kv_cache_gib must be >= 1 (GiB), got {r.cpu_kv_cache_gib}",
         )
-    if r.is_threshold <= 0:
-        problems.add("rollout.is_threshold", f"rollout.is_threshold={r.is_threshold} must be > 0")
     for name, optim in (("actor", a.optim), ("critic", c.optim)):
         if optim.lr <= 0:
             problems.add(f"{name}.optim.lr", f"{name}.optim.lr={optim.lr} must be > 0")
