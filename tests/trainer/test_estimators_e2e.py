@@ -63,7 +63,13 @@ def test_dynamic_sampling_that_keeps_no_group_stops_after_max_rounds_with_the_fi
         "actor.policy_loss=clip_cov actor.clip_cov_lb=0",  # the tiny model's covariances all lie below 1
         "actor.policy_loss=dro actor.dro_beta=0.1",
         "algorithm.adv_estimator=grpo_passk",
+        # rollout correction (the helpers' two mini-batches give a separate old-log-prob pass)
+        "algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_band_low=0.5 "
+        "algorithm.rollout_correction.rollout_is_band_high=5 algorithm.rollout_correction.rollout_is_batch_normalize=true",
+        "algorithm.rollout_correction.rollout_is=sequence algorithm.rollout_correction.rollout_rs=seq_mean_k1,token_k3 "
+        "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0,0.1",
     ],
+    ids=lambda o: "rollout_is_band_norm" if "band" in o else "rollout_rs" if "rollout_rs" in o else o,
 )
 def test_loss_or_estimator_trains_two_steps(assets, tmp_path, override):
     cfg = run_config(
@@ -81,3 +87,7 @@ def test_loss_or_estimator_trains_two_steps(assets, tmp_path, override):
     for metrics in history:
         assert math.isfinite(metrics["actor/pg_loss"]) and metrics["actor/pg_loss"] != 0
         assert math.isfinite(metrics["actor/grad_norm"]) and metrics["actor/grad_norm"] > 0
+        if "rollout_correction" in override:  # the diagnostics of the step, all finite
+            corr = {k: v for k, v in metrics.items() if k.startswith("rollout_corr/")}
+            assert {"rollout_corr/rollout_is_eff_sample_size", "rollout_corr/chi2_seq"} <= corr.keys()
+            assert all(math.isfinite(v) for v in corr.values()), corr

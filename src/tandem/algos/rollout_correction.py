@@ -11,6 +11,7 @@ exp() (SAFETY_LOG_BOUND) so nothing overflows. Padding never counts, whatever it
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -362,3 +363,21 @@ def rollout_correction(
             weights = batch_normalize(weights, loss_mask, rollout_is, total)
             metrics["rollout_is_batch_norm_factor"] = float(total[0] / total[1].clamp(min=1))
     return weights, loss_mask, metrics
+
+
+def rollout_corr_metrics(batch: Any, rc: Any) -> dict[str, float]:
+    """`rollout_correction`'s metrics as `rollout_corr/<name>` for a batch with old and rollout log-probs,
+    under the settings of `algorithm.rollout_correction` (`rc`), over the whole batch."""
+    band = None if rc.rollout_is_band_low is None else (rc.rollout_is_band_low, rc.rollout_is_band_high)
+    _, _, metrics = rollout_correction(
+        batch["old_log_probs"],
+        batch["rollout_log_probs"],
+        batch["response_mask"],
+        rollout_is=rc.rollout_is,
+        rollout_is_threshold=rc.rollout_is_threshold,
+        band=band,
+        rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
+        rollout_rs=rc.rollout_rs,
+        rollout_rs_threshold=rc.rollout_rs_threshold,
+    )
+    return {f"rollout_corr/{k}": v for k, v in metrics.items()}

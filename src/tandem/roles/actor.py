@@ -13,9 +13,10 @@ from typing import Any
 from torch import Tensor
 
 from tandem.algos.aggregation import agg_loss
-from tandem.algos.importance import is_weights, mismatch_metrics
+from tandem.algos.importance import mismatch_metrics
 from tandem.algos.kl import kl_loss
 from tandem.algos.policy_loss import policy_loss
+from tandem.algos.rollout_correction import is_weight_total, rollout_correction, rollout_is_weights
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
 from tandem.engine.base import TrainEngine
@@ -57,10 +58,13 @@ class Actor:
             missing.append("old_log_probs")
         if a.use_kl_loss and "ref_log_probs" not in batch:
             missing.append("ref_log_probs (actor.use_kl_loss is on)")
-        if self.cfg.rollout.is_correction != "none" and "rollout_log_probs" not in batch:
-            missing.append(f"rollout_log_probs (rollout.is_correction={self.cfg.rollout.is_correction})")
+        rc = self.cfg.algorithm.rollout_correction
+        if (rc.rollout_is or rc.rollout_rs) and "rollout_log_probs" not in batch:
+            missing.append("rollout_log_probs (algorithm.rollout_correction is on)")
         if missing:
             raise KeyError(f"actor update: the batch lacks {missing}; it has {batch.keys()}")
+        if (rc.rollout_is or rc.rollout_rs) and "old_log_probs" in batch:
+            batch = self._correct(batch)
         return run_update(
             self.engine,
             batch,
@@ -71,8 +75,34 @@ class Actor:
             prefix="actor",
         )
 
+    def _correct(self, batch: Batch) -> Batch:
+        """IS weights and the rejection-masked response_mask of the whole batch, before it is cut into
+        mini-batches (verl's decoupled mode); batch normalisation takes its mean over all ranks."""
+        rc = self.cfg.algorithm.rollout_correction
+        band = None if rc.rollout_is_band_low is None else (rc.rollout_is_band_low, rc.rollout_is_band_high)
+        args = (batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
+        kw = dict(
+            rollout_is=rc.rollout_is,
+            rollout_is_threshold=rc.rollout_is_threshold,
+            band=band,
+            rollout_rs=rc.rollout_rs,
+            rollout_rs_threshold=rc.rollout_rs_threshold,
+        )
+        norm_total = None
+        if rc.rollout_is_batch_normalize:
+            weights, loss_mask, _ = rollout_correction(*args, **kw)
+            norm_total = self.engine.all_reduce_sum(is_weight_total(weights, loss_mask, rc.rollout_is))
+        weights, loss_mask, _ = rollout_correction(
+            *args, **kw, rollout_is_batch_normalize=rc.rollout_is_batch_normalize, norm_total=norm_total
+        )
+        out = batch.select(*batch.keys())
+        out["response_mask"] = loss_mask
+        if weights is not None:
+            out["rollout_is_weights"] = weights
+        return out
+
     def _loss_fn(self, counts: dict[str, Any]):
-        a, r = self.cfg.actor, self.cfg.rollout
+        a, rc = self.cfg.actor, self.cfg.algorithm.rollout_correction
         agg = {**counts, "norm_length": self.cfg.data.max_response_length}
 
         def loss_fn(output: Any, micro: Batch) -> tuple[Tensor, dict[str, float]]:
@@ -92,10 +122,23 @@ class Actor:
                         metrics[f"rollout_mismatch/{key.removeprefix('mismatch_')}"] = mismatch[key] * share
                 if a.entropy_coeff == 0:
                     entropy = None
-            weights = None
-            if r.is_correction != "none":
-                weights = is_weights(
-                    old_log_probs, micro["rollout_log_probs"], mask, r.is_correction, r.is_threshold
+            weights = micro.get("rollout_is_weights")  # from _correct, when the old log-probs came first
+            if weights is None and rc.rollout_is is not None:  # old log-probs from this very forward
+                band = (
+                    None
+                    if rc.rollout_is_band_low is None
+                    else (rc.rollout_is_band_low, rc.rollout_is_band_high)
+                )
+                weights = rollout_is_weights(
+                    old_log_probs,
+                    micro["rollout_log_probs"],
+                    mask,
+                    rc.rollout_is,
+                    rc.rollout_is_threshold,
+                    band,
+                )
+                metrics["rollout_corr/rollout_is_mean"] = float(
+                    agg_loss(weights, mask, "token-mean", **counts)
                 )
             pg_loss, pg_metrics = policy_loss(
                 a.policy_loss,

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 from tandem.algos import apply_kl_penalty, compute_advantages, kl_controller_from_config, mismatch_metrics
 from tandem.algos.core import group_stats
+from tandem.algos.rollout_correction import rollout_corr_metrics
 from tandem.batch import Batch
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
@@ -124,6 +125,10 @@ class RLTrainer(Trainer):
                         ).items()
                     }
                 )
+                metrics.update(rollout_corr_metrics(batch, alg.rollout_correction))
+                # verl's names for the same two numbers, computed once above
+                metrics["rollout_corr/kl"] = metrics["rollout_mismatch/kl"]
+                metrics["rollout_corr/k3_kl"] = metrics["rollout_mismatch/k3"]
 
             with timer("advantages"):
                 scores = batch["token_level_scores"]
@@ -180,7 +185,8 @@ class RLTrainer(Trainer):
             keys.append("old_log_probs")
         if self.cfg.actor.use_kl_loss:
             keys.append("ref_log_probs")
-        if self.cfg.rollout.is_correction != "none" and "rollout_log_probs" not in keys:
+        rc = self.cfg.algorithm.rollout_correction
+        if (rc.rollout_is or rc.rollout_rs) and "rollout_log_probs" not in keys:
             keys.append("rollout_log_probs")
         return keys
 
