@@ -129,3 +129,28 @@ def test_grpo_on_the_agent_loop_trains_counts_tools_and_resumes_exactly(warm_sta
         for key in sorted(keys):
             a, b = resumed[step][key], straight[step][key]
             assert a == pytest.approx(b, rel=1e-6, abs=1e-7), f"step {step} {key}: resumed {a} vs {b}"
+
+
+def test_ppo_critic_learns_values_on_multi_turn_trajectories(warm_start, tmp_path):
+    """The critic reads the same trajectories (tool results inside, masked out of every loss)."""
+    cfg = load_config(
+        "ppo",
+        [
+            *SHARED,
+            f"actor.model_path={warm_start['model']}",
+            f"data.train_files=[{warm_start['train']}]",
+            "data.train_batch_size=4",
+            "actor.ppo_mini_batch_size=2",
+            "actor.micro_batch_size_per_rank=4",
+            "critic.optim.lr=1e-3",
+            "trainer.total_training_steps=2",
+            f"trainer.output_dir={tmp_path}",
+            "reward.num_workers=0",
+        ],
+        require_data=True,
+    )
+    history = by_step(RLTrainer(cfg).fit())
+    for step in (1, 2):
+        m = history[step]
+        assert math.isfinite(m["critic/vf_loss"]) and m["critic/grad_norm"] > 0
+        assert math.isfinite(m["actor/pg_loss"]) and m["agent/inserted_tokens/mean"] >= 0
