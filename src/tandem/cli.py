@@ -68,7 +68,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("presets", help="list the bundled presets")
 
     data = sub.add_parser("data", help="write a built-in synthetic task as train/val parquet")
-    data.add_argument("task", help="addition or countdown")
+    data.add_argument("task", help="addition, countdown or tool_multiply (with tool-use conversations)")
     data.add_argument("out_dir")
     data.add_argument("--n-train", type=int, default=1024)
     data.add_argument("--n-val", type=int, default=128)
