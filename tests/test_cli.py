@@ -1,3 +1,4 @@
+import dataclasses
 import json
 import os
 import subprocess
@@ -130,7 +131,9 @@ def test_export_of_a_folder_that_is_no_checkpoint_exits_2(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_quickstart_runs_sft_then_grpo_and_plots(ray_local, tmp_path, monkeypatch):
-    monkeypatch.setattr(quickstart, "TARGET_VAL_LOSS", 100.0)  # SFT stops at its first validation
+    # SFT stops at its first validation
+    fast = dataclasses.replace(quickstart.RECIPES["addition"], target_val_loss=100.0)
+    monkeypatch.setitem(quickstart.RECIPES, "addition", fast)
     numbers = run_quickstart(
         tmp_path,
         ["trainer.total_training_steps=2", "trainer.test_freq=1", "trainer.loggers=[jsonl]"],
