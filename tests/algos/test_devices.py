@@ -18,6 +18,7 @@ from tandem.algos import (
     kl_loss,
     log_probs_from_logits,
     policy_loss,
+    sum_pi_squared_from_logits,
     value_loss,
 )
 
@@ -66,6 +67,8 @@ def run_everything(device: str) -> dict[str, torch.Tensor]:
             index=INDEX,
             values=values,
             reward_baselines=rewards[:, 0],
+            old_log_probs=old,
+            sum_pi_squared=old.exp() ** 2 + 0.1,
             gamma=0.9,
             lam=0.8,
         )
@@ -75,7 +78,9 @@ def run_everything(device: str) -> dict[str, torch.Tensor]:
         logits = rand(B, T, V).to(dtype).requires_grad_(True)
         labels = torch.randint(0, V, (B, T), generator=gen).to(device)
         total = (
-            log_probs_from_logits(logits, labels, chunk_rows=3).sum() + entropy_from_logits(logits, 3).sum()
+            log_probs_from_logits(logits, labels, chunk_rows=3).sum()
+            + entropy_from_logits(logits, 3).sum()
+            + sum_pi_squared_from_logits(logits, 3).sum()
         )
         total.backward()
         out[f"logits/{dtype}"], out[f"logits/{dtype}/grad"] = total.detach(), logits.grad

@@ -257,6 +257,18 @@ def test_real_registries_catch_a_bad_name(real_registries):
     assert load("algorithm.adv_estimator=gae", "rollout.n=1").derived.critic_needed
 
 
+@pytest.mark.parametrize("estimator", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_the_token_baseline_needs_sum_pi_squared_and_the_old_log_prob_pass(real_registries, estimator):
+    message = error_of(f"algorithm.adv_estimator={estimator}")
+    assert (
+        "actor.calculate_sum_pi_squared" in message and "set actor.calculate_sum_pi_squared=true" in message
+    )
+    one_step = "actor.ppo_mini_batch_size=8"  # = data.train_batch_size: one optimizer step per step
+    cfg = load(f"algorithm.adv_estimator={estimator}", "actor.calculate_sum_pi_squared=true", one_step)
+    assert load(one_step).derived.old_log_probs_from_update  # one step skips the pass ...
+    assert not cfg.derived.old_log_probs_from_update  # ... which computes sum pi^2 before the advantages
+
+
 SIX_RANKS = ["trainer.nnodes=3", "trainer.workers_per_node=2", "rollout.n=5"]
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tandem.algos.core import entropy_from_logits, log_probs_from_logits
+from tandem.algos.core import entropy_from_logits, log_probs_from_logits, sum_pi_squared_from_logits
 
 from . import vocab_parallel_worker as w
 
@@ -32,5 +32,8 @@ def test_log_probs_entropy_and_gradients_equal_the_full_vocabulary(ranks):
     for rank in ranks:  # every rank has the whole rows' values
         torch.testing.assert_close(rank["log_probs"], log_probs.detach(), rtol=0, atol=1e-5)
         torch.testing.assert_close(rank["entropy"], entropy.detach(), rtol=0, atol=1e-5)
+        torch.testing.assert_close(
+            rank["sum_pi_squared"], sum_pi_squared_from_logits(logits), rtol=0, atol=1e-5
+        )
     grad = torch.cat([rank["grad"] for rank in ranks], dim=-1)  # each rank: its own slice's gradient
     torch.testing.assert_close(grad, full.grad, rtol=0, atol=1e-5)

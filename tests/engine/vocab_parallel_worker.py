@@ -1,5 +1,5 @@
-"""Each spawned rank of test_megatron_vocab_parallel: log-probs and entropy of its vocabulary slice, and the
-gradients of a loss of both with respect to that slice."""
+"""Each spawned rank of test_megatron_vocab_parallel: log-probs, entropy and sum of squared probabilities of
+its vocabulary slice, and the gradients of a loss of the first two with respect to that slice."""
 
 from __future__ import annotations
 
@@ -39,6 +39,8 @@ def worker(rank: int, world: int, init_method: str, out_dir: str) -> None:
         log_probs, entropy = vp.log_probs(local, labels), vp.entropy(local)
         ((log_probs * w_lp).sum() + (entropy * w_ent).sum()).backward()
         result = {"log_probs": log_probs.detach(), "entropy": entropy.detach(), "grad": local.grad}
+        with torch.no_grad():
+            result["sum_pi_squared"] = vp.sum_pi_squared(local)
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

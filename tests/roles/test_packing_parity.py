@@ -109,7 +109,9 @@ CFG = [
 
 
 def test_packed_forward_equals_padded_for_every_role(world, model_dirs):
-    cfg = tiny_config(model_dirs["lm"], 1, *CFG, "rollout.temperature=0.7")
+    cfg = tiny_config(
+        model_dirs["lm"], 1, *CFG, "rollout.temperature=0.7", "actor.calculate_sum_pi_squared=true"
+    )
     batch = rollout_batch()
     out = {}
     for packing in (False, True):
@@ -127,6 +129,10 @@ def test_packed_forward_equals_padded_for_every_role(world, model_dirs):
     assert mask.sum() > 0 and (mask.sum(-1) == 0).any()  # real tokens, and one empty response
     masked_close(actor1["old_log_probs"], actor0["old_log_probs"], mask)
     masked_close(actor1["entropy"], actor0["entropy"], mask)
+    masked_close(actor1["sum_pi_squared"], actor0["sum_pi_squared"], mask, atol=1e-6)
+    # pi(y)^2 <= sum_v pi_v^2 <= 1
+    spi, chosen = actor1["sum_pi_squared"][mask.bool()], actor1["old_log_probs"][mask.bool()].exp()
+    assert (chosen**2 <= spi + 1e-6).all() and (spi <= 1).all() and (spi > 0).all()
     masked_close(ref1["ref_log_probs"], ref0["ref_log_probs"], mask)
     masked_close(critic1["values"], critic0["values"], mask)
     torch.testing.assert_close(rm1["rm_scores"], rm0["rm_scores"], rtol=0, atol=1e-5)

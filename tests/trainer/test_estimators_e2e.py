@@ -54,6 +54,9 @@ def test_dynamic_sampling_that_keeps_no_group_stops_after_max_rounds_with_the_fi
         RLTrainer(cfg).fit()
 
 
+CASE_NAMES = {"token": "rollout_is_band_norm", "sequence": "rollout_rs"}  # the rollout-correction cases
+
+
 @pytest.mark.parametrize(
     "override",
     [
@@ -63,13 +66,16 @@ def test_dynamic_sampling_that_keeps_no_group_stops_after_max_rounds_with_the_fi
         "actor.policy_loss=clip_cov actor.clip_cov_lb=0",  # the tiny model's covariances all lie below 1
         "actor.policy_loss=dro actor.dro_beta=0.1",
         "algorithm.adv_estimator=grpo_passk",
+        "algorithm.adv_estimator=optimal_token_baseline actor.calculate_sum_pi_squared=true",
+        "algorithm.adv_estimator=tir_optimal_token_baseline actor.calculate_sum_pi_squared=true "
+        "algorithm.rollout_correction.rollout_is=token",  # the IS weights scale the path energy
         # rollout correction (the helpers' two mini-batches give a separate old-log-prob pass)
         "algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_band_low=0.5 "
         "algorithm.rollout_correction.rollout_is_band_high=5 algorithm.rollout_correction.rollout_is_batch_normalize=true",
         "algorithm.rollout_correction.rollout_is=sequence algorithm.rollout_correction.rollout_rs=seq_mean_k1,token_k3 "
         "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0,0.1",
     ],
-    ids=lambda o: "rollout_is_band_norm" if "band" in o else "rollout_rs" if "rollout_rs" in o else o,
+    ids=lambda override: CASE_NAMES.get(name := override.split()[0].split("=")[1], name),
 )
 def test_loss_or_estimator_trains_two_steps(assets, tmp_path, override):
     cfg = run_config(

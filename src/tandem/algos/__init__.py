@@ -24,6 +24,7 @@ from tandem.algos.core import (
     masked_sum,
     masked_var,
     masked_whiten,
+    sum_pi_squared_from_logits,
 )
 from tandem.algos.importance import is_weights, mismatch_metrics
 from tandem.algos.kl import (
@@ -55,6 +56,7 @@ from tandem.algos.rollout_correction import (
     rollout_correction,
     rollout_is_weights,
 )
+from tandem.algos.token_baseline import optimal_token_baseline, tir_optimal_token_baseline
 
 __all__ = [
     "ADV_ESTIMATORS",
@@ -97,6 +99,7 @@ __all__ = [
     "mismatch_metrics",
     "offpolicy_metrics",
     "opo",
+    "optimal_token_baseline",
     "policy_loss",
     "reinforce",
     "reinforce_plus_plus",
@@ -106,6 +109,8 @@ __all__ = [
     "rloo",
     "rollout_correction",
     "rollout_is_weights",
+    "sum_pi_squared_from_logits",
+    "tir_optimal_token_baseline",
     "value_loss",
     "vanilla",
 ]

@@ -99,10 +99,10 @@ def group_min(values: Tensor, index: GroupIndex) -> Tensor:
 
 
 def group_sum(values: Tensor, index: GroupIndex) -> Tensor:
-    """Per-sample sum of `values` over the sample's group: s_i = sum_{j: g_j = g_i} v_j."""
+    """Per-sample sum of `values` [B, ...] over the sample's group: s_i = sum_{j: g_j = g_i} v_j."""
     inverse, num_groups = group_ids(index, values.shape[0])
     inverse = inverse.to(values.device)
-    total = torch.zeros(num_groups, dtype=values.dtype, device=values.device)
+    total = torch.zeros(num_groups, *values.shape[1:], dtype=values.dtype, device=values.device)
     return total.index_add_(0, inverse, values)[inverse]
 
 
@@ -162,3 +162,18 @@ def entropy_from_logits(logits: Tensor, chunk_rows: int = LOGITS_CHUNK_ROWS) -> 
     if logits.dtype in (torch.float32, torch.float64):
         return _entropy_fp(logits)
     return _rowwise_float32(_entropy_fp, logits, chunk_rows=chunk_rows)
+
+
+def _sum_pi_squared_fp(logits: Tensor) -> Tensor:
+    return torch.exp(torch.logsumexp(2 * logits, dim=-1) - 2 * torch.logsumexp(logits, dim=-1))
+
+
+def sum_pi_squared_from_logits(logits: Tensor, chunk_rows: int = LOGITS_CHUNK_ROWS) -> Tensor:
+    """sum_v softmax(z)_v^2 = exp(logsumexp(2 z) - 2 logsumexp(z)); (..., V) -> (...); -inf logits allowed.
+
+    The collision probability of the token distribution, which the optimal token baseline needs
+    (algos/token_baseline.py): 1 - 2 pi(y) + sum_v pi_v^2 = ||e_y - pi||^2.
+    """
+    if logits.dtype in (torch.float32, torch.float64):
+        return _sum_pi_squared_fp(logits)
+    return _rowwise_float32(_sum_pi_squared_fp, logits, chunk_rows=chunk_rows)

@@ -365,19 +365,27 @@ def rollout_correction(
     return weights, loss_mask, metrics
 
 
-def rollout_corr_metrics(batch: Any, rc: Any) -> dict[str, float]:
-    """`rollout_correction`'s metrics as `rollout_corr/<name>` for a batch with old and rollout log-probs,
-    under the settings of `algorithm.rollout_correction` (`rc`), over the whole batch."""
+def correction_settings(rc: Any) -> dict[str, Any]:
+    """`rollout_correction`'s keywords from an `algorithm.rollout_correction` section (batch
+    normalisation apart: the actor normalises over all ranks)."""
     band = None if rc.rollout_is_band_low is None else (rc.rollout_is_band_low, rc.rollout_is_band_high)
-    _, _, metrics = rollout_correction(
-        batch["old_log_probs"],
-        batch["rollout_log_probs"],
-        batch["response_mask"],
+    return dict(
         rollout_is=rc.rollout_is,
         rollout_is_threshold=rc.rollout_is_threshold,
         band=band,
-        rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
         rollout_rs=rc.rollout_rs,
         rollout_rs_threshold=rc.rollout_rs_threshold,
     )
-    return {f"rollout_corr/{k}": v for k, v in metrics.items()}
+
+
+def batch_rollout_correction(batch: Any, rc: Any) -> tuple[Tensor | None, dict[str, float]]:
+    """(IS weights or None, `rollout_correction`'s metrics as `rollout_corr/<name>`) for a whole batch
+    with old and rollout log-probs, under `algorithm.rollout_correction` (`rc`)."""
+    weights, _, metrics = rollout_correction(
+        batch["old_log_probs"],
+        batch["rollout_log_probs"],
+        batch["response_mask"],
+        **correction_settings(rc),
+        rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
+    )
+    return weights, {f"rollout_corr/{k}": v for k, v in metrics.items()}

@@ -31,6 +31,11 @@ VERL: dict[str, tuple[str, str]] = {
     "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": ("actor.ppo_kl_coef", ""),
     "actor_rollout_ref.actor.policy_loss.dro_beta": ("actor.dro_beta", ""),
     "actor_rollout_ref.actor.tau_pos": ("actor.tau_pos", ""),
+    "actor_rollout_ref.actor.calculate_sum_pi_squared": ("actor.calculate_sum_pi_squared", ""),
+    "actor_rollout_ref.actor.sum_pi_squared_checkpointing": (
+        "actor.calculate_sum_pi_squared",
+        "not needed: Tandem computes sum pi^2 in the old-log-prob pass, without gradients",
+    ),
     "actor_rollout_ref.actor.tau_neg": ("actor.tau_neg", ""),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": ("actor.fsdp.sequence_parallel", ""),
     "actor_rollout_ref.actor.fsdp_config": ("actor.fsdp", ""),

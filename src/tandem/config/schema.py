@@ -134,6 +134,7 @@ class ActorConfig:
     sequence_packing: bool = True  # forward / backward on packed sequences, no padding computed (every role)
     old_log_probs_from_update: bool = True  # one optimizer step per step: no old-log-prob pass (derived)
     ppo_epochs: int = 1  # passes over each step's samples, >= 1
+    calculate_sum_pi_squared: bool = False  # old-log-prob pass adds sum_v pi_v^2 per token (for OTB)
     policy_loss: str = "vanilla"  # vanilla (PPO clip) or another of README's policy losses: gspo, dro, ...
     tau_pos: float = 1.0  # > 0: sapo's gate temperature where the advantage is positive (verl's default)
     tau_neg: float = 1.05  # > 0: ... and where it is not

@@ -410,6 +410,13 @@ def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any])
             f"algorithm.adv_estimator={est} compares samples of the same prompt, but rollout.n="
             f"{cfg.rollout.n}: a group of one has no baseline. Set rollout.n>=2 (4-16 is usual)",
         )
+    if info.get("needs_sum_pi_squared") and not cfg.actor.calculate_sum_pi_squared:
+        problems.add(
+            ("actor.calculate_sum_pi_squared", "algorithm.adv_estimator"),
+            f"algorithm.adv_estimator={est} weights each token by the policy's sum of squared "
+            "probabilities, which the old-log-prob pass computes only when asked: set "
+            "actor.calculate_sum_pi_squared=true",
+        )
     if alg.dynamic_sampling.enable and cfg.rollout.n < 2:
         problems.add(
             ("algorithm.dynamic_sampling.enable", "rollout.n"),

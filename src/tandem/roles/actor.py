@@ -16,11 +16,25 @@ from tandem.algos.aggregation import agg_loss
 from tandem.algos.importance import mismatch_metrics
 from tandem.algos.kl import kl_loss
 from tandem.algos.policy_loss import policy_loss
-from tandem.algos.rollout_correction import is_weight_total, rollout_correction, rollout_is_weights
+from tandem.algos.rollout_correction import (
+    correction_settings,
+    is_weight_total,
+    rollout_correction,
+    rollout_is_weights,
+)
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
-from tandem.engine.base import TrainEngine
-from tandem.roles.common import MODEL_INPUTS, response_log_probs, run_update, token_share
+from tandem.engine.base import TrainEngine, scatter_rows
+from tandem.roles.common import (
+    MODEL_INPUTS,
+    response_log_probs,
+    response_logits,
+    run_update,
+    token_entropy,
+    token_log_probs,
+    token_share,
+    token_sum_pi_squared,
+)
 
 # What an update reads from the batch, besides the model inputs (and old_log_probs, unless from the update).
 UPDATE_KEYS = ("responses", "response_mask", "advantages")
@@ -39,13 +53,19 @@ class Actor:
         self.old_log_probs_from_update = cfg.derived.old_log_probs_from_update
 
     def compute_log_probs(self, batch: Batch, with_entropy: bool = True) -> Batch:
-        """old_log_probs [B, R] (at the rollout temperature) and entropy [B, R] of `responses`."""
+        """old_log_probs [B, R] (at the rollout temperature) and entropy [B, R] of `responses`; with
+        actor.calculate_sum_pi_squared also sum_pi_squared [B, R], sum_v pi_v^2 of each position."""
+        with_spi = self.cfg.actor.calculate_sum_pi_squared
 
         def fn(output: Any, micro: Batch) -> dict[str, Tensor]:
-            log_probs, entropy = response_log_probs(
-                output, micro["responses"], self.temperature, with_entropy
-            )
-            return {"old_log_probs": log_probs} | ({"entropy": entropy} if with_entropy else {})
+            responses = micro["responses"]
+            logits, where = response_logits(output, responses.shape[1], self.temperature)
+            out = {"old_log_probs": scatter_rows(token_log_probs(output, logits, responses[where]), where)}
+            if with_entropy:
+                out["entropy"] = scatter_rows(token_entropy(output, logits), where)
+            if with_spi:
+                out["sum_pi_squared"] = scatter_rows(token_sum_pi_squared(output, logits), where)
+            return out
 
         micro = self.cfg.rollout.log_prob_micro_batch_size_per_rank
         return self.engine.forward(batch.select(*MODEL_INPUTS, "responses"), fn, micro)
@@ -79,15 +99,8 @@ class Actor:
         """IS weights and the rejection-masked response_mask of the whole batch, before it is cut into
         mini-batches (verl's decoupled mode); batch normalisation takes its mean over all ranks."""
         rc = self.cfg.algorithm.rollout_correction
-        band = None if rc.rollout_is_band_low is None else (rc.rollout_is_band_low, rc.rollout_is_band_high)
         args = (batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"])
-        kw = dict(
-            rollout_is=rc.rollout_is,
-            rollout_is_threshold=rc.rollout_is_threshold,
-            band=band,
-            rollout_rs=rc.rollout_rs,
-            rollout_rs_threshold=rc.rollout_rs_threshold,
-        )
+        kw = correction_settings(rc)
         norm_total = None
         if rc.rollout_is_batch_normalize:
             weights, loss_mask, _ = rollout_correction(*args, **kw)
@@ -124,18 +137,13 @@ class Actor:
                     entropy = None
             weights = micro.get("rollout_is_weights")  # from _correct, when the old log-probs came first
             if weights is None and rc.rollout_is is not None:  # old log-probs from this very forward
-                band = (
-                    None
-                    if rc.rollout_is_band_low is None
-                    else (rc.rollout_is_band_low, rc.rollout_is_band_high)
-                )
                 weights = rollout_is_weights(
                     old_log_probs,
                     micro["rollout_log_probs"],
                     mask,
                     rc.rollout_is,
                     rc.rollout_is_threshold,
-                    band,
+                    correction_settings(rc)["band"],
                 )
                 metrics["rollout_corr/rollout_is_mean"] = float(
                     agg_loss(weights, mask, "token-mean", **counts)

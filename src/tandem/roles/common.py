@@ -10,7 +10,7 @@ import torch
 from torch import Tensor
 
 from tandem.algos import aggregation
-from tandem.algos.core import entropy_from_logits, log_probs_from_logits
+from tandem.algos.core import entropy_from_logits, log_probs_from_logits, sum_pi_squared_from_logits
 from tandem.batch import Batch, even_sizes
 from tandem.data.packing import equal_count_groups
 from tandem.engine.base import LossFn, ModelOutput, StepResult, TrainEngine, scatter_rows
@@ -33,15 +33,20 @@ def response_outputs(output: ModelOutput, response_length: int) -> tuple[Tensor,
     return output.at(response_slice(positions, response_length))
 
 
+def response_logits(output: ModelOutput, response_length: int, temperature: float) -> tuple[Tensor, Tensor]:
+    """(logits / T in float32 at the positions that predict the response tokens [M, V], where [b, R])."""
+    # T = 0 (greedy validation) is scored as T = 1, as the rollout engines do.
+    scale = temperature if temperature > 0 else 1.0
+    logits, where = response_outputs(output, response_length)
+    return logits.float() / scale, where
+
+
 def response_log_probs(
     output: ModelOutput, responses: Tensor, temperature: float, with_entropy: bool
 ) -> tuple[Tensor, Tensor | None]:
     """log_softmax(logits / T) of each response token (and the entropy of that distribution), [b, R];
     0 where the model computed nothing (padding of packed sequences)."""
-    # T = 0 (greedy validation) is scored as T = 1, as the rollout engines do.
-    scale = temperature if temperature > 0 else 1.0
-    logits, where = response_outputs(output, responses.shape[1])
-    logits = logits.float() / scale
+    logits, where = response_logits(output, responses.shape[1], temperature)
     log_probs = scatter_rows(token_log_probs(output, logits, responses[where]), where)
     entropy = scatter_rows(token_entropy(output, logits), where) if with_entropy else None
     return log_probs, entropy
@@ -59,6 +64,13 @@ def token_entropy(output: ModelOutput, logits: Tensor) -> Tensor:
     if output.vocab_parallel is not None:
         return output.vocab_parallel.entropy(logits)
     return entropy_from_logits(logits)
+
+
+def token_sum_pi_squared(output: ModelOutput, logits: Tensor) -> Tensor:
+    """sum_v softmax(logits)_v^2 for logits read from `output` (see token_log_probs)."""
+    if output.vocab_parallel is not None:
+        return output.vocab_parallel.sum_pi_squared(logits)
+    return sum_pi_squared_from_logits(logits)
 
 
 def global_counts(engine: TrainEngine, mask: Tensor) -> dict[str, float]:

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 
 from tandem.algos import apply_kl_penalty, compute_advantages, kl_controller_from_config, mismatch_metrics
 from tandem.algos.core import group_stats
-from tandem.algos.rollout_correction import rollout_corr_metrics
+from tandem.algos.rollout_correction import batch_rollout_correction
 from tandem.batch import Batch
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
@@ -116,6 +116,7 @@ class RLTrainer(Trainer):
             if values is not None:
                 with timer("values"):
                     batch = batch.union(values.result().reorder(restore))
+            is_weights = None  # the whole batch's rollout IS weights, for estimators that read them (OTB)
             if "old_log_probs" in batch:
                 metrics.update(
                     {
@@ -125,7 +126,8 @@ class RLTrainer(Trainer):
                         ).items()
                     }
                 )
-                metrics.update(rollout_corr_metrics(batch, alg.rollout_correction))
+                is_weights, corr_metrics = batch_rollout_correction(batch, alg.rollout_correction)
+                metrics.update(corr_metrics)
                 # verl's names for the same two numbers, computed once above
                 metrics["rollout_corr/kl"] = metrics["rollout_mismatch/kl"]
                 metrics["rollout_corr/k3_kl"] = metrics["rollout_mismatch/k3"]
@@ -153,6 +155,9 @@ class RLTrainer(Trainer):
                     index=batch["uid"],
                     values=batch.get("values"),
                     reward_baselines=batch.get("reward_baselines"),
+                    old_log_probs=batch.get("old_log_probs"),
+                    sum_pi_squared=batch.get("sum_pi_squared"),
+                    rollout_is_weights=is_weights,
                     gamma=alg.gamma,
                     lam=alg.lam,
                     norm_adv_by_std=alg.norm_adv_by_std,

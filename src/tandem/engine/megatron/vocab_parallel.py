@@ -19,7 +19,7 @@ from torch import Tensor
 
 
 class VocabParallel:
-    """The vocabulary-parallel counterparts of algos.core's log_probs_from_logits / entropy_from_logits."""
+    """The vocabulary-parallel counterparts of algos.core's log_probs_from_logits, entropy_from_logits, ..."""
 
     def __init__(self, group: dist.ProcessGroup, rank: int, size: int) -> None:
         self.group, self.rank, self.size = group, rank, size
@@ -51,3 +51,8 @@ class VocabParallel:
         """Entropy [M] of softmax(logits) from this rank's slice [M, V/tp]."""
         shifted, exp, total = self._shifted(logits)
         return total.log() - self._reduce((exp * shifted).sum(-1)) / total
+
+    def sum_pi_squared(self, logits: Tensor) -> Tensor:
+        """sum_v p_v^2 [M] = (sum over all ranks of exp(l - m)^2) / S^2, from this rank's slice [M, V/tp]."""
+        _, exp, total = self._shifted(logits)
+        return self._reduce(exp.square().sum(-1)) / total.square()
