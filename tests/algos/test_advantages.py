@@ -27,10 +27,14 @@ SCORES = [1.0, 0.0, 0.0, 5.0, 1.0, 0.0]
 MASK = [[1, 1, 1], [1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 0]]
 
 
-# What the old-log-prob pass gives the optimal token baseline (pi(y) and sum_v pi_v^2 per token).
-POLICY_STATS = {
+# What the old-log-prob pass gives the optimal token baseline (pi(y) and sum_v pi_v^2 per token),
+# and gdpo's rewards per term (one column each; tests/algos/test_gdpo.py checks its values).
+ESTIMATOR_INPUTS = {
     "old_log_probs": torch.linspace(-2, -0.1, 18).reshape(6, 3),
     "sum_pi_squared": torch.linspace(0.2, 0.9, 18).reshape(6, 3),
+    "reward_components": torch.tensor(
+        [[1.0, 0.0], [0.0, 1.0], [0.0, 0.0], [2.0, 1.0], [1.0, 1.0], [1.0, 0.0]]
+    ),
 }
 
 
@@ -48,7 +52,13 @@ def test_every_estimator_declares_its_needs():
     for name in ADV_ESTIMATORS:
         info = ADV_ESTIMATORS.info(name)
         assert {"needs_critic", "needs_groups", "needs_reward_baselines"} <= set(info)
-        assert set(info) <= {"needs_critic", "needs_groups", "needs_reward_baselines", "needs_sum_pi_squared"}
+        assert set(info) <= {
+            "needs_critic",
+            "needs_groups",
+            "needs_reward_baselines",
+            "needs_sum_pi_squared",
+            "needs_reward_components",
+        }
         assert all(isinstance(v, bool) for v in info.values())
     assert ADV_ESTIMATORS.info("gae")["needs_critic"]
     assert ADV_ESTIMATORS.info("remax")["needs_reward_baselines"]
@@ -209,7 +219,12 @@ def test_singletons_and_equal_rewards_give_zero(name):
 def test_zero_at_padding_and_no_grad(name):
     rewards, mask = grouped_batch()
     rewards.requires_grad_(True)
-    kwargs = {"index": UIDS, "values": torch.randn(6, 3), "reward_baselines": torch.ones(6), **POLICY_STATS}
+    kwargs = {
+        "index": UIDS,
+        "values": torch.randn(6, 3),
+        "reward_baselines": torch.ones(6),
+        **ESTIMATOR_INPUTS,
+    }
     adv, ret = compute_advantages(name, rewards, mask, **kwargs)
     assert adv.shape == ret.shape == (6, 3)
     assert torch.equal(adv * (1 - mask), torch.zeros_like(adv))
@@ -226,7 +241,7 @@ def test_garbage_rewards_at_padding_ignored(name, garbage):
         "index": UIDS,
         "values": torch.linspace(-1, 1, 18).reshape(6, 3),
         "reward_baselines": torch.ones(6),
-        **POLICY_STATS,
+        **ESTIMATOR_INPUTS,
     }
     clean_adv, clean_ret = compute_advantages(name, rewards, mask, **kwargs)
     dirty = torch.where(mask > 0, rewards, torch.tensor(garbage))
@@ -242,7 +257,13 @@ def test_low_precision_rewards_computed_in_float32(name):
     rewards = torch.randn(6, 3, generator=gen).bfloat16()
     values = torch.randn(6, 3, generator=gen).bfloat16()
     mask = torch.tensor(MASK, dtype=torch.float32)
-    kwargs = {"index": UIDS, "gamma": 0.99, "lam": 0.95, "reward_baselines": torch.ones(6), **POLICY_STATS}
+    kwargs = {
+        "index": UIDS,
+        "gamma": 0.99,
+        "lam": 0.95,
+        "reward_baselines": torch.ones(6),
+        **ESTIMATOR_INPUTS,
+    }
     adv, ret = compute_advantages(name, rewards, mask, values=values, **kwargs)
     ref_adv, ref_ret = compute_advantages(name, rewards.float(), mask, values=values.float(), **kwargs)
     assert adv.dtype == ret.dtype == torch.float32

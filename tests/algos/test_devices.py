@@ -67,6 +67,7 @@ def run_everything(device: str) -> dict[str, torch.Tensor]:
             index=INDEX,
             values=values,
             reward_baselines=rewards[:, 0],
+            reward_components=rewards[:, :2],
             old_log_probs=old,
             sum_pi_squared=old.exp() ** 2 + 0.1,
             gamma=0.9,

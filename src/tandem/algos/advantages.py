@@ -5,13 +5,14 @@ Every estimator takes the same keywords (`index`, `values`, `reward_baselines`, 
 them the same way. Outputs are 0 at padding (whatever the rewards hold there), carry no gradient,
 and are float32 at least (bf16 / fp16 inputs are upcast).
 
-Group-relative estimators (grpo, dr_grpo, grpo_passk, rloo, opo, gpg, reinforce_plus_plus_baseline) compare a
+Group-relative estimators (grpo, dr_grpo, grpo_passk, rloo, opo, gpg, gdpo, reinforce_plus_plus_baseline) compare a
 sample with the other samples of its prompt (`index` = the prompt's uid). A group of one has
 nothing to compare with, so its advantage is 0; a group whose scores are all equal also gets 0.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -103,7 +104,15 @@ def _group_centered(
     norm_by_std: bool,
     epsilon: float,
 ) -> Tensor:
-    scores = _scores(rewards, mask)
+    return _group_centered_scores(
+        _scores(rewards, mask), index, estimator, norm_by_std=norm_by_std, epsilon=epsilon
+    )
+
+
+def _group_centered_scores(
+    scores: Tensor, index: GroupIndex | None, estimator: str, *, norm_by_std: bool, epsilon: float
+) -> Tensor:
+    """s_i - mean_g(s) (over std_g(s) + eps with norm_by_std) per sample; 0 in a group of one."""
     mean, std, count = group_stats(scores, _index(index, estimator))
     centered = scores - mean
     if norm_by_std:
@@ -334,6 +343,65 @@ def gpg(
     alpha = scores.shape[0] / informative.sum().clamp(min=1).to(scores.dtype)
     adv = torch.where(informative, alpha * (scores - mean), torch.zeros_like(scores))
     advantages = _broadcast(adv, mask)
+    return advantages, advantages.clone()
+
+
+@ADV_ESTIMATORS.register(
+    "gdpo",
+    needs_critic=False,
+    needs_groups=True,
+    needs_reward_baselines=False,
+    needs_reward_components=True,
+)
+@torch.no_grad()
+def gdpo(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    index: GroupIndex | None = None,
+    reward_components: Tensor | None = None,
+    reward_weights: Sequence[float] | Tensor | None = None,
+    norm_adv_by_std: bool = True,
+    epsilon: float = 1e-6,
+    **_: Any,
+) -> tuple[Tensor, Tensor]:
+    """GDPO (Liu et al. 2026, arXiv 2601.05242): A = whiten_batch(sum_k w_k z_k) over tokens, where
+    z_k,i = (r_k,i - mean_g(r_k)) / (std_g(r_k) + eps) is GRPO's normalisation of reward component k
+    alone (`reward_components[:, k]`, one column per term: correctness, format, ...); returns = A.
+
+    Normalising each component before summing keeps reward combinations apart that GRPO on the summed
+    reward maps to the same advantage (the paper's "reward advantage collapse"). The summed reward
+    (`token_level_rewards`, hence a KL penalty in it) is not used. w defaults to all 1; std, eps and
+    `norm_adv_by_std` are grpo's. As verl's gdpo, except that a group of one gives z = 0 here (as every
+    group estimator in Tandem) where verl's GRPO step gives it r / (1 + eps).
+    """
+    components = _require(
+        reward_components, "reward_components", "gdpo", "one column per reward term, shape (batch, terms)"
+    )
+    rewards, mask = _prepare(token_level_rewards, response_mask)
+    components = components.detach().to(device=rewards.device, dtype=rewards.dtype)
+    if components.ndim != 2 or components.shape[0] != rewards.shape[0]:
+        raise ValueError(
+            f"gdpo needs `reward_components` of shape (batch={rewards.shape[0]}, terms), "
+            f"got {tuple(components.shape)}"
+        )
+    terms = components.shape[1]
+    if reward_weights is None:
+        weights = components.new_ones(terms)
+    else:
+        weights = torch.as_tensor(reward_weights, dtype=rewards.dtype).to(rewards.device)
+    if weights.shape != (terms,):
+        raise ValueError(
+            f"gdpo: `reward_weights` has shape {tuple(weights.shape)} but there are {terms} reward components; "
+            "give one weight per component"
+        )
+    combined = rewards.new_zeros(rewards.shape[0])
+    for k in range(terms):
+        z = _group_centered_scores(
+            components[:, k], index, "gdpo", norm_by_std=norm_adv_by_std, epsilon=epsilon
+        )
+        combined = combined + weights[k] * z
+    advantages = masked_whiten(_broadcast(combined, mask), mask)
     return advantages, advantages.clone()
 
 
