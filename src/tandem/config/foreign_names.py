@@ -84,6 +84,18 @@ VERL: dict[str, tuple[str, str]] = {
     "reward_model.overlong_buffer": ("reward.overlong", ""),
     "reward_model.overlong_buffer.len": ("reward.overlong.buffer_len", ""),
     "custom_reward_function": ("reward.custom_reward_file and reward.custom_reward_function", ""),
+    # Tandem has one reward manager, and it passes every field of a scorer's dict through, so verl's
+    # naive / dapo / gdpo managers need no setting: gdpo reads the fields algorithm.gdpo_reward_keys names.
+    "reward.reward_manager.name": (
+        "reward.custom_reward_file",
+        "Tandem has one reward manager; it keeps every field of the scorer's dict, so for gdpo name its "
+        "terms in algorithm.gdpo_reward_keys",
+    ),
+    "reward_model.reward_manager": (
+        "reward.custom_reward_file",
+        "Tandem has one reward manager; it keeps every field of the scorer's dict, so for gdpo name its "
+        "terms in algorithm.gdpo_reward_keys",
+    ),
     "custom_reward_function.path": ("reward.custom_reward_file", ""),
     "custom_reward_function.name": ("reward.custom_reward_function", ""),
     "algorithm.rollout_correction.rollout_token_veto_threshold": (

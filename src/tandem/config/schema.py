@@ -326,11 +326,16 @@ class AlgorithmConfig:
     """Advantages and reward shaping done by the controller."""
 
     # gae (needs the critic); grpo, dr_grpo, rloo, opo, gpg (groups of rollout.n >= 2);
-    # remax (a greedy baseline sample); reinforce_plus_plus, reinforce_plus_plus_baseline
+    # remax (a greedy baseline sample); reinforce_plus_plus, reinforce_plus_plus_baseline;
+    # gdpo (several reward terms, each group-normalised: gdpo_reward_keys); README lists them all
     adv_estimator: str = "grpo"
     gamma: float = 1.0  # in [0, 1]: discount per token
     lam: float = 1.0  # in [0, 1]: GAE lambda
     norm_adv_by_std: bool = True  # group estimators: divide by the group's score std (Dr. GRPO: false)
+    # gdpo only: the reward terms normalised one by one, named as the scorer's returned dict names them
+    # ({"score": ..., "correct": 1.0, "format": 0.5}) or as a reward term (format, overlong) or scorer_score
+    gdpo_reward_keys: list[str] = field(default_factory=list)
+    gdpo_reward_weights: list[float] | None = None  # one per gdpo_reward_keys, in order; null = all 1.0
     use_kl_in_reward: bool = False  # subtract kl_coef x KL(actor || reference) from token rewards (PPO style)
     kl_penalty: str = "kl"  # estimator for that penalty, as actor.kl_loss_type
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)

@@ -396,6 +396,61 @@ def _check_policy_loss_keys(cfg: TandemConfig, problems: Problems) -> None:
         problems.add("actor.dro_beta", f"actor.dro_beta={a.dro_beta} must be > 0 (null when dro is unused)")
 
 
+def _check_reward_components(cfg: TandemConfig, problems: Problems, info: dict[str, Any]) -> None:
+    """gdpo's algorithm.gdpo_reward_keys / gdpo_reward_weights (verl's names)."""
+    alg, est = cfg.algorithm, cfg.algorithm.adv_estimator
+    keys, weights = alg.gdpo_reward_keys, alg.gdpo_reward_weights
+    if not info.get("needs_reward_components"):
+        for key, value in [("gdpo_reward_keys", keys), ("gdpo_reward_weights", weights)]:
+            if value:
+                problems.add(
+                    (f"algorithm.{key}", "algorithm.adv_estimator"),
+                    f"algorithm.{key} is read by adv_estimator=gdpo only, but algorithm.adv_estimator={est}: "
+                    f"set algorithm.adv_estimator=gdpo, or remove algorithm.{key}",
+                )
+        return
+    if not keys:
+        problems.add(
+            ("algorithm.gdpo_reward_keys", "algorithm.adv_estimator"),
+            f"algorithm.adv_estimator={est} normalises each reward term on its own and needs their names: set "
+            "algorithm.gdpo_reward_keys=[correct,format] to fields your scorer returns in its dict "
+            '({"score": ..., "correct": ..., "format": ...}; README: "Rewards with several terms")',
+        )
+    bad = [k for k in keys if not k or k in ("score", "error")]
+    repeated = sorted({k for k in keys if keys.count(k) > 1})
+    if bad or repeated:
+        problems.add(
+            "algorithm.gdpo_reward_keys",
+            f"algorithm.gdpo_reward_keys={keys}: "
+            + (
+                f"{bad} cannot name a term ('score' is the total, 'error' the scorer's error text). "
+                if bad
+                else ""
+            )
+            + (f"{repeated} appear more than once. " if repeated else "")
+            + "Name each term once, as the scorer's dict names it",
+        )
+    if weights is not None and len(weights) != len(keys):
+        problems.add(
+            ("algorithm.gdpo_reward_weights", "algorithm.gdpo_reward_keys"),
+            f"algorithm.gdpo_reward_weights has {len(weights)} weights ({weights}) but algorithm.gdpo_reward_keys "
+            f"has {len(keys)} keys ({keys}): give one weight per key, in the same order, or null for all 1.0",
+        )
+    # The components alone make gdpo's advantages: what is added to the summed reward only would be lost.
+    if alg.use_kl_in_reward:
+        problems.add(
+            ("algorithm.use_kl_in_reward", "algorithm.adv_estimator"),
+            f"algorithm.adv_estimator={est} builds advantages from the reward terms alone, so a KL penalty in the "
+            "reward would be ignored: set algorithm.use_kl_in_reward=false (actor.use_kl_loss=true keeps a KL term)",
+        )
+    if cfg.reward.reward_model.enable:
+        problems.add(
+            ("reward.reward_model.enable", "algorithm.adv_estimator"),
+            f"algorithm.adv_estimator={est} builds advantages from the scorer's named reward terms; the reward "
+            "model's score is not one of them and would be ignored: set reward.reward_model.enable=false or use grpo",
+        )
+
+
 def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any]) -> None:
     alg, est = cfg.algorithm, cfg.algorithm.adv_estimator
     if info.get("needs_critic") and cfg.critic.enable is False:
@@ -417,6 +472,7 @@ def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any])
             "probabilities, which the old-log-prob pass computes only when asked: set "
             "actor.calculate_sum_pi_squared=true",
         )
+    _check_reward_components(cfg, problems, info)
     if alg.dynamic_sampling.enable and cfg.rollout.n < 2:
         problems.add(
             ("algorithm.dynamic_sampling.enable", "rollout.n"),
