@@ -69,9 +69,33 @@ RULES = [
         [f"{RC}.rollout_is=token", f"{RC}.rollout_is_batch_normalize=true", "actor.ppo_mini_batch_size=8"],
         ["rollout_is_batch_normalize needs the old log-probs", "actor.old_log_probs_from_update=false"],
     ),
-    ([f"{RC}.bypass_mode=true"], ["bypass_mode=true", "not built in Tandem; set it to false"]),
-    ([f"{RC}.loss_type=reinforce"], ["belongs to bypass mode", "actor.policy_loss"]),
+    ([f"{RC}.loss_type=pg"], [f"{RC}.loss_type='pg'", "use ppo_clip or reinforce"]),
+    ([f"{RC}.loss_type=reinforce"], [f"set {RC}.bypass_mode=true", "actor.policy_loss=reinforce"]),
+    (
+        [f"{RC}.bypass_mode=true", f"{RC}.loss_type=reinforce", "actor.policy_loss=gspo"],
+        ["replaces the policy loss", "use loss_type=ppo_clip to keep gspo"],
+    ),
+    (
+        [f"{RC}.bypass_mode=true", f"{RC}.rollout_is=token", f"{RC}.rollout_is_batch_normalize=true"],
+        ["one micro-batch at a time", "set it to false"],
+    ),
+    (
+        [f"{RC}.bypass_mode=true", "actor.calculate_sum_pi_squared=true"],
+        ["which algorithm.rollout_correction.bypass_mode=true skips", "set bypass_mode=false"],
+    ),
 ]
+
+
+def test_bypass_mode_skips_the_old_log_prob_pass_and_keeps_rejection():
+    cfg = load(
+        f"{RC}.bypass_mode=true",
+        f"{RC}.loss_type=reinforce",
+        f"{RC}.rollout_is=sequence",
+        f"{RC}.rollout_rs=token_k3",
+        f"{RC}.rollout_rs_threshold=0.1",
+        "actor.ppo_mini_batch_size=8",  # one optimizer step: rollout_rs alone would ask for the pass
+    )
+    assert cfg.algorithm.rollout_correction.bypass_mode and not cfg.derived.old_log_probs_from_update
 
 
 @pytest.mark.parametrize(("overrides", "needles"), RULES, ids=[" ".join(r[0]) for r in RULES])

@@ -13,11 +13,9 @@ import logging
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from tandem.batch import Batch
 from tandem.config.schema import FSDPConfig, OptimConfig
-from tandem.data.tiny import save_tiny
 from tandem.engine import FSDPEngine
 from tandem.engine import fsdp as fsdp_module
 from tandem.roles.actor import Actor
@@ -31,24 +29,6 @@ from .roles_helpers import rollout_rows, tiny_config
 PROMPT, RESPONSE = 6, 10
 # (prompt tokens, response tokens) per sample: left-padded prompts, right-padded responses.
 LENGTHS = [(6, 10), (2, 3), (4, 0), (3, 10), (5, 7), (1, 1), (6, 4), (2, 9)]
-
-
-@pytest.fixture(scope="module")
-def world(tmp_path_factory):
-    """A world-size-1 gloo group for engines built in this process (left alone if one exists)."""
-    created = not dist.is_initialized()
-    if created:
-        store = tmp_path_factory.mktemp("store") / "rendezvous"
-        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
-    yield
-    if created:
-        dist.destroy_process_group()
-
-
-@pytest.fixture(scope="module")
-def model_dirs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("models")
-    return {"lm": save_tiny(root / "policy"), "value": save_tiny(root / "critic", num_labels=1)}
 
 
 def rollout_batch(seed: int = 0) -> Batch:

@@ -54,7 +54,7 @@ def test_dynamic_sampling_that_keeps_no_group_stops_after_max_rounds_with_the_fi
         RLTrainer(cfg).fit()
 
 
-CASE_NAMES = {"token": "rollout_is_band_norm", "sequence": "rollout_rs"}  # the rollout-correction cases
+RC = "algorithm.rollout_correction"
 
 
 @pytest.mark.parametrize(
@@ -67,15 +67,27 @@ CASE_NAMES = {"token": "rollout_is_band_norm", "sequence": "rollout_rs"}  # the 
         "actor.policy_loss=dro actor.dro_beta=0.1",
         "algorithm.adv_estimator=grpo_passk",
         "algorithm.adv_estimator=optimal_token_baseline actor.calculate_sum_pi_squared=true",
-        "algorithm.adv_estimator=tir_optimal_token_baseline actor.calculate_sum_pi_squared=true "
-        "algorithm.rollout_correction.rollout_is=token",  # the IS weights scale the path energy
+        # the IS weights scale the path energy
+        f"algorithm.adv_estimator=tir_optimal_token_baseline actor.calculate_sum_pi_squared=true {RC}.rollout_is=token",
         # rollout correction (the helpers' two mini-batches give a separate old-log-prob pass)
-        "algorithm.rollout_correction.rollout_is=token algorithm.rollout_correction.rollout_is_band_low=0.5 "
-        "algorithm.rollout_correction.rollout_is_band_high=5 algorithm.rollout_correction.rollout_is_batch_normalize=true",
-        "algorithm.rollout_correction.rollout_is=sequence algorithm.rollout_correction.rollout_rs=seq_mean_k1,token_k3 "
-        "algorithm.rollout_correction.rollout_rs_threshold=0.5_2.0,0.1",
+        pytest.param(
+            f"{RC}.rollout_is=token {RC}.rollout_is_band_low=0.5 {RC}.rollout_is_band_high=5 "
+            f"{RC}.rollout_is_batch_normalize=true",
+            id="rollout_is_band_norm",
+        ),
+        pytest.param(
+            f"{RC}.rollout_is=sequence {RC}.rollout_rs=seq_mean_k1,token_k3 {RC}.rollout_rs_threshold=0.5_2.0,0.1",
+            id="rollout_rs",
+        ),
+        pytest.param(
+            f"{RC}.bypass_mode=true {RC}.rollout_rs=token_k3 {RC}.rollout_rs_threshold=0.1",
+            id="bypass_ppo_clip",
+        ),
+        pytest.param(
+            f"{RC}.bypass_mode=true {RC}.loss_type=reinforce {RC}.rollout_is=sequence", id="bypass_reinforce"
+        ),
     ],
-    ids=lambda override: CASE_NAMES.get(name := override.split()[0].split("=")[1], name),
+    ids=lambda override: override.split()[0].split("=")[1],
 )
 def test_loss_or_estimator_trains_two_steps(assets, tmp_path, override):
     cfg = run_config(
@@ -93,7 +105,10 @@ def test_loss_or_estimator_trains_two_steps(assets, tmp_path, override):
     for metrics in history:
         assert math.isfinite(metrics["actor/pg_loss"]) and metrics["actor/pg_loss"] != 0
         assert math.isfinite(metrics["actor/grad_norm"]) and metrics["actor/grad_norm"] > 0
-        if "rollout_correction" in override:  # the diagnostics of the step, all finite
+        if "bypass_mode" in override:  # no old-log-prob pass: the update compares with the rollout
+            assert math.isfinite(metrics["rollout_mismatch/kl"]) and metrics["actor/entropy"] > 0
+            assert "timing_s/old_log_probs" not in metrics and "timing_s/update_actor" in metrics
+        elif "rollout_correction" in override:  # the diagnostics of the step, all finite
             corr = {k: v for k, v in metrics.items() if k.startswith("rollout_corr/")}
             assert {"rollout_corr/rollout_is_eff_sample_size", "rollout_corr/chi2_seq"} <= corr.keys()
             assert all(math.isfinite(v) for v in corr.values()), corr

@@ -337,27 +337,31 @@ def rollout_correction(
     rollout_rs: str | None = None,
     rollout_rs_threshold: float | str | None = None,
     norm_total: Tensor | None = None,
+    with_metrics: bool = True,
 ) -> tuple[Tensor | None, Tensor, dict[str, float]]:
     """(IS weights or None, the loss's response mask after rejection, metrics without a prefix).
 
     Weights and rejection both start from `mask`; batch normalisation then takes the mean over the
     tokens (or sequences) the rejection kept, so the weights the loss sees average to 1 (verl
     averages over all valid ones). `norm_total`: that [sum, count] all-reduced over ranks.
+    with_metrics=False computes no metric (no host synchronisation: bypass mode's every micro-batch).
     """
-    metrics = offpolicy_metrics(old_log_probs, rollout_log_probs, mask)
+    metrics = offpolicy_metrics(old_log_probs, rollout_log_probs, mask) if with_metrics else {}
     loss_mask = mask
     if rollout_rs is not None:
         keep = rejection_masks(old_log_probs, rollout_log_probs, mask, rollout_rs, rollout_rs_threshold)
-        metrics |= rs_metrics(mask, keep)
+        if with_metrics:
+            metrics |= rs_metrics(mask, keep)
         loss_mask = keep["all"].to(mask.dtype)
     weights = None
     if rollout_is is not None:
         weights = rollout_is_weights(
             old_log_probs, rollout_log_probs, mask, rollout_is, rollout_is_threshold, band
         )
-        metrics |= is_metrics(
-            old_log_probs, rollout_log_probs, mask, weights, rollout_is, rollout_is_threshold, band
-        )
+        if with_metrics:
+            metrics |= is_metrics(
+                old_log_probs, rollout_log_probs, mask, weights, rollout_is, rollout_is_threshold, band
+            )
         if rollout_is_batch_normalize:
             total = is_weight_total(weights, loss_mask, rollout_is) if norm_total is None else norm_total
             weights = batch_normalize(weights, loss_mask, rollout_is, total)

@@ -36,7 +36,7 @@ class Derived:
     reward_model_needed: bool  # a reward model is loaded
     reward_baselines_needed: bool  # the estimator needs a baseline reward (ReMax: a greedy sample per prompt)
     # The actor makes ONE optimizer step on a step's samples (one mini-batch, one epoch) and nothing reads
-    # old log-probs before it (no KL in the reward, no sum pi^2 for OTB): they equal the update's own log-probs, detached, so
+    # old log-probs before it (no KL in the reward, no sum pi^2 for OTB, no bypass mode): they equal the update's own log-probs, detached, so
     # their separate forward pass is skipped (actor.old_log_probs_from_update).
     old_log_probs_from_update: bool
 
@@ -110,7 +110,8 @@ def compute_derived(cfg: TandemConfig, *, estimator_info: dict) -> Derived:
         old_log_probs_from_update=cfg.actor.old_log_probs_from_update
         and actor[4] == 1
         and not cfg.algorithm.use_kl_in_reward
-        and not cfg.actor.calculate_sum_pi_squared,
+        and not cfg.actor.calculate_sum_pi_squared
+        and not cfg.algorithm.rollout_correction.bypass_mode,
     )
 
 

@@ -107,8 +107,8 @@ VERL: dict[str, tuple[str, str]] = {
         "write the k1 bounds as lower_upper, e.g. 0.5_2.0",
     ),
     "algorithm.rollout_correction.use_policy_gradient": (
-        "actor.policy_loss",
-        "set actor.policy_loss=reinforce; Tandem has no bypass mode (the old log-probs are recomputed)",
+        "algorithm.rollout_correction.loss_type",
+        "verl's later name: loss_type=reinforce with bypass_mode=true",
     ),
     "actor_rollout_ref.rollout.calculate_log_probs": (
         "algorithm.rollout_correction",

@@ -307,7 +307,12 @@ class RolloutCorrectionConfig:
     IS weights r = pi_old / pi_rollout, truncated at rollout_is_threshold (TIS), zero outside the IcePop
     band, optionally divided by their batch mean; rejection sampling drops tokens / sequences from the
     loss's mask (tandem.algos.rollout_correction). `rollout.is_correction` / `rollout.is_threshold`
-    are older names of rollout_is / rollout_is_threshold, copied here at start-up. No bypass mode.
+    are older names of rollout_is / rollout_is_threshold, copied here at start-up.
+
+    bypass_mode (verl's): the rollout's log-probs serve as the old log-probs, so there is no
+    old-log-prob pass; IS weights and rejection then compare the policy being updated with the rollout's,
+    micro-batch by micro-batch. loss_type=ppo_clip keeps actor.policy_loss (its ratio to the rollout policy
+    is the correction; IS weights are not applied), reinforce uses REINFORCE with the IS weights.
     """
 
     rollout_is: str | None = None  # IS weights per token or sequence; null = none
@@ -317,8 +322,8 @@ class RolloutCorrectionConfig:
     rollout_is_batch_normalize: bool = False  # weights / their mean over kept tokens (sequences)
     rollout_rs: str | None = None  # rejection options, comma-separated: token_k1, seq_mean_k3, ...
     rollout_rs_threshold: float | str | None = None  # per option: "lower_upper" (k1), upper (k2, k3)
-    bypass_mode: bool = False  # verl's bypass mode: not built in Tandem, must stay false
-    loss_type: str = "ppo_clip"  # verl's bypass-mode loss: only ppo_clip (actor.policy_loss rules)
+    bypass_mode: bool = False  # rollout log-probs as the old ones: no old-log-prob pass
+    loss_type: str = "ppo_clip"  # bypass mode's loss: ppo_clip (actor.policy_loss) or reinforce (IS-weighted)
 
 
 @dataclass

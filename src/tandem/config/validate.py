@@ -165,17 +165,44 @@ def check_rollout_correction(cfg: TandemConfig, problems: Problems) -> None:
             parse_rollout_rs(rc.rollout_rs, rc.rollout_rs_threshold, key=_RC)
         except ValueError as e:
             problems.add((f"{_RC}.rollout_rs", f"{_RC}.rollout_rs_threshold"), str(e))
-    if rc.bypass_mode:
+    _check_bypass_mode(cfg, problems)
+
+
+def _check_bypass_mode(cfg: TandemConfig, problems: Problems) -> None:
+    rc = cfg.algorithm.rollout_correction
+    if rc.loss_type not in ("ppo_clip", "reinforce"):
+        problems.add(f"{_RC}.loss_type", f"{_RC}.loss_type={rc.loss_type!r}: use ppo_clip or reinforce")
+    elif rc.loss_type == "reinforce" and not rc.bypass_mode:
         problems.add(
-            f"{_RC}.bypass_mode",
-            f"{_RC}.bypass_mode=true (rollout log-probs as the old ones) is not built in Tandem; set it to false. "
-            "With one optimizer step per step (actor.old_log_probs_from_update=true) there is no old-log-prob pass anyway",
+            (f"{_RC}.loss_type", f"{_RC}.bypass_mode"),
+            f"{_RC}.loss_type=reinforce is bypass mode's loss: set {_RC}.bypass_mode=true, or keep the "
+            "old-log-prob pass and set actor.policy_loss=reinforce instead",
         )
-    if rc.loss_type != "ppo_clip":
+    elif (
+        rc.bypass_mode
+        and rc.loss_type == "reinforce"
+        and cfg.actor.policy_loss not in ("vanilla", "reinforce")
+    ):
         problems.add(
-            f"{_RC}.loss_type",
-            f"{_RC}.loss_type={rc.loss_type!r} belongs to bypass mode, which Tandem lacks; leave it ppo_clip "
-            "(actor.policy_loss picks the loss, e.g. reinforce)",
+            (f"{_RC}.loss_type", "actor.policy_loss"),
+            f"{_RC}.loss_type=reinforce replaces the policy loss, but actor.policy_loss={cfg.actor.policy_loss}: "
+            f"use loss_type=ppo_clip to keep {cfg.actor.policy_loss} (its ratio to the rollout policy is the "
+            "correction), or leave actor.policy_loss=vanilla",
+        )
+    if not rc.bypass_mode:
+        return
+    if rc.rollout_is_batch_normalize:
+        problems.add(
+            (f"{_RC}.rollout_is_batch_normalize", f"{_RC}.bypass_mode"),
+            f"{_RC}.rollout_is_batch_normalize needs every IS weight of the batch before the loss, but in "
+            "bypass mode they come from the policy being updated, one micro-batch at a time (a mean per "
+            "micro-batch would change with how samples are cut): set it to false, or bypass_mode=false",
+        )
+    if cfg.actor.calculate_sum_pi_squared:
+        problems.add(
+            ("actor.calculate_sum_pi_squared", f"{_RC}.bypass_mode"),
+            "actor.calculate_sum_pi_squared comes from the old-log-prob pass, which "
+            f"{_RC}.bypass_mode=true skips: set bypass_mode=false (the optimal token baseline needs the pass)",
         )
 
 

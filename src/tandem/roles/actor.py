@@ -79,11 +79,11 @@ class Actor:
         if a.use_kl_loss and "ref_log_probs" not in batch:
             missing.append("ref_log_probs (actor.use_kl_loss is on)")
         rc = self.cfg.algorithm.rollout_correction
-        if (rc.rollout_is or rc.rollout_rs) and "rollout_log_probs" not in batch:
+        if (rc.rollout_is or rc.rollout_rs or rc.bypass_mode) and "rollout_log_probs" not in batch:
             missing.append("rollout_log_probs (algorithm.rollout_correction is on)")
         if missing:
             raise KeyError(f"actor update: the batch lacks {missing}; it has {batch.keys()}")
-        if (rc.rollout_is or rc.rollout_rs) and "old_log_probs" in batch:
+        if (rc.rollout_is or rc.rollout_rs) and "old_log_probs" in batch and not rc.bypass_mode:
             batch = self._correct(batch)
         return run_update(
             self.engine,
@@ -122,21 +122,46 @@ class Actor:
             mask = micro["response_mask"]
             share = token_share(mask, counts)
             on_policy = "old_log_probs" not in micro  # one optimizer step: old = this very forward
+            # bypass mode: old = the rollout's log-probs; this forward is compared with the rollout below
+            measured_here = on_policy or rc.bypass_mode
             log_probs, entropy = response_log_probs(
-                output, micro["responses"], self.temperature, with_entropy=a.entropy_coeff != 0 or on_policy
+                output,
+                micro["responses"],
+                self.temperature,
+                with_entropy=a.entropy_coeff != 0 or measured_here,
             )
             old_log_probs = log_probs.detach() if on_policy else micro["old_log_probs"]
             metrics: dict[str, float] = {}
-            if on_policy:
+            if measured_here:
                 metrics["actor/entropy"] = float(agg_loss(entropy.detach(), mask, "token-mean", **counts))
                 if "rollout_log_probs" in micro:
-                    mismatch = mismatch_metrics(old_log_probs, micro["rollout_log_probs"], mask)
+                    mismatch = mismatch_metrics(log_probs.detach(), micro["rollout_log_probs"], mask)
                     for key in MISMATCH_MEANS:
                         metrics[f"rollout_mismatch/{key.removeprefix('mismatch_')}"] = mismatch[key] * share
                 if a.entropy_coeff == 0:
                     entropy = None
+            loss_mask, loss_name = mask, a.policy_loss
             weights = micro.get("rollout_is_weights")  # from _correct, when the old log-probs came first
-            if weights is None and rc.rollout_is is not None:  # old log-probs from this very forward
+            if rc.bypass_mode:
+                weights, loss_mask, _ = rollout_correction(
+                    log_probs.detach(),
+                    micro["rollout_log_probs"],
+                    mask,
+                    **correction_settings(rc),
+                    with_metrics=False,
+                )
+                if rc.rollout_rs is not None:
+                    kept = float((loss_mask != 0).sum()) / max(float((mask != 0).sum()), 1.0)
+                    metrics["rollout_corr/rollout_rs_masked_fraction"] = (1 - kept) * share
+                if weights is not None:
+                    metrics["rollout_corr/rollout_is_mean"] = float(
+                        agg_loss(weights, mask, "token-mean", **counts)
+                    )
+                if rc.loss_type == "reinforce":
+                    loss_name = "reinforce"
+                else:  # ppo_clip: the ratio to the rollout policy is the correction; weights would count it twice
+                    weights = None
+            elif weights is None and rc.rollout_is is not None:  # old log-probs from this very forward
                 weights = rollout_is_weights(
                     old_log_probs,
                     micro["rollout_log_probs"],
@@ -149,11 +174,11 @@ class Actor:
                     agg_loss(weights, mask, "token-mean", **counts)
                 )
             pg_loss, pg_metrics = policy_loss(
-                a.policy_loss,
+                loss_name,
                 old_log_probs,
                 log_probs,
                 micro["advantages"],
-                mask,
+                loss_mask,
                 loss_agg_mode=a.loss_agg_mode,
                 clip_ratio_low=a.clip_ratio_low,
                 clip_ratio_high=a.clip_ratio_high,

@@ -107,7 +107,9 @@ class RLTrainer(Trainer):
             order, restore = balanced_order(batch, groups.actor.dp_size)
             inputs = batch.select(*MODEL_INPUTS, "responses", "response_mask").reorder(order)
             values = groups.critic.compute_values.async_(inputs) if groups.critic else None
-            if not d.old_log_probs_from_update:  # else the actor's update computes them (roles/actor.py)
+            if alg.rollout_correction.bypass_mode:  # the rollout's log-probs are the old ones (verl's name)
+                batch["old_log_probs"] = batch["rollout_log_probs"]
+            elif not d.old_log_probs_from_update:  # else the actor's update computes them (roles/actor.py)
                 with timer("old_log_probs"):
                     batch = batch.union(groups.actor.compute_log_probs(inputs).reorder(restore))
             if groups.ref is not None:
@@ -117,7 +119,7 @@ class RLTrainer(Trainer):
                 with timer("values"):
                     batch = batch.union(values.result().reorder(restore))
             is_weights = None  # the whole batch's rollout IS weights, for estimators that read them (OTB)
-            if "old_log_probs" in batch:
+            if "old_log_probs" in batch and not alg.rollout_correction.bypass_mode:  # bypass: from the update
                 metrics.update(
                     {
                         f"rollout_mismatch/{k.removeprefix('mismatch_')}": v
@@ -191,7 +193,7 @@ class RLTrainer(Trainer):
         if self.cfg.actor.use_kl_loss:
             keys.append("ref_log_probs")
         rc = self.cfg.algorithm.rollout_correction
-        if (rc.rollout_is or rc.rollout_rs) and "rollout_log_probs" not in keys:
+        if (rc.rollout_is or rc.rollout_rs or rc.bypass_mode) and "rollout_log_probs" not in keys:
             keys.append("rollout_log_probs")
         return keys
 

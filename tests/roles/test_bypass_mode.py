@@ -1,0 +1,94 @@
+"""Rollout-correction bypass mode: the rollout's log-probs are the old ones, and the actor's loss compares
+the policy being updated with the rollout (IS weights, rejection), checked against the loss written out
+by hand from the model's own log-probs. Real FSDP2 engine in this process
+(conftest's `world`), as test_packing_parity."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tandem.roles.actor import Actor
+
+from .roles_helpers import tiny_config
+from .test_packing_parity import engine, rollout_batch
+
+RC = "algorithm.rollout_correction"
+# One mini-batch of all 8 samples: the reported pg_loss is the loss at the weights the samples met.
+ONE_STEP = ["actor.ppo_mini_batch_size=4", "actor.use_kl_loss=false", "actor.entropy_coeff=0"]
+LOW, HIGH, THRESHOLD = 0.6, 1.6, 1.2
+
+
+def bypass_batch(model_dir, cfg):
+    """The rollout batch with rollout log-probs = the model's own + noise, and old = rollout (as the
+    trainer sets them in bypass mode); also the model's log-probs, for the expected loss."""
+    batch = rollout_batch(seed=3)
+    mask = batch["response_mask"].float()
+    current = Actor(engine(model_dir, "lm", packing=True), cfg).compute_log_probs(batch)["old_log_probs"]
+    noise = torch.randn(mask.shape, generator=torch.Generator().manual_seed(5)) * 0.4
+    batch["rollout_log_probs"] = (current + noise) * mask
+    batch["old_log_probs"] = batch["rollout_log_probs"]
+    return batch, current, mask
+
+
+def expected_keep(current, rollout, mask):
+    """token_k1 with bounds LOW_HIGH keeps tokens whose pi_rollout / pi_theta lies in [LOW, HIGH]."""
+    ratio = torch.exp(rollout - current)
+    return ((ratio >= LOW) & (ratio <= HIGH)).float() * mask
+
+
+def update(model_dir, cfg, batch):
+    return Actor(engine(model_dir, "lm", packing=True), cfg).update(batch)
+
+
+def test_bypass_reinforce_weights_by_the_truncated_ratio_to_the_rollout_and_rejects(world, model_dirs):
+    cfg = tiny_config(
+        model_dirs["lm"],
+        1,
+        *ONE_STEP,
+        f"{RC}.bypass_mode=true",
+        f"{RC}.loss_type=reinforce",
+        f"{RC}.rollout_is=token",
+        f"{RC}.rollout_is_threshold={THRESHOLD}",
+        f"{RC}.rollout_rs=token_k1",
+        f"{RC}.rollout_rs_threshold={LOW}_{HIGH}",
+    )
+    batch, current, mask = bypass_batch(model_dirs["lm"], cfg)
+    rollout, adv = batch["rollout_log_probs"], batch["advantages"]
+    weights = torch.exp(current - rollout).clamp(max=THRESHOLD) * mask
+    keep = expected_keep(current, rollout, mask)
+    assert 0 < keep.sum() < mask.sum() and ((weights == THRESHOLD) & (keep > 0)).any()  # both act
+    # REINFORCE: -A logp w on the kept tokens, over every valid token (the mini-batch's count, as verl)
+    expected = float((-adv * current * weights * keep).sum() / mask.sum())
+    metrics = update(model_dirs["lm"], cfg, batch)
+    assert metrics["actor/pg_loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    rejected = 1 - float(keep.sum() / mask.sum())
+    assert metrics["rollout_corr/rollout_rs_masked_fraction"] == pytest.approx(rejected, rel=1e-5)
+    assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(
+        float(weights.sum() / mask.sum()), rel=1e-4
+    )
+    log_ratio = (current - rollout) * mask
+    assert metrics["rollout_mismatch/kl"] == pytest.approx(float(-log_ratio.sum() / mask.sum()), rel=1e-4)
+    assert metrics["actor/grad_norm"] > 0
+
+
+def test_bypass_ppo_clip_takes_the_ratio_to_the_rollout_policy_without_is_weights(world, model_dirs):
+    cfg = tiny_config(
+        model_dirs["lm"],
+        1,
+        *ONE_STEP,
+        f"{RC}.bypass_mode=true",
+        f"{RC}.rollout_is=token",  # computed for the metrics only: the ratio already is the correction
+        f"{RC}.rollout_rs=token_k1",
+        f"{RC}.rollout_rs_threshold={LOW}_{HIGH}",
+    )
+    batch, current, mask = bypass_batch(model_dirs["lm"], cfg)
+    rollout, adv = batch["rollout_log_probs"], batch["advantages"]
+    ratio = torch.exp(current - rollout)
+    clipped = torch.maximum(-adv * ratio, -adv * ratio.clamp(0.8, 1.2))
+    per_token = torch.where(adv < 0, torch.minimum(clipped, -adv * 3.0), clipped)  # dual clip, c = 3
+    keep = expected_keep(current, rollout, mask)
+    expected = float((per_token * keep).sum() / mask.sum())
+    metrics = update(model_dirs["lm"], cfg, batch)
+    assert metrics["actor/pg_loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+    assert "rollout_corr/rollout_is_mean" in metrics and metrics["actor/pg_clipfrac"] > 0
