@@ -2,7 +2,7 @@
 responses into token-level scores, with time limits and process isolation for user code."""
 
 from tandem.rewards.custom import load_function
-from tandem.rewards.manager import RewardManager, RewardResult, reward_manager_from_config
+from tandem.rewards.manager import RewardManager, RewardResult, reward_components, reward_manager_from_config
 from tandem.rewards.pool import ScorerPool
 from tandem.rewards.registry import (
     DATA_SOURCES,
@@ -45,6 +45,7 @@ __all__ = [
     "load_function",
     "math_score",
     "register_scorer",
+    "reward_components",
     "reward_manager_from_config",
     "soft_overlong_penalty",
 ]

@@ -7,7 +7,7 @@ import math
 import os
 import pickle
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -353,6 +353,55 @@ class RewardManager:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def reward_components(result: RewardResult, keys: Sequence[str], data_sources: Sequence[str]) -> np.ndarray:
+    """[N, K] float64: each sample's value of every named reward term, for gdpo (algorithm.gdpo_reward_keys).
+
+    A key names a column of `result.extra`: a field of the scorer's dict ({"score": 1.0, "correct": 1.0,
+    "format": 0.5}), a reward term (format, overlong) or scorer_score. There is no gdpo reward manager as
+    in verl: this manager already keeps every field the scorer returns. A sample whose scorer failed
+    (error or timeout) gets 0 in every term, as its score is 0 (and is counted in reward/error_count);
+    any other sample without a finite number there is an error naming the key, the sample and the fix.
+    """
+    failed = np.asarray(result.extra["error"], dtype=object) != ""
+    fix = (
+        "return every term in the scorer's dict for every sample, e.g. "
+        '{"score": ..., "correct": 1.0, "format": 0.0}, or change algorithm.gdpo_reward_keys'
+    )
+    out = np.zeros((len(failed), len(keys)))
+    for k, key in enumerate(keys):
+        column = result.extra.get(key)
+        if column is None:
+            if failed.all():
+                continue
+            fields = ", ".join(sorted(c for c in result.extra if c != "error"))
+            raise ValueError(
+                f"algorithm.gdpo_reward_keys names '{key}', but no sample's scorer returned a field '{key}' "
+                f"(the per-sample fields are: {fields}); {fix}"
+            )
+        for i in np.flatnonzero(~failed):
+            problem = _term_problem(column[i])
+            if problem is not None:
+                raise ValueError(
+                    f"reward term '{key}' (algorithm.gdpo_reward_keys) of sample {i} (data_source "
+                    f"'{data_sources[i]}') {problem}; {fix}"
+                )
+            out[i, k] = float(column[i])
+    return out
+
+
+def _term_problem(value: Any) -> str | None:
+    """None for a usable number (bools count as 0 / 1), else what is wrong with `value`."""
+    if value is None:
+        return "is missing"
+    if isinstance(value, bool | np.bool_):
+        return None
+    if not isinstance(value, int | float | np.number):
+        return f"is {value!r}, not a number"
+    if math.isnan(value):  # a numeric column holds NaN where a scorer left the field out
+        return "is missing or NaN"
+    return None if math.isfinite(value) else f"is {value}, not a finite number"
 
 
 def reward_manager_from_config(cfg: Any, tokenizer: Any) -> RewardManager:
