@@ -100,10 +100,31 @@ def update_batch_for_parity(hybrid):
     return update_batch(scored, seed=1)
 
 
-def test_two_ranks_equal_one_rank_for_actor_and_critic(ray_local, model_path, update_batch_for_parity):
+RC = "algorithm.rollout_correction"
+# IS weights normalised by their mean over the whole batch (an all-reduce over the ranks) and tokens
+# rejected by their k3 divergence from the rollout: each rank's share must give the 1-rank numbers.
+CORRECTION = [
+    f"{RC}.rollout_is=token",
+    f"{RC}.rollout_is_batch_normalize=true",
+    f"{RC}.rollout_rs=token_k3",
+    f"{RC}.rollout_rs_threshold=0.05",
+]
+
+
+@pytest.mark.parametrize("correction", [[], CORRECTION], ids=["plain", "rollout_correction"])
+def test_two_ranks_equal_one_rank_for_actor_and_critic(
+    ray_local, model_path, update_batch_for_parity, correction
+):
     batch = update_batch_for_parity
-    two_cfg = tiny_config(model_path, 2, "algorithm.adv_estimator=gae")
-    one_cfg = tiny_config(model_path, 1, "algorithm.adv_estimator=gae", "actor.micro_batch_size_per_rank=2")
+    if correction:  # a rollout that disagrees with the trainer (here they agree to 1e-5)
+        batch = batch.select(*batch.keys())
+        mask = batch["response_mask"].float()
+        noise = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2)) * 0.4
+        batch["rollout_log_probs"] = (batch["old_log_probs"] + noise) * mask
+    two_cfg = tiny_config(model_path, 2, "algorithm.adv_estimator=gae", *correction)
+    one_cfg = tiny_config(
+        model_path, 1, "algorithm.adv_estimator=gae", "actor.micro_batch_size_per_rank=2", *correction
+    )
     pool = ResourcePool(1, 2, name="parity")
     two = WorkerGroup.ray(RoleWorker, pool, name="actor_critic_2", args=(two_cfg, ["actor", "critic"]))
     one = WorkerGroup.inprocess(RoleWorker, name="actor_critic_1", args=(one_cfg, ["actor", "critic"]))
