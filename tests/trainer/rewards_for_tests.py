@@ -22,3 +22,10 @@ def constant(data_source, solution_str, ground_truth, extra_info=None):
 def by_characters(data_source, solution_str, ground_truth, extra_info=None):
     """A score in [0, 1) from the characters: different responses rarely tie (for grpo_passk's margin)."""
     return {"score": (sum(map(ord, solution_str)) % 97) / 97, "acc": False}
+
+
+def by_parts(data_source, solution_str, ground_truth, extra_info=None):
+    """Two reward terms for gdpo (algorithm.gdpo_reward_keys=[correct,format]), both varying within a group."""
+    correct = len(solution_str) % 2 == 1
+    form = (sum(map(ord, solution_str)) % 5) / 4
+    return {"score": float(correct) + 0.5 * form, "correct": correct, "format": form}

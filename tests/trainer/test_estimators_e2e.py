@@ -65,6 +65,9 @@ RC = "algorithm.rollout_correction"
         "actor.policy_loss=sapo",
         "actor.policy_loss=clip_cov actor.clip_cov_lb=0",  # the tiny model's covariances all lie below 1
         "actor.policy_loss=dro actor.dro_beta=0.1",
+        "actor.policy_loss=kl_cov",
+        "actor.policy_loss=dppo_tv",
+        "actor.policy_loss=dppo_kl",
         "algorithm.adv_estimator=grpo_passk",
         "algorithm.adv_estimator=optimal_token_baseline actor.calculate_sum_pi_squared=true",
         # the IS weights scale the path energy
@@ -86,6 +89,9 @@ RC = "algorithm.rollout_correction"
         pytest.param(
             f"{RC}.bypass_mode=true {RC}.loss_type=reinforce {RC}.rollout_is=sequence", id="bypass_reinforce"
         ),
+        # two reward terms, each group-normalised (rewards_for_tests.by_parts)
+        "algorithm.adv_estimator=gdpo algorithm.gdpo_reward_keys=[correct,format] "
+        "algorithm.gdpo_reward_weights=[1.0,0.5] reward.custom_reward_function=by_parts",
     ],
     ids=lambda override: override.split()[0].split("=")[1],
 )
@@ -97,8 +103,8 @@ def test_loss_or_estimator_trains_two_steps(assets, tmp_path, override):
         "trainer.backend=inprocess",
         "trainer.workers_per_node=1",
         "trainer.total_training_steps=2",
-        *override.split(),
         *custom_reward("by_characters"),
+        *override.split(),  # after the reward: a case may pick its own
     )
     history = RLTrainer(cfg).fit()
     assert [m["step"] for m in history] == [1, 2]
@@ -112,3 +118,6 @@ def test_loss_or_estimator_trains_two_steps(assets, tmp_path, override):
             corr = {k: v for k, v in metrics.items() if k.startswith("rollout_corr/")}
             assert {"rollout_corr/rollout_is_eff_sample_size", "rollout_corr/chi2_seq"} <= corr.keys()
             assert all(math.isfinite(v) for v in corr.values()), corr
+        elif "gdpo" in override:  # each term's batch mean is logged; advantages are whitened over tokens
+            assert all(0 <= metrics[f"reward/gdpo/{key}_mean"] <= 1 for key in ("correct", "format"))
+            assert abs(metrics["advantages/mean"]) < 1e-4

@@ -26,7 +26,7 @@ from tandem.batch import Batch
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.data import PromptDataset, collate_prompts
-from tandem.rewards import reward_manager_from_config
+from tandem.rewards import reward_components, reward_manager_from_config
 from tandem.roles.common import MODEL_INPUTS, arrange_for_update, balanced_order
 from tandem.roles.layout import build_worker_groups
 from tandem.roles.reward_model import last_token_index
@@ -163,6 +163,8 @@ class RLTrainer(Trainer):
                     gamma=alg.gamma,
                     lam=alg.lam,
                     norm_adv_by_std=alg.norm_adv_by_std,
+                    reward_components=batch.get("reward_components"),  # gdpo's terms
+                    reward_weights=alg.gdpo_reward_weights,
                 )
 
             if groups.critic is not None:
@@ -214,7 +216,7 @@ class RLTrainer(Trainer):
             with timer("generate"):
                 batch = self.generate(prompts, rounds)
             with timer("reward"):
-                batch, metrics = self.score(batch)
+                batch, metrics = self.score(batch, train=True)
             reward_metrics.append((len(batch), metrics))
             if not ds.enable:
                 kept.append(batch)
@@ -264,9 +266,10 @@ class RLTrainer(Trainer):
             batch["reward_baselines"] = baselines.repeat_interleave(r.n)
         return batch
 
-    def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+    def score(self, batch: Batch, *, train: bool = False) -> tuple[Batch, dict[str, float]]:
         """`token_level_scores` (rule scorers + reward model, at the last response token) and per-sample
-        `acc` (the scorer's acc field where it gives one, else its score)."""
+        `acc` (the scorer's acc field where it gives one, else its score). With train=True and gdpo, also
+        `reward_components` [B, K], the terms algorithm.gdpo_reward_keys names (validation needs none)."""
         result = self.rewards(batch)
         scores = result.token_level_scores
         if self.groups.reward_model is not None:
@@ -286,6 +289,13 @@ class RLTrainer(Trainer):
         else:
             batch["acc"] = scorer
         batch["score"] = scores.sum(-1)
+        keys = self.cfg.algorithm.gdpo_reward_keys  # set only with adv_estimator=gdpo
+        if train and keys:
+            terms = reward_components(result, keys, batch["data_source"])
+            batch["reward_components"] = torch.as_tensor(terms, dtype=torch.float32, device=scores.device)
+            result.metrics.update(
+                {f"reward/gdpo/{key}_mean": float(terms[:, k].mean()) for k, key in enumerate(keys)}
+            )
         errors = int(result.metrics["reward/error_count"] + result.metrics["reward/timeout_count"])
         self.reward_errors_total += errors
         return batch, result.metrics
