@@ -86,8 +86,8 @@ def test_rollout_log_probs_equal_actor_before_and_after_update_and_sync(hybrid):
     assert masked_max_diff(ref2["ref_log_probs"], new["old_log_probs"], mask2) > 1e-3
 
 
-def _update_both(group, batch):
-    batch = arrange_for_update(batch, group.world_size, 2)  # 4 prompts / ppo_mini_batch_size 2
+def _update_both(group, batch, mini_batches=2):
+    batch = arrange_for_update(batch, group.world_size, mini_batches)  # 4 prompts / ppo_mini_batch_size
     actor = group.update_actor(batch)[0]
     critic = group.update_critic(batch)[0]
     return actor, critic, group.full_weights("actor"), group.full_weights("critic")
@@ -111,7 +111,14 @@ CORRECTION = [
 ]
 
 
-@pytest.mark.parametrize("correction", [[], CORRECTION], ids=["plain", "rollout_correction"])
+# One optimizer step: the update gives the old log-probs, and the actor gathers the whole batch's update
+# log-probs over the ranks for the rollout_corr/* diagnostics (max / min / ESS do not add up).
+FROM_UPDATE = ["actor.ppo_mini_batch_size=4", f"{RC}.rollout_is=token"]
+
+
+@pytest.mark.parametrize(
+    "correction", [[], CORRECTION, FROM_UPDATE], ids=["plain", "rollout_correction", "from_update"]
+)
 def test_two_ranks_equal_one_rank_for_actor_and_critic(
     ray_local, model_path, update_batch_for_parity, correction
 ):
@@ -121,16 +128,20 @@ def test_two_ranks_equal_one_rank_for_actor_and_critic(
         mask = batch["response_mask"].float()
         noise = torch.randn(mask.shape, generator=torch.Generator().manual_seed(2)) * 0.4
         batch["rollout_log_probs"] = (batch["old_log_probs"] + noise) * mask
+    if correction is FROM_UPDATE:
+        batch = batch.exclude("old_log_probs")
     two_cfg = tiny_config(model_path, 2, "algorithm.adv_estimator=gae", *correction)
     one_cfg = tiny_config(
         model_path, 1, "algorithm.adv_estimator=gae", "actor.micro_batch_size_per_rank=2", *correction
     )
+    assert two_cfg.derived.old_log_probs_from_update is (correction is FROM_UPDATE)
     pool = ResourcePool(1, 2, name="parity")
     two = WorkerGroup.ray(RoleWorker, pool, name="actor_critic_2", args=(two_cfg, ["actor", "critic"]))
     one = WorkerGroup.inprocess(RoleWorker, name="actor_critic_1", args=(one_cfg, ["actor", "critic"]))
     try:
-        a2, c2, wa2, wc2 = _update_both(two, batch)
-        a1, c1, wa1, wc1 = _update_both(one, batch)
+        mini_batches = two_cfg.derived.actor_mini_batches_per_step
+        a2, c2, wa2, wc2 = _update_both(two, batch, mini_batches)
+        a1, c1, wa1, wc1 = _update_both(one, batch, mini_batches)
     finally:
         two.shutdown()
         pool.remove()
@@ -138,6 +149,11 @@ def test_two_ranks_equal_one_rank_for_actor_and_critic(
         assert a2[key] == pytest.approx(a1[key], rel=1e-5, abs=1e-7), key
     for key in ("critic/vf_loss", "critic/grad_norm", "critic/vpred_mean"):
         assert c2[key] == pytest.approx(c1[key], rel=1e-5, abs=1e-7), key
+    diagnostics = [k for k in a1 if k.startswith(("rollout_corr/", "rollout_mismatch/"))]
+    if correction is FROM_UPDATE:
+        assert {"rollout_corr/rollout_is_max", "rollout_corr/rollout_is_eff_sample_size"} <= set(diagnostics)
+    for key in diagnostics:
+        assert a2[key] == pytest.approx(a1[key], rel=1e-5, abs=1e-7), key
     for w2, w1 in ((wa2, wa1), (wc2, wc1)):
         assert w2.keys() == w1.keys()
         for name in w1:

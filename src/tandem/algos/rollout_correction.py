@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from tandem.algos.core import masked_mean, masked_sum, upcast, zero_padding
-from tandem.algos.importance import is_weights
+from tandem.algos.importance import is_weights, mismatch_metrics
 from tandem.algos.registry import ROLLOUT_RS
 
 SAFETY_LOG_BOUND = 20.0  # exp(20) ~ 4.9e8
@@ -382,14 +382,27 @@ def correction_settings(rc: Any) -> dict[str, Any]:
     )
 
 
-def batch_rollout_correction(batch: Any, rc: Any) -> tuple[Tensor | None, dict[str, float]]:
-    """(IS weights or None, `rollout_correction`'s metrics as `rollout_corr/<name>`) for a whole batch
-    with old and rollout log-probs, under `algorithm.rollout_correction` (`rc`)."""
-    weights, _, metrics = rollout_correction(
-        batch["old_log_probs"],
-        batch["rollout_log_probs"],
-        batch["response_mask"],
+def rollout_diagnostics(
+    old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor, rc: Any
+) -> tuple[Tensor | None, dict[str, float]]:
+    """One step's trainer-vs-rollout numbers over a whole batch: (IS weights or None under
+    `algorithm.rollout_correction` `rc`, `rollout_mismatch/*` and `rollout_corr/*` metrics).
+
+    The trainer calls it after the old-log-prob pass; the actor after an update that gave the old
+    log-probs itself (roles/actor.py). rollout_corr/kl and k3_kl are verl's names for
+    rollout_mismatch/kl and k3."""
+    metrics = {
+        f"rollout_mismatch/{k.removeprefix('mismatch_')}": v
+        for k, v in mismatch_metrics(old_log_probs, rollout_log_probs, mask).items()
+    }
+    weights, _, corr = rollout_correction(
+        old_log_probs,
+        rollout_log_probs,
+        mask,
         **correction_settings(rc),
         rollout_is_batch_normalize=rc.rollout_is_batch_normalize,
     )
-    return weights, {f"rollout_corr/{k}": v for k, v in metrics.items()}
+    metrics |= {f"rollout_corr/{k}": v for k, v in corr.items()}
+    metrics["rollout_corr/kl"] = metrics["rollout_mismatch/kl"]
+    metrics["rollout_corr/k3_kl"] = metrics["rollout_mismatch/k3"]
+    return weights, metrics

@@ -2,14 +2,16 @@
 
 When a training step is one optimizer step (cfg.derived.old_log_probs_from_update) the update gets
 no `old_log_probs`: they are the update's own log-probs, detached (the weights have not moved since
-the rollout), and the numbers the old-log-prob pass fed (`actor/entropy`, `rollout_mismatch/*`)
-come from the update instead.
+the rollout), and the numbers the old-log-prob pass fed (`actor/entropy`, `rollout_mismatch/*`,
+`rollout_corr/*`) come from the update instead: the last from the whole batch's update log-probs,
+gathered over the ranks after the update.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from tandem.algos.aggregation import agg_loss
@@ -20,6 +22,7 @@ from tandem.algos.rollout_correction import (
     correction_settings,
     is_weight_total,
     rollout_correction,
+    rollout_diagnostics,
     rollout_is_weights,
 )
 from tandem.batch import Batch
@@ -38,7 +41,7 @@ from tandem.roles.common import (
 
 # What an update reads from the batch, besides the model inputs (and old_log_probs, unless from the update).
 UPDATE_KEYS = ("responses", "response_mask", "advantages")
-# The rollout-vs-trainer numbers that add up over micro-batches (token means); max / min ratios do not.
+# Bypass mode's rollout-vs-trainer numbers, which add up over micro-batches (token means; max / min do not).
 MISMATCH_MEANS = ("mismatch_kl", "mismatch_k3", "mismatch_abs_diff_mean")
 
 
@@ -51,6 +54,8 @@ class Actor:
         self.temperature = cfg.rollout.temperature
         self.mini_batches_per_epoch = cfg.derived.actor_mini_batches_per_step
         self.old_log_probs_from_update = cfg.derived.old_log_probs_from_update
+        # (update log-probs, rollout log-probs, mask) of each micro-batch, while an update gives the old ones
+        self._seen: list[tuple[Tensor, Tensor, Tensor]] | None = None
 
     def compute_log_probs(self, batch: Batch, with_entropy: bool = True) -> Batch:
         """old_log_probs [B, R] (at the rollout temperature) and entropy [B, R] of `responses`; with
@@ -85,7 +90,10 @@ class Actor:
             raise KeyError(f"actor update: the batch lacks {missing}; it has {batch.keys()}")
         if (rc.rollout_is or rc.rollout_rs) and "old_log_probs" in batch and not rc.bypass_mode:
             batch = self._correct(batch)
-        return run_update(
+        # Same on every rank (the same keys): the diagnostics' collectives run on all or none.
+        from_update = "old_log_probs" not in batch and "rollout_log_probs" in batch
+        self._seen = [] if from_update else None
+        metrics = run_update(
             self.engine,
             batch,
             epochs=a.ppo_epochs,
@@ -94,6 +102,26 @@ class Actor:
             make_loss_fn=self._loss_fn,
             prefix="actor",
         )
+        if from_update:
+            metrics.update(self._diagnostics_from_update(batch["responses"].shape[1]))
+        return metrics
+
+    def _diagnostics_from_update(self, width: int) -> dict[str, float]:
+        """`rollout_diagnostics` of the whole batch from the micro-batches the update saw: each rank's rows
+        placed after the lower ranks' in one [3, rows, width] tensor, summed over the ranks (row order
+        does not matter to any of these numbers)."""
+        seen, self._seen = self._seen or [], None
+        local = torch.stack([torch.cat(part) for part in zip(*seen)]) if seen else torch.zeros(3, 0, width)
+        rows = torch.zeros(self.engine.dp_size, dtype=torch.float64)
+        rows[self.engine.dp_rank] = local.shape[1]
+        rows = self.engine.all_reduce_sum(rows)
+        total, offset = int(rows.sum()), int(rows[: self.engine.dp_rank].sum())
+        full = torch.zeros(3, total, width, dtype=torch.float32)
+        full[:, offset : offset + local.shape[1]] = local.float().cpu()
+        full = self.engine.all_reduce_sum(full)
+        if total == 0:  # e.g. the stages of a pipeline that compute no loss
+            return {}
+        return rollout_diagnostics(full[0], full[1], full[2], self.cfg.algorithm.rollout_correction)[1]
 
     def _correct(self, batch: Batch) -> Batch:
         """IS weights and the rejection-masked response_mask of the whole batch, before it is cut into
@@ -134,12 +162,16 @@ class Actor:
             metrics: dict[str, float] = {}
             if measured_here:
                 metrics["actor/entropy"] = float(agg_loss(entropy.detach(), mask, "token-mean", **counts))
-                if "rollout_log_probs" in micro:
+                if rc.bypass_mode:  # the policy drifts from the rollout's over mini-batches: their means
                     mismatch = mismatch_metrics(log_probs.detach(), micro["rollout_log_probs"], mask)
                     for key in MISMATCH_MEANS:
                         metrics[f"rollout_mismatch/{key.removeprefix('mismatch_')}"] = mismatch[key] * share
                 if a.entropy_coeff == 0:
                     entropy = None
+            if (
+                self._seen is not None
+            ):  # the update gives the old log-probs: the whole batch's numbers after it
+                self._seen.append((log_probs.detach(), micro["rollout_log_probs"], mask.to(log_probs.dtype)))
             loss_mask, loss_name = mask, a.policy_loss
             weights = micro.get("rollout_is_weights")  # from _correct, when the old log-probs came first
             if rc.bypass_mode:
@@ -169,9 +201,6 @@ class Actor:
                     rc.rollout_is,
                     rc.rollout_is_threshold,
                     correction_settings(rc)["band"],
-                )
-                metrics["rollout_corr/rollout_is_mean"] = float(
-                    agg_loss(weights, mask, "token-mean", **counts)
                 )
             pg_loss, pg_metrics = policy_loss(
                 loss_name,

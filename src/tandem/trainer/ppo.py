@@ -19,9 +19,9 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from tandem.algos import apply_kl_penalty, compute_advantages, kl_controller_from_config, mismatch_metrics
+from tandem.algos import apply_kl_penalty, compute_advantages, kl_controller_from_config
 from tandem.algos.core import group_stats
-from tandem.algos.rollout_correction import batch_rollout_correction
+from tandem.algos.rollout_correction import rollout_diagnostics
 from tandem.batch import Batch
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
@@ -119,20 +119,11 @@ class RLTrainer(Trainer):
                 with timer("values"):
                     batch = batch.union(values.result().reorder(restore))
             is_weights = None  # the whole batch's rollout IS weights, for estimators that read them (OTB)
-            if "old_log_probs" in batch and not alg.rollout_correction.bypass_mode:  # bypass: from the update
-                metrics.update(
-                    {
-                        f"rollout_mismatch/{k.removeprefix('mismatch_')}": v
-                        for k, v in mismatch_metrics(
-                            batch["old_log_probs"], batch["rollout_log_probs"], mask
-                        ).items()
-                    }
+            if "old_log_probs" in batch and not alg.rollout_correction.bypass_mode:  # else: the update's
+                is_weights, diagnostics = rollout_diagnostics(
+                    batch["old_log_probs"], batch["rollout_log_probs"], mask, alg.rollout_correction
                 )
-                is_weights, corr_metrics = batch_rollout_correction(batch, alg.rollout_correction)
-                metrics.update(corr_metrics)
-                # verl's names for the same two numbers, computed once above
-                metrics["rollout_corr/kl"] = metrics["rollout_mismatch/kl"]
-                metrics["rollout_corr/k3_kl"] = metrics["rollout_mismatch/k3"]
+                metrics.update(diagnostics)
 
             with timer("advantages"):
                 scores = batch["token_level_scores"]

@@ -1,6 +1,7 @@
-"""Rollout-correction bypass mode: the rollout's log-probs are the old ones, and the actor's loss compares
-the policy being updated with the rollout (IS weights, rejection), checked against the loss written out
-by hand from the model's own log-probs. Real FSDP2 engine in this process
+"""The actor's side of rollout correction. Bypass mode: the rollout's log-probs are the old ones, and the
+loss compares the policy being updated with the rollout (IS weights, rejection), checked against the loss
+written out by hand from the model's own log-probs. One optimizer step per step: the update gives the old
+log-probs, and its rollout_corr/* equal those of a separate old-log-prob pass. Real FSDP2 engine in this process
 (conftest's `world`), as test_packing_parity."""
 
 from __future__ import annotations
@@ -8,6 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from tandem.algos.rollout_correction import rollout_diagnostics
 from tandem.roles.actor import Actor
 
 from .roles_helpers import tiny_config
@@ -92,3 +94,27 @@ def test_bypass_ppo_clip_takes_the_ratio_to_the_rollout_policy_without_is_weight
     metrics = update(model_dirs["lm"], cfg, batch)
     assert metrics["actor/pg_loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
     assert "rollout_corr/rollout_is_mean" in metrics and metrics["actor/pg_clipfrac"] > 0
+
+
+def test_diagnostics_from_the_update_equal_those_of_a_separate_pass(world, model_dirs):
+    cfg = tiny_config(
+        model_dirs["lm"],
+        1,
+        *ONE_STEP,
+        f"{RC}.rollout_is=token",
+        f"{RC}.rollout_is_band_low=0.8",
+        f"{RC}.rollout_is_band_high=1.5",
+    )
+    assert cfg.derived.old_log_probs_from_update
+    batch, current, mask = bypass_batch(model_dirs["lm"], cfg)
+    _, expected = rollout_diagnostics(
+        current, batch["rollout_log_probs"], mask, cfg.algorithm.rollout_correction
+    )
+    metrics = update(model_dirs["lm"], cfg, batch.exclude("old_log_probs"))
+    assert {
+        "rollout_corr/rollout_is_band_fraction",
+        "rollout_corr/chi2_seq",
+        "rollout_mismatch/max_ratio",
+    } <= set(expected)
+    for key, value in expected.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
