@@ -60,6 +60,13 @@ RULES = [
     (["actor.clip_cov_ratio=0"], ["actor.clip_cov_ratio=0.0 must be in (0, 1]"]),
     (["actor.kl_cov_ratio=2"], ["actor.kl_cov_ratio=2.0 must be in (0, 1]"]),
     (["actor.ppo_kl_coef=-1"], ["actor.ppo_kl_coef=-1.0 must be >= 0"]),
+    (["rollout.layout=apart"], ["rollout.layout", "hybrid", "separate"]),
+    (["rollout.workers_per_node=0"], ["rollout.workers_per_node=0 must be >= 1"]),
+    (["rollout.weight_bucket_mb=0"], ["rollout.weight_bucket_mb=0 must be >= 1"]),
+    (
+        ["rollout.layout=separate", "trainer.backend=inprocess"],
+        ["rollout.layout=separate puts the rollout engines", "use trainer.backend=ray"],
+    ),
     (["actor.loss_agg_mode=token_mean"], ["actor.loss_agg_mode: 'token_mean'", "'token-mean'"]),
     (["critic.loss_agg_mode=seq-mean"], ["critic.loss_agg_mode: 'seq-mean' is not a known loss aggregation"]),
     (["actor.kl_loss_type=lowvar_kl"], ["actor.kl_loss_type: 'lowvar_kl'", "'low_var_kl'"]),

@@ -30,6 +30,7 @@ ParamDtype = Literal["auto", "float32", "bfloat16", "float16"]
 LrScheduler = Literal["constant", "cosine", "linear"]
 RolloutEngineName = Literal["auto", "hf", "vllm", "sglang"]
 RolloutMode = Literal["sync", "async"]
+RolloutLayout = Literal["hybrid", "separate"]
 TruncateSide = Literal["left", "right", "middle"]
 ToolCallFormat = Literal["hermes"]
 Device = Literal["cpu", "cuda", "auto"]
@@ -193,6 +194,12 @@ class RolloutConfig:
         "auto"  # inference engine: auto (vllm where installed, else hf), vllm, hf, sglang
     )
     mode: RolloutMode = "sync"  # sync: one batched generate; async: the agent loop, one coroutine per sample
+    # hybrid: each actor rank holds an engine, synced in process; separate: engines in a pool of their own,
+    # weights sent from the trainer over a process group spanning both (rollout/weight_bus.py)
+    layout: RolloutLayout = "hybrid"
+    nnodes: int = 1  # >= 1: machines of the separate rollout pool
+    workers_per_node: int = 1  # >= 1: rollout ranks (engines) per machine of that pool
+    weight_bucket_mb: int = 256  # >= 1: MiB per broadcast of the separate layout's weight sync
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     cpu_kv_cache_gib: int = 1  # >= 1: GiB of KV cache per vLLM engine on CPU (VLLM_CPU_KVCACHE_SPACE wins)
     n: int = 4  # SAMPLES per prompt (the group size of group estimators: >= 2 for grpo, rloo, ...)

@@ -276,6 +276,9 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
         ("trainer.nnodes", t.nnodes),
         ("trainer.workers_per_node", t.workers_per_node),
         ("trainer.max_checkpoints_to_keep", t.max_checkpoints_to_keep),
+        ("rollout.nnodes", r.nnodes),
+        ("rollout.workers_per_node", r.workers_per_node),
+        ("rollout.weight_bucket_mb", r.weight_bucket_mb),
     ]:
         _at_least(problems, key, value, 1)
     for name in ("ppo_mini_batch_size", "micro_batch_size_per_rank", "ppo_epochs"):
@@ -295,6 +298,12 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
         )
     if t.cpus_per_worker <= 0:
         problems.add("trainer.cpus_per_worker", f"trainer.cpus_per_worker={t.cpus_per_worker} must be > 0")
+    if r.layout == "separate" and t.backend == "inprocess":
+        problems.add(
+            ("rollout.layout", "trainer.backend"),
+            "rollout.layout=separate puts the rollout engines in worker processes of their own, but "
+            "trainer.backend=inprocess runs everything in this process: use trainer.backend=ray",
+        )
     if cfg.trainer.worker_timeout_s <= 0:
         problems.add(
             "trainer.worker_timeout_s",

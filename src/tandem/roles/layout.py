@@ -5,6 +5,9 @@
 - trainer.placement=colocate: the critic and the reward model live in a second group on the SAME
   pool (each group takes half of every bundle: same GPUs / CPUs, separate processes).
   trainer.placement=separate: they get pools of their own, so they run beside the actor in time.
+- rollout.layout=separate: the rollout engines are a group of their own on a pool of their own
+  (rollout.nnodes x rollout.workers_per_node ranks); the actor's rank 0 sends them the weights over a
+  WeightBus that spans both groups (`sync_rollout`).
 - trainer.backend=inprocess: one worker in this process holds every role (world size 1).
 """
 
@@ -24,18 +27,29 @@ class WorkerGroups:
 
     actor: WorkerGroup  # actor + rollout (+ reference): generate, compute_log_probs, update_actor
     ref: WorkerGroup | None = None  # compute_ref_log_probs
+    rollout: WorkerGroup | None = None  # generate: the actor's group, or the separate layout's own
     critic: WorkerGroup | None = None  # compute_values, update_critic
     reward_model: WorkerGroup | None = None  # compute_rm_scores
     pools: list[ResourcePool] = field(default_factory=list)
 
     def unique(self) -> list[WorkerGroup]:
         """Each group once, the actor's first."""
-        groups = [self.actor, self.ref, self.critic, self.reward_model]
+        groups = [self.actor, self.rollout, self.ref, self.critic, self.reward_model]
         out: list[WorkerGroup] = []
         for g in groups:
             if g is not None and all(g is not o for o in out):
                 out.append(g)
         return out
+
+    @property
+    def separate_rollout(self) -> bool:
+        return self.rollout is not None and self.rollout is not self.actor
+
+    def sync_rollout(self) -> None:
+        """Separate layout: the actor's current weights into every rollout engine (both groups at once)."""
+        sending = self.actor.send_weights.async_()
+        self.rollout.receive_weights()
+        sending.result()
 
     def shutdown(self) -> None:
         for group in self.unique():
@@ -76,7 +90,8 @@ def build_worker_groups(
     if purpose not in PURPOSES:
         raise ValueError(f"build_worker_groups: purpose must be one of {PURPOSES}, got {purpose!r}")
     hybrid, others = ["actor"], []
-    if purpose != "sft":
+    separate = cfg.rollout.layout == "separate" and purpose != "sft"
+    if purpose != "sft" and not separate:
         hybrid.append("rollout")
     if purpose == "rl":
         hybrid += ["ref"] if d.reference_needed else []
@@ -92,7 +107,10 @@ def build_worker_groups(
         group = WorkerGroup.inprocess(
             RoleWorker, name="all_roles", args=(cfg, hybrid + others), kwargs=kwargs, device=device
         )
-        return WorkerGroups(group, has("ref", group), has("critic", group), has("reward_model", group))
+        rollout = group if purpose != "sft" else None
+        return WorkerGroups(
+            group, has("ref", group), rollout, has("critic", group), has("reward_model", group)
+        )
 
     init_ray(address=t.ray_address)
     logs = {"log_dir": None if log_dir is None else str(log_dir)}
@@ -117,6 +135,9 @@ def build_worker_groups(
             **logs,
         )
         groups.ref = has("ref", groups.actor)
+        groups.rollout = groups.actor if "rollout" in hybrid else None
+        if separate:
+            groups.rollout = _separate_rollout(cfg, groups, args, kwargs, gpus, logs)
         if t.placement == "colocate" and others:
             side = WorkerGroup.ray(
                 RoleWorker,
@@ -147,3 +168,33 @@ def build_worker_groups(
         groups.shutdown()  # the groups started so far, then every pool
         raise
     return groups
+
+
+def _separate_rollout(
+    cfg: TandemConfig,
+    groups: WorkerGroups,
+    args: tuple,
+    kwargs: dict,
+    gpus: int,
+    logs: dict,
+) -> WorkerGroup:
+    """The rollout engines' own pool and group, joined to the actor's rank 0 by a WeightBus."""
+    r, t = cfg.rollout, cfg.trainer
+    pool = ResourcePool(r.nnodes, r.workers_per_node, t.cpus_per_worker, gpus, name="rollout")
+    groups.pools.append(pool)
+    group = WorkerGroup.ray(
+        RoleWorker,
+        pool,
+        name="rollout",
+        args=(*args, ["rollout"]),
+        kwargs=kwargs,
+        call_timeout_s=t.worker_timeout_s,
+        **logs,
+    )
+    groups.rollout = group  # shut down with the rest if joining fails
+    address = groups.actor.weight_bus_address()[0]
+    bus = (address, 1 + group.world_size, r.weight_bucket_mb << 20, t.worker_timeout_s)
+    joining = groups.actor.join_weight_bus.async_(*bus)
+    group.join_weight_bus(*bus)
+    joining.result()
+    return group

@@ -3,7 +3,9 @@
 Colocating actor + rollout (+ ref) in one worker is the hybrid engine: the rollout engine is
 refreshed from the actor's training engine before each generation after an update, in process,
 one tensor at a time. Other layouts are several worker groups with different roles, on the same
-or on separate resource pools (tandem.controller).
+or on separate resource pools (tandem.controller). With rollout.layout=separate the rollout engines
+are a group of their own; the actor's rank 0 sends them the weights over a WeightBus, a process group
+spanning both groups (join_weight_bus, send_weights / receive_weights).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from tandem.roles.sft import SFT
 from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, SamplingParams, build_rollout, resolve_engine
 from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY, TRAJECTORY_KEY, AgentLoop, AgentSettings
 from tandem.rollout.base import METRICS_KEY
+from tandem.rollout.weight_bus import WeightBus, free_address
 
 ROLES = ("actor", "rollout", "ref", "critic", "reward_model")
 
@@ -50,7 +53,7 @@ class RoleWorker(Worker):
         unknown = [r for r in roles if r not in ROLES]
         if unknown or not roles:
             raise ValueError(f"RoleWorker roles {list(roles)}: each must be one of {list(ROLES)}")
-        if "rollout" in roles and "actor" not in roles:
+        if "rollout" in roles and "actor" not in roles and cfg.rollout.layout != "separate":
             raise ValueError(
                 "the rollout role needs the actor in the same worker (the hybrid engine syncs weights "
                 "from the actor's engine in process); put 'actor' and 'rollout' in one worker group"
@@ -83,6 +86,7 @@ class RoleWorker(Worker):
             self._rollout_start_s = time.perf_counter() - start
         # The rollout starts from actor.model_path, as the actor does: in sync until the first update.
         self._rollout_stale = False
+        self._bus: WeightBus | None = None  # rollout.layout=separate: the weight channel, once joined
         self._metrics: dict[str, float] = {}
         if self.rollout is not None:  # reported with the first step
             self._metrics["timing_s/rollout_start"] = self._rollout_start_s
@@ -154,9 +158,55 @@ class RoleWorker(Worker):
             out = self.agent.generate(rollout.turn_engine, prompts, sampling)
         else:
             out = rollout.generate(prompts, sampling)
-        rollout.sleep()
+        if self.actor is not None:  # hybrid: give the memory back to training (a separate engine keeps it)
+            rollout.sleep()
         self._record(out, time.perf_counter() - start)
         return out
+
+    # ---- weight sync of the separate layout ----------------------------------------------------
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def weight_bus_address(self) -> str:
+        """A free "host:port" on this rank's node, for a bus hosted by this group's rank 0."""
+        return free_address()
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def join_weight_bus(self, address: str, world_size: int, bucket_bytes: int, timeout_s: float) -> None:
+        """Join the weight bus: the actor's rank 0 as its source (bus rank 0, hosting `address`), every
+        rollout-only rank as a receiver (bus rank 1 + its rank); the actor's other ranks stay off it."""
+        if self.actor is not None and self.ctx.rank != 0:
+            return
+        rank = 0 if self.actor is not None else 1 + self.ctx.rank
+        device = str(self.ctx.torch_device)
+        self._bus = WeightBus(
+            address, rank, world_size, device=device, bucket_bytes=bucket_bytes, timeout_s=timeout_s
+        )
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def send_weights(self) -> None:
+        """The actor's full weights to the rollout group (every actor rank takes part in the gathers)."""
+        weights = self._role("actor").engine.state_dict_iter()
+        if self._bus is None:  # not the source: the collective gathers still need this rank
+            for _ in weights:
+                pass
+            return
+        stats = self._bus.send(weights)
+        self._metrics["timing_s/weight_sync"] = stats["weight_sync_s"]
+        self._metrics["weight_sync/bytes"] = stats["weight_sync_bytes"]
+        self._metrics["weight_sync/buckets"] = stats["weight_sync_buckets"]
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def receive_weights(self) -> None:
+        """Load the weights the actor sends into this rank's rollout engine, bucket by bucket."""
+        if self._bus is None:
+            raise RuntimeError(
+                f"worker group {self.ctx.group_name!r} rank {self.ctx.rank}: no weight bus joined"
+            )
+        start = time.perf_counter()
+        rollout = self._role_rollout()
+        rollout.wake()
+        rollout.update_weights(self._bus.receive())
+        self._metrics["timing_s/weight_receive"] = time.perf_counter() - start
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def sync_rollout_weights(self) -> None:

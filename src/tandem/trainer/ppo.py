@@ -25,6 +25,7 @@ from tandem.algos.rollout_correction import rollout_diagnostics
 from tandem.batch import Batch
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
+from tandem.controller import WorkerGroup
 from tandem.data import PromptDataset, collate_prompts
 from tandem.rewards import reward_components, reward_manager_from_config
 from tandem.roles.common import MODEL_INPUTS, arrange_for_update, balanced_order
@@ -70,6 +71,8 @@ class RLTrainer(Trainer):
         alg = cfg.algorithm
         self.kl_ctrl = kl_controller_from_config(alg.kl_ctrl) if alg.use_kl_in_reward else None
         self.reward_errors_total = 0
+        self._actor_updates = 0  # rollout.layout=separate: the engines hold the weights of update number ...
+        self._synced: tuple[int, int] | None = None  # ... (id of the worker groups, that number)
 
     def _prompts(self, files: list[str], cfg: TandemConfig) -> PromptDataset:
         d = cfg.data
@@ -171,6 +174,7 @@ class RLTrainer(Trainer):
                         d.actor_mini_batches_per_step,
                     )
                     metrics.update(groups.actor.update_actor(update)[0])
+                    self._actor_updates += 1
 
         metrics.update(batch_metrics(batch, cfg.data.max_response_length))
         metrics.update(throughput_metrics(batch, timer.seconds))
@@ -250,12 +254,21 @@ class RLTrainer(Trainer):
             top_k=r.top_k,
             seed=_seed(self.cfg.trainer.seed, self.step, round_),
         )
-        batch = self.groups.actor.generate(prompts, sampling)
+        batch = self.rollout_group().generate(prompts, sampling)
         if self.cfg.derived.reward_baselines_needed:
-            greedy = self.groups.actor.generate(prompts, SamplingParams(max_tokens=d.max_response_length))
+            greedy = self.rollout_group().generate(prompts, SamplingParams(max_tokens=d.max_response_length))
             baselines = self.score(greedy)[0]["token_level_scores"].sum(-1)
             batch["reward_baselines"] = baselines.repeat_interleave(r.n)
         return batch
+
+    def rollout_group(self) -> WorkerGroup:
+        """The group that generates. In the separate layout its engines first get the actor's weights when
+        they changed since the last sync (and once for new workers: a resumed or loaded checkpoint)."""
+        groups = self.groups
+        if groups.separate_rollout and self._synced != (id(groups), self._actor_updates):
+            groups.sync_rollout()
+            self._synced = (id(groups), self._actor_updates)
+        return groups.rollout
 
     def score(self, batch: Batch, *, train: bool = False) -> tuple[Batch, dict[str, float]]:
         """`token_level_scores` (rule scorers + reward model, at the last response token) and per-sample
@@ -316,7 +329,7 @@ class RLTrainer(Trainer):
             items = [data[i] for i in range(start, min(start + size, len(data)))]
             prompts = self._collate(items)
             prompts = prompts.union(Batch.from_dict({PROMPT_INDEX: torch.arange(start, start + len(items))}))
-            batch, _ = self.score(self.groups.actor.generate(prompts, sampling))
+            batch, _ = self.score(self.rollout_group().generate(prompts, sampling))
             agent_keys = [k for k in (*AGENT_COUNT_KEYS, AGENT_FINISH_KEY) if k in batch]
             scored.append(batch.select("acc", "score", "response_mask", "data_source", *agent_keys))
         batch = Batch.concat(scored, meta="first")
