@@ -25,11 +25,15 @@ def model_bytes(folder) -> int:
         return sum(f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in f.keys())
 
 
-def test_separate_rollout_pool_gives_the_hybrid_numbers(ray_local, assets, tmp_path):
-    common = ["rollout.engine=vllm", "trainer.workers_per_node=1", "trainer.total_training_steps=3"]
+@pytest.mark.parametrize("ranks", [1, 2])
+def test_separate_rollout_pool_gives_the_hybrid_numbers(ray_local, assets, tmp_path, ranks):
+    """`ranks` trainer ranks and as many engines in each layout (the same prompts per engine). With 2, the
+    trainer's second rank takes part in the gathers but not in the bus."""
+    common = ["rollout.engine=vllm", f"trainer.workers_per_node={ranks}", "trainer.total_training_steps=3"]
     common += custom_reward("by_length")
     hybrid = by_step(RLTrainer(run_config(assets, tmp_path / "hybrid", "grpo", *common)).fit())
-    cfg = run_config(assets, tmp_path / "separate", "grpo", *common, "rollout.layout=separate")
+    separate_pool = ["rollout.layout=separate", f"rollout.workers_per_node={ranks}"]
+    cfg = run_config(assets, tmp_path / "separate", "grpo", *common, *separate_pool)
     separate = by_step(RLTrainer(cfg).fit())
     assert sorted(separate) == sorted(hybrid) == [1, 2, 3]
     for step in (1, 2, 3):
