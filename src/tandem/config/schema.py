@@ -195,7 +195,7 @@ class RolloutConfig:
     )
     mode: RolloutMode = "sync"  # sync: one batched generate; async: the agent loop, one coroutine per sample
     # hybrid: each actor rank holds an engine, synced in process; separate: engines in a pool of their own,
-    # weights sent from the trainer over a process group spanning both (rollout/weight_bus.py)
+    # weights sent from the trainer over a process group spanning both (roles/weight_bus.py)
     layout: RolloutLayout = "hybrid"
     nnodes: int = 1  # >= 1: machines of the separate rollout pool
     workers_per_node: int = 1  # >= 1: rollout ranks (engines) per machine of that pool

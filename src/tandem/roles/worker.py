@@ -30,10 +30,10 @@ from tandem.roles.critic import Critic
 from tandem.roles.reference import Reference
 from tandem.roles.reward_model import RewardModel
 from tandem.roles.sft import SFT
+from tandem.roles.weight_bus import WeightBus, free_address
 from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, SamplingParams, build_rollout, resolve_engine
 from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY, TRAJECTORY_KEY, AgentLoop, AgentSettings
 from tandem.rollout.base import METRICS_KEY
-from tandem.rollout.weight_bus import WeightBus, free_address
 
 ROLES = ("actor", "rollout", "ref", "critic", "reward_model")
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from tandem.rollout.weight_bus import WeightBus, WeightBusError, free_address
+from tandem.roles.weight_bus import WeightBus, WeightBusError, free_address
 
 from . import weight_bus_worker as w
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import torch
 
-from tandem.rollout.weight_bus import WeightBus, WeightBusError
+from tandem.roles.weight_bus import WeightBus, WeightBusError
 
 BUCKET = 4096
 
@@ -108,12 +108,12 @@ def cluster_main(temp_dir: str) -> None:
                 return ray.get_runtime_context().get_node_id()
 
             def address(self) -> str:
-                from tandem.rollout.weight_bus import free_address
+                from tandem.roles.weight_bus import free_address
 
                 return free_address()
 
             def join(self, address: str) -> None:
-                from tandem.rollout.weight_bus import WeightBus
+                from tandem.roles.weight_bus import WeightBus
 
                 self.bus = WeightBus(address, self.rank, 2, bucket_bytes=4096, timeout_s=30)
 
