@@ -67,6 +67,23 @@ RULES = [
         ["rollout.layout=separate", "trainer.backend=inprocess"],
         ["rollout.layout=separate puts the rollout engines", "use trainer.backend=ray"],
     ),
+    (
+        ["trainer.async_mode=one_step_off"],
+        ["needs the rollout engines in a pool of their own", "rollout.layout=separate"],
+    ),
+    (["trainer.async_mode=streaming"], ["trainer.async_mode=streaming is not built yet", "use one_step_off"]),
+    (
+        [
+            "trainer.async_mode=one_step_off",
+            "rollout.layout=separate",
+            "algorithm.dynamic_sampling.enable=true",
+        ],
+        ["dynamic sampling's extra rounds are not supported", "trainer.async_mode=synchronous"],
+    ),
+    (
+        ["trainer.async_mode=one_step_off", "rollout.layout=separate", "algorithm.adv_estimator=remax"],
+        ["generates a greedy baseline each step", "trainer.async_mode=synchronous"],
+    ),
     (["actor.loss_agg_mode=token_mean"], ["actor.loss_agg_mode: 'token_mean'", "'token-mean'"]),
     (["critic.loss_agg_mode=seq-mean"], ["critic.loss_agg_mode: 'seq-mean' is not a known loss aggregation"]),
     (["actor.kl_loss_type=lowvar_kl"], ["actor.kl_loss_type: 'lowvar_kl'", "'low_var_kl'"]),

@@ -46,3 +46,26 @@ def test_separate_rollout_pool_gives_the_hybrid_numbers(ray_local, assets, tmp_p
         assert s["weight_sync/bytes"] == model_bytes(assets["model"])
         assert s["weight_sync/buckets"] >= 1 and s["timing_s/weight_sync"] > 0
         assert s["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-3)
+
+
+def test_one_step_off_trains_on_samples_one_update_behind_and_resumes(ray_local, assets, tmp_path):
+    common = ["rollout.engine=vllm", "trainer.workers_per_node=1", "trainer.total_training_steps=4"]
+    common += ["rollout.layout=separate", "trainer.async_mode=one_step_off", "trainer.save_freq=1"]
+    common += custom_reward("by_length")
+    cfg = run_config(assets, tmp_path / "run", "grpo", *common)
+    assert cfg.algorithm.rollout_correction.rollout_is == "token"  # on by default in this mode
+    history = by_step(RLTrainer(cfg).fit())
+    assert [history[s]["async/staleness_max"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
+    # step 1 samples the actor's own weights; later steps the weights of one update before
+    assert history[1]["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert all(abs(history[s]["rollout_mismatch/max_ratio"] - 1) > 1e-3 for s in (2, 3, 4))
+    for s in (1, 2, 3, 4):
+        assert 0 < history[s]["rollout_corr/rollout_is_mean"] <= 2 and history[s]["actor/grad_norm"] > 0
+    # interrupted after step 2 (step 3's generation in flight), resumed: the queue starts empty, so step 3
+    # is generated again with the checkpoint's weights (staleness 0), from the same prompts
+    first = RLTrainer(run_config(assets, tmp_path / "resumed", "grpo", *common))
+    first.fit(until_step=2)
+    resumed = by_step(RLTrainer(run_config(assets, tmp_path / "resumed", "grpo", *common)).fit())
+    assert sorted(resumed) == [3, 4]
+    assert [resumed[s]["async/staleness_max"] for s in (3, 4)] == [0, 1]
+    assert resumed[3]["train/epoch"] == history[3]["train/epoch"]

@@ -38,6 +38,7 @@ LoggerName = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
 SamplingMetric = Literal["score", "acc"]
 Backend = Literal["ray", "inprocess"]
 Placement = Literal["colocate", "separate"]
+AsyncMode = Literal["synchronous", "one_step_off", "streaming"]
 
 
 @dataclass
@@ -387,6 +388,9 @@ class TrainerConfig:
     resume: str = "auto"  # auto = latest checkpoint of this experiment if any, disable, or a checkpoint path
     max_checkpoints_to_keep: int | None = None  # >= 1: older checkpoints are deleted; None = keep all
     critic_warmup: int = 0  # first steps that train only the critic, >= 0
+    # synchronous: generate, then train; one_step_off (rollout.layout=separate): batch k+1 is generated
+    # with the weights of step k-1 while step k trains, token-level truncated IS on unless rollout_is is set
+    async_mode: AsyncMode = "synchronous"
     worker_timeout_s: float = 1800.0  # SECONDS one worker-group call may take before the run stops, > 0
     progress_bar: bool = True  # a progress bar with the ETA on stderr
 

@@ -62,6 +62,9 @@ def resolve(cfg: TandemConfig, info: dict[str, Any]) -> None:
         rc.rollout_is = r.is_correction
         if rc.rollout_is_threshold == 2.0:
             rc.rollout_is_threshold = r.is_threshold
+    # One step stale: truncated IS against the rollout's log-probs is on unless chosen otherwise.
+    if cfg.trainer.async_mode == "one_step_off" and rc.rollout_is is None:
+        rc.rollout_is = "token"
 
 
 # --- registry names -----------------------------------------------------------------------------
@@ -298,6 +301,24 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
         )
     if t.cpus_per_worker <= 0:
         problems.add("trainer.cpus_per_worker", f"trainer.cpus_per_worker={t.cpus_per_worker} must be > 0")
+    if t.async_mode == "streaming":
+        problems.add(
+            "trainer.async_mode",
+            "trainer.async_mode=streaming is not built yet (issue 17's next slice): use one_step_off or synchronous",
+        )
+    if t.async_mode == "one_step_off":
+        if r.layout != "separate":
+            problems.add(
+                ("trainer.async_mode", "rollout.layout"),
+                "trainer.async_mode=one_step_off generates while the trainer trains, which needs the rollout "
+                "engines in a pool of their own: set rollout.layout=separate",
+            )
+        if cfg.algorithm.dynamic_sampling.enable:
+            problems.add(
+                ("trainer.async_mode", "algorithm.dynamic_sampling.enable"),
+                "trainer.async_mode=one_step_off prefetches one round of prompts per step; dynamic sampling's "
+                "extra rounds are not supported with it yet: use trainer.async_mode=synchronous",
+            )
     if r.layout == "separate" and t.backend == "inprocess":
         problems.add(
             ("rollout.layout", "trainer.backend"),
@@ -500,6 +521,12 @@ def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any])
             ("rollout.n", "algorithm.adv_estimator"),
             f"algorithm.adv_estimator={est} compares samples of the same prompt, but rollout.n="
             f"{cfg.rollout.n}: a group of one has no baseline. Set rollout.n>=2 (4-16 is usual)",
+        )
+    if info.get("needs_reward_baselines") and cfg.trainer.async_mode == "one_step_off":
+        problems.add(
+            ("algorithm.adv_estimator", "trainer.async_mode"),
+            f"algorithm.adv_estimator={est} generates a greedy baseline each step, which "
+            "trainer.async_mode=one_step_off does not prefetch yet: use trainer.async_mode=synchronous",
         )
     if info.get("needs_sum_pi_squared") and not cfg.actor.calculate_sum_pi_squared:
         problems.add(

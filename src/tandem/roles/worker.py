@@ -259,7 +259,7 @@ class RoleWorker(Worker):
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """The PPO update of the actor on this rank's share; metrics are global (the same on every rank)."""
         metrics = self._role("actor").update(batch)
-        self._rollout_stale = self.rollout is not None
+        self._rollout_stale = self.rollout is not None and self.actor is not None  # hybrid: in process
         return metrics
 
     @dispatch(Dispatch.MP)
@@ -271,7 +271,7 @@ class RoleWorker(Worker):
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One supervised optimizer step of the actor (loss on `loss_mask` tokens); metrics are global."""
         metrics = SFT(self._role("actor").engine, self.cfg).update(batch)
-        self._rollout_stale = self.rollout is not None
+        self._rollout_stale = self.rollout is not None and self.actor is not None  # hybrid: in process
         return metrics
 
     @dispatch(Dispatch.MP)
@@ -299,7 +299,7 @@ class RoleWorker(Worker):
             if not folder.exists():
                 raise FileNotFoundError(f"checkpoint {path} has no {name!r} folder (expected {folder})")
             engine.load(folder)
-        self._rollout_stale = self.rollout is not None
+        self._rollout_stale = self.rollout is not None and self.actor is not None  # hybrid: in process
         return list(self._trainable())
 
     @dispatch(Dispatch.ONE_TO_ALL)

@@ -246,11 +246,15 @@ class Trainer(ABC):
         with self.checkpoints.writing(self.step) as folder:
             for group in self.groups.unique():
                 group.save_checkpoint(str(folder))
-            state = {"step": self.step, "sampler": self.sampler.state_dict(), "extra": self.extra_state()}
+            state = {"step": self.step, "sampler": self.sampler_state(), "extra": self.extra_state()}
             save_trainer_state(folder, state)
             (folder / "config.yaml").write_text(self.cfg.to_yaml())
         logger.info("saved checkpoint %s", self.checkpoints.root / f"global_step_{self.step}")
         return self.checkpoints.root / f"global_step_{self.step}"
+
+    def sampler_state(self) -> dict[str, Any]:
+        """What a checkpoint records of the sampler: by default its position now."""
+        return self.sampler.state_dict()
 
     def resume(self, path: Path | None) -> None:
         """Load the checkpoint `path` (what trainer.resume resolved to), if any, into the workers and here."""

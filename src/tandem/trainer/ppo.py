@@ -13,6 +13,7 @@ tandem/trainer/base.py.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -48,6 +49,16 @@ PROMPT_SIDE = {"prompts": "pad", "input_ids": "pad", "attention_mask": 0, "posit
 COUNT_SUFFIX = "_count"
 
 
+@dataclass
+class Prefetch:
+    """A generation started for a later step: its future, the actor update number whose weights it
+    uses, and the worker groups it runs on."""
+
+    future: Any
+    version: int
+    groups_id: int
+
+
 class RLTrainer(Trainer):
     """Reads the data, checks it and the reward functions, then `fit()` starts the workers and trains."""
 
@@ -73,6 +84,8 @@ class RLTrainer(Trainer):
         self.reward_errors_total = 0
         self._actor_updates = 0  # rollout.layout=separate: the engines hold the weights of update number ...
         self._synced: tuple[int, int] | None = None  # ... (id of the worker groups, that number)
+        self._prefetch: Prefetch | None = None  # trainer.async_mode=one_step_off: the next step's generation
+        self._sampler_before_prefetch: dict[str, Any] = {}
 
     def _prompts(self, files: list[str], cfg: TandemConfig) -> PromptDataset:
         d = cfg.data
@@ -200,6 +213,8 @@ class RLTrainer(Trainer):
         """The step's samples with `token_level_scores`. With dynamic sampling, rounds of
         gen_batch_size prompts until data.train_batch_size prompts with varied scores are kept."""
         cfg = self.cfg
+        if cfg.trainer.async_mode == "one_step_off":
+            return self._rollout_one_step_off(timer)
         ds, n, wanted = cfg.algorithm.dynamic_sampling, cfg.rollout.n, cfg.data.train_batch_size
         kept: list[Batch] = []
         reward_metrics: list[tuple[int, dict[str, float]]] = []
@@ -238,22 +253,62 @@ class RLTrainer(Trainer):
             metrics["dynamic_sampling/kept_ratio"] = kept_prompts / drawn_prompts
         return batch, metrics
 
+    def _rollout_one_step_off(self, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        """trainer.async_mode=one_step_off: this step's samples were launched during the previous step with
+        the weights the actor had then (one update behind), and the next step's are launched now, with the
+        current weights, to generate while this step trains. After a (re)start the queue is empty: the
+        first batch is generated here, with the current weights (staleness 0)."""
+        pending, self._prefetch = self._prefetch, None
+        if pending is None or pending.groups_id != id(self.groups):
+            pending = self._launch(self.step)
+        with timer("wait_generate"):
+            batch = pending.future.result()
+        staleness = float(self._actor_updates - pending.version)
+        if self.step < self.total_steps:
+            self._prefetch = self._launch(self.step + 1)
+        with timer("reward"):
+            batch, metrics = self.score(batch, train=True)
+        # every sample of a step was generated with the same weights
+        metrics["async/staleness_mean"] = metrics["async/staleness_max"] = staleness
+        return batch, metrics
+
+    def _launch(self, step: int) -> Prefetch:
+        """Draw `step`'s prompts and start generating them with the actor's current weights (sent first
+        when they changed). A checkpoint taken while they generate records the sampler from before the
+        draw, so a resumed run generates them again."""
+        self._sampler_before_prefetch = self.sampler.state_dict()
+        prompts = self._collate([self.train_data[i] for i in self.next_indices()])
+        prompts, sampling = self.generation_request(prompts, step, 1)
+        future = self.rollout_group().generate.async_(prompts, sampling)
+        return Prefetch(future, self._actor_updates, id(self.groups))
+
+    def sampler_state(self) -> dict[str, Any]:
+        if self._prefetch is not None:  # its prompts are drawn but not trained on: they are not consumed
+            return self._sampler_before_prefetch
+        return super().sampler_state()
+
     def _collate(self, items: list[dict[str, Any]]) -> Batch:
         return collate_prompts(items, self.pad_id)
 
-    def generate(self, prompts: Batch, round_: int) -> Batch:
-        """rollout.n samples per prompt; a `uid` per prompt; ReMax's greedy baseline scores when needed."""
+    def generation_request(self, prompts: Batch, step: int, round_: int) -> tuple[Batch, SamplingParams]:
+        """The prompts with their index and `uid`, and the sampling of the step that will train on them."""
         r, d = self.cfg.rollout, self.cfg.data
         prompts = prompts.union(Batch.from_dict({PROMPT_INDEX: torch.arange(len(prompts))}))
-        prompts["uid"] = [f"{self.step}.{round_}.{i}" for i in range(len(prompts))]
+        prompts["uid"] = [f"{step}.{round_}.{i}" for i in range(len(prompts))]
         sampling = SamplingParams(
             max_tokens=d.max_response_length,
             n=r.n,
             temperature=r.temperature,
             top_p=r.top_p,
             top_k=r.top_k,
-            seed=_seed(self.cfg.trainer.seed, self.step, round_),
+            seed=_seed(self.cfg.trainer.seed, step, round_),
         )
+        return prompts, sampling
+
+    def generate(self, prompts: Batch, round_: int) -> Batch:
+        """rollout.n samples per prompt; a `uid` per prompt; ReMax's greedy baseline scores when needed."""
+        r, d = self.cfg.rollout, self.cfg.data
+        prompts, sampling = self.generation_request(prompts, self.step, round_)
         batch = self.rollout_group().generate(prompts, sampling)
         if self.cfg.derived.reward_baselines_needed:
             greedy = self.rollout_group().generate(prompts, SamplingParams(max_tokens=d.max_response_length))
