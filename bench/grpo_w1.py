@@ -70,7 +70,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("main", "padded", "ablation", "scaling", "engines")
+SECTIONS = ("main", "padded", "ablation", "scaling", "engines", "layouts")
 LR = 1e-5
 KL_COEF = 0.04
 MAX_PROMPT_LENGTH = 16  # "99+99=" is 6 tokens
@@ -153,7 +153,7 @@ def tandem_overrides(work: Workload, folder: Path, data: Path, out: Path, extra:
     ]
 
 
-KEPT = ("step", "timing_s", "perf", "memory")  # the metric groups the summary reads
+KEPT = ("step", "timing_s", "perf", "memory", "async", "weight_sync")  # the metric groups the summary reads
 
 
 def child_tandem(spec: dict[str, Any]) -> dict[str, Any]:
@@ -551,6 +551,8 @@ def main() -> None:
         scaling_section(runner, work, model, results)
     if "engines" in sections:
         engines_section(runner, work, model, results)
+    if "layouts" in sections:
+        layouts_section(runner, work, results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
         say(f"numbers in {args.json}")
@@ -666,6 +668,54 @@ def engines_section(runner: Runner, work: Workload, model: dict[str, int], resul
     print(f"{'engine':<28}{'step s':>10}{'x fsdp2':>10}{'train s':>10}{'sync s':>10}")
     for label, r in results["engines"].items():
         print(f"{label:<28}{r['step']:>10.3f}{r['step_ratio']:>10.2f}{r['train']:>10.3f}{r['sync']:>10.3f}")
+
+
+# The no-ref step with the rollout engine in a pool of its own (issue 17): the 2 cores split 1 + 1.
+LAYOUTS = {
+    "separate, synchronous": ["rollout.layout=separate", "trainer.cpus_per_worker=1"],
+    "separate, one_step_off": [
+        "rollout.layout=separate",
+        "trainer.cpus_per_worker=1",
+        "trainer.async_mode=one_step_off",
+    ],
+}
+
+
+def layouts_section(runner: Runner, work: Workload, results: dict[str, Any]) -> None:
+    """No-ref samples/s with the rollout in its own pool (synchronous, one-step-off) against the hybrid
+    main run. The step is timed by the controller's wall clock from the step's start to the workers'
+    report (timing_s/step_wall), which waits for a generation still in flight."""
+    rows = {"hybrid (main run), 1 rank of 2 CPUs": main_run(runner, work, "no-ref", results)}
+    for label, extra in LAYOUTS.items():
+        name = "layouts/" + label.replace(" ", "-").replace(",", "")
+        results["runs"][name] = runner.tandem(name, work, [*VARIANTS["no-ref"], *extra])
+        rows[label] = results["runs"][name]
+    table = {}
+    for label, run in rows.items():
+        measured = run["steps"][1:]
+        wall = statistics.median(m["timing_s/step_wall"] for m in measured)
+        table[label] = {
+            "step_wall": wall,
+            "samples_per_s": statistics.median(m["perf/samples"] for m in measured) / wall,
+            # one_step_off: the generation reported at a step is the next step's (none at the last)
+            "generate": statistics.median(
+                m["timing_s/generate"] for m in measured if "timing_s/generate" in m
+            ),
+            "update": statistics.median(m.get("timing_s/update_actor", 0.0) for m in measured),
+            "weight_sync": statistics.median(m.get("timing_s/weight_sync", 0.0) for m in measured),
+            "staleness": statistics.median(m.get("async/staleness_mean", 0.0) for m in measured),
+        }
+    base = next(iter(table.values()))["samples_per_s"]
+    for row in table.values():
+        row["x_hybrid"] = row["samples_per_s"] / base
+    results["layouts"] = table
+    print(f"\nlayouts (no-ref, 1 warm-up + {work.steps} measured steps; medians)")
+    head = ("step wall s", "samples/s", "x hybrid", "generate s", "update s", "sync s", "stale")
+    print(f"{'layout':<40}" + "".join(f"{h:>12}" for h in head))
+    for label, r in table.items():
+        cells = (r["step_wall"], r["samples_per_s"], r["x_hybrid"], r["generate"], r["update"])
+        line = "".join(f"{v:>12.3f}" for v in cells)
+        print(f"{label:<40}{line}{r['weight_sync']:>12.3f}{r['staleness']:>12.1f}")
 
 
 def main_run(runner: Runner, work: Workload, variant: str, results: dict[str, Any]) -> dict[str, Any]:

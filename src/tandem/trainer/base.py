@@ -195,8 +195,11 @@ class Trainer(ABC):
                     self._log(tracker, self._timed_validation(), 0)
                 while self.step < stop:
                     self.step += 1
+                    start = time.perf_counter()
                     metrics = self.train_step()
                     metrics = {**self.worker_metrics(), **metrics}  # the controller's timings win
+                    # with a generation in flight (one_step_off) the workers' report waits for it
+                    metrics["timing_s/step_wall"] = time.perf_counter() - start
                     last = self.step == stop
                     if self.has_validation() and t.test_freq > 0 and (self.step % t.test_freq == 0 or last):
                         metrics.update(self._timed_validation())
