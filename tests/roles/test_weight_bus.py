@@ -75,7 +75,10 @@ def test_arguments_are_checked():
         WeightBus("localhost", 0, 2)
 
 
-def test_free_address_without_ray_is_local():
+def test_free_address_without_ray_is_local(monkeypatch):
+    # another test in this process may have initialised Ray (then the host is the node's IP):
+    # hide the module so this checks the no-Ray branch whatever ran before
+    monkeypatch.delitem(sys.modules, "ray", raising=False)
     host, port = free_address().rsplit(":", 1)
     assert host == "127.0.0.1" and 0 < int(port) < 65536
 
