@@ -609,7 +609,7 @@ ADV_CASES = [
         ),
         grouped=False,  # the line above already shows the group-of-one rule
         returns=False,
-        note="handle_zero_tail: Tandem's default False, verl's True (its trainer passes none)",
+        note="handle_zero_tail on by default on both sides",
     ),
     AdvCase(
         "tir_optimal_token_baseline (defaults)",
@@ -827,16 +827,6 @@ DOCUMENTED = {
 }
 
 
-# Differences found here and not documented: the note says what each side computes.
-SEQ_RATIO = "Tandem: per-sequence mean of the raw ratio; verl: of the truncated weight"
-FINDINGS = {
-    "rollout_is_seq_mean": SEQ_RATIO,
-    "rollout_is_seq_max": SEQ_RATIO,
-    "rollout_is_seq_max_deviation": SEQ_RATIO,
-    "rollout_is_seq_std": SEQ_RATIO + "; Tandem population std, verl unbiased",
-}
-
-
 def check_metrics(report: Report, seeds: range) -> None:
     """Every metric name both log under rollout_corr/ (Tandem: rollout_diagnostics, the step's
     numbers), one line per name and IS level."""
@@ -860,9 +850,7 @@ def check_metrics(report: Report, seeds: range) -> None:
                 name = key.removeprefix("rollout_corr/")
                 label = f"metric {key} ({level} IS)" if name.startswith("rollout_is") else f"metric {key}"
                 if label not in rows:
-                    rows[label] = report.row(
-                        label, expected=DOCUMENTED.get(name, ""), note=FINDINGS.get(name, "")
-                    )
+                    rows[label] = report.row(label, expected=DOCUMENTED.get(name, ""))
                 diff = abs(t_metrics[key] - v_metrics[key])
                 tandem_value = tandem_definition(name, level, raw, v_weights, mask)
                 residual = None if tandem_value is None else abs(t_metrics[key] - tandem_value)

@@ -137,12 +137,14 @@ def test_is_metrics_token_level_hand_computed():
     assert m["rollout_is_ratio_fraction_high"] == pytest.approx(1 / 4)  # e^2 > 2
     assert m["rollout_is_ratio_fraction_low"] == 0.0  # none below 1/2
     assert m["rollout_is_band_fraction"] == pytest.approx(2 / 4)  # e^-0.5 < 0.7, e^2 > 5
-    seq = [(E(0.5) + E(-0.5) + E(2.0)) / 3, E(0.1)]  # per sequence, the mean raw ratio
+    seq = [(E(0.5) + E(-0.5) + 2.0) / 3, E(0.1)]  # per sequence, the mean applied (truncated) weight
     assert m["rollout_is_seq_mean"] == pytest.approx(sum(seq) / 2)
+    assert m["rollout_is_seq_std"] == pytest.approx(abs(seq[0] - seq[1]) / math.sqrt(2))  # unbiased
     assert m["rollout_is_seq_max"] == pytest.approx(seq[0]) and m["rollout_is_seq_min"] == pytest.approx(
         seq[1]
     )
     assert m["rollout_is_seq_max_deviation"] == pytest.approx(seq[0] - 1)
+    # the high fraction counts the mean *raw* ratio: (e^0.5 + e^-0.5 + e^2) / 3 = 3.2 > 2
     assert m["rollout_is_seq_fraction_high"] == pytest.approx(1 / 2)
     assert all(math.isfinite(v) for v in m.values())
 

@@ -28,7 +28,7 @@ def two_samples_and_a_loner():
 
 def test_otb_weights_each_return_by_its_path_energy():
     rewards, mask, index, old, spi = two_samples_and_a_loner()
-    adv, returns = otb("optimal_token_baseline", rewards, mask, index, old, spi)
+    adv, returns = otb("optimal_token_baseline", rewards, mask, index, old, spi, handle_zero_tail=False)
     # t=0: B = (1 * 0.5 + 0 * 0.75) / (0.5 + 0.75) = 0.4; t=1: only a -> B = G_a = 1
     expected = torch.tensor([[0.6, 0.0], [-0.4, 0.0], [0.0, 0.0]])
     torch.testing.assert_close(adv, expected)
@@ -37,7 +37,7 @@ def test_otb_weights_each_return_by_its_path_energy():
 
 def test_otb_zero_tail_gives_the_lone_longest_sample_its_return():
     rewards, mask, index, old, spi = two_samples_and_a_loner()
-    adv, _ = otb("optimal_token_baseline", rewards, mask, index, old, spi, handle_zero_tail=True)
+    adv, _ = otb("optimal_token_baseline", rewards, mask, index, old, spi)  # on by default, as verl
     # a is the only sample with a token at t=1 (second-longest length 1): baseline 0 there
     torch.testing.assert_close(adv, torch.tensor([[0.6, 1.0], [-0.4, 0.0], [0.0, 0.0]]))
 
@@ -46,9 +46,9 @@ def test_otb_scales_the_energy_by_the_squared_is_weight():
     rewards, mask, index, old, spi = two_samples_and_a_loner()
     rho = torch.tensor([[2.0, 1.0], [1.0, 1.0], [1.0, 1.0]])
     adv, _ = otb("optimal_token_baseline", rewards, mask, index, old, spi, rollout_is_weights=rho)
-    # W_a(0) = 0.5 * 2^2 = 2: B(0) = 2 / (2 + 0.75)
+    # W_a(0) = 0.5 * 2^2 = 2: B(0) = 2 / (2 + 0.75); t=1 is a's zero tail (baseline 0, A = G_a = 1)
     b0 = 2 / 2.75
-    torch.testing.assert_close(adv, torch.tensor([[1 - b0, 0.0], [-b0, 0.0], [0.0, 0.0]]))
+    torch.testing.assert_close(adv, torch.tensor([[1 - b0, 1.0], [-b0, 0.0], [0.0, 0.0]]))
 
 
 def multi_turn_pair():

@@ -243,9 +243,10 @@ def is_metrics(
     Over the units the weights live on (valid tokens for "token", sequences for "sequence"):
     rollout_is_{mean,std} and rollout_is_eff_sample_size of the applied weights; rollout_is_{min,max}
     and rollout_is_ratio_fraction_{high,low} (r > threshold, r < 1 / threshold) of the raw ratio r;
-    rollout_is_band_fraction (outside the band, zeroed), with a band. Per sequence, the mean raw
-    ratio of its tokens: rollout_is_seq_{mean,std,min,max}, _max_deviation (max |r - 1|),
-    _fraction_high / _low.
+    rollout_is_band_fraction (outside the band, zeroed), with a band. Per sequence, the mean of its
+    tokens' applied weights: rollout_is_seq_{mean,std (unbiased),min,max}, _max_deviation (max
+    |w - 1|); the mean of its raw ratios: _fraction_high / _low (a mean of truncated weights never
+    passes the threshold). These are verl 0.9.1's definitions (bench/verl_parity.py checks them).
     """
     valid = mask != 0
     has_token = valid.any(dim=-1)
@@ -265,10 +266,12 @@ def is_metrics(
     if band is not None:
         outside = (unit_raw < band[0]) | (unit_raw > band[1])
         metrics["rollout_is_band_fraction"] = float(outside.sum()) / n
+    seq_w = masked_mean(weights.double(), valid, dim=-1)[has_token]
+    metrics |= _stats(seq_w, "rollout_is_seq")
+    metrics["rollout_is_seq_std"] = float(seq_w.std()) if seq_w.numel() > 1 else 0.0  # unbiased, as verl
+    metrics["rollout_is_seq_max_deviation"] = float((seq_w - 1).abs().max()) if seq_w.numel() else 0.0
     seq_raw = masked_mean(raw, valid, dim=-1)[has_token]
-    metrics |= _stats(seq_raw, "rollout_is_seq")
     m = max(seq_raw.numel(), 1)
-    metrics["rollout_is_seq_max_deviation"] = float((seq_raw - 1).abs().max()) if seq_raw.numel() else 0.0
     metrics["rollout_is_seq_fraction_high"] = float((seq_raw > threshold).sum()) / m
     metrics["rollout_is_seq_fraction_low"] = float((seq_raw < 1.0 / threshold).sum()) / m
     return metrics

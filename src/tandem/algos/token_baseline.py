@@ -14,8 +14,9 @@ k-th model token. On single-turn samples (contiguous masks) the two are the same
 
 Where Tandem differs from verl (0.9.1): a group of one (or one non-empty sample) gets advantage 0, as
 every Tandem group estimator (verl gives it G_t, baseline 0); rows with no response tokens never count
-as group members in either variant (verl's plain variant counts them, which changes nothing unless
-handle_zero_tail is on, and it is off there).
+as group members in either variant (verl's plain variant counts them, which changes a group's
+second-longest length under handle_zero_tail). Both variants default to handle_zero_tail=True, as
+verl 0.9.1's functions do (its trainer passes nothing, so the default is what runs).
 """
 
 from __future__ import annotations
@@ -102,7 +103,7 @@ def optimal_token_baseline(
     old_log_probs: Tensor | None = None,
     sum_pi_squared: Tensor | None = None,
     rollout_is_weights: Tensor | None = None,
-    handle_zero_tail: bool = False,
+    handle_zero_tail: bool = True,
     epsilon: float = 1e-8,
     **_: Any,
 ) -> tuple[Tensor, Tensor]:
