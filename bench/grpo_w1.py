@@ -153,7 +153,8 @@ def tandem_overrides(work: Workload, folder: Path, data: Path, out: Path, extra:
     ]
 
 
-KEPT = ("step", "timing_s", "perf", "memory", "async", "weight_sync")  # the metric groups the summary reads
+# the metric groups the summaries read
+KEPT = ("step", "timing_s", "perf", "memory", "async", "weight_sync", "response_length")
 
 
 def child_tandem(spec: dict[str, Any]) -> dict[str, Any]:
