@@ -61,7 +61,7 @@ def teach_long_tail(folder: Path, prompts: list[str], cap: int, long_share: floa
     torch.manual_seed(0)
     rng = random.Random(0)
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    model = AutoModelForCausalLM.from_pretrained(folder, torch_dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     optimizer = torch.optim.AdamW(model.parameters(), lr=TEACH_LR)
     eos = tokenizer.eos_token_id
     filler = tokenizer.encode(FILLER, add_special_tokens=False)
@@ -100,7 +100,7 @@ def teach_long_tail(folder: Path, prompts: list[str], cap: int, long_share: floa
         (total / tokens).backward()  # a token mean: each answer's first token counts once, so the
         optimizer.step()  # share of filler answers is what the model learns to sample
         optimizer.zero_grad()
-        losses.append(float(total) / tokens)
+        losses.append(float(total.detach()) / tokens)
     model.save_pretrained(folder, safe_serialization=True)
     return {"teach_loss_last": statistics.mean(losses[-10:]), "teach_steps": steps}
 
