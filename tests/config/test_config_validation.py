@@ -71,7 +71,12 @@ RULES = [
         ["trainer.async_mode=one_step_off"],
         ["needs the rollout engines in a pool of their own", "rollout.layout=separate"],
     ),
-    (["trainer.async_mode=streaming"], ["trainer.async_mode=streaming is not built yet", "use one_step_off"]),
+    (
+        ["trainer.async_mode=streaming"],
+        ["trainer.async_mode=streaming generates while", "rollout.layout=separate", "set rollout.mode=async"],
+    ),
+    (["trainer.max_staleness=-1"], ["trainer.max_staleness=-1 must be >= 0"]),
+    (["trainer.stream_queue_batches=0"], ["trainer.stream_queue_batches=0 must be >= 1"]),
     (
         [
             "trainer.async_mode=one_step_off",
@@ -356,3 +361,9 @@ def test_runtime_placement_rules():
     assert "trainer.placement: got 'spread', expected one of 'colocate', 'separate'" in error_of(
         "trainer.placement=spread"
     )
+
+
+def test_streaming_validates_and_turns_truncated_is_on():
+    cfg = load("trainer.async_mode=streaming", "rollout.layout=separate", "rollout.mode=async")
+    assert cfg.algorithm.rollout_correction.rollout_is == "token"
+    assert (cfg.trainer.max_staleness, cfg.trainer.stream_queue_batches) == (1, 2)

@@ -45,10 +45,11 @@ class WorkerGroups:
     def separate_rollout(self) -> bool:
         return self.rollout is not None and self.rollout is not self.actor
 
-    def sync_rollout(self) -> None:
-        """Separate layout: the actor's current weights into every rollout engine (both groups at once)."""
+    def sync_rollout(self, version: int = 0) -> None:
+        """Separate layout: the actor's current weights into every rollout engine (both groups at once);
+        ``version`` (the actor's update count) tags what the engines generate with them."""
         sending = self.actor.send_weights.async_()
-        self.rollout.receive_weights()
+        self.rollout.receive_weights(version)
         sending.result()
 
     def shutdown(self) -> None:

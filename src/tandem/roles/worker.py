@@ -34,6 +34,7 @@ from tandem.roles.weight_bus import WeightBus, free_address
 from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, SamplingParams, build_rollout, resolve_engine
 from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY, TRAJECTORY_KEY, AgentLoop, AgentSettings
 from tandem.rollout.base import METRICS_KEY
+from tandem.rollout.stream import RolloutStream
 
 ROLES = ("actor", "rollout", "ref", "critic", "reward_model")
 
@@ -87,6 +88,7 @@ class RoleWorker(Worker):
         # The rollout starts from actor.model_path, as the actor does: in sync until the first update.
         self._rollout_stale = False
         self._bus: WeightBus | None = None  # rollout.layout=separate: the weight channel, once joined
+        self._stream: RolloutStream | None = None  # trainer.async_mode=streaming: from the first submit
         self._metrics: dict[str, float] = {}
         if self.rollout is not None:  # reported with the first step
             self._metrics["timing_s/rollout_start"] = self._rollout_start_s
@@ -154,6 +156,8 @@ class RoleWorker(Worker):
             sampling = replace(sampling, seed=sampling.seed * 1_000_003 + self.ctx.rank)
         if len(prompts) == 0:  # an empty shard: every rank still takes part in the weight sync above
             out = _empty_rollout(prompts, sampling, agent=self.agent is not None)
+        elif self._stream is not None:  # the engine belongs to the stream's thread (validation)
+            out = self._stream.generate(prompts, sampling)
         elif self.agent is not None:
             out = self.agent.generate(rollout.turn_engine, prompts, sampling)
         else:
@@ -196,8 +200,10 @@ class RoleWorker(Worker):
         self._metrics["weight_sync/buckets"] = stats["weight_sync_buckets"]
 
     @dispatch(Dispatch.ONE_TO_ALL)
-    def receive_weights(self) -> None:
-        """Load the weights the actor sends into this rank's rollout engine, bucket by bucket."""
+    def receive_weights(self, version: int = 0) -> None:
+        """Load the weights the actor sends into this rank's rollout engine, bucket by bucket. With a
+        rollout stream, once the turns in flight have finished (`RolloutStream.update_weights`);
+        ``version`` (the actor's update count) then tags the samples generated with them."""
         if self._bus is None:
             raise RuntimeError(
                 f"worker group {self.ctx.group_name!r} rank {self.ctx.rank}: no weight bus joined"
@@ -205,8 +211,35 @@ class RoleWorker(Worker):
         start = time.perf_counter()
         rollout = self._role_rollout()
         rollout.wake()
-        rollout.update_weights(self._bus.receive())
+        if self._stream is not None:
+            times = self._stream.update_weights(lambda: rollout.update_weights(self._bus.receive()), version)
+            self._metrics["timing_s/weight_drain"] = times["drain_s"]
+        else:
+            rollout.update_weights(self._bus.receive())
         self._metrics["timing_s/weight_receive"] = time.perf_counter() - start
+
+    # ---- streaming generation (trainer.async_mode=streaming) ----------------------------------------
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def stream_submit(self, prompts: Batch, sampling: SamplingParams) -> int:
+        """Start generating this rank's share of the prompts (rows rank, rank + world size, ...) in the
+        background; returns the number of groups it took. Give the prompts a `prompt_index` column first,
+        and seeded samples do not depend on the number of ranks."""
+        if self._stream is None:
+            if self.agent is None:
+                raise RuntimeError(
+                    f"worker group {self.ctx.group_name!r}: streaming needs the agent loop (rollout.mode=async)"
+                )
+            self._stream = RolloutStream(self.agent, self._role_rollout().turn_engine())
+        mine = prompts.reorder(torch.arange(self.ctx.rank, len(prompts), self.ctx.world_size))
+        return self._stream.submit(mine, sampling) if len(mine) else 0
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def stream_collect(self, min_groups: int, timeout_s: float) -> tuple[list[Batch], dict[str, float]]:
+        """This rank's finished groups (waiting up to ``timeout_s`` for ``min_groups``) and its numbers."""
+        if self._stream is None:
+            return [], {"groups_in_flight": 0.0, "idle_s": 0.0}
+        return self._stream.collect(min_groups, timeout_s)
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def sync_rollout_weights(self) -> None:

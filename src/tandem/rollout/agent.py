@@ -285,20 +285,35 @@ class AgentLoop:
         """``sampling.n`` trajectories per prompt, in the layout of the module docstring.
 
         ``engine_factory()`` builds the `TurnEngine` inside the event loop that runs the samples.
-        Sample j of a prompt is seeded as the synchronous vLLM path seeds it (its request seed + j),
-        so a run with no tools gives the same tokens as that path."""
-        return asyncio.run(self._generate(engine_factory, prompts, sampling))
+        Samples are seeded as the synchronous vLLM path seeds them (`rows`), so a run with no tools
+        gives the same tokens as that path."""
+        return asyncio.run(self.generate_async(engine_factory, prompts, sampling))
 
-    async def _generate(self, engine_factory: Any, prompts: Batch, sampling: SamplingParams) -> Batch:
-        from tandem.rollout.vllm import _request_seed
-
+    async def generate_async(self, engine_factory: Any, prompts: Batch, sampling: SamplingParams) -> Batch:
         start = time.perf_counter()
         engine = engine_factory()
+        prompt_ids, prompt_mask = check_prompts(prompts, "AgentLoop")
+        jobs = [
+            self.run_sample(engine, ids, messages, sample, sampling, seed)
+            for ids, messages, sample, seeds in self.rows(prompts, sampling)
+            for seed in seeds
+        ]
+        trajectories = await asyncio.gather(*jobs)
+        return self.assemble(prompts, prompt_ids, prompt_mask, trajectories, sampling, engine, start)
+
+    def rows(
+        self, prompts: Batch, sampling: SamplingParams
+    ) -> list[tuple[list[int], list[dict[str, Any]], dict[str, Any], list[int | None]]]:
+        """Per prompt: its token ids (padding removed), its messages, what reward functions and
+        interactions read of it, and the seeds of its ``sampling.n`` samples. Sample j of a prompt is
+        seeded as the synchronous vLLM path seeds it (its request seed + j)."""
+        from tandem.rollout.vllm import _request_seed
+
         prompt_ids, prompt_mask = check_prompts(prompts, "AgentLoop")
         n = sampling.n
         keys = sample_keys(prompts, n)[::n]
         raw = prompts.get("raw_prompt")
-        jobs = []
+        out = []
         for row in range(len(prompts)):
             ids = prompt_ids[row][prompt_mask[row].bool()].tolist()
             messages = list(raw[row]) if raw is not None and isinstance(raw[row], list | np.ndarray) else []
@@ -307,13 +322,10 @@ class AgentLoop:
                 for key in ("ground_truth", "data_source", "extra_info")
             }
             base = None if sampling.seed is None else _request_seed(sampling.seed, int(keys[row]))
-            for j in range(n):
-                seed = None if base is None else base + j  # vLLM seeds sample j of an n-request so
-                jobs.append(self.run_sample(engine, ids, messages, sample, sampling, seed))
-        trajectories = await asyncio.gather(*jobs)
-        return self._assemble(prompts, prompt_ids, prompt_mask, trajectories, sampling, engine, start)
+            out.append((ids, messages, sample, [None if base is None else base + j for j in range(n)]))
+        return out
 
-    def _assemble(
+    def assemble(
         self,
         prompts: Batch,
         prompt_ids: torch.Tensor,

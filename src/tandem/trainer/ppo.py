@@ -42,6 +42,7 @@ from tandem.trainer.start_checks import (
     check_tokenizers,
     load_actor_tokenizer,
 )
+from tandem.trainer.streaming import StreamFeed
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,10 @@ class RLTrainer(Trainer):
         self._synced: tuple[int, int] | None = None  # ... (id of the worker groups, that number)
         self._prefetch: Prefetch | None = None  # trainer.async_mode=one_step_off: the next step's generation
         self._sampler_before_prefetch: dict[str, Any] = {}
+        t = cfg.trainer  # trainer.async_mode=streaming: the prompt groups between sampler, pool and steps
+        self._feed = StreamFeed(
+            cfg.data.train_batch_size, t.stream_queue_batches, t.max_staleness, t.worker_timeout_s
+        )
 
     def _prompts(self, files: list[str], cfg: TandemConfig) -> PromptDataset:
         d = cfg.data
@@ -215,6 +220,8 @@ class RLTrainer(Trainer):
         cfg = self.cfg
         if cfg.trainer.async_mode == "one_step_off":
             return self._rollout_one_step_off(timer)
+        if cfg.trainer.async_mode == "streaming":
+            return self._rollout_streaming(timer)
         ds, n, wanted = cfg.algorithm.dynamic_sampling, cfg.rollout.n, cfg.data.train_batch_size
         kept: list[Batch] = []
         reward_metrics: list[tuple[int, dict[str, float]]] = []
@@ -272,6 +279,23 @@ class RLTrainer(Trainer):
         metrics["async/staleness_mean"] = metrics["async/staleness_max"] = staleness
         return batch, metrics
 
+    def _rollout_streaming(self, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        """trainer.async_mode=streaming: the first train_batch_size prompt groups to finish on the rollout
+        pool, generated at most trainer.max_staleness actor updates ago (trainer/streaming.py). The pool
+        gets the current weights first when they changed (after its turns in flight finish)."""
+        rollout = self.rollout_group()
+        with timer("wait_generate"):
+            batch, metrics = self._feed.take(
+                rollout, self._actor_updates, self.next_indices, self._stream_request, self._concat
+            )
+        with timer("reward"):
+            batch, reward_metrics = self.score(batch, train=True)
+        return batch, {**reward_metrics, **metrics}
+
+    def _stream_request(self, indices: list[int], number: int) -> tuple[Batch, SamplingParams]:
+        """The prompts of dataset rows ``indices`` as the stream's batch ``number``, with their sampling."""
+        return self.generation_request(self._collate([self.train_data[i] for i in indices]), number, 0)
+
     def _launch(self, step: int) -> Prefetch:
         """Draw `step`'s prompts and start generating them with the actor's current weights (sent first
         when they changed). A checkpoint taken while they generate records the sampler from before the
@@ -321,7 +345,7 @@ class RLTrainer(Trainer):
         they changed since the last sync (and once for new workers: a resumed or loaded checkpoint)."""
         groups = self.groups
         if groups.separate_rollout and self._synced != (id(groups), self._actor_updates):
-            groups.sync_rollout()
+            groups.sync_rollout(self._actor_updates)
             self._synced = (id(groups), self._actor_updates)
         return groups.rollout
 
@@ -407,12 +431,15 @@ class RLTrainer(Trainer):
         return {
             "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl is not None else None,
             "reward_errors_total": self.reward_errors_total,
+            "stream": self._feed.state_dict() if self.cfg.trainer.async_mode == "streaming" else None,
         }
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         if self.kl_ctrl is not None and state.get("kl_ctrl") is not None:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.reward_errors_total = int(state.get("reward_errors_total", 0))
+        if self.cfg.trainer.async_mode == "streaming" and state.get("stream") is not None:
+            self._feed.load_state_dict(state["stream"])
 
     def fit(self, until_step: int | None = None) -> list[dict[str, float]]:
         try:
