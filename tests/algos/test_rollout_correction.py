@@ -15,7 +15,13 @@ from tandem.algos import (
     rollout_correction,
     rollout_is_weights,
 )
-from tandem.algos.rollout_correction import is_metrics, parse_rollout_rs, rs_metrics
+from tandem.algos.rollout_correction import (
+    is_metrics,
+    parse_rollout_is_threshold,
+    parse_rollout_rs,
+    ratio_bounds,
+    rs_metrics,
+)
 
 # log r = old - rollout: row 0 (0.5, -0.5, 2.0); row 1 (0.1, then padding holding 1000 / -inf / NaN)
 OLD = torch.tensor([[0.5, -0.5, 2.0], [0.1, 1000.0, float("-inf")]])
@@ -37,6 +43,39 @@ def test_icepop_band_at_sequence_level_drops_whole_sequences():
     # row 0: prod r = e^2 = 7.39 > 3 -> every token 0; row 1: e^0.1 inside
     w = rollout_is_weights(OLD, ROLLOUT, MASK, "sequence", threshold=2.0, band=(0.5, 3.0))
     torch.testing.assert_close(w, torch.tensor([[0.0, 0.0, 0.0], [E(0.1), 0.0, 0.0]]))
+
+
+def test_verls_lower_upper_threshold_is_the_band_truncated_at_upper():
+    assert parse_rollout_is_threshold(2.0) == (2.0, None)
+    assert parse_rollout_is_threshold("3") == (3.0, None)  # a float-like string, as verl allows
+    threshold, band = parse_rollout_is_threshold("0.5_2.0")
+    assert (threshold, band) == (2.0, (0.5, 2.0))
+    # verl zeroes r outside [0.5, 2] and leaves the rest: e^0.5, e^-0.5 and e^0.1 kept, e^2 = 7.39 -> 0
+    w = rollout_is_weights(OLD, ROLLOUT, MASK, "token", threshold=threshold, band=band)
+    torch.testing.assert_close(w, torch.tensor([[E(0.5), E(-0.5), 0.0], [E(0.1), 0.0, 0.0]]))
+
+
+@pytest.mark.parametrize(
+    ("threshold", "match"),
+    [
+        ("2_0.5", "rollout_is_threshold='2_0.5': expected a number > 0"),
+        ("abc", "rollout_is_threshold='abc': expected .* or lower_upper"),
+        ("0.5_", "rollout_is_threshold='0.5_': expected"),
+        ("0.5_1_2", "rollout_is_threshold='0.5_1_2': expected"),
+        ("1.2_3.0", "needs lower <= 1 <= upper"),
+        (0.0, "algorithm.rollout_correction.rollout_is_threshold=0.0 must be > 0"),
+    ],
+)
+def test_bad_rollout_is_threshold_names_the_key_the_value_and_the_forms(threshold, match):
+    with pytest.raises(ValueError, match=match):
+        parse_rollout_is_threshold(threshold)
+
+
+def test_ratio_bounds_shared_by_rollout_is_and_k1_thresholds():
+    assert ratio_bounds("0.5_2.0") == (0.5, 2.0) and ratio_bounds("4") == (0.25, 4.0)
+    for bad in ("2_0.5", "0.5_", "1_1", "0_2", "0.5_inf", "x_2", "0.5"):  # 0.5: 1/u > u
+        assert ratio_bounds(bad) is None
+    assert parse_rollout_rs("token_k1", "0.5_2.0") == [("token_k1", 0.5, 2.0)]
 
 
 def test_batch_normalize_token_and_sequence():

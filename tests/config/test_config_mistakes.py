@@ -188,6 +188,9 @@ def test_override_problem_is_not_blamed_on_the_preset_file():
         ("actor_rollout_ref.actor.policy_loss.kl_cov_ratio", "'actor.kl_cov_ratio'"),
         ("actor_rollout_ref.actor.policy_loss.ppo_kl_coef", "'actor.ppo_kl_coef'"),
         ("actor_rollout_ref.actor.policy_loss.dro_beta", "'actor.dro_beta'"),
+        ("actor_rollout_ref.actor.tau_pos", "'actor.tau_pos'"),
+        ("actor_rollout_ref.actor.tau_neg", "'actor.tau_neg'"),
+        ("actor_rollout_ref.actor.calculate_sum_pi_squared", "'actor.calculate_sum_pi_squared'"),
         ("critic.ppo_micro_batch_size_per_gpu", "'critic.micro_batch_size_per_rank'"),
         ("critic.model.path", "'critic.model_path'"),
         ("trainer.n_gpus_per_node", "'trainer.workers_per_node'"),
@@ -209,6 +212,14 @@ def test_verl_key_with_a_different_unit_says_so():
     msg = error_of("actor_rollout_ref.actor.ppo_micro_batch_size=8")
     assert (
         "'actor.micro_batch_size_per_rank' (verl's counts samples over all GPUs, Tandem's on one rank)" in msg
+    )
+
+
+def test_verl_key_tandem_does_not_need_says_why():
+    msg = error_of("actor_rollout_ref.actor.sum_pi_squared_checkpointing=true")
+    assert (
+        "that is verl's name; in Tandem use 'actor.calculate_sum_pi_squared' (not needed: Tandem computes "
+        "sum pi^2 in the old-log-prob pass, without gradients)" in msg
     )
 
 

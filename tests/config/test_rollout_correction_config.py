@@ -1,8 +1,14 @@
 """algorithm.rollout_correction: verl's keys load, the older rollout.is_* keys map onto them, and
 every wrong setting names its key and the fix."""
 
+import math
+
 import pytest
+import torch
 from config_helpers import error_of, load
+
+from tandem.algos.rollout_correction import correction_settings, rollout_correction
+from tandem.config import load_config
 
 RC = "algorithm.rollout_correction"
 
@@ -40,6 +46,72 @@ def test_older_rollout_is_keys_map_onto_the_new_block():
     assert load("rollout.is_correction=none").algorithm.rollout_correction.rollout_is is None
 
 
+def band_of(rc):
+    return (rc.rollout_is_threshold, rc.rollout_is_band_low, rc.rollout_is_band_high)
+
+
+def test_verls_lower_upper_threshold_is_the_icepop_band():
+    rc = load(f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.5_2.0").algorithm.rollout_correction
+    assert band_of(rc) == (2.0, 0.5, 2.0)  # truncation at upper: nothing inside the band is above it
+    # the Tandem band keys still work, alone or agreeing with the string
+    keys = load(
+        f"{RC}.rollout_is=token",
+        f"{RC}.rollout_is_threshold=2.0",
+        f"{RC}.rollout_is_band_low=0.5",
+        f"{RC}.rollout_is_band_high=2",
+    ).algorithm.rollout_correction
+    assert band_of(keys) == (2.0, 0.5, 2.0)
+    both = load(
+        f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.5_2.0", f"{RC}.rollout_is_band_low=0.5"
+    ).algorithm.rollout_correction
+    assert band_of(both) == (2.0, 0.5, 2.0)
+    # a float-like string is a plain threshold, as in verl
+    plain = load(f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold='3.0'").algorithm.rollout_correction
+    assert band_of(plain) == (3.0, None, None)
+
+
+def test_lower_upper_and_band_keys_give_the_same_weights():
+    # log r = 0.5, -0.5, 2.0 / 0.1 (then padding): r = 1.65, 0.61, 7.39 / 1.11
+    old = torch.tensor([[0.5, -0.5, 2.0], [0.1, 0.0, 0.0]])
+    rollout = torch.zeros(2, 3)
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    string_form = load(f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.7_5.0")
+    band_keys = load(
+        f"{RC}.rollout_is=token",
+        f"{RC}.rollout_is_threshold=5.0",
+        f"{RC}.rollout_is_band_low=0.7",
+        f"{RC}.rollout_is_band_high=5.0",
+    )
+    weights = []
+    for cfg in (string_form, band_keys):
+        w, _, m = rollout_correction(
+            old, rollout, mask, **correction_settings(cfg.algorithm.rollout_correction)
+        )
+        weights.append(w)
+        assert m["rollout_is_band_fraction"] == pytest.approx(2 / 4)
+    # 0.61 < 0.7 and 7.39 > 5 are zeroed (IcePop, verl's mask), the others kept as they are
+    expected = torch.tensor([[math.exp(0.5), 0.0, 0.0], [math.exp(0.1), 0.0, 0.0]])
+    torch.testing.assert_close(weights[0], expected)
+    torch.testing.assert_close(weights[1], weights[0])
+
+
+def test_lower_upper_threshold_from_a_yaml_file(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "algorithm:\n  rollout_correction:\n    rollout_is: sequence\n    rollout_is_threshold: 0.5_5.0\n"
+    )
+    rc = load_config(str(path)).algorithm.rollout_correction
+    assert band_of(rc) == (5.0, 0.5, 5.0)
+    path.write_text(
+        "algorithm:\n  rollout_correction:\n    rollout_is: token\n    rollout_is_threshold: '0.8_1.25'\n"
+    )
+    cfg = load_config(str(path))
+    assert band_of(cfg.algorithm.rollout_correction) == (1.25, 0.8, 1.25)
+    dump = tmp_path / "dump.yaml"  # what a run saves reloads to the same config
+    dump.write_text(cfg.to_yaml())
+    assert load_config(str(dump)) == cfg
+
+
 RULES = [
     (["rollout.is_correction=token", f"{RC}.rollout_is=sequence"], ["disagree", f"set only {RC}.rollout_is"]),
     (
@@ -58,6 +130,38 @@ RULES = [
         ["need 0 <= low <= 1 <= high"],
     ),
     ([f"{RC}.rollout_is_batch_normalize=true"], [f"set {RC}.rollout_is=token or sequence"]),
+    (  # verl's lower_upper band against band keys that say otherwise: both keys named
+        [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.5_2.0", f"{RC}.rollout_is_band_low=0.3"],
+        [
+            f"{RC}.rollout_is_threshold='0.5_2.0' sets the IcePop band to [0.5, 2.0]",
+            f"but {RC}.rollout_is_band_low=0.3",
+            "give the band one way",
+        ],
+    ),
+    (
+        [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=0.5_2.0", f"{RC}.rollout_is_band_high=3"],
+        [f"{RC}.rollout_is_threshold='0.5_2.0'", f"but {RC}.rollout_is_band_high=3.0"],
+    ),
+    # quoted, or YAML reads 2_0.5 as 20.5 and 0.5_ as 0.5 before Tandem sees it (YAML 1.1 digit separators)
+    *(
+        (
+            [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold='{bad}'"],
+            [f"{RC}.rollout_is_threshold='{bad}': expected a number > 0", "lower_upper", "e.g. 0.5_2.0"],
+        )
+        for bad in ("2_0.5", "0.5_", "_2.0", "0.5_1.0_2.0", "0_2.0")
+    ),
+    (
+        [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=abc"],
+        [f"{RC}.rollout_is_threshold='abc': expected a number > 0", "lower_upper", "e.g. 0.5_2.0"],
+    ),
+    (
+        [f"{RC}.rollout_is=token", f"{RC}.rollout_is_threshold=1.5_3.0"],
+        [f"{RC}.rollout_is_threshold='1.5_3.0'", "needs lower <= 1 <= upper"],
+    ),
+    (
+        [f"{RC}.rollout_is_threshold=0.5_2.0"],
+        [f"{RC}.rollout_is_threshold='0.5_2.0' is an IcePop band", f"set {RC}.rollout_is=token or sequence"],
+    ),
     ([f"{RC}.rollout_rs=seq_men_k3", f"{RC}.rollout_rs_threshold=0.1"], ["Did you mean 'seq_mean_k3'"]),
     ([f"{RC}.rollout_rs=token_k3"], [f"needs {RC}.rollout_rs_threshold"]),
     ([f"{RC}.rollout_rs=token_k1", f"{RC}.rollout_rs_threshold=2.0_0.5"], ["0 < lower < upper"]),

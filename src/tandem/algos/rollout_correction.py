@@ -155,24 +155,71 @@ def parse_rollout_rs(
     out: list[tuple[str, float | None, float]] = []
     for option, spec in zip(options, specs, strict=True):
         bad = f"{key}.rollout_rs_threshold entry {spec!r} for {option}"
+        if ROLLOUT_RS.info(option)["ratio_bounds"]:
+            bounds = ratio_bounds(spec)
+            if bounds is None:
+                raise ValueError(
+                    f"{bad}: give lower_upper with 0 < lower < upper (e.g. 0.5_2.0), or one upper > 1"
+                )
+            out.append((option, *bounds))
+            continue
         try:
             parts = [float(p) for p in spec.split("_")]
         except ValueError:
             raise ValueError(f"{bad} is not a number (or lower_upper for k1 options)") from None
-        if ROLLOUT_RS.info(option)["ratio_bounds"]:
-            lower, upper = (
-                parts if len(parts) == 2 else (1.0 / parts[0], parts[0]) if len(parts) == 1 else (0, 0)
-            )
-            if not 0 < lower < upper or len(parts) > 2:
-                raise ValueError(
-                    f"{bad}: give lower_upper with 0 < lower < upper (e.g. 0.5_2.0), or one upper > 1"
-                )
-            out.append((option, lower, upper))
-        else:
-            if len(parts) != 1 or parts[0] <= 0:
-                raise ValueError(f"{bad}: k2 / k3 options take one upper bound > 0 (e.g. 0.01)")
-            out.append((option, None, parts[0]))
+        if len(parts) != 1 or parts[0] <= 0:
+            raise ValueError(f"{bad}: k2 / k3 options take one upper bound > 0 (e.g. 0.01)")
+        out.append((option, None, parts[0]))
     return out
+
+
+def ratio_bounds(spec: str) -> tuple[float, float] | None:
+    """(lower, upper) from verl's "lower_upper" ("0.5_2.0"), or one number u meaning 1/u .. u;
+    None unless both are finite numbers with 0 < lower < upper."""
+    try:
+        parts = [float(p) for p in str(spec).strip().split("_")]  # split first: float("1_5") is 15
+    except ValueError:
+        return None
+    if len(parts) == 1 and parts[0] > 0:
+        parts = [1.0 / parts[0], parts[0]]
+    if len(parts) != 2 or not all(map(math.isfinite, parts)) or not 0 < parts[0] < parts[1]:
+        return None
+    return parts[0], parts[1]
+
+
+def parse_rollout_is_threshold(
+    threshold: float | str, key: str = "algorithm.rollout_correction"
+) -> tuple[float, tuple[float, float] | None]:
+    """(truncation threshold, IcePop band or None) from rollout_is_threshold, read as verl reads it.
+
+    A number truncates the weights (TIS). "lower_upper" (e.g. "0.5_2.0") zeroes them where r leaves
+    [lower, upper] (IcePop), which leaves nothing above upper to truncate: (upper, (lower, upper)).
+    Errors name `key`.rollout_is_threshold, its value and the two forms.
+    """
+    name, text = f"{key}.rollout_is_threshold", str(threshold).strip()
+    forms = (
+        "a number > 0 (weights truncated there, e.g. 2.0) or lower_upper with 0 < lower <= 1 <= upper "
+        "(the IcePop band, e.g. 0.5_2.0)"
+    )
+    if "_" not in text:
+        try:
+            value = float(text)
+        except ValueError:
+            raise ValueError(f"{name}={threshold!r}: expected {forms}") from None
+        if not math.isfinite(value) or value <= 0:
+            raise ValueError(
+                f"{name}={threshold!r} must be > 0 (or lower_upper, the IcePop band, e.g. 0.5_2.0)"
+            )
+        return value, None
+    band = ratio_bounds(text)
+    if band is None:
+        raise ValueError(f"{name}={threshold!r}: expected {forms}")
+    if not band[0] <= 1 <= band[1]:
+        raise ValueError(
+            f"{name}={threshold!r}: the IcePop band lower_upper needs lower <= 1 <= upper, or it drops "
+            "tokens the rollout and the trainer agree on (ratio 1)"
+        )
+    return band[1], band
 
 
 @torch.no_grad()

@@ -324,8 +324,10 @@ class RolloutCorrectionConfig:
     """
 
     rollout_is: str | None = None  # IS weights per token or sequence; null = none
-    rollout_is_threshold: float = 2.0  # > 0: IS weights truncated at this value
-    rollout_is_band_low: float | None = None  # IcePop (Tandem only): weight 0 where r < low, in [0, 1]
+    # > 0: IS weights truncated at this value; verl's "lower_upper" (e.g. "0.5_2.0") is the IcePop band:
+    # copied into the band keys at start-up, the threshold becoming upper
+    rollout_is_threshold: float | str = 2.0
+    rollout_is_band_low: float | None = None  # IcePop: weight 0 where r < low, in [0, 1]
     rollout_is_band_high: float | None = None  # ... and where r > high, >= 1; both or neither
     rollout_is_batch_normalize: bool = False  # weights / their mean over kept tokens (sequences)
     rollout_rs: str | None = None  # rejection options, comma-separated: token_k1, seq_mean_k3, ...
@@ -389,8 +391,12 @@ class TrainerConfig:
     max_checkpoints_to_keep: int | None = None  # >= 1: older checkpoints are deleted; None = keep all
     critic_warmup: int = 0  # first steps that train only the critic, >= 0
     # synchronous: generate, then train; one_step_off (rollout.layout=separate): batch k+1 is generated
-    # with the weights of step k-1 while step k trains, token-level truncated IS on unless rollout_is is set
+    # with the weights of step k-1 while step k trains, token-level truncated IS on unless rollout_is is set;
+    # streaming (rollout.layout=separate, rollout.mode=async): the rollout pool generates prompt groups
+    # continuously and a step trains on the first data.train_batch_size groups to finish (truncated IS on)
     async_mode: AsyncMode = "synchronous"
+    max_staleness: int = 1  # streaming, >= 0: a group generated more actor updates ago than this is dropped
+    stream_queue_batches: int = 2  # streaming, >= 1: prompt batches in the pool or waiting to train
     worker_timeout_s: float = 1800.0  # SECONDS one worker-group call may take before the run stops, > 0
     progress_bar: bool = True  # a progress bar with the ETA on stderr
 

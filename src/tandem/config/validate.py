@@ -63,7 +63,7 @@ def resolve(cfg: TandemConfig, info: dict[str, Any]) -> None:
         if rc.rollout_is_threshold == 2.0:
             rc.rollout_is_threshold = r.is_threshold
     # One step stale: truncated IS against the rollout's log-probs is on unless chosen otherwise.
-    if cfg.trainer.async_mode == "one_step_off" and rc.rollout_is is None:
+    if cfg.trainer.async_mode != "synchronous" and rc.rollout_is is None:
         rc.rollout_is = "token"
 
 
@@ -120,10 +120,11 @@ def check_rollout_correction(cfg: TandemConfig, problems: Problems) -> None:
     from tandem.algos.rollout_correction import parse_rollout_rs
 
     rc, r = cfg.algorithm.rollout_correction, cfg.rollout
+    threshold_ok = _read_is_threshold(rc, problems)  # first: the rules below compare it as a number
     if r.is_threshold <= 0:
         problems.add("rollout.is_threshold", f"rollout.is_threshold={r.is_threshold} must be > 0")
     if r.is_correction in ("token", "sequence") and (
-        rc.rollout_is != r.is_correction or rc.rollout_is_threshold != r.is_threshold
+        rc.rollout_is != r.is_correction or (threshold_ok and rc.rollout_is_threshold != r.is_threshold)
     ):
         problems.add(
             ("rollout.is_correction", f"{_RC}.rollout_is"),
@@ -135,10 +136,6 @@ def check_rollout_correction(cfg: TandemConfig, problems: Problems) -> None:
         hint = " (use null to turn it off)" if str(rc.rollout_is).lower() == "none" else ""
         problems.add(
             f"{_RC}.rollout_is", f"{_RC}.rollout_is={rc.rollout_is!r}: use token, sequence or null{hint}"
-        )
-    if rc.rollout_is_threshold <= 0:
-        problems.add(
-            f"{_RC}.rollout_is_threshold", f"{_RC}.rollout_is_threshold={rc.rollout_is_threshold} must be > 0"
         )
     low, high = rc.rollout_is_band_low, rc.rollout_is_band_high
     if (low is None) != (high is None):
@@ -169,6 +166,40 @@ def check_rollout_correction(cfg: TandemConfig, problems: Problems) -> None:
         except ValueError as e:
             problems.add((f"{_RC}.rollout_rs", f"{_RC}.rollout_rs_threshold"), str(e))
     _check_bypass_mode(cfg, problems)
+
+
+def _read_is_threshold(rc: Any, problems: Problems) -> bool:
+    """rollout_is_threshold as a number; verl's "lower_upper" (IcePop) is copied into the band keys and
+    leaves upper as the threshold. False, with a problem, when it is malformed or the band keys disagree."""
+    from tandem.algos.rollout_correction import parse_rollout_is_threshold
+
+    key, given = f"{_RC}.rollout_is_threshold", rc.rollout_is_threshold
+    try:
+        threshold, band = parse_rollout_is_threshold(given, key=_RC)
+    except ValueError as e:
+        problems.add(key, str(e))
+        return False
+    if band is not None:
+        names = [f"{_RC}.rollout_is_band_low", f"{_RC}.rollout_is_band_high"]
+        set_keys = [rc.rollout_is_band_low, rc.rollout_is_band_high]
+        clash = [f"{n}={v}" for n, v, b in zip(names, set_keys, band) if v is not None and v != b]
+        if clash:
+            problems.add(
+                (key, *names),
+                f"{key}={given!r} sets the IcePop band to [{band[0]}, {band[1]}], but {' and '.join(clash)}: "
+                "give the band one way, as lower_upper in rollout_is_threshold or as the two band keys",
+            )
+            return False
+        if rc.rollout_is is None:
+            problems.add(
+                (key, f"{_RC}.rollout_is"),
+                f"{key}={given!r} is an IcePop band, which acts on IS weights: set {_RC}.rollout_is=token "
+                "or sequence",
+            )
+            return False
+        rc.rollout_is_band_low, rc.rollout_is_band_high = band
+    rc.rollout_is_threshold = threshold
+    return True
 
 
 def _check_bypass_mode(cfg: TandemConfig, problems: Problems) -> None:
@@ -301,24 +332,38 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
         )
     if t.cpus_per_worker <= 0:
         problems.add("trainer.cpus_per_worker", f"trainer.cpus_per_worker={t.cpus_per_worker} must be > 0")
-    if t.async_mode == "streaming":
-        problems.add(
-            "trainer.async_mode",
-            "trainer.async_mode=streaming is not built yet (issue 17's next slice): use one_step_off or synchronous",
-        )
-    if t.async_mode == "one_step_off":
+    if t.async_mode != "synchronous":
+        mode = f"trainer.async_mode={t.async_mode}"
         if r.layout != "separate":
             problems.add(
                 ("trainer.async_mode", "rollout.layout"),
-                "trainer.async_mode=one_step_off generates while the trainer trains, which needs the rollout "
+                f"{mode} generates while the trainer trains, which needs the rollout "
                 "engines in a pool of their own: set rollout.layout=separate",
             )
         if cfg.algorithm.dynamic_sampling.enable:
             problems.add(
                 ("trainer.async_mode", "algorithm.dynamic_sampling.enable"),
-                "trainer.async_mode=one_step_off prefetches one round of prompts per step; dynamic sampling's "
+                f"{mode} draws one round of prompts per step; dynamic sampling's "
                 "extra rounds are not supported with it yet: use trainer.async_mode=synchronous",
             )
+    if t.async_mode == "streaming" and r.mode != "async":
+        problems.add(
+            ("trainer.async_mode", "rollout.mode"),
+            "trainer.async_mode=streaming runs every sample as a coroutine on the asynchronous engine, so that "
+            "a prompt group starts as soon as there is room: set rollout.mode=async (with no tools it is "
+            "single-turn generation, the same tokens as rollout.mode=sync)",
+        )
+    if t.max_staleness < 0:
+        problems.add(
+            "trainer.max_staleness",
+            f"trainer.max_staleness={t.max_staleness} must be >= 0 (0 = train only on samples of the current weights)",
+        )
+    if t.stream_queue_batches < 1:
+        problems.add(
+            "trainer.stream_queue_batches",
+            f"trainer.stream_queue_batches={t.stream_queue_batches} must be >= 1 (2 lets the pool generate the "
+            "next batch while one trains)",
+        )
     if r.layout == "separate" and t.backend == "inprocess":
         problems.add(
             ("rollout.layout", "trainer.backend"),
@@ -522,11 +567,11 @@ def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any])
             f"algorithm.adv_estimator={est} compares samples of the same prompt, but rollout.n="
             f"{cfg.rollout.n}: a group of one has no baseline. Set rollout.n>=2 (4-16 is usual)",
         )
-    if info.get("needs_reward_baselines") and cfg.trainer.async_mode == "one_step_off":
+    if info.get("needs_reward_baselines") and cfg.trainer.async_mode != "synchronous":
         problems.add(
             ("algorithm.adv_estimator", "trainer.async_mode"),
             f"algorithm.adv_estimator={est} generates a greedy baseline each step, which "
-            "trainer.async_mode=one_step_off does not prefetch yet: use trainer.async_mode=synchronous",
+            f"trainer.async_mode={cfg.trainer.async_mode} does not prefetch yet: use trainer.async_mode=synchronous",
         )
     if info.get("needs_sum_pi_squared") and not cfg.actor.calculate_sum_pi_squared:
         problems.add(
