@@ -94,6 +94,7 @@ class Trajectory:
             "num_user_turns": self.user_turns,
             "num_tool_calls": self.tool_calls,
             "num_tool_errors": self.tool_errors,
+            "num_tool_timeouts": self.tool_timeouts,
             "finish": self.finish,
             "final_answer": self.final_answer,
         }

@@ -9,13 +9,12 @@ the model with what was wrong instead of dropping the call.
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass, field
 from typing import Any
 
 TOOL_CALL_FORMATS = ("hermes",)
-HERMES_CALL = re.compile(r"<tool_call>(.*?)</tool_call>", re.DOTALL)
-HERMES_OPEN = "<tool_call>"
+HERMES_OPEN, HERMES_CLOSE = "<tool_call>", "</tool_call>"
+UNCLOSED = "a <tool_call> block is not closed with </tool_call>"
 
 
 @dataclass(frozen=True)
@@ -32,13 +31,31 @@ class ToolCall:
 
 
 def parse_tool_calls(text: str, fmt: str = "hermes") -> list[ToolCall]:
-    """The tool calls in ``text`` in order; [] when it holds none (the turn is an answer)."""
+    """The tool calls in ``text`` in order; [] when it holds none (the turn is an answer).
+
+    Blocks are read left to right, each up to the first ``</tool_call>`` after its opening: a block
+    whose JSON is valid is a call even when its arguments hold the text ``<tool_call>`` (code that
+    prints it); one that is not valid and holds a second opening was never closed, so it is an error
+    call and reading goes on from that second opening (a later, well-formed call is not lost)."""
     if fmt != "hermes":
         raise ValueError(f"unknown tool call format {fmt!r}; known: {', '.join(TOOL_CALL_FORMATS)}")
-    calls = [_hermes_call(body) for body in HERMES_CALL.findall(text)]
-    closed = len(calls)
-    if text.count(HERMES_OPEN) > closed:  # a block opened and never closed: the model meant to call
-        calls.append(ToolCall("", error="a <tool_call> block is not closed with </tool_call>"))
+    calls: list[ToolCall] = []
+    position = text.find(HERMES_OPEN)
+    while position >= 0:
+        start = position + len(HERMES_OPEN)
+        end = text.find(HERMES_CLOSE, start)
+        if end < 0:  # opened and never closed: the model meant to call
+            calls.append(ToolCall("", error=UNCLOSED))
+            break
+        body = text[start:end]
+        call = _hermes_call(body)
+        inner = body.find(HERMES_OPEN)
+        if call.error is not None and inner >= 0:
+            calls.append(ToolCall("", error=UNCLOSED))
+            position = start + inner
+            continue
+        calls.append(call)
+        position = text.find(HERMES_OPEN, end + len(HERMES_CLOSE))
     return calls
 
 
