@@ -4,9 +4,11 @@ WeightBus. Synchronous, it must give the hybrid layout's numbers step for step (
 from __future__ import annotations
 
 import pytest
+import torch
 from safetensors import safe_open
 
 from tandem.trainer import RLTrainer
+from tandem.trainer.checkpoint import TRAINER_STATE
 
 from .test_rl_e2e import NOT_COMPARABLE, by_step
 from .trainer_helpers import custom_reward, make_assets, run_config
@@ -69,3 +71,34 @@ def test_one_step_off_trains_on_samples_one_update_behind_and_resumes(ray_local,
     assert sorted(resumed) == [3, 4]
     assert [resumed[s]["async/staleness_max"] for s in (3, 4)] == [0, 1]
     assert resumed[3]["train/epoch"] == history[3]["train/epoch"]
+
+
+def test_streaming_trains_on_groups_as_they_finish_drops_stale_ones_and_resumes(ray_local, assets, tmp_path):
+    """Run to step 2, stop, resume to step 4 (one run with an interruption, to spare a third run)."""
+    common = ["rollout.engine=vllm", "trainer.workers_per_node=1", "trainer.total_training_steps=4"]
+    common += ["rollout.layout=separate", "rollout.mode=async", "trainer.async_mode=streaming"]
+    common += ["trainer.save_freq=2", "trainer.test_freq=2", *custom_reward("by_length")]
+    first = RLTrainer(run_config(assets, tmp_path / "run", "grpo", *common))
+    assert first.cfg.algorithm.rollout_correction.rollout_is == "token"  # on by default in this mode
+    history = by_step(first.fit(until_step=2))
+    # The prompts submitted and not trained on are saved with the checkpoint, to be submitted first.
+    state = torch.load(first.checkpoints.root / "global_step_2" / TRAINER_STATE, weights_only=False)
+    assert 4 <= len(state["extra"]["stream"]["pending"]) <= 8
+    resumed = by_step(RLTrainer(run_config(assets, tmp_path / "run", "grpo", *common)).fit())
+    assert sorted(history) == [1, 2] and sorted(resumed) == [3, 4]
+    # the first step after a start trains on samples of the weights it starts from (the queue is empty)
+    for h in (history[1], resumed[3]):
+        assert h["async/staleness_max"] == 0
+        assert h["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-3)
+    history.update(resumed)
+    dropped = {1: 0.0, 3: 0.0}
+    for s in (1, 2, 3, 4):
+        h = history[s]
+        assert 0 <= h["async/staleness_mean"] <= h["async/staleness_max"] <= 1  # trainer.max_staleness=1
+        assert h["async/queue_groups"] <= 8  # 2 batches of 4 prompts submitted and not yet trained on
+        assert h["actor/grad_norm"] > 0 and 0 < h["rollout_corr/rollout_is_mean"] <= 2
+        run_start = 1 if s < 3 else 3
+        dropped[run_start] += h["async/dropped_groups"]
+        assert h["async/dropped_groups_total"] == dropped[1] + (dropped[3] if s >= 3 else 0)
+    assert history[2]["async/staleness_max"] == 1 and history[4]["async/staleness_max"] == 1
+    assert 0 <= history[2]["val/acc"] <= 1 and 0 <= history[4]["val/acc"] <= 1  # on the stream's engine

@@ -54,9 +54,7 @@ class StreamFeed:
         updates older than ``version``, and the step's async/* metrics. Submits new prompts (``draw`` gives
         dataset indices, ``request`` turns them and a batch number into prompts and sampling) whenever
         there is room in the queue, so the pool keeps generating while the step trains."""
-        if self.groups_id != id(rollout):  # new workers (a resumed run): what was in flight is gone
-            self.requeue = list(self.pending.values()) + self.requeue
-            self.pending, self.ready, self.groups_id = {}, [], id(rollout)
+        self._attach(rollout)
         dropped = 0
         idle: dict[int, float] = {}
         waited_since = time.perf_counter()
@@ -103,12 +101,18 @@ class StreamFeed:
         }
         return batch, metrics
 
+    def _attach(self, rollout: WorkerGroup) -> None:
+        if self.groups_id != id(rollout):  # new workers (a resumed run): what was in flight is gone
+            self.requeue = list(self.pending.values()) + self.requeue
+            self.pending, self.ready, self.groups_id = {}, [], id(rollout)
+
     def _fill(
         self,
         rollout: WorkerGroup,
         draw: Callable[[], list[int]],
         request: Callable[[list[int], int], tuple[Batch, SamplingParams]],
     ) -> None:
+        self._attach(rollout)
         while len(self.pending) + self.batch_groups <= self.capacity:
             if self.requeue:
                 indices, self.requeue = self.requeue[: self.batch_groups], self.requeue[self.batch_groups :]
