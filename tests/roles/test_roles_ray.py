@@ -158,11 +158,9 @@ def test_two_ranks_equal_one_rank_for_actor_and_critic(
         assert w2.keys() == w1.keys()
         for name in w1:
             diff = (w2[name] - w1[name]).abs()
-            if not correction:
-                assert float(diff.max()) <= 1e-5, (name, float(diff.max()))
-                continue
-            # Rejection leaves more gradient elements near zero, where Adam's g / sqrt(v) turns the
-            # reordered sum's rounding into up to a full lr step (1e-3; seen: 1 element in 32768 at 1.06e-5).
+            # Where a gradient element is near zero, Adam's g / sqrt(v) turns the reordered sum's rounding
+            # into up to a full lr step (1e-3). Seen: 1 element in 32768 at 1.06e-5 with rejection, and
+            # 1.36e-5 in the plain case in another test order; the losses and grad norms above stay at 1e-5.
             assert float((diff > 1e-5).float().mean()) < 1e-3 and float(diff.max()) <= 2e-3, name
 
 
