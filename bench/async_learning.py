@@ -109,7 +109,7 @@ def plot(results: dict[int, dict[str, Any]], png: Path) -> None:
             axes.plot(steps, acc, style, marker="o", color=color, label=f"seed {seed}, {mode}")
     axes.set_xlabel("GRPO step")
     axes.set_ylabel("validation accuracy (256 held-out additions, greedy)")
-    axes.set_title("quickstart task: synchronous (solid), one_step_off (dashed), streaming (dotted)")
+    axes.set_title("quickstart task: synchronous -, one_step_off --, streaming :", fontsize=10)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     figure.savefig(png, dpi=100)
