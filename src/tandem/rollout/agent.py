@@ -296,21 +296,21 @@ class AgentLoop:
         prompt_ids, prompt_mask = check_prompts(prompts, "AgentLoop")
         jobs = [
             self.run_sample(engine, ids, messages, sample, sampling, seed)
-            for ids, messages, sample, seeds in self.rows(prompts, sampling)
+            for ids, messages, sample, seeds in self.rows(prompts, prompt_ids, prompt_mask, sampling)
             for seed in seeds
         ]
         trajectories = await asyncio.gather(*jobs)
         return self.assemble(prompts, prompt_ids, prompt_mask, trajectories, sampling, engine, start)
 
     def rows(
-        self, prompts: Batch, sampling: SamplingParams
+        self, prompts: Batch, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, sampling: SamplingParams
     ) -> list[tuple[list[int], list[dict[str, Any]], dict[str, Any], list[int | None]]]:
         """Per prompt: its token ids (padding removed), its messages, what reward functions and
-        interactions read of it, and the seeds of its ``sampling.n`` samples. Sample j of a prompt is
+        interactions read of it, and the seeds of its ``sampling.n`` samples. ``prompt_ids`` and
+        ``prompt_mask`` are what `check_prompts` returned for ``prompts``. Sample j of a prompt is
         seeded as the synchronous vLLM path seeds it (its request seed + j)."""
         from tandem.rollout.vllm import _request_seed
 
-        prompt_ids, prompt_mask = check_prompts(prompts, "AgentLoop")
         n = sampling.n
         keys = sample_keys(prompts, n)[::n]
         raw = prompts.get("raw_prompt")

@@ -42,11 +42,8 @@ class RolloutStream:
     def __init__(self, agent: Any, engine: TurnEngine) -> None:
         self.agent = agent
         self._engine = engine
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-stream", daemon=True)
-        self._thread.start()
-        self._admit: asyncio.Event = self._run(_new_event())  # set: turns may start
-        self._loop.call_soon_threadsafe(self._admit.set)
+        self._admit = asyncio.Event()  # set: turns may start (it binds to the loop that first waits on it)
+        self._admit.set()
         self.version = 0
         self._lock = threading.Condition()
         self._ready: list[Batch] = []
@@ -55,13 +52,16 @@ class RolloutStream:
         self._turns_in_flight = 0
         self._idle_since: float | None = time.perf_counter()
         self._idle_s = 0.0  # seconds with no turn in the engine, since the last `collect`
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="rollout-stream", daemon=True)
+        self._thread.start()
 
     # ---- the controller's side (called from the worker's thread) ----------------------------------
 
     def submit(self, prompts: Batch, sampling: SamplingParams) -> int:
         """Start generating ``sampling.n`` samples of each prompt; returns at once with the number of groups."""
         prompt_ids, prompt_mask = check_prompts(prompts, "RolloutStream")
-        rows = self.agent.rows(prompts, sampling)
+        rows = self.agent.rows(prompts, prompt_ids, prompt_mask, sampling)
         with self._lock:
             self._groups_in_flight += len(rows)
         for row, (ids, messages, sample, seeds) in enumerate(rows):
@@ -201,7 +201,3 @@ class _Versioned(TurnEngine):
             return await stream._engine.generate(request)
         finally:
             stream._turn_ended()
-
-
-async def _new_event() -> asyncio.Event:
-    return asyncio.Event()  # created on the stream's loop
