@@ -30,6 +30,7 @@ from torch import Tensor
 
 from tandem.batch import Batch
 from tandem.data.packing import Packing
+from tandem.engine.lm_head import ChunkedHead
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 Head = Literal["lm", "value"]  # causal LM (actor, reference) or a 1-wide token head (critic, reward model)
@@ -58,6 +59,14 @@ class ModelOutput:
     # Set when `logits` is this rank's slice of a tensor-parallel vocabulary: its `log_probs(logits, labels)`
     # and `entropy(logits)` reduce over the slices (engine/megatron/vocab_parallel.py).
     vocab_parallel: Any = None
+    # Set when `logits` holds the last hidden states [.., H] and this head makes logits from them a chunk at
+    # a time (engine/lm_head.py); the roles read them through roles/common.response_logits.
+    head: ChunkedHead | None = None
+
+    def zero_loss(self) -> Tensor:
+        """0 x every output: a loss with the gradient reductions of a real pass and no gradient."""
+        zero = self.logits.sum() * 0.0
+        return zero + self.head.zero_term() if self.head is not None else zero
 
     def at(self, positions: Tensor) -> tuple[Tensor, Tensor]:
         """The outputs at padded `positions` [b, K] of each row: (values [M, ...], where [b, K] bool).

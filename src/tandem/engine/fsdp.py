@@ -31,6 +31,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -60,6 +61,7 @@ from tandem.engine.base import (
     pad_micro_batch,
     resolve_param_dtype,
 )
+from tandem.engine.lm_head import ChunkedHead, hidden_states_out
 from tandem.engine.micro import dummy_like, merge_outputs, split_micro_batches, to_cpu
 from tandem.engine.optim import build_optimizer, build_scheduler
 
@@ -132,6 +134,10 @@ class FSDPEngine(TrainEngine):
         self._state_keys = set(state_keys)  # the HF state_dict's names: what state_dict_iter yields
         if self.packing:
             self.packing = self._packing_works()
+        # fsdp.lm_head_chunk_tokens: the LM head a chunk at a time from the hidden states (engine/lm_head.py)
+        self.lm_head_chunk = fsdp.lm_head_chunk_tokens if head == "lm" else None
+        if self.lm_head_chunk is not None and not self._chunked_head_works():
+            self.lm_head_chunk = None
 
         self.optimizer = None
         self.scheduler = None
@@ -244,7 +250,10 @@ class FSDPEngine(TrainEngine):
         for i in range(num_passes):
             if i < len(micros):
                 micro = micros[i].to(self.device)
-                loss, micro_metrics = loss_fn(self._model_forward(micro), micro)
+                output = self._model_forward(micro)
+                loss, micro_metrics = loss_fn(output, micro)
+                if output.head is not None:  # the head's gradient reduction on every rank, rows or none
+                    loss = loss + output.head.zero_term()
                 # FSDP averages gradients over ranks; the loss contract sums contributions.
                 (loss * self.dp_size).backward()
                 loss_sum += loss.detach().double()
@@ -252,9 +261,7 @@ class FSDPEngine(TrainEngine):
                     metrics[key].append(value.detach() if isinstance(value, Tensor) else value)
             else:
                 # Same collectives as a real pass, no gradient.
-                (
-                    self._model_forward(pad_micro_batch(self._pad_id(), self.device)).logits.sum() * 0.0
-                ).backward()
+                self._model_forward(pad_micro_batch(self._pad_id(), self.device)).zero_loss().backward()
 
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
         grad_norm = self._clip_gradients()
@@ -326,16 +333,50 @@ class FSDPEngine(TrainEngine):
             agree=self._max_over_ranks,
         )
 
-    def _model_forward(self, micro: Batch, packed: bool | None = None) -> ModelOutput:
-        """The model on one micro-batch, packed (default: as the engine is set) or padded."""
+    def _model_forward(self, micro: Batch, packed: bool | None = None, chunk: int | None = -1) -> ModelOutput:
+        """The model on one micro-batch, packed (default: as the engine is set) or padded; its logits, or with
+        a head chunk (default: as the engine is set) its last hidden states and the head that makes logits."""
         ids = micro["input_ids"]
+        chunk = self.lm_head_chunk if chunk == -1 else chunk
+        packing = None
         if (self.packing if packed is None else packed) and "attention_mask" in micro:
-            inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self._pad_id())
             # No attention mask: transformers separates the sequences by their restarting position ids.
-            logits = self.model(**inputs, use_cache=False).logits
-            return ModelOutput(logits, tuple(ids.shape), packing)
-        inputs = {key: micro[key] for key in ("attention_mask", "position_ids") if key in micro}
-        return ModelOutput(self.model(input_ids=ids, **inputs, use_cache=False).logits, tuple(ids.shape))
+            inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self._pad_id())
+        else:
+            inputs = {
+                key: micro[key] for key in ("input_ids", "attention_mask", "position_ids") if key in micro
+            }
+        if chunk is None:
+            return ModelOutput(self.model(**inputs, use_cache=False).logits, tuple(ids.shape), packing)
+        with hidden_states_out(self.model) as out_embedding:
+            hidden = self.model(**inputs, use_cache=False).logits
+        # FSDP2 leaves the root's parameters (the head's among them) unsharded after a forward.
+        head = ChunkedHead(out_embedding.weight, out_embedding.bias, chunk)
+        return ModelOutput(hidden, tuple(ids.shape), packing, head=head)
+
+    @torch.no_grad()
+    def _chunked_head_works(self) -> bool:
+        """Whether this model's logits are exactly its output embedding of the last hidden states (no
+        soft-capping or scaling after it): a probe's logits both ways. Otherwise the plain head, warned."""
+        ids = torch.arange(6, device=self.device).view(1, 6) * 5 % self.config.vocab_size
+        positions = torch.arange(6, device=self.device).view(1, 6)
+        probe = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": positions})
+        self.model.eval()
+        plain = self._model_forward(probe, packed=False, chunk=None).logits.float()
+        chunked = self._model_forward(probe, packed=False, chunk=self.lm_head_chunk)
+        remade = F.linear(chunked.logits, chunked.head.weight, chunked.head.bias).float()
+        self.model.reshard()
+        difference = float((remade - plain).abs().max())
+        tolerance = 1e-4 if self.param_dtype == torch.float32 else 5e-2
+        if difference <= tolerance * max(1.0, float(plain.abs().max())):
+            return True
+        logger.warning(
+            "actor.fsdp.lm_head_chunk_tokens is ignored for %s: its logits are not its output embedding of the "
+            "last hidden states (%.3g apart: soft-capping or a logit scale?); the full logits are used",
+            self._hf_class.__name__,
+            difference,
+        )
+        return False
 
     @torch.no_grad()
     def _packing_works(self) -> bool:
@@ -358,8 +399,8 @@ class FSDPEngine(TrainEngine):
             }
         )
         self.model.eval()
-        padded = self._model_forward(probe, packed=False).logits.float()
-        packed = self._model_forward(probe, packed=True)
+        padded = self._model_forward(probe, packed=False, chunk=None).logits.float()
+        packed = self._model_forward(probe, packed=True, chunk=None)
         unpacked = packed.packing.unpack(packed.logits.float())
         self.model.reshard()  # the sharded root parameters again: the optimizer is built from them next
         real = mask.bool()

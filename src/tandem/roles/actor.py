@@ -33,10 +33,8 @@ from tandem.roles.common import (
     response_log_probs,
     response_logits,
     run_update,
-    token_entropy,
-    token_log_probs,
     token_share,
-    token_sum_pi_squared,
+    token_stats,
 )
 
 # What an update reads from the batch, besides the model inputs (and old_log_probs, unless from the update).
@@ -65,12 +63,11 @@ class Actor:
         def fn(output: Any, micro: Batch) -> dict[str, Tensor]:
             responses = micro["responses"]
             logits, where = response_logits(output, responses.shape[1], self.temperature)
-            out = {"old_log_probs": scatter_rows(token_log_probs(output, logits, responses[where]), where)}
-            if with_entropy:
-                out["entropy"] = scatter_rows(token_entropy(output, logits), where)
-            if with_spi:
-                out["sum_pi_squared"] = scatter_rows(token_sum_pi_squared(output, logits), where)
-            return out
+            stats = token_stats(
+                output, logits, responses[where], entropy=with_entropy, sum_pi_squared=with_spi
+            )
+            stats["old_log_probs"] = stats.pop("log_probs")
+            return {name: scatter_rows(values, where) for name, values in stats.items()}
 
         micro = self.cfg.rollout.log_prob_micro_batch_size_per_rank
         return self.engine.forward(batch.select(*MODEL_INPUTS, "responses"), fn, micro)

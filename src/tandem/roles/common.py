@@ -14,6 +14,7 @@ from tandem.algos.core import entropy_from_logits, log_probs_from_logits, sum_pi
 from tandem.batch import Batch, even_sizes
 from tandem.data.packing import equal_count_groups
 from tandem.engine.base import LossFn, ModelOutput, StepResult, TrainEngine, scatter_rows
+from tandem.engine.lm_head import HeadRows
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")  # what every engine forward reads
 
@@ -33,11 +34,16 @@ def response_outputs(output: ModelOutput, response_length: int) -> tuple[Tensor,
     return output.at(response_slice(positions, response_length))
 
 
-def response_logits(output: ModelOutput, response_length: int, temperature: float) -> tuple[Tensor, Tensor]:
-    """(logits / T in float32 at the positions that predict the response tokens [M, V], where [b, R])."""
+def response_logits(
+    output: ModelOutput, response_length: int, temperature: float
+) -> tuple[Tensor | HeadRows, Tensor]:
+    """(logits / T in float32 at the positions that predict the response tokens [M, V], where [b, R]); with
+    the engine's chunked LM head, those positions' hidden states, which `token_stats` turns into numbers."""
     # T = 0 (greedy validation) is scored as T = 1, as the rollout engines do.
     scale = temperature if temperature > 0 else 1.0
     logits, where = response_outputs(output, response_length)
+    if output.head is not None:
+        return HeadRows(logits, output.head, scale), where
     return logits.float() / scale, where
 
 
@@ -47,30 +53,31 @@ def response_log_probs(
     """log_softmax(logits / T) of each response token (and the entropy of that distribution), [b, R];
     0 where the model computed nothing (padding of packed sequences)."""
     logits, where = response_logits(output, responses.shape[1], temperature)
-    log_probs = scatter_rows(token_log_probs(output, logits, responses[where]), where)
-    entropy = scatter_rows(token_entropy(output, logits), where) if with_entropy else None
-    return log_probs, entropy
+    stats = token_stats(output, logits, responses[where], entropy=with_entropy)
+    entropy = scatter_rows(stats["entropy"], where) if with_entropy else None
+    return scatter_rows(stats["log_probs"], where), entropy
 
 
-def token_log_probs(output: ModelOutput, logits: Tensor, labels: Tensor) -> Tensor:
-    """log_softmax(logits)[labels] for logits read from `output` (a vocabulary slice under tensor parallel)."""
-    if output.vocab_parallel is not None:
-        return output.vocab_parallel.log_probs(logits, labels)
-    return log_probs_from_logits(logits, labels)
-
-
-def token_entropy(output: ModelOutput, logits: Tensor) -> Tensor:
-    """Entropy of softmax(logits) for logits read from `output` (see token_log_probs)."""
-    if output.vocab_parallel is not None:
-        return output.vocab_parallel.entropy(logits)
-    return entropy_from_logits(logits)
-
-
-def token_sum_pi_squared(output: ModelOutput, logits: Tensor) -> Tensor:
-    """sum_v softmax(logits)_v^2 for logits read from `output` (see token_log_probs)."""
-    if output.vocab_parallel is not None:
-        return output.vocab_parallel.sum_pi_squared(logits)
-    return sum_pi_squared_from_logits(logits)
+def token_stats(
+    output: ModelOutput,
+    logits: Tensor | HeadRows,
+    labels: Tensor,
+    *,
+    entropy: bool = False,
+    sum_pi_squared: bool = False,
+) -> dict[str, Tensor]:
+    """log_softmax(logits)[labels] as "log_probs", and when asked the "entropy" and "sum_pi_squared"
+    (sum_v softmax(logits)_v^2) of each row, for logits read from `output`: full rows [M, V], this rank's
+    vocabulary slice under tensor parallel, or hidden states for the chunked LM head (one pass for all)."""
+    if isinstance(logits, HeadRows):
+        return logits.stats(labels, entropy=entropy, sum_pi_squared=sum_pi_squared)
+    vp = output.vocab_parallel
+    out = {"log_probs": vp.log_probs(logits, labels) if vp else log_probs_from_logits(logits, labels)}
+    if entropy:
+        out["entropy"] = vp.entropy(logits) if vp else entropy_from_logits(logits)
+    if sum_pi_squared:
+        out["sum_pi_squared"] = vp.sum_pi_squared(logits) if vp else sum_pi_squared_from_logits(logits)
+    return out
 
 
 def global_counts(engine: TrainEngine, mask: Tensor) -> dict[str, float]:

@@ -1,0 +1,116 @@
+"""The LM head a chunk of tokens at a time, from the hidden states (`actor.fsdp.lm_head_chunk_tokens`).
+
+A causal LM's last layer turns each position's hidden state h [H] into logits z = W h (+ b) [V]. The
+roles need, per response token, log softmax(z / T)[y], and sometimes the entropy or sum_v pi_v^2 of
+softmax(z / T). The plain path makes z for every position of a micro-batch, prompt included, and the
+roles upcast the response rows to float32: with a real vocabulary (150 k) that [tokens, V] tensor, and
+its gradient in backward, is a step's memory peak.
+
+Chunked, the model stops at h (its output embedding hands back its input during that forward: see
+`hidden_states_out`), the roles pick the rows they need (`ModelOutput.at`), and `HeadRows` makes z for
+`chunk` rows at a time, reduces each chunk to the per-token numbers and drops it. In training each chunk
+is checkpointed: backward makes that chunk's z again instead of keeping it, so the update pays one more
+head matmul per response token and holds at most one chunk's [chunk, V] at a time. The numbers are the
+plain path's up to float32 rounding (the matmul's blocking differs with its shape); tests compare both.
+
+Only for models whose logits are exactly `output_embeddings(h)`: the engine checks that on a probe at
+start-up and keeps the plain path, with a warning, for any model that post-processes its logits
+(soft-capping, a logit scale).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+from tandem.algos.core import entropy_from_logits, log_probs_from_logits, sum_pi_squared_from_logits
+
+STATS = ("log_probs", "entropy", "sum_pi_squared")
+
+
+def _passthrough(hidden: Tensor) -> Tensor:
+    # transformers hands the head a view of the hidden states; a copy ([tokens, H], small next to the
+    # logits) keeps FSDP's backward hook off a view (FSDP2 warns about views of its outputs).
+    return hidden.clone()
+
+
+@contextmanager
+def hidden_states_out(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
+    """While open, `model`'s output embedding returns its input, so the model's "logits" are its last
+    hidden states (after the final norm). An instance attribute hides the class's forward; the module,
+    its parameters and FSDP's hooks on the model stay as they are. Yields the output embedding."""
+    head = model.get_output_embeddings()
+    if head is None:
+        raise ValueError(f"{type(model).__name__} has no output embedding (get_output_embeddings() is None)")
+    head.forward = _passthrough
+    try:
+        yield head
+    finally:
+        del head.forward
+
+
+@dataclass
+class ChunkedHead:
+    """The output embedding's weight [V, H] (and bias [V]) as the forward left them, and the chunk size."""
+
+    weight: Tensor
+    bias: Tensor | None
+    chunk: int
+
+    def zero_term(self) -> Tensor:
+        """0 x the head's parameters: added to a loss, it gives them a (zero) gradient on every rank even
+        when a micro-batch picked no rows, so the ranks' gradient reductions stay the same."""
+        term = self.weight.sum() * 0.0
+        return term + self.bias.sum() * 0.0 if self.bias is not None else term
+
+
+def _chunk_stats(
+    hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, scale: float, want: tuple[str, ...]
+) -> Tensor:
+    """[len(want), rows] of one chunk: the logits made, reduced and dropped here."""
+    logits = F.linear(hidden, weight, bias).float() / scale
+    out = []
+    for name in want:
+        if name == "log_probs":
+            out.append(log_probs_from_logits(logits, labels))
+        elif name == "entropy":
+            out.append(entropy_from_logits(logits))
+        else:
+            out.append(sum_pi_squared_from_logits(logits))
+    return torch.stack(out)
+
+
+@dataclass
+class HeadRows:
+    """Hidden states of some positions [M, H] standing in for their logits / `scale` [M, V]."""
+
+    hidden: Tensor
+    head: ChunkedHead
+    scale: float  # the sampling temperature the logits are divided by
+
+    def stats(
+        self, labels: Tensor, *, entropy: bool = False, sum_pi_squared: bool = False
+    ) -> dict[str, Tensor]:
+        """log_probs of `labels` [M] (and the entropy, sum_v pi_v^2 when asked) of softmax(logits / scale),
+        each [M] float32, computed `head.chunk` rows at a time."""
+        want = tuple(n for n, on in zip(STATS, (True, entropy, sum_pi_squared)) if on)
+        w, b = self.head.weight, self.head.bias
+        grad = torch.is_grad_enabled() and (self.hidden.requires_grad or w.requires_grad)
+        parts = []
+        for start in range(0, self.hidden.shape[0], self.head.chunk):
+            rows = slice(start, start + self.head.chunk)
+            args = (self.hidden[rows], w, b, labels[rows].long(), self.scale, want)
+            # Checkpointed: backward remakes the chunk's logits instead of keeping them alive.
+            parts.append(
+                checkpoint(_chunk_stats, *args, use_reentrant=False) if grad else _chunk_stats(*args)
+            )
+        stacked = (
+            torch.cat(parts, dim=1) if parts else self.hidden.new_zeros(len(want), 0, dtype=torch.float32)
+        )
+        return dict(zip(want, stacked))

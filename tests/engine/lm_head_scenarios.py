@@ -1,0 +1,102 @@
+"""What each spawned rank does in the chunked-LM-head tests (test_lm_head.py): the same engine calls with
+the plain head and with `fsdp.lm_head_chunk_tokens`, on 1 and 2 ranks; the parent compares the results.
+
+The numbers are the roles' own: roles/common.response_log_probs (log-probs and entropy at a temperature)
+and roles/sft.next_token_log_probs, in a forward pass and in a loss whose gradient reaches the head.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from tandem.algos import agg_loss
+from tandem.config.schema import FSDPConfig, OptimConfig
+from tandem.engine import FSDPEngine
+from tandem.roles.common import response_log_probs
+from tandem.roles.sft import next_token_log_probs
+
+from .fsdp_scenarios import PROMPT_LEN, file_store, gather_state, rollout_batch, shard
+
+TEMPERATURE = 0.7
+CHUNK = 4  # tokens per chunk: micro-batches of 2-3 rows x 6 response tokens cut into several chunks
+SHARDS = {1: [6], 2: [4, 2]}
+EMPTY = {1: [1], 2: [1, 0]}  # rank 1 picks no rows: the head's gradient reduction must still match
+# Adam's first step moves every element by about lr; an element whose gradient is float noise moves by an
+# amount that depends on the summation order, so lr is kept small enough for that to stay under 1e-5.
+OPTIM = OptimConfig(lr=1e-4, weight_decay=0.01)
+
+
+def stats_fn(output, micro):
+    responses = micro["input_ids"][:, PROMPT_LEN:]
+    log_probs, entropy = response_log_probs(output, responses, TEMPERATURE, True)
+    return {
+        "log_probs": log_probs,
+        "entropy": entropy,
+        "sft": next_token_log_probs(output, micro["input_ids"]),
+    }
+
+
+def make_loss_fn(global_tokens):
+    def loss_fn(output, micro):
+        responses = micro["input_ids"][:, PROMPT_LEN:]
+        log_probs, entropy = response_log_probs(output, responses, TEMPERATURE, True)
+        mask = micro["response_mask"]
+        pg = agg_loss(-micro["advantages"] * log_probs, mask, global_num_tokens=global_tokens)
+        loss = pg - 0.01 * agg_loss(entropy, mask, global_num_tokens=global_tokens)
+        return loss, {"loss": loss.detach()}
+
+    return loss_fn
+
+
+def run_case(model_path: str, chunk: int | None, packing: bool, world: int, rank: int) -> dict:
+    engine = FSDPEngine(
+        model_path=model_path,
+        head="lm",
+        device=torch.device("cpu"),
+        optim=OPTIM,
+        fsdp=FSDPConfig(lm_head_chunk_tokens=chunk),
+        grad_clip=1.0,
+        total_training_steps=10,
+        packing=packing,
+    )
+    result: dict = {"chunk": engine.lm_head_chunk, "packing": engine.packing}
+    result["state0"] = gather_state(engine)
+    batch = rollout_batch(6, seed=5)
+    mine = shard(batch, SHARDS[world], rank)
+    result["forward"] = engine.forward(mine, stats_fn, 2)
+    tokens = engine.all_reduce_sum(mine["response_mask"].sum())
+    result["step"] = dataclasses.asdict(engine.train_step(mine, make_loss_fn(tokens), 3))
+    result["state"] = gather_state(engine)
+    one = shard(rollout_batch(1, seed=6), EMPTY[world], rank)
+    tokens = engine.all_reduce_sum(one["response_mask"].sum())
+    result["empty_step"] = dataclasses.asdict(engine.train_step(one, make_loss_fn(tokens), 2))
+    result["empty_state"] = gather_state(engine)
+    return result
+
+
+def worker(rank: int, world: int, init_method: str, model_path: str, out_dir: str) -> None:
+    dist.init_process_group(
+        "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
+    try:
+        cases = (
+            [(None, True), (CHUNK, True), (None, False), (CHUNK, False)] if world == 1 else [(CHUNK, True)]
+        )
+        results = {case: run_case(model_path, *case, world, rank) for case in cases}
+        torch.save(results, Path(out_dir) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run(world: int, model_path: str | Path, out_dir: str | Path) -> list[dict]:
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    args = (world, file_store(out_dir), str(model_path), str(out_dir))
+    mp.start_processes(worker, args=args, nprocs=world, join=True, start_method="spawn")
+    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
