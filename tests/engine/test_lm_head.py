@@ -6,14 +6,19 @@ blocking differs with the chunk's shape), asserted at 1e-5."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
 
 from tandem.algos.core import entropy_from_logits, log_probs_from_logits, sum_pi_squared_from_logits
+from tandem.config.schema import FSDPConfig
 from tandem.data.tiny import save_tiny
-from tandem.engine.lm_head import ChunkedHead, HeadRows, hidden_states_out
+from tandem.engine import FSDPEngine
+from tandem.engine.lm_head import ChunkedHead, HeadRows, chunk_tokens, hidden_states_out
 
 from . import lm_head_scenarios as sc
 
@@ -144,3 +149,43 @@ def test_chunked_head_two_ranks_equal_one(runs):
     assert moved > 5e-5  # a real update (about lr = 1e-4 per element), not two unchanged models agreeing
     assert_states_close(pair[0]["state"], single["state"])
     assert_states_close(pair[0]["empty_state"], single["empty_state"])
+
+
+def test_auto_chunks_only_real_vocabularies():
+    assert chunk_tokens("auto", 320) is None  # the tiny test models keep their full logits
+    assert chunk_tokens("auto", 32767) is None
+    assert chunk_tokens("auto", 32768) == 1024
+    assert chunk_tokens("auto", 151_936) == 220  # 2^25 logits per chunk
+    assert chunk_tokens(None, 151_936) is None
+    assert chunk_tokens(64, 320) == 64
+
+
+def test_a_model_that_post_processes_its_logits_keeps_the_full_head(tmp_path, caplog):
+    """Gemma2 soft-caps its logits after the head: the start-up probe sees that and turns chunking off."""
+    config = Gemma2Config(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        final_logit_softcapping=0.5,  # small: the capped logits differ clearly from the head's output
+        pad_token_id=0,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        Gemma2ForCausalLM(config).save_pretrained(tmp_path / "gemma2")
+    store = tmp_path / "store"
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    try:
+        kwargs = dict(model_path=tmp_path / "gemma2", head="lm", device="cpu", optim=None, grad_clip=None)
+        with caplog.at_level(logging.WARNING):
+            engine = FSDPEngine(**kwargs, fsdp=FSDPConfig(lm_head_chunk_tokens=8), total_training_steps=None)
+        assert engine.lm_head_chunk is None
+        assert "lm_head_chunk_tokens is ignored for Gemma2ForCausalLM" in caplog.text
+    finally:
+        if created:
+            dist.destroy_process_group()

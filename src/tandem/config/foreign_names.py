@@ -16,6 +16,10 @@ VERL: dict[str, tuple[str, str]] = {
     ),
     "actor_rollout_ref.model.path": ("actor.model_path", ""),
     "actor_rollout_ref.model.enable_gradient_checkpointing": ("actor.activation_checkpointing", ""),
+    "actor_rollout_ref.model.use_fused_kernels": (
+        "actor.fsdp.lm_head_chunk_tokens",
+        "Tandem's log-probs from the hidden states take a chunk size in tokens (torch only, no Triton kernel)",
+    ),
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": ("actor.micro_batch_size_per_rank", ""),
     "actor_rollout_ref.actor.ppo_micro_batch_size": (
         "actor.micro_batch_size_per_rank",

@@ -89,9 +89,10 @@ class FSDPConfig:
     reduce_dtype: Dtype = "float32"  # dtype of the gradient reduce-scatter across ranks
     cpu_offload: bool = False  # keep sharded parameters, gradients and optimizer state in CPU memory
     sequence_parallel: int = 1  # RANKS splitting each sequence (Ulysses); divides the world size
-    # TOKENS per chunk of the LM head (actor, reference): log-probs and entropy made from the hidden states
-    # a chunk at a time, never the [tokens, vocab] logits (engine/lm_head.py); null = the model's full logits
-    lm_head_chunk_tokens: int | None = None
+    # TOKENS per chunk of the LM head (actor, reference, SFT): log-probs and entropy made from the hidden
+    # states a chunk at a time, never the [tokens, vocab] logits (engine/lm_head.py); null = the model's full
+    # logits; auto = chunks of about 32 M logits (2^25 / vocab tokens) for a vocabulary of >= 32768, else null
+    lm_head_chunk_tokens: int | Literal["auto"] | None = "auto"
 
 
 @dataclass

@@ -295,7 +295,10 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
         ("actor.max_tokens_per_micro_batch", a.max_tokens_per_micro_batch),
         ("actor.ppo_epochs", a.ppo_epochs),
         ("actor.fsdp.sequence_parallel", a.fsdp.sequence_parallel),
-        ("actor.fsdp.lm_head_chunk_tokens", a.fsdp.lm_head_chunk_tokens),
+        (
+            "actor.fsdp.lm_head_chunk_tokens",
+            None if a.fsdp.lm_head_chunk_tokens == "auto" else a.fsdp.lm_head_chunk_tokens,
+        ),
         ("actor.megatron.tensor_parallel", a.megatron.tensor_parallel),
         ("actor.megatron.pipeline_parallel", a.megatron.pipeline_parallel),
         ("actor.megatron.context_parallel", a.megatron.context_parallel),

@@ -61,7 +61,7 @@ from tandem.engine.base import (
     pad_micro_batch,
     resolve_param_dtype,
 )
-from tandem.engine.lm_head import ChunkedHead, hidden_states_out
+from tandem.engine.lm_head import ChunkedHead, chunk_tokens, hidden_states_out
 from tandem.engine.micro import dummy_like, merge_outputs, split_micro_batches, to_cpu
 from tandem.engine.optim import build_optimizer, build_scheduler
 
@@ -135,7 +135,9 @@ class FSDPEngine(TrainEngine):
         if self.packing:
             self.packing = self._packing_works()
         # fsdp.lm_head_chunk_tokens: the LM head a chunk at a time from the hidden states (engine/lm_head.py)
-        self.lm_head_chunk = fsdp.lm_head_chunk_tokens if head == "lm" else None
+        self.lm_head_chunk = (
+            chunk_tokens(fsdp.lm_head_chunk_tokens, config.vocab_size) if head == "lm" else None
+        )
         if self.lm_head_chunk is not None and not self._chunked_head_works():
             self.lm_head_chunk = None
 

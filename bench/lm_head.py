@@ -1,0 +1,188 @@
+"""The LM head with a real vocabulary (issue 20): full logits against `actor.fsdp.lm_head_chunk_tokens`.
+
+    .venv/bin/python bench/lm_head.py [--vocab 151936] [--rows 8] [--length 512] [--chunks 1024,4096]
+
+A Qwen2 of W1's shape (hidden 256, 4 layers, 4 heads / 2 KV heads, tied embeddings, fp32) with a
+Qwen-sized vocabulary (151 936 entries: 39 M of its 42 M parameters are the embedding / head), on the
+FSDP2 engine, one rank of all the cores. One micro-batch of --rows sequences of --length tokens: a
+prompt of a quarter and a response of the rest (every token real). Per configuration, in a child
+process of its own:
+  forward   the old-log-prob pass: engine.forward with roles/common.response_log_probs (log-probs and
+            entropy at T = 1), no gradient
+  update    engine.train_step with a PPO-like loss of the same numbers (-A x log-prob, token mean, an
+            entropy bonus) and one AdamW step
+Seconds: median of --repeats passes after one warm-up. Peak memory: the process's peak RSS read when
+the engine is built (the baseline: model and loading), after the forwards and after the updates; the
+table shows each peak's growth over the baseline: what the forward needs, and what the update needs
+(its gradients and AdamW's two moments included: 3 x 4 bytes x 42 M parameters, about 0.5 GiB).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def child(args: dict) -> dict:
+    """One configuration in this (fresh) process; the numbers as a dict."""
+    import torch
+    import torch.distributed as dist
+
+    from tandem.algos import agg_loss
+    from tandem.batch import Batch
+    from tandem.config.schema import FSDPConfig, OptimConfig
+    from tandem.engine import FSDPEngine
+    from tandem.roles.common import response_log_probs
+
+    store = Path(args["folder"]) / f"store-{args['label']}"
+    dist.init_process_group("gloo", init_method=f"file://{store}", rank=0, world_size=1)
+    rows, length = args["rows"], args["length"]
+    prompt = length // 4
+    gen = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, args["vocab"], (rows, length), generator=gen)
+    mask = torch.ones_like(ids)
+    batch = Batch(
+        {
+            "input_ids": ids,
+            "attention_mask": mask,
+            "position_ids": torch.arange(length).expand(rows, length).clone(),
+            "responses": ids[:, prompt:],
+            "response_mask": mask[:, prompt:],
+            "advantages": torch.randn(rows, length - prompt, generator=gen),
+        }
+    )
+    engine = FSDPEngine(
+        model_path=args["model"],
+        head="lm",
+        device=torch.device("cpu"),
+        optim=OptimConfig(lr=1e-6),
+        fsdp=FSDPConfig(lm_head_chunk_tokens=args["chunk"]),
+        grad_clip=1.0,
+        total_training_steps=100,
+        packing=True,
+    )
+    tokens = float(batch["response_mask"].sum())
+
+    def stats_fn(output, micro):
+        log_probs, entropy = response_log_probs(output, micro["responses"], 1.0, True)
+        return {"log_probs": log_probs, "entropy": entropy}
+
+    def loss_fn(output, micro):
+        log_probs, entropy = response_log_probs(output, micro["responses"], 1.0, True)
+        m = micro["response_mask"]
+        loss = agg_loss(-micro["advantages"] * log_probs, m, global_num_tokens=tokens)
+        return loss - 0.001 * agg_loss(entropy, m, global_num_tokens=tokens), {}
+
+    def timed(fn) -> list[float]:
+        out = []
+        for _ in range(1 + args["repeats"]):
+            start = time.perf_counter()
+            fn()
+            out.append(time.perf_counter() - start)
+        return out
+
+    base = peak_rss_mb()
+    forward = timed(lambda: engine.forward(batch, stats_fn, rows))[1:]  # the first is a warm-up
+    after_forward = peak_rss_mb()
+    update = timed(lambda: engine.train_step(batch, loss_fn, rows))[1:]
+    after_update = peak_rss_mb()
+    first = engine.forward(batch, stats_fn, rows)
+    dist.destroy_process_group()
+    return {
+        "forward_s": statistics.median(forward),
+        "update_s": statistics.median(update),
+        "base_mb": base,
+        "forward_peak_mb": after_forward - base,
+        "update_peak_mb": after_update - base,
+        "log_probs_sum": float(first["log_probs"].double().sum()),
+        "entropy_sum": float(first["entropy"].double().sum()),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--vocab", type=int, default=151_936)
+    parser.add_argument("--rows", type=int, default=8)
+    parser.add_argument("--length", type=int, default=512)
+    parser.add_argument("--chunks", default="256,1024,4096", help="lm_head_chunk_tokens values to compare")
+    parser.add_argument("--repeats", type=int, default=1, help="measured passes after one warm-up")
+    parser.add_argument("--json", help="also write every number to this file")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        print(json.dumps(child(json.loads(args.child))))
+        return
+
+    from tandem.data.tiny import build_tokenizer, save_tokenizer
+
+    folder = Path(tempfile.mkdtemp(prefix="tandem-lm-head-"))
+    model_dir = folder / "model"
+    build_and_save(model_dir, args.vocab)
+    save_tokenizer(build_tokenizer(), model_dir)
+    results = {}
+    labels = ["full logits"] + [f"chunks of {c}" for c in args.chunks.split(",")]
+    for label in labels:
+        chunk = None if label == "full logits" else int(label.split()[-1])
+        spec = {**vars(args), "label": label.replace(" ", "-"), "chunk": chunk, "folder": str(folder)}
+        spec["model"] = str(model_dir)
+        spec.pop("child")
+        print(f"[lm_head] {label} ...", file=sys.stderr, flush=True)
+        out = subprocess.run(
+            [sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True, cwd=ROOT
+        )
+        if out.returncode:
+            raise SystemExit(f"{label} failed:\n{out.stderr[-3000:]}")
+        results[label] = json.loads(out.stdout.strip().splitlines()[-1])
+    tokens = args.rows * args.length
+    print(
+        f"\nLM head, vocab {args.vocab}, 1 micro-batch of {args.rows} x {args.length} tokens "
+        f"({tokens} tokens, {args.rows * (args.length - args.length // 4)} response); full float32 logits of "
+        f"the batch: {tokens * args.vocab * 4 / 2**20:.0f} MiB"
+    )
+    head = ("forward s", "update s", "fwd peak MiB", "upd peak MiB", "baseline MiB", "logp sum")
+    print(f"{'head':<18}" + "".join(f"{h:>14}" for h in head))
+    for label, r in results.items():
+        cells = (r["forward_s"], r["update_s"], r["forward_peak_mb"], r["update_peak_mb"], r["base_mb"])
+        print(f"{label:<18}" + "".join(f"{v:>14.2f}" for v in cells) + f"{r['log_probs_sum']:>14.3f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
+
+
+def build_and_save(path: Path, vocab: int) -> None:
+    """W1's Qwen2 shape with `vocab` entries (the tokenizer uses only the first few hundred)."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    config = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=256,
+        intermediate_size=768,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        pad_token_id=0,
+        eos_token_id=1,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(0)
+        model = Qwen2ForCausalLM(config)
+    model.save_pretrained(path, safe_serialization=True)
+
+
+if __name__ == "__main__":
+    main()
