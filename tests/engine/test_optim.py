@@ -69,7 +69,7 @@ def test_scheduler_drives_the_optimizer_lr():
         lr=0.2, betas=(0.8, 0.9), eps=1e-6, weight_decay=0.05, warmup_steps=1, lr_scheduler="linear"
     )
     weight = torch.nn.Parameter(torch.ones(3))
-    optimizer = build_optimizer([weight], optim, foreach=False)
+    optimizer = build_optimizer([weight], optim)
     group = optimizer.param_groups[0]
     assert (group["betas"], group["eps"], group["weight_decay"]) == ((0.8, 0.9), 1e-6, 0.05)
     scheduler = build_scheduler(optimizer, optim, total_training_steps=3)
@@ -88,3 +88,31 @@ def test_param_dtype_auto():
     assert resolve_param_dtype("bfloat16", torch.device("cpu")) == torch.bfloat16
     with pytest.raises(ValueError, match="fsdp.param_dtype='fp8'"):
         resolve_param_dtype("fp8", torch.device("cpu"))
+
+
+def test_adamw_implementations_take_the_same_step():
+    """fused (the default), foreach and for_loop: the same AdamW update, up to float rounding, equal to
+    the formula by hand (step 1: m = (1 - b1) g, v = (1 - b2) g^2, bias-corrected, decoupled decay)."""
+    gen = torch.Generator().manual_seed(0)
+    start, grads = torch.randn(64, generator=gen), [torch.randn(64, generator=gen) for _ in range(3)]
+    lr, (b1, b2), eps, decay = 0.01, (0.9, 0.999), 1e-8, 0.1
+    results = {}
+    for impl in ("fused", "foreach", "for_loop"):
+        optim = OptimConfig(lr=lr, betas=(b1, b2), eps=eps, weight_decay=decay, implementation=impl)
+        weight = torch.nn.Parameter(start.clone())
+        optimizer = build_optimizer([weight], optim)
+        assert bool(optimizer.param_groups[0]["fused"]) == (impl == "fused")
+        steps = []
+        for grad in grads:
+            weight.grad = grad.clone()
+            optimizer.step()
+            steps.append(weight.detach().clone())
+        results[impl] = steps
+    first = start * (1 - lr * decay) - lr * grads[0] / (grads[0].abs() + eps)  # m_hat / sqrt(v_hat) = sign(g)
+    torch.testing.assert_close(results["for_loop"][0], first, rtol=0, atol=1e-6)
+    for impl in ("fused", "foreach"):
+        for got, expected in zip(results[impl], results["for_loop"]):
+            torch.testing.assert_close(got, expected, rtol=0, atol=1e-6)
+    assert OptimConfig().implementation == "fused"
+    with pytest.raises(ValueError, match="optim.implementation='adam8bit' is unknown"):
+        build_optimizer([torch.nn.Parameter(torch.ones(1))], OptimConfig(implementation="adam8bit"))

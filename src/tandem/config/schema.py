@@ -27,6 +27,7 @@ ChatTemplate = Literal["auto", "plain", "none"]
 Strategy = Literal["fsdp", "megatron"]
 Dtype = Literal["float32", "bfloat16", "float16"]
 ParamDtype = Literal["auto", "float32", "bfloat16", "float16"]
+AdamImpl = Literal["fused", "foreach", "for_loop"]
 LrScheduler = Literal["constant", "cosine", "linear"]
 RolloutEngineName = Literal["auto", "hf", "vllm", "sglang"]
 RolloutMode = Literal["sync", "async"]
@@ -75,6 +76,8 @@ class OptimConfig:
     warmup_steps: int = 0  # TRAINING STEPS of linear warm-up from 0; when > 0 it wins over warmup_ratio
     warmup_ratio: float = 0.0  # in [0, 1): fraction of all training steps that warm up (if warmup_steps=0)
     min_lr_ratio: float = 0.0  # in [0, 1]: cosine / linear decay ends at lr * this
+    # torch's AdamW kernels: fused (one kernel per step; fastest measured, CPU and GPU), foreach, for_loop
+    implementation: AdamImpl = "fused"
 
 
 @dataclass

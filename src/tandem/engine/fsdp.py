@@ -144,9 +144,7 @@ class FSDPEngine(TrainEngine):
         self.optimizer = None
         self.scheduler = None
         if optim is not None:
-            # foreach kernels (fine with FSDP2's DTensors) where the sharded parameters are on the GPU.
-            on_gpu = self.device.type == "cuda" and not self._cpu_offload
-            self.optimizer = build_optimizer(self.model.parameters(), optim, foreach=on_gpu)
+            self.optimizer = build_optimizer(self.model.parameters(), optim)
             self.scheduler = build_scheduler(self.optimizer, optim, total_training_steps)
 
     # ------------------------------------------------------------------ construction
