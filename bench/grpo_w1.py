@@ -70,7 +70,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("main", "padded", "ablation", "scaling", "engines", "layouts")
+SECTIONS = ("main", "padded", "ablation", "scaling", "engines", "layouts", "sizes")
 LR = 1e-5
 KL_COEF = 0.04
 MAX_PROMPT_LENGTH = 16  # "99+99=" is 6 tokens
@@ -554,6 +554,8 @@ def main() -> None:
         engines_section(runner, work, model, results)
     if "layouts" in sections:
         layouts_section(runner, work, results)
+    if "sizes" in sections:
+        sizes_section(runner, work, results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
         say(f"numbers in {args.json}")
@@ -717,6 +719,98 @@ def layouts_section(runner: Runner, work: Workload, results: dict[str, Any]) -> 
         cells = (r["step_wall"], r["samples_per_s"], r["x_hybrid"], r["generate"], r["update"])
         line = "".join(f"{v:>12.3f}" for v in cells)
         print(f"{label:<40}{line}{r['weight_sync']:>12.3f}{r['staleness']:>12.1f}")
+
+
+# Model sizes (issue 20): W1's shape, 8x its parameters, and ~100 M; the same tokenizer, prompts and reward.
+SIZES = {  # save_tiny's model keywords
+    "W1 (3.2 M)": {},
+    "8x (25 M)": {
+        "hidden_size": 512,
+        "intermediate_size": 1536,
+        "num_layers": 8,
+        "num_heads": 8,
+        "num_kv_heads": 4,
+    },
+    "100M (101 M)": {
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_layers": 8,
+        "num_heads": 16,
+        "num_kv_heads": 8,
+    },
+}
+# "before": the trainer as it was before issue 20 (AdamW's plain loop; the full logits, which these models'
+# 320-entry vocabulary keeps anyway).
+BEFORE = ["actor.optim.implementation=for_loop", "actor.fsdp.lm_head_chunk_tokens=null"]
+
+
+def sizes_section(runner: Runner, work: Workload, results: dict[str, Any]) -> None:
+    """No-ref W1 workload per model size, before and after issue 20's trainer changes: every phase,
+    achieved FLOP/s and MFU of generation and training against the matmul peaks measured here."""
+    from tandem.data import save_tiny
+
+    short = replace(work, steps=2)
+    peaks = {"fp32": matmul_peak(_torch().float32), "bf16": matmul_peak(_torch().bfloat16)}
+    results["sizes"] = {"peaks": peaks, "rows": {}}
+    for size, kwargs in SIZES.items():
+        folder = save_tiny(runner.workdir / ("model-" + size.split()[0]), **kwargs)
+        model = model_numbers(folder)
+        for when, extra in (("before", BEFORE), ("after", [])):
+            name = f"sizes/{size.split()[0]}-{when}"
+            overrides = [*VARIANTS["no-ref"], f"actor.model_path={folder}", *extra]
+            results["runs"][name] = runner.tandem(name, short, overrides)
+            s = summarise(results["runs"][name], model, None)
+            measured = results["runs"][name]["steps"][1:]
+            context = s["tokens"] / statistics.median(m["perf/samples"] for m in measured)
+            gen_flops = forward_flops(model, s["generated_tokens"], context)
+            train_flops = s["flops"] - gen_flops
+            s["gen_flops_per_s"] = gen_flops / s["generate"]
+            s["train_flops_per_s"] = train_flops / s["train"]
+            results["sizes"]["rows"][f"{size}, {when}"] = {"params": model["params"], **s}
+    print_sizes(results["sizes"], short)
+
+
+def _torch() -> Any:
+    import torch
+
+    return torch
+
+
+def print_sizes(sizes: dict[str, Any], work: Workload) -> None:
+    peaks = sizes["peaks"]
+    print(
+        f"\nmodel sizes (no-ref, {work.label()}, 1 warm-up + {work.steps} measured steps; matmul peaks here: "
+        f"fp32 {peaks['fp32'] / 1e9:.0f}, bf16 {peaks['bf16'] / 1e9:.0f} GFLOP/s)"
+    )
+    head = (
+        "step s",
+        "generate s",
+        "train s",
+        "gen GF/s",
+        "train GF/s",
+        "gen MFU%",
+        "train MFU%",
+        "bf16 MFU%",
+        "RSS GiB",
+    )
+    print(f"{'model, trainer':<24}" + "".join(f"{h:>11}" for h in head))
+    for label, r in sizes["rows"].items():
+        cells = (
+            r["step"],
+            r["generate"],
+            r["train"],
+            r["gen_flops_per_s"] / 1e9,
+            r["train_flops_per_s"] / 1e9,
+            100 * r["gen_flops_per_s"] / peaks["fp32"],
+            100 * r["train_flops_per_s"] / peaks["fp32"],
+            100 * r["train_flops_per_s"] / peaks["bf16"] if peaks["bf16"] > peaks["fp32"] else float("nan"),
+            r["peak_rss_gib"],
+        )
+        print(f"{label:<24}" + "".join(f"{v:>11.2f}" for v in cells))
+    print(
+        "MFU = achieved model FLOP/s / the matmul peak (train: against fp32, and against bf16 where bf16 is the "
+        "faster: nan where this CPU has no native bf16)"
+    )
 
 
 def main_run(runner: Runner, work: Workload, variant: str, results: dict[str, Any]) -> dict[str, Any]:
