@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/adamw.py [--steps 5] [--threads 2]
 
-Three Qwen2 shapes, tied embeddings, W1's tokenizer-sized vocabulary (320), each sharded with FSDP2
+Three Qwen2 shapes of `tandem.data.tiny.build_model` (W1's tokenizer, 320 entries, tied), each sharded with FSDP2
 (`fully_shard` per decoder layer and on the root, one gloo rank: the DTensor parameters the engine's
 optimizer sees):
   W1     hidden 256,  4 layers,  4 heads / 2 KV, intermediate 768    (3.2 M parameters)
@@ -25,25 +25,22 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import distribute_tensor
-from transformers import Qwen2Config, Qwen2ForCausalLM
+
+from tandem.data.tiny import build_model, build_tokenizer
 
 SHAPES = {"W1": (256, 4, 4, 2, 768), "8x": (512, 8, 8, 4, 1536), "100M": (1024, 8, 16, 8, 3072)}
 IMPLEMENTATIONS = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}
 
 
 def sharded_model(hidden: int, layers: int, heads: int, kv_heads: int, intermediate: int) -> torch.nn.Module:
-    config = Qwen2Config(
-        vocab_size=320,
+    model = build_model(
+        build_tokenizer(),
         hidden_size=hidden,
         intermediate_size=intermediate,
-        num_hidden_layers=layers,
-        num_attention_heads=heads,
-        num_key_value_heads=kv_heads,
-        tie_word_embeddings=True,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
     )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = Qwen2ForCausalLM(config)
     mesh = init_device_mesh("cpu", (1,))
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh)

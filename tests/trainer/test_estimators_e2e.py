@@ -121,3 +121,32 @@ def test_loss_or_estimator_trains_two_steps(assets, tmp_path, override):
         elif "gdpo" in override:  # each term's batch mean is logged; advantages are whitened over tokens
             assert all(0 <= metrics[f"reward/gdpo/{key}_mean"] <= 1 for key in ("correct", "format"))
             assert abs(metrics["advantages/mean"]) < 1e-4
+
+
+def test_chunked_lm_head_gives_the_full_heads_step(assets, tmp_path):
+    """actor.fsdp.lm_head_chunk_tokens through the whole trainer (actor with its old-log-prob pass, the KL
+    reference, an entropy bonus, OTB's sum pi^2): one step's metrics equal the full logits' (the tiny model's
+    vocabulary keeps `auto` off, so chunks are forced here)."""
+    runs = {}
+    for chunk in ("null", "5"):
+        cfg = run_config(
+            assets,
+            tmp_path / chunk,
+            "grpo",
+            "trainer.backend=inprocess",
+            "trainer.workers_per_node=1",
+            "trainer.total_training_steps=1",
+            "actor.use_kl_loss=true",
+            "actor.entropy_coeff=0.01",
+            "algorithm.adv_estimator=optimal_token_baseline",
+            "actor.calculate_sum_pi_squared=true",
+            f"actor.fsdp.lm_head_chunk_tokens={chunk}",
+            *custom_reward("by_length"),
+        )
+        (runs[chunk],) = RLTrainer(cfg).fit()
+    full, chunked = runs["null"], runs["5"]
+    keys = [k for k in full if k.startswith(("actor/", "advantages/")) and not k.startswith("actor/lr")]
+    assert {"actor/pg_loss", "actor/kl_loss", "actor/entropy", "actor/grad_norm"} <= set(keys)
+    assert full["actor/grad_norm"] > 0 and full["actor/entropy"] > 0.1
+    for key in keys:
+        assert chunked[key] == pytest.approx(full[key], rel=1e-4, abs=1e-6), key
