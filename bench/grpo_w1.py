@@ -386,6 +386,7 @@ def summarise(run: dict[str, Any], model: dict[str, int], raw: dict[str, Any] | 
     s["peak_rss_gib"] = max(m.get("memory/peak_rss_gib", 0.0) for m in run["steps"])
     extra_forwards = (s["reference"] > 0) + (s["log_probs"] > 0)
     context = tokens / statistics.median(m["perf/samples"] for m in measured)
+    s["context"] = context  # the mean sequence length of the FLOP formulas
     s["flops"] = step_flops(model, gen_tokens, tokens, context, extra_forwards)
     s["flops_per_s"] = s["flops"] / s["step"]
     if raw is not None:
@@ -747,11 +748,13 @@ BEFORE = ["actor.optim.implementation=for_loop", "actor.fsdp.lm_head_chunk_token
 def sizes_section(runner: Runner, work: Workload, results: dict[str, Any]) -> None:
     """No-ref W1 workload per model size, before and after issue 20's trainer changes: every phase,
     achieved FLOP/s and MFU of generation and training against the matmul peaks measured here."""
+    import torch
+
     from tandem.data import save_tiny
 
     short = replace(work, steps=2)
     # bf16 at 1024 and best of 2: a CPU without native bf16 runs it hundreds of times slower than fp32
-    peaks = {"fp32": matmul_peak(_torch().float32), "bf16": matmul_peak(_torch().bfloat16, 1024, 2)}
+    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16, 1024, 2)}
     results["sizes"] = {"peaks": peaks, "rows": {}}
     for size, kwargs in SIZES.items():
         folder = save_tiny(runner.workdir / ("model-" + size.split()[0]), **kwargs)
@@ -761,20 +764,12 @@ def sizes_section(runner: Runner, work: Workload, results: dict[str, Any]) -> No
             overrides = [*VARIANTS["no-ref"], f"actor.model_path={folder}", *extra]
             results["runs"][name] = runner.tandem(name, short, overrides)
             s = summarise(results["runs"][name], model, None)
-            measured = results["runs"][name]["steps"][1:]
-            context = s["tokens"] / statistics.median(m["perf/samples"] for m in measured)
-            gen_flops = forward_flops(model, s["generated_tokens"], context)
+            gen_flops = forward_flops(model, s["generated_tokens"], s["context"])
             train_flops = s["flops"] - gen_flops
             s["gen_flops_per_s"] = gen_flops / s["generate"]
             s["train_flops_per_s"] = train_flops / s["train"]
             results["sizes"]["rows"][f"{size}, {when}"] = {"params": model["params"], **s}
     print_sizes(results["sizes"], short)
-
-
-def _torch() -> Any:
-    import torch
-
-    return torch
 
 
 def print_sizes(sizes: dict[str, Any], work: Workload) -> None:

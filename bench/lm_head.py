@@ -1,6 +1,6 @@
 """The LM head with a real vocabulary (issue 20): full logits against `actor.fsdp.lm_head_chunk_tokens`.
 
-    .venv/bin/python bench/lm_head.py [--vocab 151936] [--rows 8] [--length 512] [--chunks 1024,4096]
+    .venv/bin/python bench/lm_head.py [--vocab 151936] [--rows 8] [--length 512] [--chunks 256,1024,4096]
 
 A Qwen2 of W1's shape (hidden 256, 4 layers, 4 heads / 2 KV heads, tied embeddings, fp32) with a
 Qwen-sized vocabulary (151 936 entries: 39 M of its 42 M parameters are the embedding / head), on the
@@ -126,12 +126,10 @@ def main() -> None:
         print(json.dumps(child(json.loads(args.child))))
         return
 
-    from tandem.data.tiny import build_tokenizer, save_tokenizer
+    from tandem.data.tiny import save_tiny
 
     folder = Path(tempfile.mkdtemp(prefix="tandem-lm-head-"))
-    model_dir = folder / "model"
-    build_and_save(model_dir, args.vocab)
-    save_tokenizer(build_tokenizer(), model_dir)
+    model_dir = save_tiny(folder / "model", vocab_size=args.vocab, max_position_embeddings=4096)
     results = {}
     labels = ["full logits"] + [f"chunks of {c}" for c in args.chunks.split(",")]
     for label in labels:
@@ -159,29 +157,6 @@ def main() -> None:
         print(f"{label:<18}" + "".join(f"{v:>14.2f}" for v in cells) + f"{r['log_probs_sum']:>14.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
-
-
-def build_and_save(path: Path, vocab: int) -> None:
-    """W1's Qwen2 shape with `vocab` entries (the tokenizer uses only the first few hundred)."""
-    import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
-
-    config = Qwen2Config(
-        vocab_size=vocab,
-        hidden_size=256,
-        intermediate_size=768,
-        num_hidden_layers=4,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=4096,
-        tie_word_embeddings=True,
-        pad_token_id=0,
-        eos_token_id=1,
-    )
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(0)
-        model = Qwen2ForCausalLM(config)
-    model.save_pretrained(path, safe_serialization=True)
 
 
 if __name__ == "__main__":

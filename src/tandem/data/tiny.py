@@ -112,12 +112,14 @@ def build_model(
     seed: int = 0,
     dtype: torch.dtype = torch.float32,
     num_labels: int | None = None,
+    vocab_size: int | None = None,
 ) -> PreTrainedModel:
     """A randomly initialised Qwen2 causal LM, or a token classifier (critic / reward model)
     with a ``num_labels``-wide head when ``num_labels`` is given. Same seed, same weights;
-    the global torch RNG is left untouched."""
+    the global torch RNG is left untouched. ``vocab_size``: the embedding's rows, default the
+    tokenizer's size padded to 64 (larger: a real model's vocabulary, for benchmarks)."""
     config = Qwen2Config(
-        vocab_size=padded_vocab_size(tokenizer),
+        vocab_size=vocab_size or padded_vocab_size(tokenizer),
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
         num_hidden_layers=num_layers,

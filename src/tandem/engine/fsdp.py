@@ -366,9 +366,8 @@ class FSDPEngine(TrainEngine):
         chunked = self._model_forward(probe, packed=False, chunk=self.lm_head_chunk)
         remade = F.linear(chunked.logits, chunked.head.weight, chunked.head.bias).float()
         self.model.reshard()
-        difference = float((remade - plain).abs().max())
-        tolerance = 1e-4 if self.param_dtype == torch.float32 else 5e-2
-        if difference <= tolerance * max(1.0, float(plain.abs().max())):
+        agree, difference = self._probe_agrees(remade, plain)
+        if agree:
             return True
         logger.warning(
             "actor.fsdp.lm_head_chunk_tokens is ignored for %s: its logits are not its output embedding of the "
@@ -404,9 +403,8 @@ class FSDPEngine(TrainEngine):
         unpacked = packed.packing.unpack(packed.logits.float())
         self.model.reshard()  # the sharded root parameters again: the optimizer is built from them next
         real = mask.bool()
-        difference = float((unpacked[real] - padded[real]).abs().max())
-        tolerance = 1e-4 if self.param_dtype == torch.float32 else 5e-2
-        if difference <= tolerance * max(1.0, float(padded[real].abs().max())):
+        agree, difference = self._probe_agrees(unpacked[real], padded[real])
+        if agree:
             return True
         logger.warning(
             "sequence packing is off for %s: packed sequences gave outputs %.3g away from padded ones (its "
@@ -416,6 +414,12 @@ class FSDPEngine(TrainEngine):
             difference,
         )
         return False
+
+    def _probe_agrees(self, actual: Tensor, expected: Tensor) -> tuple[bool, float]:
+        """(whether a start-up probe's two outputs agree up to this engine's dtype, their largest difference)."""
+        difference = float((actual - expected).abs().max())
+        tolerance = 1e-4 if self.param_dtype == torch.float32 else 5e-2
+        return difference <= tolerance * max(1.0, float(expected.abs().max())), difference
 
     def _pad_id(self) -> int:
         return self.config.pad_token_id if self.config.pad_token_id is not None else 0

@@ -41,10 +41,16 @@ def response_logits(
     the engine's chunked LM head, those positions' hidden states, which `token_stats` turns into numbers."""
     # T = 0 (greedy validation) is scored as T = 1, as the rollout engines do.
     scale = temperature if temperature > 0 else 1.0
-    logits, where = response_outputs(output, response_length)
+    rows, where = response_outputs(output, response_length)
+    return scaled_logits(output, rows, scale), where
+
+
+def scaled_logits(output: ModelOutput, rows: Tensor, scale: float) -> Tensor | HeadRows:
+    """Outputs read with `output.at` as logits / `scale` in float32, or, with the engine's chunked LM head
+    (the rows are hidden states), as the HeadRows that `token_stats` turns into numbers."""
     if output.head is not None:
-        return HeadRows(logits, output.head, scale), where
-    return logits.float() / scale, where
+        return HeadRows(rows, output.head, scale)
+    return rows.float() if scale == 1.0 else rows.float() / scale  # x / 1 is x: no [M, V] copy for it
 
 
 def response_log_probs(

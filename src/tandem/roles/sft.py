@@ -12,8 +12,7 @@ from tandem.algos.aggregation import agg_loss
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
 from tandem.engine.base import ModelOutput, TrainEngine, scatter_rows
-from tandem.engine.lm_head import HeadRows
-from tandem.roles.common import MODEL_INPUTS, run_update, token_stats
+from tandem.roles.common import MODEL_INPUTS, run_update, scaled_logits, token_stats
 
 SFT_KEYS = (*MODEL_INPUTS, "loss_mask")
 
@@ -29,8 +28,8 @@ def next_token_log_probs(output: ModelOutput, input_ids: Tensor) -> Tensor:
     b, width = input_ids.shape
     positions = torch.arange(width - 1, device=input_ids.device).expand(b, width - 1)
     logits, where = output.at(positions)
-    rows = HeadRows(logits, output.head, 1.0) if output.head is not None else logits.float()
-    log_probs = scatter_rows(token_stats(output, rows, input_ids[:, 1:][where])["log_probs"], where)
+    stats = token_stats(output, scaled_logits(output, logits, 1.0), input_ids[:, 1:][where])
+    log_probs = scatter_rows(stats["log_probs"], where)
     return torch.cat([log_probs, torch.zeros_like(log_probs[:, :1])], dim=1)
 
 
