@@ -52,7 +52,9 @@ backward of the update). Achieved FLOP/s = step FLOPs / median step s; MFU = ach
 
 Also: the training phase (log-probs + reference + update) with Tandem's defaults vs every
 training-side optimisation off (PADDED below: padded fixed-size micro-batches of 8, the old-log-prob pass), and scaling rows (no-ref, 1 warm-up + 3 steps): samples doubled,
-response length doubled, and 2 FSDP ranks of 1 CPU each.
+response length doubled, and 2 FSDP ranks of 1 CPU each. Sections `sizes` and `compile` (issue 20): three
+model sizes (W1, 8x, ~100 M) before / after the trainer's changes, and eager / compiled decoder layers
+(actor.fsdp.torch_compile; the compile time, timing_s/compile, is paid before the first step).
 """
 
 from __future__ import annotations
@@ -70,7 +72,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("main", "padded", "ablation", "scaling", "engines", "layouts", "sizes")
+SECTIONS = ("main", "padded", "ablation", "scaling", "engines", "layouts", "sizes", "compile")
 LR = 1e-5
 KL_COEF = 0.04
 MAX_PROMPT_LENGTH = 16  # "99+99=" is 6 tokens
@@ -557,6 +559,8 @@ def main() -> None:
         layouts_section(runner, work, results)
     if "sizes" in sections:
         sizes_section(runner, work, results)
+    if "compile" in sections:
+        compile_section(runner, work, results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
         say(f"numbers in {args.json}")
@@ -750,26 +754,53 @@ def sizes_section(runner: Runner, work: Workload, results: dict[str, Any]) -> No
     achieved FLOP/s and MFU of generation and training against the matmul peaks measured here."""
     import torch
 
-    from tandem.data import save_tiny
-
     short = replace(work, steps=2)
     # bf16 at 1024 and best of 2: a CPU without native bf16 runs it hundreds of times slower than fp32
     peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16, 1024, 2)}
     results["sizes"] = {"peaks": peaks, "rows": {}}
-    for size, kwargs in SIZES.items():
-        folder = save_tiny(runner.workdir / ("model-" + size.split()[0]), **kwargs)
-        model = model_numbers(folder)
-        for when, extra in (("before", BEFORE), ("after", [])):
-            name = f"sizes/{size.split()[0]}-{when}"
-            overrides = [*VARIANTS["no-ref"], f"actor.model_path={folder}", *extra]
-            results["runs"][name] = runner.tandem(name, short, overrides)
-            s = summarise(results["runs"][name], model, None)
+    size_runs(runner, short, results, "before", BEFORE)
+    size_runs(runner, short, results, "after", [])
+    for size in SIZES:
+        model = model_numbers(runner.workdir / ("model-" + size.split()[0]))
+        for when in ("before", "after"):
+            s = summarise(results["runs"][f"sizes/{size.split()[0]}-{when}"], model, None)
             gen_flops = forward_flops(model, s["generated_tokens"], s["context"])
             train_flops = s["flops"] - gen_flops
             s["gen_flops_per_s"] = gen_flops / s["generate"]
             s["train_flops_per_s"] = train_flops / s["train"]
             results["sizes"]["rows"][f"{size}, {when}"] = {"params": model["params"], **s}
     print_sizes(results["sizes"], short)
+
+
+def size_runs(runner: Runner, work: Workload, results: dict[str, Any], when: str, extra: list[str]) -> None:
+    """One no-ref run per model size (`sizes/<size>-<when>`), unless this invocation has it already."""
+    from tandem.data import save_tiny
+
+    for size, kwargs in SIZES.items():
+        name = f"sizes/{size.split()[0]}-{when}"
+        if name not in results["runs"]:
+            folder = save_tiny(runner.workdir / ("model-" + size.split()[0]), **kwargs)
+            overrides = [*VARIANTS["no-ref"], f"actor.model_path={folder}", *extra]
+            results["runs"][name] = runner.tandem(name, work, overrides)
+
+
+def compile_section(runner: Runner, work: Workload, results: dict[str, Any]) -> None:
+    """fsdp.torch_compile per model size: the training phase eager and compiled, and the compile time
+    (timing_s/compile, paid once before the first step, not in any step's time)."""
+    short = replace(work, steps=2)
+    size_runs(runner, short, results, "after", [])
+    size_runs(runner, short, results, "compiled", ["actor.fsdp.torch_compile=true"])
+    rows = {}
+    print(f"\nfsdp.torch_compile (no-ref, {short.label()}, 1 warm-up + {short.steps} measured steps)")
+    print(f"{'model':<16}" + "".join(f"{h:>14}" for h in ("train s", "compiled s", "speed-up", "compile s")))
+    for size in SIZES:
+        eager, compiled = (results["runs"][f"sizes/{size.split()[0]}-{w}"] for w in ("after", "compiled"))
+        train = [statistics.median(phases(m)["train"] for m in run["steps"][1:]) for run in (eager, compiled)]
+        seconds = compiled["steps"][0]["timing_s/compile"]
+        rows[size] = {"train_eager": train[0], "train_compiled": train[1], "compile_s": seconds}
+        cells = (train[0], train[1], train[0] / train[1], seconds)
+        print(f"{size:<16}" + "".join(f"{v:>14.2f}" for v in cells))
+    results["compile"] = rows
 
 
 def print_sizes(sizes: dict[str, Any], work: Workload) -> None:

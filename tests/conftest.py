@@ -3,6 +3,11 @@ import tempfile
 
 import pytest
 
+# param_dtype=auto measures bf16 against fp32 on a CPU with native bf16 (engine/auto_dtype.py) and could pick
+# bf16 on such a CI host; the parity tests compare in fp32 at 1e-5. Set before anything starts: spawned
+# ranks, `tandem` subprocesses and the Ray workers started by these tests inherit it.
+os.environ["TANDEM_AUTO_CPU_DTYPE"] = "float32"
+
 
 @pytest.fixture(scope="session")
 def ray_local():

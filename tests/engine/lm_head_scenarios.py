@@ -1,5 +1,6 @@
 """What each spawned rank does in the chunked-LM-head tests (test_lm_head.py): the same engine calls with
-the plain head and with `fsdp.lm_head_chunk_tokens`, on 1 and 2 ranks; the parent compares the results.
+the plain head and with `fsdp.lm_head_chunk_tokens`, on 1 and 2 ranks, and on 2 ranks with compiled decoder
+layers (`fsdp.torch_compile`); the parent compares the results.
 
 The numbers are the roles' own: roles/common.response_log_probs (log-probs and entropy at a temperature)
 and roles/sft.next_token_log_probs, in a forward pass and in a loss whose gradient reaches the head.
@@ -54,18 +55,24 @@ def make_loss_fn(global_tokens):
     return loss_fn
 
 
-def run_case(model_path: str, chunk: int | None, packing: bool, world: int, rank: int) -> dict:
+def run_case(
+    model_path: str, chunk: int | None, packing: bool, compiled: bool, world: int, rank: int
+) -> dict:
     engine = FSDPEngine(
         model_path=model_path,
         head="lm",
         device=torch.device("cpu"),
         optim=OPTIM,
-        fsdp=FSDPConfig(lm_head_chunk_tokens=chunk),
+        fsdp=FSDPConfig(lm_head_chunk_tokens=chunk, torch_compile=compiled),
         grad_clip=1.0,
         total_training_steps=10,
         packing=packing,
     )
-    result: dict = {"chunk": engine.lm_head_chunk, "packing": engine.packing}
+    result: dict = {
+        "chunk": engine.lm_head_chunk,
+        "packing": engine.packing,
+        "compiled": engine.compile_seconds,
+    }
     result["state0"] = gather_state(engine)
     batch = rollout_batch(6, seed=5)
     mine = shard(batch, SHARDS[world], rank)
@@ -85,8 +92,11 @@ def worker(rank: int, world: int, init_method: str, model_path: str, out_dir: st
         "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=120)
     )
     try:
+        # (chunk, packing, compiled)
         cases = (
-            [(None, True), (CHUNK, True), (None, False), (CHUNK, False)] if world == 1 else [(CHUNK, True)]
+            [(None, True, False), (CHUNK, True, False), (None, False, False), (CHUNK, False, False)]
+            if world == 1
+            else [(CHUNK, True, False), (CHUNK, True, True)]
         )
         results = {case: run_case(model_path, *case, world, rank) for case in cases}
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")

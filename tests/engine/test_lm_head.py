@@ -122,7 +122,7 @@ def test_chunked_head_equals_full_logits_packed_and_padded(runs, model):
         True,
         False,
     ):  # padded, the outputs at padding are the model's too: compare like with like
-        plain, chunked = results[(None, packing)], results[(sc.CHUNK, packing)]
+        plain, chunked = results[(None, packing, False)], results[(sc.CHUNK, packing, False)]
         assert plain["chunk"] is None and plain["packing"] == packing
         assert chunked["chunk"] == sc.CHUNK and chunked["packing"] == packing
         for key in ("log_probs", "entropy", "sft"):
@@ -134,11 +134,7 @@ def test_chunked_head_equals_full_logits_packed_and_padded(runs, model):
         assert_states_close(chunked["empty_state"], plain["empty_state"])
 
 
-@pytest.mark.slow
-@pytest.mark.timeout(300)
-def test_chunked_head_two_ranks_equal_one(runs):
-    single = runs["one"][(sc.CHUNK, True)]
-    pair = [rank[(sc.CHUNK, True)] for rank in runs["two"]]
+def assert_pair_equals_single(pair, single):
     for key in ("log_probs", "entropy", "sft"):
         joined = torch.cat([rank["forward"][key] for rank in pair])
         torch.testing.assert_close(joined, single["forward"][key], rtol=1e-5, atol=1e-5)
@@ -149,6 +145,25 @@ def test_chunked_head_two_ranks_equal_one(runs):
     assert moved > 5e-5  # a real update (about lr = 1e-4 per element), not two unchanged models agreeing
     assert_states_close(pair[0]["state"], single["state"])
     assert_states_close(pair[0]["empty_state"], single["empty_state"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_chunked_head_two_ranks_equal_one(runs):
+    pair = [rank[(sc.CHUNK, True, False)] for rank in runs["two"]]
+    assert all(rank["compiled"] is None for rank in pair)
+    assert_pair_equals_single(pair, runs["one"][(sc.CHUNK, True, False)])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_compiled_layers_on_two_ranks_equal_eager_one_rank(runs):
+    """fsdp.torch_compile (inductor, dynamic shapes) under FSDP2's hooks on 2 ranks: a forward, a training
+    step and a step in which rank 1 has no rows (its dummy pass runs the compiled layers too) equal the
+    eager engine on 1 rank."""
+    pair = [rank[(sc.CHUNK, True, True)] for rank in runs["two"]]
+    assert all(rank["compiled"] > 0 for rank in pair)  # the warm-up ran, timed
+    assert_pair_equals_single(pair, runs["one"][(sc.CHUNK, True, False)])
 
 
 def test_auto_chunks_only_real_vocabularies():

@@ -16,6 +16,10 @@ VERL: dict[str, tuple[str, str]] = {
     ),
     "actor_rollout_ref.model.path": ("actor.model_path", ""),
     "actor_rollout_ref.model.enable_gradient_checkpointing": ("actor.activation_checkpointing", ""),
+    "actor_rollout_ref.actor.use_torch_compile": (
+        "actor.fsdp.torch_compile",
+        "verl compiles its entropy function (on by default); Tandem compiles each decoder layer, off by default",
+    ),
     "actor_rollout_ref.model.use_fused_kernels": (
         "actor.fsdp.lm_head_chunk_tokens",
         "Tandem's log-probs from the hidden states take a chunk size in tokens (torch only, no Triton kernel)",

@@ -86,9 +86,10 @@ class FSDPConfig:
 
     Data-parallel size = world size / sequence_parallel (see cfg.derived.dp_size)."""
 
-    param_dtype: ParamDtype = (
-        "auto"  # forward / backward dtype (master weights: float32); auto = bfloat16 on cuda, float32 on cpu
-    )
+    # forward / backward dtype (master weights, optimizer state and reductions: float32); the rollout engine's
+    # too. auto = bfloat16 on cuda; on a cpu, bfloat16 only where its bf16 matmuls are clearly faster (native
+    # AMX / AVX-512 BF16, measured at start-up: engine/auto_dtype.py), else float32
+    param_dtype: ParamDtype = "auto"
     reduce_dtype: Dtype = "float32"  # dtype of the gradient reduce-scatter across ranks
     cpu_offload: bool = False  # keep sharded parameters, gradients and optimizer state in CPU memory
     sequence_parallel: int = 1  # RANKS splitting each sequence (Ulysses); divides the world size
@@ -96,6 +97,9 @@ class FSDPConfig:
     # states a chunk at a time, never the [tokens, vocab] logits (engine/lm_head.py); null = the model's full
     # logits; auto = chunks of about 32 M logits (2^25 / vocab tokens) for a vocabulary of >= 32768, else null
     lm_head_chunk_tokens: int | Literal["auto"] | None = "auto"
+    # compile each decoder layer with torch.compile (dynamic shapes, inductor): the first passes pay the compile
+    # (timed and logged at start-up, as the engine warms up), the later ones run the compiled code
+    torch_compile: bool = False
 
 
 @dataclass

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from tandem.batch import Batch
 from tandem.data.packing import Packing
+from tandem.engine.auto_dtype import cpu_auto_dtype
 from tandem.engine.lm_head import ChunkedHead
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
@@ -39,10 +40,16 @@ ForwardFn = Callable[["ModelOutput", Batch], dict[str, Tensor]]
 LossFn = Callable[["ModelOutput", Batch], tuple[Tensor, dict[str, float]]]
 
 
-def resolve_param_dtype(param_dtype: str, device: torch.device, key: str = "fsdp.param_dtype") -> torch.dtype:
-    """A config's compute dtype -> torch dtype; "auto" is bfloat16 on CUDA, float32 elsewhere."""
+def resolve_param_dtype(
+    param_dtype: str, device: torch.device, key: str = "fsdp.param_dtype", cpu_probe: bool = True
+) -> torch.dtype:
+    """A config's compute dtype -> torch dtype. "auto" is bfloat16 on CUDA; on a CPU, bfloat16 where this
+    CPU's bf16 matmuls are clearly the faster (engine/auto_dtype.py), else float32 (always float32 with
+    `cpu_probe=False`). Ranks of one engine must agree: the FSDP2 engine reduces their choices."""
     if param_dtype == "auto":
-        return torch.bfloat16 if device.type == "cuda" else torch.float32
+        if device.type == "cuda":
+            return torch.bfloat16
+        return cpu_auto_dtype() if cpu_probe else torch.float32
     if param_dtype not in DTYPES:
         raise ValueError(f"{key}={param_dtype!r} is unknown; use auto, {', '.join(DTYPES)}")
     return DTYPES[param_dtype]
@@ -111,11 +118,16 @@ def check_engine_args(engine: str, grad_clip: float | None, max_tokens_per_micro
         raise ValueError(f"max_tokens_per_micro_batch must be >= 1 or None, got {max_tokens_per_micro_batch}")
 
 
-def pad_micro_batch(pad_id: int, device: torch.device | str = "cpu") -> Batch:
-    """One pad token: the cheapest pass that still runs every layer's collectives."""
-    ids = torch.full((1, 1), pad_id, dtype=torch.long, device=device)
+def pad_micro_batch(pad_id: int, device: torch.device | str = "cpu", tokens: int = 1) -> Batch:
+    """A row of pad tokens: the cheapest pass that still runs every layer's collectives. (The FSDP2 engine
+    asks for 2: a length of 1 would make its compiled layers compile again, for that size alone.)"""
+    ids = torch.full((1, tokens), pad_id, dtype=torch.long, device=device)
     return Batch(
-        {"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": torch.zeros_like(ids)}
+        {
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "position_ids": torch.arange(tokens, device=device).view(1, tokens),
+        }
     )
 
 
@@ -124,6 +136,7 @@ class TrainEngine(ABC):
 
     dp_rank: int  # this rank's data-parallel index
     dp_size: int  # data-parallel ranks
+    param_dtype: torch.dtype  # the forward / backward dtype (the rollout engine computes in it too)
     _is_offloaded: bool = False  # set by offload(), cleared by onload()
 
     @abstractmethod

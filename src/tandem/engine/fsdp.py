@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections import defaultdict
 from collections.abc import Iterator
 from itertools import chain
@@ -120,6 +121,12 @@ class FSDPEngine(TrainEngine):
         self._offloaded: list[tuple[dict, str]] = []  # optimizer-state entries moved by offload()
         self._is_offloaded = False
         self.param_dtype = resolve_param_dtype(fsdp.param_dtype, self.device)
+        if (
+            fsdp.param_dtype == "auto"
+            and self.device.type == "cpu"
+            and self._max_over_ranks(int(self.param_dtype != torch.bfloat16))
+        ):
+            self.param_dtype = torch.float32  # a CPU probe's choice, made per rank: bf16 only if all chose it
 
         config = hf_io.load_config(self.model_path, head)
         self._export_config = config.to_dict()  # as the user wrote it (dropout included), for export_hf
@@ -146,6 +153,7 @@ class FSDPEngine(TrainEngine):
         if optim is not None:
             self.optimizer = build_optimizer(self.model.parameters(), optim)
             self.scheduler = build_scheduler(self.optimizer, optim, total_training_steps)
+        self.compile_seconds = self._compile_layers() if fsdp.torch_compile else None
 
     # ------------------------------------------------------------------ construction
     def _build_model(
@@ -195,6 +203,57 @@ class FSDPEngine(TrainEngine):
         del full_state
         return model, hf_class, state_keys
 
+    def _compile_layers(self) -> float:
+        """`fsdp.torch_compile`: each decoder layer compiled in place (`Module.compile`, so the parameter names
+        stay the HF ones and FSDP2's hooks stay on the layers), with dynamic shapes: packed rows are one
+        [1, tokens] row whose length changes every micro-batch. Compiling happens on a layer's first calls
+        with a new grad mode / train flag; a warm-up pays it here (a training pass with its backward, and a
+        no-grad pass), timed and logged, so no step's time holds it. Returns the warm-up's seconds.
+
+        Sizes 0 and 1 are never dynamic in torch.compile: padded micro-batches warm up with 2 rows and with 1,
+        and the engine's dummy passes are 2 tokens long. A shape the warm-up did not foresee compiles on first
+        use (torch recompiles by itself, up to its recompile limit)."""
+        layers = hf_io.decoder_layers(self.model)
+        if not layers:
+            raise ValueError(
+                f"fsdp.torch_compile=true: no decoder layers found in {self._hf_class.__name__} to compile; "
+                "set fsdp.torch_compile=false"
+            )
+        for layer in layers:
+            layer.compile(dynamic=True)
+        start = time.perf_counter()
+        lengths = (
+            4,
+            7,
+        )  # two sequences: one packed [1, 11] row, or a padded [2, 7] batch (its first row padded)
+        mask = torch.tensor([[1] * n + [0] * (max(lengths) - n) for n in lengths], device=self.device)
+        ids = (
+            torch.arange(mask.numel(), device=self.device).view(mask.shape) * 3 + 1
+        ) % self.config.vocab_size
+        positions = (mask.cumsum(-1) - 1).clamp(min=0)
+        warm = Batch({"input_ids": ids * mask, "attention_mask": mask, "position_ids": positions})
+        # Packed micro-batches are always one row; padded ones are 1 row or more, two graphs.
+        shapes = [warm] if self.packing else [warm, warm.slice(0, 1)]
+        for micro in shapes:
+            if self.optimizer is not None:
+                self.model.train()
+                self._model_forward(micro).zero_loss().backward()
+                for param in self.model.parameters():
+                    param.grad = None
+            self.model.eval()
+            with torch.no_grad():
+                self._model_forward(micro)
+        self.model.reshard()
+        seconds = time.perf_counter() - start
+        logger.info(
+            "fsdp.torch_compile: %d decoder layers of %s compiled in %.1f s (warm-up, %s)",
+            len(layers),
+            self._hf_class.__name__,
+            seconds,
+            "training and no-grad passes" if self.optimizer is not None else "no-grad pass",
+        )
+        return seconds
+
     def _offload_policy(self, cpu_offload: bool) -> CPUOffloadPolicy | None:
         global _warned_cpu_offload
         if not cpu_offload:
@@ -228,7 +287,7 @@ class FSDPEngine(TrainEngine):
                     micro = dummy_like(batch).to(self.device)
                     parts.append({k: v[:0] for k, v in to_cpu(fn(self._model_forward(micro), micro)).items()})
                 else:
-                    self._model_forward(pad_micro_batch(self._pad_id(), self.device))
+                    self._model_forward(pad_micro_batch(self._pad_id(), self.device, tokens=2))
         # FSDP2 keeps the root's parameters unsharded after a forward until the next backward: register the
         # sharded ones again, or a save (or an optimizer built now) would see other tensors than the optimizer's.
         self.model.reshard()
@@ -261,7 +320,9 @@ class FSDPEngine(TrainEngine):
                     metrics[key].append(value.detach() if isinstance(value, Tensor) else value)
             else:
                 # Same collectives as a real pass, no gradient.
-                self._model_forward(pad_micro_batch(self._pad_id(), self.device)).zero_loss().backward()
+                self._model_forward(
+                    pad_micro_batch(self._pad_id(), self.device, tokens=2)
+                ).zero_loss().backward()
 
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
         grad_norm = self._clip_gradients()

@@ -24,7 +24,7 @@ from tandem.batch import Batch
 from tandem.config.schema import OptimConfig, TandemConfig
 from tandem.controller import Dispatch, Worker, WorkerContext, dispatch
 from tandem.engine import build_engine
-from tandem.engine.base import Head, TrainEngine
+from tandem.engine.base import Head, TrainEngine, resolve_param_dtype
 from tandem.roles.actor import Actor
 from tandem.roles.critic import Critic
 from tandem.roles.reference import Reference
@@ -81,7 +81,10 @@ class RoleWorker(Worker):
         self.agent: AgentLoop | None = None
         if "rollout" in roles:
             start = time.perf_counter()
-            self.rollout = build_rollout(cfg.rollout.engine, **rollout_kwargs(cfg, ctx.torch_device))
+            # The rollout computes in the actor's dtype (param_dtype=auto may have measured it), or resolves it
+            # the same way in a separate rollout pool.
+            dtype = self.actor.engine.param_dtype if self.actor is not None else None
+            self.rollout = build_rollout(cfg.rollout.engine, **rollout_kwargs(cfg, ctx.torch_device, dtype))
             if cfg.rollout.mode == "async":
                 self.agent = agent_loop_from_config(cfg, self.rollout)
             self._rollout_start_s = time.perf_counter() - start
@@ -92,6 +95,10 @@ class RoleWorker(Worker):
         self._metrics: dict[str, float] = {}
         if self.rollout is not None:  # reported with the first step
             self._metrics["timing_s/rollout_start"] = self._rollout_start_s
+        models = (self.actor, self.reference, self.critic, self.reward_model)
+        compiled = [s for s in (getattr(r.engine, "compile_seconds", None) for r in models if r) if s]
+        if compiled:  # fsdp.torch_compile's warm-ups, paid before the first step
+            self._metrics["timing_s/compile"] = sum(compiled)
 
     def _engine(
         self, model_path: str | None, head: Head, optim: OptimConfig | None, grad_clip: float | None
@@ -426,8 +433,11 @@ def agent_loop_from_config(cfg: TandemConfig, rollout: Any) -> AgentLoop:
     )
 
 
-def rollout_kwargs(cfg: TandemConfig, device: torch.device) -> dict[str, Any]:
-    """The rollout engine's constructor arguments from the config."""
+def rollout_kwargs(
+    cfg: TandemConfig, device: torch.device, dtype: torch.dtype | None = None
+) -> dict[str, Any]:
+    """The rollout engine's constructor arguments from the config; `dtype`: the actor engine's compute dtype
+    (None: resolved from the actor's param_dtype here)."""
     kwargs: dict[str, Any] = {
         "model_path": cfg.actor.model_path,
         "tokenizer_path": cfg.actor.tokenizer_path,
@@ -436,7 +446,7 @@ def rollout_kwargs(cfg: TandemConfig, device: torch.device) -> dict[str, Any]:
     if resolve_engine(cfg.rollout.engine) == "vllm":
         r, d = cfg.rollout, cfg.data
         kwargs.update(
-            dtype=torch.float32 if device.type == "cpu" else torch.bfloat16,
+            dtype=dtype or actor_dtype(cfg, device),
             max_model_len=d.max_prompt_length + d.max_response_length,
             tensor_parallel=r.tensor_parallel,
             gpu_memory_utilization=r.gpu_memory_utilization,
@@ -444,3 +454,11 @@ def rollout_kwargs(cfg: TandemConfig, device: torch.device) -> dict[str, Any]:
             seed=cfg.trainer.seed,
         )
     return kwargs
+
+
+def actor_dtype(cfg: TandemConfig, device: torch.device) -> torch.dtype:
+    """The actor's compute dtype as its engine resolves it (megatron-core: float32 on a CPU)."""
+    a = cfg.actor
+    if a.strategy == "megatron":
+        return resolve_param_dtype(a.megatron.param_dtype, device, "megatron.param_dtype", cpu_probe=False)
+    return resolve_param_dtype(a.fsdp.param_dtype, device)

@@ -192,7 +192,9 @@ class MegatronEngine(TrainEngine):
         self.config = config
         self.shapes = convert.shapes_of(config)
         self.layers_per_stage = config.num_hidden_layers // self.pp_size
-        self.param_dtype = resolve_param_dtype(megatron.param_dtype, self.device, "megatron.param_dtype")
+        self.param_dtype = resolve_param_dtype(
+            megatron.param_dtype, self.device, "megatron.param_dtype", cpu_probe=False
+        )
 
         with self._scope():
             self.module, self._hf_class, self._hf_shapes = self._build(activation_checkpointing, seed)

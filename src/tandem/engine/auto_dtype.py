@@ -1,0 +1,79 @@
+"""`param_dtype=auto` on a CPU: bfloat16 where this CPU multiplies bf16 matrices clearly faster than float32.
+
+bf16 pays on CPUs with native bf16 matrix instructions (Intel AMX tiles, AVX-512 BF16), where oneDNN runs
+bf16 GEMMs at several times fp32's rate. Elsewhere torch emulates them, hundreds of times slower (the 2-core
+AMD EPYC this project is developed on: 0.3-1 GFLOP/s in bf16 against 156 in fp32, bench/README.md). So:
+no native instruction, float32 without timing anything; with one, `cpu_auto_dtype` times both dtypes on a
+transformer-like matmul and picks bfloat16 only when it is at least `MARGIN` times faster, since bf16
+training also pays for casting the fp32 master weights every step and keeps reductions in fp32.
+
+`TANDEM_AUTO_CPU_DTYPE=float32|bfloat16` replaces the probe: the test suite pins float32 (its parity tests
+compare at 1e-5 and must not change dtype on a host with AMX), and a user can pin one choice across hosts.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import time
+
+import torch
+
+logger = logging.getLogger(__name__)
+
+ENV = "TANDEM_AUTO_CPU_DTYPE"
+MARGIN = 1.3  # bf16's matmul rate over fp32's needed to choose it
+PROBE_SHAPE = (512, 1024, 1024)  # tokens x hidden @ hidden x hidden: 1.07 GFLOP, milliseconds in fp32
+_CHOICES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def native_bf16() -> bool:
+    """Whether this CPU has bf16 matrix instructions (AMX tiles or AVX-512 BF16), as torch sees them."""
+    checks = ("_is_amx_tile_supported", "_is_avx512_bf16_supported")
+    return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
+
+
+def matmul_rate(dtype: torch.dtype, shape: tuple[int, int, int] = PROBE_SHAPE, repeats: int = 3) -> float:
+    """FLOP/s of `[m, k] @ [k, n]` in `dtype` at torch's current threads: the best of `repeats` after one."""
+    m, k, n = shape
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randn(m, k, generator=gen).to(dtype)
+    b = torch.randn(k, n, generator=gen).to(dtype)
+    torch.mm(a, b)  # oneDNN's first call picks and builds its kernel
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2 * m * k * n / best
+
+
+def cpu_auto_dtype() -> torch.dtype:
+    """float32 or bfloat16 for `param_dtype=auto` on this CPU (the module docstring says how)."""
+    pinned = os.environ.get(ENV)
+    if pinned:
+        if pinned not in _CHOICES:
+            raise ValueError(f"{ENV}={pinned!r}: use float32 or bfloat16 (or unset it to let Tandem measure)")
+        return _CHOICES[pinned]
+    return _probe()
+
+
+@functools.cache
+def _probe() -> torch.dtype:
+    if not native_bf16():
+        logger.info("param_dtype=auto: float32 (this CPU has no native bf16 matrix instructions)")
+        return torch.float32
+    fp32, bf16 = matmul_rate(torch.float32), matmul_rate(torch.bfloat16)
+    choice = torch.bfloat16 if bf16 >= MARGIN * fp32 else torch.float32
+    logger.info(
+        "param_dtype=auto: %s (matmul %s: fp32 %.0f, bf16 %.0f GFLOP/s; bf16 needs %.1fx fp32; %s=float32 "
+        "pins float32)",
+        str(choice).removeprefix("torch."),
+        "x".join(map(str, PROBE_SHAPE)),
+        fp32 / 1e9,
+        bf16 / 1e9,
+        MARGIN,
+        ENV,
+    )
+    return choice
