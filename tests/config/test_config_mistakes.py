@@ -201,6 +201,9 @@ def test_override_problem_is_not_blamed_on_the_preset_file():
         ("algorithm.filter_groups.enable", "'algorithm.dynamic_sampling.enable'"),
         ("data.gen_batch_size", "'algorithm.dynamic_sampling.gen_batch_size'"),
         ("custom_reward_function.path", "'reward.custom_reward_file'"),
+        ("trainer.profile_steps", "'trainer.profile.steps'"),
+        ("global_profiler.steps", "'trainer.profile.steps'"),
+        ("actor_rollout_ref.actor.use_torch_compile", "'actor.fsdp.torch_compile'"),
     ],
 )
 def test_verl_key_names_the_tandem_key(key, tandem):

@@ -136,6 +136,32 @@ def test_dropout_disabled_and_layers_found(tiny_path):
     assert [type(layer).__name__ for layer in layers] == ["Qwen2DecoderLayer"] * 4
 
 
+def test_attention_implementation_auto_and_forced(tiny_path, monkeypatch):
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert hf_io.attention_implementation("auto", cpu) == "sdpa"
+    assert hf_io.attention_implementation("eager", cpu) == "eager"
+    with pytest.raises(
+        ValueError, match="actor.fsdp.attn_implementation=flash_attention_2 needs a CUDA device"
+    ):
+        hf_io.attention_implementation("flash_attention_2", cpu)
+    # CUDA is not here: what auto picks there, with and without the flash-attn package
+    import transformers.utils
+
+    for installed, expected in ((False, "sdpa"), (True, "flash_attention_2")):
+        monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda i=installed: i)
+        assert hf_io.attention_implementation("auto", cuda) == expected
+    # the choice reaches the model, and eager attention gives sdpa's logits
+    ids = torch.tensor([[5, 9, 17, 33, 2]])
+    logits = {}
+    for kind in ("sdpa", "eager"):
+        config = hf_io.load_config(tiny_path, "lm", kind)
+        model = hf_io.load_pretrained(tiny_path, config, "lm", seed=1)
+        assert model.config._attn_implementation == kind
+        assert model.model.layers[0].self_attn.config._attn_implementation == kind
+        logits[kind] = model(input_ids=ids).logits
+    torch.testing.assert_close(logits["eager"], logits["sdpa"], rtol=0, atol=1e-5)
+
+
 # ---------------------------------------------------------------------------- forward
 @pytest.mark.slow
 @pytest.mark.timeout(300)

@@ -3,12 +3,14 @@ reward processes, the tiny model. A few steps each; every test checks numbers, n
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
+from tandem.engine.flops import ModelFlops
 from tandem.trainer import RLTrainer
 from tandem.trainer.checkpoint import COMPLETE, TRAINER_STATE
 from tandem.trainer.export import export_checkpoint
@@ -110,9 +112,24 @@ def test_ppo_with_critic_warms_up_the_critic_first(ray_local, assets, tmp_path):
         "ppo",
         "trainer.total_training_steps=2",
         "trainer.critic_warmup=1",
+        "trainer.profile.steps=[2]",  # and traces of rank 1's calls in step 2 (roles/profile.py)
+        "trainer.profile.ranks=[1]",
         *custom_reward("by_length"),
     )
     history = by_step(RLTrainer(cfg).fit())
+    profiles = tmp_path / "tandem/ppo/profile"
+    traces = sorted(p.relative_to(profiles) for p in profiles.rglob("*") if p.is_file())
+    expected = ["generate", "compute_log_probs", "compute_ref_log_probs", "update_actor"]
+    assert [str(p) for p in traces] == sorted(
+        [f"step2/actor_rollout_ref_rank1_{phase}.pt.trace.json" for phase in expected]
+        + [
+            f"step2/critic_reward_model_rank1_{phase}.pt.trace.json"
+            for phase in ("compute_values", "update_critic")
+        ]
+    ), traces
+    update = json.loads((profiles / traces[-1]).read_text())
+    names = {event.get("name", "") for event in update["traceEvents"]}
+    assert any(name.startswith("aten::") for name in names)  # torch's ops, as Perfetto shows them
     for step in (1, 2):
         assert {"critic/vf_loss", "critic/grad_norm", "values/mean", "actor/reward_kl_penalty"} <= set(
             history[step]
@@ -123,6 +140,22 @@ def test_ppo_with_critic_warms_up_the_critic_first(ray_local, assets, tmp_path):
     assert history[1]["actor/reward_kl_penalty"] == 0 and history[2]["actor/reward_kl_penalty"] == 0
     assert history[1]["rewards/mean"] == pytest.approx(history[1]["score/mean"])
     assert (tmp_path / "tandem/ppo/checkpoints/global_step_2/critic").is_dir()
+    # MFU of each update (engine/flops.py): model FLOPs / (the phase's seconds x peak x 2 ranks)
+    models = {
+        "actor": ModelFlops.from_folder(assets["model"]),
+        "critic": ModelFlops.from_folder(assets["model"], "value"),
+    }
+    longest = 32 + 6  # data.max_prompt_length + max_response_length
+    for step, role in ((1, "critic"), (2, "critic"), (2, "actor")):
+        m, model = history[step], models[role]
+        peak, flops = m["perf/peak_flops_per_device"], m[f"perf/update_flops/{role}"]
+        assert 1e8 < peak < 1e14  # torch.mm measured by the workers
+        tokens = m["perf/total_tokens"]  # forward + backward: 3 x (2 N T + the attention term, <= 4 L H T n)
+        attention = 4 * model.layers * model.hidden * tokens * longest
+        assert 3 * 2 * model.params * tokens < flops <= 3 * (2 * model.params * tokens + attention)
+        assert m[f"perf/mfu/{role}"] == pytest.approx(flops / (m[f"timing_s/update_{role}"] * peak * 2))
+        assert 0 < m[f"perf/mfu/{role}"] < 1
+    assert "perf/mfu/actor" not in history[1] and "perf/update_flops/actor" not in history[1]
 
 
 def test_dapo_dynamic_sampling_fills_the_batch_with_varied_groups(ray_local, assets, tmp_path):

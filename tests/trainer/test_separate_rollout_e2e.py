@@ -27,10 +27,11 @@ def model_bytes(folder) -> int:
         return sum(f.get_tensor(k).numel() * f.get_tensor(k).element_size() for k in f.keys())
 
 
-@pytest.mark.parametrize("ranks", [1, 2])
-def test_separate_rollout_pool_gives_the_hybrid_numbers(ray_local, assets, tmp_path, ranks):
-    """`ranks` trainer ranks and as many engines in each layout (the same prompts per engine). With 2, the
-    trainer's second rank takes part in the gathers but not in the bus."""
+def test_separate_rollout_pool_gives_the_hybrid_numbers(ray_local, assets, tmp_path):
+    """2 trainer ranks and as many engines in each layout (the same prompts per engine): the trainer's second
+    rank takes part in the gathers but not in the bus. (One rank and one engine in a separate pool run in the
+    one-step-off and streaming tests below.)"""
+    ranks = 2
     common = ["rollout.engine=vllm", f"trainer.workers_per_node={ranks}", "trainer.total_training_steps=3"]
     common += custom_reward("by_length")
     hybrid = by_step(RLTrainer(run_config(assets, tmp_path / "hybrid", "grpo", *common)).fit())
@@ -51,26 +52,28 @@ def test_separate_rollout_pool_gives_the_hybrid_numbers(ray_local, assets, tmp_p
 
 
 def test_one_step_off_trains_on_samples_one_update_behind_and_resumes(ray_local, assets, tmp_path):
+    """Run to step 2, stop (step 3's generation in flight), resume to step 4: one run with an interruption."""
     common = ["rollout.engine=vllm", "trainer.workers_per_node=1", "trainer.total_training_steps=4"]
     common += ["rollout.layout=separate", "trainer.async_mode=one_step_off", "trainer.save_freq=1"]
     common += custom_reward("by_length")
-    cfg = run_config(assets, tmp_path / "run", "grpo", *common)
-    assert cfg.algorithm.rollout_correction.rollout_is == "token"  # on by default in this mode
-    history = by_step(RLTrainer(cfg).fit())
-    assert [history[s]["async/staleness_max"] for s in (1, 2, 3, 4)] == [0, 1, 1, 1]
-    # step 1 samples the actor's own weights; later steps the weights of one update before
-    assert history[1]["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-3)
-    assert all(abs(history[s]["rollout_mismatch/max_ratio"] - 1) > 1e-3 for s in (2, 3, 4))
+    first = RLTrainer(run_config(assets, tmp_path / "run", "grpo", *common))
+    assert first.cfg.algorithm.rollout_correction.rollout_is == "token"  # on by default in this mode
+    history = by_step(first.fit(until_step=2))
+    # the queue starts empty after a resume, so step 3 is generated again with the checkpoint's weights
+    resumed = by_step(RLTrainer(run_config(assets, tmp_path / "run", "grpo", *common)).fit())
+    assert sorted(history) == [1, 2] and sorted(resumed) == [3, 4]
+    history.update(resumed)
+    assert [history[s]["async/staleness_max"] for s in (1, 2, 3, 4)] == [0, 1, 0, 1]
+    # a run's first step samples the actor's own weights; later steps the weights of one update before
+    for s in (1, 3):
+        assert history[s]["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-3)
+    assert all(abs(history[s]["rollout_mismatch/max_ratio"] - 1) > 1e-3 for s in (2, 4))
     for s in (1, 2, 3, 4):
         assert 0 < history[s]["rollout_corr/rollout_is_mean"] <= 2 and history[s]["actor/grad_norm"] > 0
-    # interrupted after step 2 (step 3's generation in flight), resumed: the queue starts empty, so step 3
-    # is generated again with the checkpoint's weights (staleness 0), from the same prompts
-    first = RLTrainer(run_config(assets, tmp_path / "resumed", "grpo", *common))
-    first.fit(until_step=2)
-    resumed = by_step(RLTrainer(run_config(assets, tmp_path / "resumed", "grpo", *common)).fit())
-    assert sorted(resumed) == [3, 4]
-    assert [resumed[s]["async/staleness_max"] for s in (3, 4)] == [0, 1]
-    assert resumed[3]["train/epoch"] == history[3]["train/epoch"]
+    # step 3's prompts were drawn before the checkpoint at step 2 but not trained on: not counted as consumed,
+    # so the resumed run draws them again, as an uninterrupted run trains on them
+    state = torch.load(first.checkpoints.root / "global_step_2" / TRAINER_STATE, weights_only=False)
+    assert (state["sampler"]["epoch"], state["sampler"]["position"]) == (0, 2)
 
 
 def test_streaming_trains_on_groups_as_they_finish_drops_stale_ones_and_resumes(ray_local, assets, tmp_path):

@@ -130,6 +130,12 @@ VERL: dict[str, tuple[str, str]] = {
     "trainer.default_local_dir": ("trainer.output_dir", ""),
     "trainer.resume_mode": ("trainer.resume", ""),
     "trainer.max_actor_ckpt_to_keep": ("trainer.max_checkpoints_to_keep", ""),
+    "trainer.profile_steps": ("trainer.profile.steps", ""),
+    "global_profiler.steps": (
+        "trainer.profile.steps",
+        "Tandem's torch.profiler settings are under trainer.profile",
+    ),
+    "global_profiler.save_path": ("trainer.profile.output_dir", ""),
 }
 
 # verl section -> Tandem section, most specific first

@@ -40,6 +40,16 @@ SamplingMetric = Literal["score", "acc"]
 Backend = Literal["ray", "inprocess"]
 Placement = Literal["colocate", "separate"]
 AsyncMode = Literal["synchronous", "one_step_off", "streaming"]
+ProfiledPhase = Literal[
+    "generate",
+    "compute_log_probs",
+    "compute_ref_log_probs",
+    "compute_values",
+    "compute_rm_scores",
+    "update_actor",
+    "update_critic",
+]
+ProfilerActivity = Literal["cpu", "cuda"]
 
 
 @dataclass
@@ -100,6 +110,10 @@ class FSDPConfig:
     # compile each decoder layer with torch.compile (dynamic shapes, inductor): the first passes pay the compile
     # (timed and logged at start-up, as the engine warms up), the later ones run the compiled code
     torch_compile: bool = False
+    # attention kernel of the trained models (transformers' attn_implementation): auto = flash_attention_2 on
+    # CUDA where the flash-attn package is installed (packed sequences then run as variable-length attention,
+    # no mask), else sdpa; sdpa, eager, flash_attention_2 (CUDA + flash-attn) force one
+    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
 
 
 @dataclass
@@ -370,6 +384,21 @@ class AlgorithmConfig:
 
 
 @dataclass
+class ProfileConfig:
+    """torch.profiler traces of chosen worker calls (roles/profile.py): one Chrome trace per call, for each
+    chosen rank of every worker group, written as <output_dir>/step<N>/<group>_rank<R>_<phase>.pt.trace.json
+    (Perfetto and TensorBoard's profiler plugin open them). Off (no cost) while `steps` is empty."""
+
+    steps: list[int] = field(default_factory=list)  # training steps to profile, each >= 1; [] = off
+    ranks: list[int] = field(default_factory=lambda: [0])  # ranks of each worker group; [] = every rank
+    phases: list[ProfiledPhase] = field(default_factory=list)  # worker calls to trace; [] = all of them
+    activities: list[ProfilerActivity] = field(default_factory=lambda: ["cpu", "cuda"])  # cuda: on a GPU only
+    memory: bool = False  # record tensor allocations (profile_memory)
+    with_stack: bool = False  # record Python call stacks (larger traces)
+    output_dir: str | None = None  # None = the run's folder / profile
+
+
+@dataclass
 class TrainerConfig:
     """The loop, the machines, logging and checkpoints. Frequencies count TRAINING STEPS."""
 
@@ -410,6 +439,10 @@ class TrainerConfig:
     stream_queue_batches: int = 2  # streaming, >= 1: prompt batches in the pool or waiting to train
     worker_timeout_s: float = 1800.0  # SECONDS one worker-group call may take before the run stops, > 0
     progress_bar: bool = True  # a progress bar with the ETA on stderr
+    # FLOP/s of one device in the training dtype, > 0, for perf/mfu/*; None = a table of known GPUs, or
+    # torch.mm measured at start-up on a CPU (engine/flops.py)
+    peak_flops: float | None = None
+    profile: ProfileConfig = field(default_factory=ProfileConfig)  # torch.profiler traces of chosen steps
 
 
 @dataclass

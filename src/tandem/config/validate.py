@@ -379,6 +379,23 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
             "trainer.worker_timeout_s",
             f"trainer.worker_timeout_s={cfg.trainer.worker_timeout_s} must be > 0 seconds",
         )
+    prof = t.profile
+    if any(step < 1 for step in prof.steps) or any(rank < 0 for rank in prof.ranks):
+        problems.add(
+            ("trainer.profile.steps", "trainer.profile.ranks"),
+            f"trainer.profile.steps={prof.steps} must be training steps >= 1 and trainer.profile.ranks="
+            f"{prof.ranks} ranks >= 0 ([] = every rank)",
+        )
+    if prof.steps and not prof.activities:
+        problems.add(
+            "trainer.profile.activities", "trainer.profile.activities is empty: give cpu and/or cuda"
+        )
+    if t.peak_flops is not None and t.peak_flops <= 0:
+        problems.add(
+            "trainer.peak_flops",
+            f"trainer.peak_flops={t.peak_flops} must be > 0 FLOP/s (e.g. 989e12 for an H100 in bf16), or null "
+            "to look it up / measure it",
+        )
     if cfg.reward.timeout_s <= 0:
         problems.add("reward.timeout_s", f"reward.timeout_s={cfg.reward.timeout_s} must be > 0 seconds")
     if r.temperature <= 0:

@@ -128,7 +128,8 @@ class FSDPEngine(TrainEngine):
         ):
             self.param_dtype = torch.float32  # a CPU probe's choice, made per rank: bf16 only if all chose it
 
-        config = hf_io.load_config(self.model_path, head)
+        attention = hf_io.attention_implementation(fsdp.attn_implementation, self.device)
+        config = hf_io.load_config(self.model_path, head, attention)
         self._export_config = config.to_dict()  # as the user wrote it (dropout included), for export_hf
         hf_io.disable_dropout(config)
         config.use_cache = False

@@ -25,8 +25,10 @@ from tandem.config.schema import OptimConfig, TandemConfig
 from tandem.controller import Dispatch, Worker, WorkerContext, dispatch
 from tandem.engine import build_engine
 from tandem.engine.base import Head, TrainEngine, resolve_param_dtype
+from tandem.engine.flops import peak_flops
 from tandem.roles.actor import Actor
 from tandem.roles.critic import Critic
+from tandem.roles.profile import PhaseProfiler, profiled
 from tandem.roles.reference import Reference
 from tandem.roles.reward_model import RewardModel
 from tandem.roles.sft import SFT
@@ -93,12 +95,20 @@ class RoleWorker(Worker):
         self._bus: WeightBus | None = None  # rollout.layout=separate: the weight channel, once joined
         self._stream: RolloutStream | None = None  # trainer.async_mode=streaming: from the first submit
         self._metrics: dict[str, float] = {}
+        self._profiler = PhaseProfiler(cfg.trainer.profile, ctx.group_name, ctx.rank)
         if self.rollout is not None:  # reported with the first step
             self._metrics["timing_s/rollout_start"] = self._rollout_start_s
         models = (self.actor, self.reference, self.critic, self.reward_model)
         compiled = [s for s in (getattr(r.engine, "compile_seconds", None) for r in models if r) if s]
         if compiled:  # fsdp.torch_compile's warm-ups, paid before the first step
             self._metrics["timing_s/compile"] = sum(compiled)
+        # For perf/mfu/*: one device's FLOP/s in the dtype the updates run in (engine/flops.py)
+        trained = self.actor or self.critic
+        self._peak_flops = (
+            peak_flops(ctx.torch_device, trained.engine.param_dtype, cfg.trainer.peak_flops)
+            if trained
+            else None
+        )
 
     def _engine(
         self, model_path: str | None, head: Head, optim: OptimConfig | None, grad_clip: float | None
@@ -148,6 +158,7 @@ class RoleWorker(Worker):
     # ---- rollout (hybrid engine) ---------------------------------------------------------------
 
     @dispatch(Dispatch.DP)
+    @profiled
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
         """n responses per prompt from this rank's prompts; syncs the actor's weights first if stale.
 
@@ -271,24 +282,33 @@ class RoleWorker(Worker):
             self._metrics[f"rollout/{key}"] = value
         self._metrics["timing_s/generate"] = seconds
 
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def profile_step(self, step: int, folder: str) -> None:
+        """trainer.profile: the training step starting now, and the folder its traces go to (roles/profile.py)."""
+        self._profiler.set_step(step, folder)
+
     # ---- forward passes --------------------------------------------------------------------------
 
     @dispatch(Dispatch.MP)
+    @profiled
     def compute_log_probs(self, batch: Batch, with_entropy: bool = True) -> Batch:
         """old_log_probs (+ entropy) of the batch's responses under the current actor."""
         return self._role("actor").compute_log_probs(batch, with_entropy)
 
     @dispatch(Dispatch.MP)
+    @profiled
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
         """ref_log_probs under the reference policy."""
         return self._role("ref").compute_ref_log_probs(batch)
 
     @dispatch(Dispatch.MP)
+    @profiled
     def compute_values(self, batch: Batch) -> Batch:
         """values of the response tokens under the critic."""
         return self._role("critic").compute_values(batch)
 
     @dispatch(Dispatch.MP)
+    @profiled
     def compute_rm_scores(self, batch: Batch) -> Batch:
         """rm_scores per sample from the reward model."""
         return self._role("reward_model").compute_scores(batch)
@@ -296,6 +316,7 @@ class RoleWorker(Worker):
     # ---- updates ---------------------------------------------------------------------------------
 
     @dispatch(Dispatch.MP)
+    @profiled
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """The PPO update of the actor on this rank's share; metrics are global (the same on every rank)."""
         metrics = self._role("actor").update(batch)
@@ -303,6 +324,7 @@ class RoleWorker(Worker):
         return metrics
 
     @dispatch(Dispatch.MP)
+    @profiled
     def update_critic(self, batch: Batch) -> dict[str, float]:
         """The value update of the critic; metrics are global."""
         return self._role("critic").update(batch)
@@ -358,6 +380,8 @@ class RoleWorker(Worker):
     def pop_metrics(self) -> dict[str, float]:
         """This rank's timings and rollout numbers since the last call, and its peak memory so far."""
         metrics, self._metrics = self._metrics, {}
+        if self._peak_flops:
+            metrics["perf/peak_flops_per_device"] = self._peak_flops
         # ru_maxrss is in KiB on Linux: the process's peak resident memory since it started.
         metrics["memory/peak_rss_gib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
         if self.ctx.torch_device.type == "cuda":

@@ -22,6 +22,7 @@ from typing import Any
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.data import StatefulSampler
+from tandem.engine.flops import mfu_metrics
 from tandem.roles.layout import WorkerGroups, build_worker_groups
 from tandem.rollout import LATER_ENGINES, resolve_engine
 from tandem.trainer.checkpoint import (
@@ -195,9 +196,14 @@ class Trainer(ABC):
                     self._log(tracker, self._timed_validation(), 0)
                 while self.step < stop:
                     self.step += 1
+                    if t.profile.steps:  # trainer.profile: the workers trace the calls of chosen steps
+                        folder = t.profile.output_dir or str(self.run_dir / "profile")
+                        for group in self.groups.unique():
+                            group.profile_step(self.step, folder)
                     start = time.perf_counter()
                     metrics = self.train_step()
                     metrics = {**self.worker_metrics(), **metrics}  # the controller's timings win
+                    metrics.update(mfu_metrics(metrics, self.update_devices()))
                     # with a generation in flight (one_step_off) the workers' report waits for it
                     metrics["timing_s/step_wall"] = time.perf_counter() - start
                     last = self.step == stop
@@ -254,6 +260,10 @@ class Trainer(ABC):
             (folder / "config.yaml").write_text(self.cfg.to_yaml())
         logger.info("saved checkpoint %s", self.checkpoints.root / f"global_step_{self.step}")
         return self.checkpoints.root / f"global_step_{self.step}"
+
+    def update_devices(self) -> dict[str, int]:
+        """Devices of each role whose update is timed as `timing_s/update_<role>`, for `perf/mfu/<role>`."""
+        return {}
 
     def sampler_state(self) -> dict[str, Any]:
         """What a checkpoint records of the sampler: by default its position now."""

@@ -8,7 +8,8 @@ Names (each computed here and nowhere else):
   prompt_length/*    tokens per prompt
   actor/entropy      token-mean entropy of the policy on the sampled responses
   timing_s/*         seconds per phase, timing_share/* its share of the step
-  perf/*             tokens per second, samples per step
+  perf/*             tokens per second, samples per step; update_flops/<role>, the model FLOPs of the
+                     actor's / critic's update, and mfu/<role> against the devices' peak (engine/flops.py)
   agent/*            multi-turn rollouts (rollout.mode=async): turns, tool calls, errors, timeouts and
                      seconds, how trajectories ended, generated vs inserted tokens
 """

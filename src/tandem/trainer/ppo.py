@@ -28,6 +28,7 @@ from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.controller import WorkerGroup
 from tandem.data import PromptDataset, collate_prompts
+from tandem.engine.flops import ModelFlops
 from tandem.rewards import reward_components, reward_manager_from_config
 from tandem.roles.common import MODEL_INPUTS, arrange_for_update, balanced_order
 from tandem.roles.layout import build_worker_groups
@@ -87,6 +88,7 @@ class RLTrainer(Trainer):
         self._synced: tuple[int, int] | None = None  # ... (id of the worker groups, that number)
         self._prefetch: Prefetch | None = None  # trainer.async_mode=one_step_off: the next step's generation
         self._sampler_before_prefetch: dict[str, Any] = {}
+        self._model_flops: dict[str, ModelFlops] = {}
         t = cfg.trainer  # trainer.async_mode=streaming: the prompt groups between sampler, pool and steps
         self._feed = StreamFeed(
             cfg.data.train_batch_size, t.stream_queue_batches, t.max_staleness, t.worker_timeout_s
@@ -179,11 +181,14 @@ class RLTrainer(Trainer):
                     reward_weights=alg.gdpo_reward_weights,
                 )
 
+            update_mask = batch["attention_mask"]  # the tokens each update trains on (model FLOPs, MFU)
             if groups.critic is not None:
                 with timer("update_critic"):
                     update = batch.select(*MODEL_INPUTS, "responses", "response_mask", "values", "returns")
                     update = arrange_for_update(update, groups.critic.dp_size, d.critic_mini_batches_per_step)
                     metrics.update(groups.critic.update_critic(update)[0])
+                epochs = cfg.critic.ppo_epochs or cfg.actor.ppo_epochs
+                metrics["perf/update_flops/critic"] = 3 * epochs * self._flops("critic").forward(update_mask)
             if self.step > cfg.trainer.critic_warmup:
                 with timer("update_actor"):
                     update = arrange_for_update(
@@ -193,11 +198,27 @@ class RLTrainer(Trainer):
                     )
                     metrics.update(groups.actor.update_actor(update)[0])
                     self._actor_updates += 1
+                flops = 3 * cfg.actor.ppo_epochs * self._flops("actor").forward(update_mask)
+                metrics["perf/update_flops/actor"] = flops
 
         metrics.update(batch_metrics(batch, cfg.data.max_response_length))
         metrics.update(throughput_metrics(batch, timer.seconds))
         metrics["reward/error_count_total"] = float(self.reward_errors_total)
         return metrics
+
+    def _flops(self, role: str) -> ModelFlops:
+        """The FLOP counts of the actor's or the critic's model (engine/flops.py), read once."""
+        if role not in self._model_flops:
+            path = self.cfg.actor.model_path if role == "actor" else self.cfg.critic.model_path
+            self._model_flops[role] = ModelFlops.from_folder(path, "lm" if role == "actor" else "value")
+        return self._model_flops[role]
+
+    def update_devices(self) -> dict[str, int]:
+        groups = self.groups
+        devices = {"actor": groups.actor.world_size}
+        if groups.critic is not None:
+            devices["critic"] = groups.critic.world_size
+        return devices
 
     def _actor_update_keys(self, batch: Batch) -> list[str]:
         keys = [*MODEL_INPUTS, "responses", "response_mask", "advantages"]
