@@ -413,19 +413,12 @@ def step_flops(
 
 
 def model_numbers(folder: Path) -> dict[str, int]:
-    """N (non-embedding parameters + the LM head, counted once though tied), layers, hidden size."""
-    from transformers import AutoModelForCausalLM
+    """N (non-embedding parameters + the LM head, counted once though tied), layers, hidden size: the
+    trainer's own count (tandem/engine/flops.py, behind perf/mfu/actor)."""
+    from tandem.engine.flops import ModelFlops
 
-    model = AutoModelForCausalLM.from_pretrained(folder)
-    c = model.config
-    body = sum(
-        p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n and "lm_head" not in n
-    )
-    return {
-        "params": body + c.vocab_size * c.hidden_size,
-        "layers": c.num_hidden_layers,
-        "hidden": c.hidden_size,
-    }
+    model = ModelFlops.from_folder(folder)
+    return {"params": int(model.params), "layers": model.layers, "hidden": model.hidden}
 
 
 # ---- printing -----------------------------------------------------------------------------------------
