@@ -13,12 +13,11 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tandem.config.schema import FSDPConfig
 from tandem.data import save_tiny
-from tandem.engine import FSDPEngine, auto_dtype
+from tandem.engine import auto_dtype
 from tandem.engine.base import resolve_param_dtype
 
-from .fsdp_scenarios import file_store, logits_fn, rollout_batch
+from .fsdp_scenarios import file_store, logits_fn, make_engine, rollout_batch
 
 
 @pytest.fixture
@@ -88,15 +87,7 @@ def agree_worker(rank: int, init_method: str, model_path: str, out_dir: str) -> 
         # (rank 0's probe, rank 1's probe): a rank that measured fp32 as the faster keeps everyone in fp32
         for picks in (("bfloat16", "float32"), ("bfloat16", "bfloat16")):
             os.environ[auto_dtype.ENV] = picks[rank]
-            engine = FSDPEngine(
-                model_path=model_path,
-                head="lm",
-                device=torch.device("cpu"),
-                optim=None,
-                fsdp=FSDPConfig(),
-                grad_clip=None,
-                total_training_steps=None,
-            )
+            engine = make_engine(model_path, "lm", optim=None)
             probe = rollout_batch(2, seed=1).split([1, 1])[rank]
             result[picks] = (engine.param_dtype, engine.forward(probe, logits_fn, 1)["logits"])
         torch.save(result, Path(out_dir) / f"rank{rank}.pt")
