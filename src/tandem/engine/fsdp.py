@@ -223,10 +223,8 @@ class FSDPEngine(TrainEngine):
         for layer in layers:
             layer.compile(dynamic=True)
         start = time.perf_counter()
-        lengths = (
-            4,
-            7,
-        )  # two sequences: one packed [1, 11] row, or a padded [2, 7] batch (its first row padded)
+        # two sequences: one packed [1, 11] row, or a padded [2, 7] batch (its first row padded)
+        lengths = (4, 7)
         mask = torch.tensor([[1] * n + [0] * (max(lengths) - n) for n in lengths], device=self.device)
         ids = (
             torch.arange(mask.numel(), device=self.device).view(mask.shape) * 3 + 1

@@ -103,7 +103,7 @@ class RoleWorker(Worker):
         if compiled:  # fsdp.torch_compile's warm-ups, paid before the first step
             self._metrics["timing_s/compile"] = sum(compiled)
         # For perf/mfu/*: one device's FLOP/s in the dtype the updates run in (engine/flops.py)
-        trained = self.actor or self.critic
+        trained = self.actor if self.actor is not None else self.critic
         self._peak_flops = (
             peak_flops(ctx.torch_device, trained.engine.param_dtype, cfg.trainer.peak_flops)
             if trained
