@@ -256,17 +256,11 @@ def child_raw_torch(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def matmul_peak(dtype: Any, size: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of the fastest of `repeats` torch.mm calls on size x size matrices, after a warm-up."""
-    import torch
+    """FLOP/s of the fastest of `repeats` torch.mm calls on size x size matrices, after a warm-up: the
+    trainer's own probe (tandem/engine/auto_dtype.py) at this size."""
+    from tandem.engine.auto_dtype import matmul_rate
 
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
-    torch.mm(a, b)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
-    return 2 * size**3 / best
+    return matmul_rate(dtype, (size, size, size), repeats)
 
 
 def right_padded(sequences: list[dict[str, list[int]]], pad_id: int) -> tuple[Any, Any, Any]:

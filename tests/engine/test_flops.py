@@ -74,7 +74,7 @@ def test_peak_flops_configured_table_and_measured(monkeypatch, caplog):
     assert "set trainer.peak_flops" in caplog.text
     measured = []
     monkeypatch.setattr(
-        "tandem.engine.auto_dtype.matmul_rate", lambda dtype, shape, repeats: measured.append(shape) or 1.5e11
+        "tandem.engine.flops.matmul_rate", lambda dtype, shape, repeats: measured.append(shape) or 1.5e11
     )
     assert peak_flops(torch.device("cpu"), torch.float32) == 1.5e11
     assert measured == [flops.CPU_PROBE]

@@ -23,6 +23,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from tandem.engine.auto_dtype import matmul_rate
+
 logger = logging.getLogger(__name__)
 
 # Dense tensor-core TFLOP/s (no sparsity) by a substring of torch.cuda.get_device_name(): (bf16, fp32)
@@ -86,8 +88,6 @@ def peak_flops(device: torch.device, dtype: torch.dtype, configured: float | Non
                 return 1e12 * (fp32 if dtype == torch.float32 else bf16)
         logger.warning("no peak FLOP/s known for %r: set trainer.peak_flops for perf/mfu/*", name)
         return None
-    from tandem.engine.auto_dtype import matmul_rate
-
     return matmul_rate(dtype, CPU_PROBE, repeats=3)
 
 
