@@ -87,20 +87,6 @@ def test_engine_needs_a_process_group(tiny_path, monkeypatch):
         )
 
 
-def test_sequence_parallel_is_refused(tiny_path):
-    with pytest.raises(NotImplementedError, match="sequence_parallel=2"):
-        build_engine(
-            "fsdp",
-            model_path=str(tiny_path),
-            head="lm",
-            device=torch.device("cpu"),
-            optim=None,
-            fsdp=FSDPConfig(sequence_parallel=2),
-            grad_clip=None,
-            total_training_steps=None,
-        )
-
-
 def test_build_engine_strategies(monkeypatch):
     with pytest.raises(ValueError, match="unknown engine strategy 'deepspeed'"):
         build_engine("deepspeed")

@@ -1,6 +1,8 @@
 """`FSDPEngine`: a transformers model sharded with FSDP2 (`fully_shard`) over the default process group.
 
-Data parallel over every rank of the default group (dp_rank = rank, dp_size = world size).
+Data parallel over every rank of the default group (dp_rank = rank, dp_size = world size), or with
+`fsdp.sequence_parallel = k` over world / k groups of k ranks that split each row (Ulysses,
+engine/ulysses.py): dp_rank = rank // k. Parameters are sharded over every rank either way.
 Construction: rank 0 reads the Hugging Face folder into float32 CPU weights, the other ranks
 build the same model on the meta device; every decoder layer and then the root are
 `fully_shard`-ed and the full state dict is broadcast from rank 0 into the shards. Buffers
@@ -25,6 +27,7 @@ import math
 import time
 from collections import defaultdict
 from collections.abc import Iterator
+from functools import partial
 from itertools import chain
 from pathlib import Path
 from typing import Any
@@ -65,6 +68,7 @@ from tandem.engine.base import (
 from tandem.engine.lm_head import ChunkedHead, chunk_tokens, hidden_states_out
 from tandem.engine.micro import dummy_like, merge_outputs, split_micro_batches, to_cpu
 from tandem.engine.optim import build_optimizer, build_scheduler
+from tandem.engine.ulysses import check_heads, scale_grad, sequence_parallel_groups, sp_attention, sp_forward
 
 logger = logging.getLogger(__name__)
 
@@ -101,11 +105,6 @@ class FSDPEngine(TrainEngine):
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
     ) -> None:
-        if fsdp.sequence_parallel > 1:
-            raise NotImplementedError(
-                f"fsdp.sequence_parallel={fsdp.sequence_parallel}: Ulysses sequence parallelism is not "
-                "implemented yet; set fsdp.sequence_parallel=1"
-            )
         check_engine_args("FSDPEngine", grad_clip, max_tokens_per_micro_batch)
         self.packing = packing
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
@@ -114,8 +113,12 @@ class FSDPEngine(TrainEngine):
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
-        self.dp_rank = dist.get_rank()
-        self.dp_size = dist.get_world_size()
+        self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
+        # Ulysses sequence parallel (engine/ulysses.py): None, or this rank's group of ranks splitting each row
+        self.sp, self._dp_group = sequence_parallel_groups(fsdp, self.device, self.world_size)
+        sp_size = self.sp.size if self.sp else 1
+        self.dp_rank = self.rank // sp_size
+        self.dp_size = self.world_size // sp_size
         self.grad_clip = grad_clip
         self.global_step = 0  # optimizer steps taken (or skipped); for logs and checkpoints
         self._offloaded: list[tuple[dict, str]] = []  # optimizer-state entries moved by offload()
@@ -129,7 +132,11 @@ class FSDPEngine(TrainEngine):
             self.param_dtype = torch.float32  # a CPU probe's choice, made per rank: bf16 only if all chose it
 
         attention = hf_io.attention_implementation(fsdp.attn_implementation, self.device)
+        if self.sp is not None:
+            attention = sp_attention(fsdp, attention)
         config = hf_io.load_config(self.model_path, head, attention)
+        if self.sp is not None:
+            check_heads(config, self.sp.size)
         self._export_config = config.to_dict()  # as the user wrote it (dropout included), for export_hf
         hf_io.disable_dropout(config)
         config.use_cache = False
@@ -160,7 +167,7 @@ class FSDPEngine(TrainEngine):
     def _build_model(
         self, fsdp: FSDPConfig, offload: CPUOffloadPolicy | None, activation_checkpointing: bool, seed: int
     ) -> tuple[torch.nn.Module, type, list[str]]:
-        is_source = self.dp_rank == 0
+        is_source = self.rank == 0
         if is_source:
             model = hf_io.load_pretrained(self.model_path, self.config, self.head, seed)
             full_state = model.state_dict()  # references; survive the sharding below
@@ -174,7 +181,7 @@ class FSDPEngine(TrainEngine):
 
         mp_policy = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])
         shard_kwargs: dict[str, Any] = {
-            "mesh": init_device_mesh(self.device.type, (self.dp_size,)),
+            "mesh": init_device_mesh(self.device.type, (self.world_size,)),  # sharded over every rank
             "mp_policy": mp_policy,
         }
         if offload is not None:
@@ -312,8 +319,9 @@ class FSDPEngine(TrainEngine):
                 loss, micro_metrics = loss_fn(output, micro)
                 if output.head is not None:  # the head's gradient reduction on every rank, rows or none
                     loss = loss + output.head.zero_term()
-                # FSDP averages gradients over ranks; the loss contract sums contributions.
-                (loss * self.dp_size).backward()
+                # FSDP averages gradients over all ranks; the loss contract sums contributions (over the
+                # data-parallel shares; the ranks of a sequence-parallel group each hold their tokens' share).
+                (loss * self.world_size).backward()
                 loss_sum += loss.detach().double()
                 for key, value in micro_metrics.items():
                     metrics[key].append(value.detach() if isinstance(value, Tensor) else value)
@@ -323,7 +331,7 @@ class FSDPEngine(TrainEngine):
                     pad_micro_batch(self._pad_id(), self.device, tokens=2)
                 ).zero_loss().backward()
 
-        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+        dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self._dp_group)
         grad_norm = self._clip_gradients()
         lr = float(self.optimizer.param_groups[0]["lr"])
         skipped = not math.isfinite(grad_norm)
@@ -374,8 +382,12 @@ class FSDPEngine(TrainEngine):
     # ------------------------------------------------------------------ collectives
     def all_reduce_sum(self, value: Tensor) -> Tensor:
         reduced = value.detach().to(self.device, copy=True)
-        dist.all_reduce(reduced, op=dist.ReduceOp.SUM)
+        dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=self._dp_group)
         return reduced.to(value.device)
+
+    def dispatch_info(self) -> tuple[int, int, bool]:
+        """The ranks of a sequence-parallel group share one data-parallel index; its first answers."""
+        return self.dp_rank, self.dp_size, self.sp is None or self.sp.rank == 0
 
     def _max_over_ranks(self, count: int) -> int:
         value = torch.tensor(count, dtype=torch.int64, device=self.device)
@@ -406,13 +418,23 @@ class FSDPEngine(TrainEngine):
             inputs = {
                 key: micro[key] for key in ("input_ids", "attention_mask", "position_ids") if key in micro
             }
+        run = (
+            self._model
+            if self.sp is None
+            else partial(sp_forward, self.model, sp=self.sp, pad_id=self._pad_id())
+        )
         if chunk is None:
-            return ModelOutput(self.model(**inputs, use_cache=False).logits, tuple(ids.shape), packing)
+            return ModelOutput(run(inputs), tuple(ids.shape), packing)
         with hidden_states_out(self.model) as out_embedding:
-            hidden = self.model(**inputs, use_cache=False).logits
+            hidden = run(inputs)
         # FSDP2 leaves the root's parameters (the head's among them) unsharded after a forward.
-        head = ChunkedHead(out_embedding.weight, out_embedding.bias, chunk)
-        return ModelOutput(hidden, tuple(ids.shape), packing, head=head)
+        weight, bias = out_embedding.weight, out_embedding.bias
+        if self.sp is not None:  # every rank of the group applies the head to all tokens: count it once
+            weight, bias = scale_grad(weight, 1 / self.sp.size), scale_grad(bias, 1 / self.sp.size)
+        return ModelOutput(hidden, tuple(ids.shape), packing, head=ChunkedHead(weight, bias, chunk))
+
+    def _model(self, inputs: dict[str, Tensor]) -> Tensor:
+        return self.model(**inputs, use_cache=False).logits
 
     @torch.no_grad()
     def _chunked_head_works(self) -> bool:
@@ -511,9 +533,9 @@ class FSDPEngine(TrainEngine):
         dtype = dtype or hf_io.export_dtype(self.config)
         state: dict[str, Tensor] = {}
         for name, tensor in self.state_dict_iter():
-            if self.dp_rank == 0:
+            if self.rank == 0:
                 state[name] = tensor.to("cpu", dtype=dtype if tensor.is_floating_point() else tensor.dtype)
-        if self.dp_rank == 0:
+        if self.rank == 0:
             config = type(self.config).from_dict(self._export_config)
             hf_io.save_folder(self._hf_class, config, state, path, dtype=dtype, source_path=self.model_path)
         dist.barrier()
@@ -522,7 +544,7 @@ class FSDPEngine(TrainEngine):
     def save(self, path: str | Path) -> None:
         path = Path(path)
         dcp.save(self._checkpoint_state(), checkpoint_id=path)
-        if self.dp_rank == 0:
+        if self.rank == 0:
             extra = {"global_step": self.global_step}
             if self.scheduler is not None:
                 extra["scheduler"] = self.scheduler.state_dict()
