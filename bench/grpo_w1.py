@@ -72,7 +72,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("main", "padded", "ablation", "scaling", "engines", "layouts", "sizes", "compile")
+SECTIONS = ("main", "padded", "ablation", "scaling", "engines", "sp", "layouts", "sizes", "compile")
 LR = 1e-5
 KL_COEF = 0.04
 MAX_PROMPT_LENGTH = 16  # "99+99=" is 6 tokens
@@ -542,6 +542,8 @@ def main() -> None:
         scaling_section(runner, work, model, results)
     if "engines" in sections:
         engines_section(runner, work, model, results)
+    if "sp" in sections:
+        sp_section(runner, work, model, results)
     if "layouts" in sections:
         layouts_section(runner, work, results)
     if "sizes" in sections:
@@ -641,28 +643,62 @@ ENGINES = {
 
 def engines_section(runner: Runner, work: Workload, model: dict[str, int], results: dict[str, Any]) -> None:
     """No-ref step on megatron-core (1 rank, TP=2, PP=2) against the main (FSDP2, 1 rank) run."""
-    short = replace(work, steps=3)
     base = summarise(main_run(runner, work, "no-ref", results), model, None)
-    rows = {"fsdp2, 1 rank (main run)": base}
-    for label, (ranks, extra) in ENGINES.items():
-        name = "engines/" + label.replace(" ", "-").replace(",", "").replace("=", "")
-        results["runs"][name] = runner.tandem(
-            name, replace(short, ranks=ranks), [*VARIANTS["no-ref"], *extra]
-        )
+    configs = {
+        label: (replace(work, steps=3, ranks=ranks), extra) for label, (ranks, extra) in ENGINES.items()
+    }
+    title = "engines (no-ref; megatron rows 1 warm-up + 3 measured steps)"
+    compare_runs(runner, model, results, "engines", configs, ("fsdp2, 1 rank (main run)", base), title)
+
+
+# Ulysses sequence parallel (issue 18): the same 2 cores as 2 data-parallel ranks, and as one group of 2
+# ranks that split every sequence.
+SEQUENCE_PARALLEL = {
+    "fsdp2 SP=2, 2 ranks": ["actor.fsdp.sequence_parallel=2"],
+    "fsdp2 SP=2, padded": ["actor.fsdp.sequence_parallel=2", "actor.sequence_packing=false"],
+}
+
+
+def sp_section(runner: Runner, work: Workload, model: dict[str, int], results: dict[str, Any]) -> None:
+    """No-ref step with actor.fsdp.sequence_parallel=2 against plain data parallel on the same 2 ranks."""
+    short = replace(work, steps=3, ranks=2)
+    results["runs"]["sp/dp2"] = runner.tandem("sp/dp2", short, VARIANTS["no-ref"])
+    base = summarise(results["runs"]["sp/dp2"], model, None)
+    configs = {label: (short, extra) for label, extra in SEQUENCE_PARALLEL.items()}
+    title = f"sequence parallel (no-ref, {short.label()}, 1 warm-up + 3 measured steps)"
+    compare_runs(runner, model, results, "sp", configs, ("fsdp2 DP=2, 2 ranks", base), title)
+
+
+def compare_runs(
+    runner: Runner,
+    model: dict[str, int],
+    results: dict[str, Any],
+    key: str,
+    configs: dict[str, tuple[Workload, list[str]]],
+    base: tuple[str, dict[str, float]],
+    title: str,
+) -> None:
+    """A no-ref run per config, each row's step against `base` (label, summary); printed under `title`."""
+    rows = {base[0]: base[1]}
+    for label, (config_work, extra) in configs.items():
+        name = f"{key}/" + label.replace(" ", "-").replace(",", "").replace("=", "")
+        results["runs"][name] = runner.tandem(name, config_work, [*VARIANTS["no-ref"], *extra])
         rows[label] = summarise(results["runs"][name], model, None)
-    results["engines"] = {
+    results[key] = {
         label: {
             "step": r["step"],
-            "step_ratio": r["step"] / base["step"],
+            "step_ratio": r["step"] / base[1]["step"],
             "train": r["train"],
+            "generate": r["generate"],
             "sync": r["weight_sync"],
         }
         for label, r in rows.items()
     }
-    print("\nengines (no-ref; megatron rows 1 warm-up + 3 measured steps)")
-    print(f"{'engine':<28}{'step s':>10}{'x fsdp2':>10}{'train s':>10}{'sync s':>10}")
-    for label, r in results["engines"].items():
-        print(f"{label:<28}{r['step']:>10.3f}{r['step_ratio']:>10.2f}{r['train']:>10.3f}{r['sync']:>10.3f}")
+    print(f"\n{title}")
+    print(f"{'config':<28}{'step s':>10}{'x first':>10}{'train s':>10}{'generate s':>12}{'sync s':>10}")
+    for label, r in results[key].items():
+        cells = f"{r['step']:>10.3f}{r['step_ratio']:>10.2f}{r['train']:>10.3f}{r['generate']:>12.3f}{r['sync']:>10.3f}"
+        print(f"{label:<28}{cells}")
 
 
 # The no-ref step with the rollout engine in a pool of its own (issue 17): the 2 cores split 1 + 1.

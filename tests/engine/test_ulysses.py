@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from tandem.config import ConfigError, load_config
 from tandem.config.schema import FSDPConfig
 from tandem.data.packing import pack_model_inputs
 from tandem.data.tiny import save_tiny
@@ -30,6 +31,7 @@ from tandem.engine.ulysses import (
     sp_attention,
     sp_forward,
 )
+from tandem.trainer.base import check_available
 
 from . import ulysses_scenarios as us
 from .fsdp_scenarios import file_store, rollout_batch
@@ -203,3 +205,19 @@ def test_sequence_parallel_equals_one_rank(world, case, runs):
             torch.testing.assert_close(got[name], want[name], rtol=0, atol=TOL, msg=name)
     moved = max((reference["empty_state"][k] - reference["state"][k]).abs().max() for k in reference["state"])
     assert moved > 1e-5  # the second step updated something, so its parity means something
+
+
+def test_a_model_the_ranks_cannot_split_fails_before_the_workers(tiny_path):
+    """The tiny model's 4 heads over 8 ranks: a start-up error naming the folder's key, before Ray starts."""
+    cfg = load_config(
+        "grpo",
+        [f"actor.model_path={tiny_path}", "trainer.workers_per_node=8", "actor.fsdp.sequence_parallel=8"],
+    )
+    with pytest.raises(ConfigError, match=r"actor.model_path=.*num_attention_heads=4 is not a multiple of 8"):
+        check_available(cfg)
+    check_available(
+        load_config(
+            "grpo",
+            [f"actor.model_path={tiny_path}", "trainer.workers_per_node=2", "actor.fsdp.sequence_parallel=2"],
+        )
+    )

@@ -107,13 +107,16 @@ def test_grpo_trains_validates_checkpoints_exports_and_evaluates(ray_local, asse
     assert evaluated["val/score_mean"] == pytest.approx(history[2]["val/score_mean"])
 
 
-def test_ppo_with_critic_warms_up_the_critic_first(ray_local, assets, tmp_path):
+def test_ppo_with_critic_on_sequence_parallel_warms_up_the_critic_first(ray_local, assets, tmp_path):
+    """Both ranks of each group split every sequence (Ulysses, engine/ulysses.py): actor, reference and
+    critic run sequence parallel, one data-parallel share."""
     cfg = run_config(
         assets,
         tmp_path,
         "ppo",
         "trainer.total_training_steps=2",
         "trainer.critic_warmup=1",
+        "actor.fsdp.sequence_parallel=2",
         "trainer.profile.steps=[2]",  # and traces of rank 1's calls in step 2 (roles/profile.py)
         "trainer.profile.ranks=[1]",
         *custom_reward("by_length"),
@@ -133,6 +136,9 @@ def test_ppo_with_critic_warms_up_the_critic_first(ray_local, assets, tmp_path):
         assert {"critic/vf_loss", "critic/grad_norm", "values/mean", "actor/reward_kl_penalty"} <= set(
             history[step]
         )
+        # the rollout's log-probs of its samples equal the sequence-parallel actor's (fp32)
+        assert history[step]["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-4)
+        assert history[step]["perf/samples"] == 16  # every sample once: the group shares one data share
     assert "actor/pg_loss" not in history[1]  # step 1 trains only the critic
     assert "actor/pg_loss" in history[2]
     # The actor has not moved before step 2's update, so the KL penalty in the reward is exactly 0.

@@ -67,6 +67,8 @@ def check_available(cfg: TandemConfig) -> None:
                 "actor.megatron.context_parallel / expert_parallel > 1 are not available yet; set both to 1"
             )
         problems += megatron_model_problems(cfg)
+    if cfg.actor.strategy == "fsdp" and cfg.actor.fsdp.sequence_parallel > 1:
+        problems += sequence_parallel_problems(cfg)
     if problems:
         raise ConfigError("\n".join(problems))
 
@@ -74,17 +76,32 @@ def check_available(cfg: TandemConfig) -> None:
 def megatron_model_problems(cfg: TandemConfig) -> list[str]:
     """What megatron cannot build from the configured model folders (architecture, sizes the parallel
     layout does not divide), read from their config.json alone, before any worker starts."""
-    from tandem.engine import hf_io
     from tandem.engine.megatron.convert import check_supported
 
     mp = cfg.actor.megatron
+    return model_config_problems(
+        cfg, lambda config: check_supported(config, mp.tensor_parallel, mp.pipeline_parallel)
+    )
+
+
+def sequence_parallel_problems(cfg: TandemConfig) -> list[str]:
+    """Models whose attention heads actor.fsdp.sequence_parallel does not split (engine/ulysses.py)."""
+    from tandem.engine.ulysses import check_heads
+
+    return model_config_problems(cfg, lambda config: check_heads(config, cfg.actor.fsdp.sequence_parallel))
+
+
+def model_config_problems(cfg: TandemConfig, check: Any) -> list[str]:
+    """`check(config)`'s ValueErrors for the actor's and the critic's model folders, naming key and folder."""
+    from tandem.engine import hf_io
+
     folders = {"actor.model_path": cfg.actor.model_path, "critic.model_path": cfg.critic.model_path}
     problems = []
     for key, folder in folders.items():
         if not folder or not (Path(folder) / "config.json").is_file():
             continue  # a missing folder is reported where it is read
         try:
-            check_supported(hf_io.load_config(folder, "lm"), mp.tensor_parallel, mp.pipeline_parallel)
+            check(hf_io.load_config(folder, "lm"))
         except ValueError as err:
             problems.append(f"{key}={folder}: {err}")
     return problems
