@@ -25,7 +25,7 @@ quickstart: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=30
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
