@@ -110,6 +110,19 @@ def test_mp_dp2_over_4_ranks_sends_a_dp_group_the_same_rows_and_keeps_one_output
 def test_mp_without_a_layout_is_an_error():
     with pytest.raises(DispatchError, match="RankLayout"):
         plan_call(Dispatch.MP, 2, (rows(2),), {})
+    with pytest.raises(DispatchError, match=r"workers' replica_info\(\)"):
+        plan_call(Dispatch.REPLICA, 2, (rows(2),), {})
+
+
+def test_replica_sends_the_ranks_of_one_engine_the_same_rows():
+    # 4 ranks, engines of 2 ranks each (rollout.tensor_parallel=2): the first rank of each answers
+    layout = RankLayout.from_dispatch_info([(0, 2, True), (0, 2, False), (1, 2, True), (1, 2, False)])
+    plan = plan_call(Dispatch.REPLICA, 4, (rows(3),), {}, layout)
+    assert [args[0]["x"].tolist() for args, _ in plan.rank_calls] == [[0.0, 1.0], [0.0, 1.0], [2.0], [2.0]]
+    merged = plan.gather([fake_worker(args, r) for r, (args, _) in enumerate(plan.rank_calls)])
+    assert merged["rank"].tolist() == [0, 0, 2]
+    with pytest.raises(DispatchError, match=r"rank 1's replica_info\(\) returned"):
+        RankLayout.from_dispatch_info([(0, 1, True), (0, 1)], method="replica_info")
 
 
 @pytest.mark.parametrize(

@@ -90,6 +90,15 @@ def test_mp_sends_one_dp_group_the_same_rows_and_collects_one_rank(tensor_parall
     assert out["rank"].tolist() == [0] * 5  # only rank 0 (collect=True) was kept
 
 
+def test_replica_dispatch_keeps_its_own_layout(tensor_parallel):
+    """The same group splits MP calls by dispatch_info (one group of 2) and REPLICA calls by replica_info
+    (every rank its own engine here): each mode asks its own method, once."""
+    assert tensor_parallel.replicas == 2 and tensor_parallel.dp_size == 1
+    out = tensor_parallel.score_replica(rows(5))
+    assert out["rank"].tolist() == [0, 0, 0, 1, 1]
+    assert tensor_parallel.score_mp(rows(5))["rank"].tolist() == [0] * 5
+
+
 def test_calls_on_two_groups_overlap(scorer, tensor_parallel, tmp_path):
     marker = tmp_path / "written-by-the-other-group"
     waiting = scorer.wait_for_file.async_(str(marker), 30.0)

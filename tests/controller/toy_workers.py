@@ -73,6 +73,11 @@ class ToyWorker(Worker):
         out["rows_all_ranks"] = torch.full((len(batch),), rows.item())
         return out
 
+    @dispatch(Dispatch.REPLICA)
+    def score_replica(self, batch: Batch) -> Batch:
+        """Split by replica_info (the base class's: every rank its own part), whatever dispatch_info says."""
+        return self.score(batch)
+
     def fail(self, message: str) -> int:
         if self.ctx.rank == self.ctx.world_size - 1:
             raise ValueError(f"rank {self.ctx.rank} says: {message}")

@@ -167,3 +167,25 @@ def test_vllm_still_has_the_private_state_tandem_resets():
         name for name in (*PARALLEL_STATE_GLOBALS, *WORLD_GLOBALS) if not hasattr(parallel_state, name)
     ]
     assert not missing, f"vLLM changed its parallel state; update tandem/rollout/vllm.py: {missing}"
+
+
+def test_a_tensor_parallel_engine_names_what_it_cannot_run_with(tiny_dir, monkeypatch):
+    """rollout.tensor_parallel > 1 (one engine over k ranks, tested end to end in tests/trainer): the
+    settings it does not run with yet are start-up errors naming them; outside a process group whose world
+    size k divides, the engine refuses to start."""
+    from tandem.config import ConfigError, load_config
+    from tandem.rollout.vllm import _tensor_parallel_launch
+    from tandem.trainer.base import check_available
+
+    base = [f"actor.model_path={tiny_dir}", "trainer.workers_per_node=2", "rollout.tensor_parallel=2"]
+    check_available(load_config("grpo", base))
+    for extra, message in (
+        (["rollout.mode=async"], "rollout.tensor_parallel=2 with rollout.mode=async"),
+        (["trainer.async_mode=one_step_off", "rollout.layout=separate"], "runs in the hybrid layout only"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            check_available(load_config("grpo", [*base, *extra]))
+    assert _tensor_parallel_launch(1, torch.device("cpu")) == {}
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
+    with pytest.raises(ValueError, match="rollout.tensor_parallel=2 needs a worker group"):
+        _tensor_parallel_launch(2, torch.device("cpu"))

@@ -29,8 +29,12 @@ def assets(tmp_path_factory):
 
 @pytest.mark.parametrize(
     ("preset", "layout"),
-    [("grpo", ["actor.megatron.tensor_parallel=2"]), ("ppo", ["actor.megatron.pipeline_parallel=2"])],
-    ids=["grpo-tp2", "ppo-pp2"],
+    [
+        # trainer TP=2 -> one vLLM engine over the same 2 ranks (rollout TP=2)
+        ("grpo", ["actor.megatron.tensor_parallel=2", "rollout.tensor_parallel=2"]),
+        ("ppo", ["actor.megatron.pipeline_parallel=2"]),
+    ],
+    ids=["grpo-tp2-rollout-tp2", "ppo-pp2"],
 )
 def test_megatron_actor_trains_and_the_rollout_follows_it(ray_local, assets, tmp_path, preset, layout):
     cfg = run_config(
@@ -54,6 +58,9 @@ def test_megatron_actor_trains_and_the_rollout_follows_it(ray_local, assets, tmp
         # vLLM's log-probs of its own samples against the megatron actor's: equal after every sync.
         # (one optimizer step per step: the update's own log-probs are the old ones, roles/actor.py)
         assert 0 <= metrics["rollout_mismatch/abs_diff_mean"] < 1e-4, step
+        if preset == "grpo":  # trainer TP=2 -> rollout TP=2 (measured |log ratio| <= 1e-6 after each sync)
+            assert metrics["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-5), step
+            assert metrics["rollout_mismatch/min_ratio"] == pytest.approx(1.0, abs=1e-5), step
         if preset == "ppo":
             assert math.isfinite(metrics["critic/vf_loss"]) and metrics["critic/grad_norm"] > 0
     assert history[3]["actor/kl_loss"] > 0  # the actor moved away from the reference

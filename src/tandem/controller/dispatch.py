@@ -27,6 +27,13 @@ class Dispatch(enum.Enum):
     RANK_ZERO = "rank_zero"  # same arguments to every rank (collectives need all); rank 0's output
     DP = "dp"  # Batch arguments split over the ranks; outputs merged back into the original row order
     MP = "mp"  # Batch arguments split over the data-parallel groups (`dispatch_info`); collectors' outputs merged
+    # Batch arguments split over the rollout replicas (`replica_info`: the ranks of one tensor-parallel
+    # inference engine get the same rows); collectors' outputs merged
+    REPLICA = "replica"
+
+
+# The worker method that answers (part, parts, collect) for each layout-driven mode.
+LAYOUT_METHODS = {Dispatch.MP: "dispatch_info", Dispatch.REPLICA: "replica_info"}
 
 
 def dispatch(mode: Dispatch) -> Callable[[F], F]:
@@ -67,8 +74,11 @@ class RankLayout:
         return cls(ranks, world_size, ranks)
 
     @classmethod
-    def from_dispatch_info(cls, infos: Sequence[Any], group: str = "worker group") -> RankLayout:
-        """Build and check a layout from every rank's `dispatch_info()` = (dp_rank, dp_size, collect)."""
+    def from_dispatch_info(
+        cls, infos: Sequence[Any], group: str = "worker group", method: str = "dispatch_info"
+    ) -> RankLayout:
+        """Build and check a layout from every rank's `dispatch_info()` (or `replica_info()`, named by
+        `method`) = (dp_rank, dp_size, collect)."""
         if not infos:
             raise DispatchError(f"{group}: no ranks to build a model-parallel layout from")
         for rank, info in enumerate(infos):
@@ -80,7 +90,7 @@ class RankLayout:
             )
             if not ok:
                 raise DispatchError(
-                    f"{group}: rank {rank}'s dispatch_info() returned {info!r}; "
+                    f"{group}: rank {rank}'s {method}() returned {info!r}; "
                     "it must return (dp_rank: int, dp_size: int, collect: bool)"
                 )
         sizes = sorted({info[1] for info in infos})
@@ -126,8 +136,8 @@ class CallPlan:
 
     mode: Dispatch
     rank_calls: list[RankCall]
-    layout: RankLayout | None = None  # DP / MP only
-    partition: Partition | None = None  # DP / MP with Batch arguments: how the rows were split
+    layout: RankLayout | None = None  # DP / MP / REPLICA only
+    partition: Partition | None = None  # DP / MP / REPLICA with Batch arguments: how the rows were split
 
     def gather(self, outputs: Sequence[Any]) -> Any:
         """Combine the ranks' outputs (rank order) into the call's result."""
@@ -165,14 +175,17 @@ def plan_call(
     kwargs: Mapping[str, Any],
     layout: RankLayout | None = None,
 ) -> CallPlan:
-    """Cut one call's arguments into per-rank calls; DP needs nothing more, MP needs the group's `layout`."""
+    """Cut one call's arguments into per-rank calls; DP needs nothing more, MP and REPLICA need the group's
+    `layout` for that mode."""
     args, kwargs = tuple(args), dict(kwargs)
     if mode in (Dispatch.ONE_TO_ALL, Dispatch.RANK_ZERO):
         return CallPlan(mode, [(args, kwargs) for _ in range(world_size)])
     if mode is Dispatch.DP:
         layout = RankLayout.data_parallel(world_size)
     elif layout is None:
-        raise DispatchError("MP dispatch needs the group's RankLayout (from the workers' dispatch_info())")
+        raise DispatchError(
+            f"{mode.name} dispatch needs the group's RankLayout (from the workers' {LAYOUT_METHODS[mode]}())"
+        )
     if layout.world_size != world_size:
         raise DispatchError(f"layout covers {layout.world_size} ranks, the group has {world_size}")
 

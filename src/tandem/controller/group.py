@@ -6,7 +6,14 @@ import threading
 from typing import Any
 
 from tandem.controller import cleanup
-from tandem.controller.dispatch import CallPlan, Dispatch, RankLayout, dispatch_mode, plan_call
+from tandem.controller.dispatch import (
+    LAYOUT_METHODS,
+    CallPlan,
+    Dispatch,
+    RankLayout,
+    dispatch_mode,
+    plan_call,
+)
 from tandem.controller.errors import WorkerError
 from tandem.controller.resources import ResourcePool
 
@@ -105,7 +112,7 @@ class WorkerGroup:
         self.worker_cls = worker_cls
         self.name = name
         self._backend = backend
-        self._layout: RankLayout | None = None
+        self._layouts: dict[Dispatch, RankLayout] = {}  # per layout-driven mode (dispatch.LAYOUT_METHODS)
         self._lock = threading.Lock()
         self._broken: WorkerError | None = None
         self._closed = False
@@ -188,7 +195,12 @@ class WorkerGroup:
     @property
     def dp_size(self) -> int:
         """Data-parallel parts a Dispatch.MP call splits a batch into (the workers' dispatch_info)."""
-        return self._mp_layout().dp_size
+        return self._layout(Dispatch.MP).dp_size
+
+    @property
+    def replicas(self) -> int:
+        """Rollout replicas a Dispatch.REPLICA call splits a batch into (the workers' replica_info)."""
+        return self._layout(Dispatch.REPLICA).dp_size
 
     @property
     def device(self) -> str:
@@ -207,7 +219,7 @@ class WorkerGroup:
         """Start `method` on the ranks and return at once; calls on one group run in the order made."""
         self._check_usable()
         mode = dispatch_mode(self._method(method))
-        layout = self._mp_layout() if mode is Dispatch.MP else None
+        layout = self._layout(mode) if mode in LAYOUT_METHODS else None
         plan = plan_call(mode, self.world_size, args, kwargs, layout)
         return GroupFuture(self, method, self._backend.submit(method, plan.rank_calls), plan)
 
@@ -303,16 +315,18 @@ class WorkerGroup:
             )
         return err
 
-    def _mp_layout(self) -> RankLayout:
-        if self._layout is None:
-            if not callable(getattr(self.worker_cls, "dispatch_info", None)):
+    def _layout(self, mode: Dispatch) -> RankLayout:
+        """The group's layout for `mode`, asked of the workers once (their `dispatch_info` / `replica_info`)."""
+        if mode not in self._layouts:
+            method = LAYOUT_METHODS[mode]
+            if not callable(getattr(self.worker_cls, method, None)):
                 raise AttributeError(
-                    f"worker group '{self.name}': Dispatch.MP needs {self.worker_cls.__name__}.dispatch_info() "
-                    "-> (dp_rank, dp_size, collect); subclass tandem.controller.Worker or define it"
+                    f"worker group '{self.name}': Dispatch.{mode.name} needs {self.worker_cls.__name__}.{method}() "
+                    "-> (part, parts, collect); subclass tandem.controller.Worker or define it"
                 )
             plan = plan_call(Dispatch.ONE_TO_ALL, self.world_size, (), {})
-            infos = GroupFuture(
-                self, "dispatch_info", self._backend.submit("dispatch_info", plan.rank_calls), plan
+            infos = GroupFuture(self, method, self._backend.submit(method, plan.rank_calls), plan)
+            self._layouts[mode] = RankLayout.from_dispatch_info(
+                infos.result(), group=f"worker group '{self.name}'", method=method
             )
-            self._layout = RankLayout.from_dispatch_info(infos.result(), group=f"worker group '{self.name}'")
-        return self._layout
+        return self._layouts[mode]

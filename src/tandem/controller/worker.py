@@ -19,3 +19,8 @@ class Worker:
     def dispatch_info(self) -> tuple[int, int, bool]:
         """(dp_rank, dp_size, collect): plain data parallel unless a subclass says otherwise."""
         return self.ctx.rank, self.ctx.world_size, True
+
+    def replica_info(self) -> tuple[int, int, bool]:
+        """(replica, replicas, collect) for Dispatch.REPLICA: every rank its own inference engine unless a
+        subclass says that several ranks hold one (a tensor-parallel engine)."""
+        return self.ctx.rank, self.ctx.world_size, True

@@ -137,9 +137,15 @@ class RoleWorker(Worker):
     def dispatch_info(self) -> tuple[int, int, bool]:
         """Dispatch.MP layout from this worker's engines (they share one): plain data parallel on FSDP; on
         megatron the ranks of a tensor / pipeline group get the same rows and TP rank 0 of the last stage
-        answers. Generation stays Dispatch.DP: every rank holds a whole rollout engine."""
+        answers. Generation follows `replica_info` instead (the rollout's own tensor parallel)."""
         engines = [r.engine for r in (self.actor, self.critic, self.reference, self.reward_model) if r]
         return engines[0].dispatch_info() if engines else super().dispatch_info()
+
+    def replica_info(self) -> tuple[int, int, bool]:
+        """Dispatch.REPLICA layout: the rollout.tensor_parallel ranks of one vLLM engine (consecutive ranks)
+        get the same prompts and run the same requests in step; the first of them answers."""
+        tp = self.cfg.rollout.tensor_parallel if self.rollout is not None else 1
+        return self.ctx.rank // tp, self.ctx.world_size // tp, self.ctx.rank % tp == 0
 
     def _role(self, name: str) -> Any:
         roles = {
@@ -157,10 +163,11 @@ class RoleWorker(Worker):
 
     # ---- rollout (hybrid engine) ---------------------------------------------------------------
 
-    @dispatch(Dispatch.DP)
+    @dispatch(Dispatch.REPLICA)
     @profiled
     def generate(self, prompts: Batch, sampling: SamplingParams) -> Batch:
-        """n responses per prompt from this rank's prompts; syncs the actor's weights first if stale.
+        """n responses per prompt from this replica's prompts (one rank's, or those of the ranks of one
+        tensor-parallel engine, which all run them); syncs the actor's weights first if stale.
 
         Give the prompts a `prompt_index` column (their index in the step) before the call, and seeded
         samples are the same whatever the number of ranks (rollout/base.py)."""
@@ -171,7 +178,7 @@ class RoleWorker(Worker):
         start = time.perf_counter()
         if sampling.seed is not None and PROMPT_INDEX not in prompts:
             # Without step-wide prompt indices, ranks would key their first prompts alike: mix the rank in.
-            sampling = replace(sampling, seed=sampling.seed * 1_000_003 + self.ctx.rank)
+            sampling = replace(sampling, seed=sampling.seed * 1_000_003 + self.replica_info()[0])
         if len(prompts) == 0:  # an empty shard: every rank still takes part in the weight sync above
             out = _empty_rollout(prompts, sampling, agent=self.agent is not None)
         elif self._stream is not None:  # the engine belongs to the stream's thread (validation)

@@ -9,8 +9,10 @@ whole over repeated loads (DESIGN.md); `load_weights` corrupts it on the second 
 In process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`, so the engine core and its model live in this
 process and the weight iterator is passed by reference (no copy of the model through a pipe).
 One engine per process: vLLM keeps process-wide parallel state, and tearing one engine down
-removes it for any other engine still alive in the same process. vLLM's own process group lives
-beside the trainer's torch.distributed group (each rank runs its own engine at tensor_parallel=1).
+removes it for any other engine still alive in the same process. vLLM builds its groups on the worker
+group's torch.distributed group: one engine per rank at tensor_parallel=1, or with `tensor_parallel=k`
+one engine spanning k consecutive ranks (vLLM's external launcher: each of them holds 1/k of every
+weight matrix, gets the same prompts and runs the same requests in step; Dispatch.REPLICA).
 
 CPU threads: vLLM's CPU worker pins OpenMP threads to cores and from then on turns
 `torch.set_num_threads` into a no-op for the whole process. A Tandem worker already owns a share
@@ -62,11 +64,32 @@ def _cpu_scheduling(device: torch.device, max_model_len: int) -> dict[str, Any]:
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, max_model_len)}
 
 
+def _tensor_parallel_launch(tensor_parallel: int, device: torch.device) -> dict[str, Any]:
+    """vLLM arguments for an engine spanning `tensor_parallel` ranks of the worker group's torch.distributed
+    group (vLLM's external launcher: every rank of the engine builds it, and runs every request, in step;
+    vLLM builds its tensor-parallel groups over consecutive ranks of that group). {} for one rank."""
+    if tensor_parallel == 1:
+        return {}
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() % tensor_parallel:
+        world = dist.get_world_size() if dist.is_initialized() else "none"
+        raise ValueError(
+            f"rollout.tensor_parallel={tensor_parallel} needs a worker group whose world size it divides "
+            f"(torch.distributed world here: {world})"
+        )
+    # The external launcher reads the rank from the environment (torchrun's names); the group exists already.
+    os.environ["RANK"] = str(dist.get_rank())
+    os.environ["LOCAL_RANK"] = str(device.index or 0) if device.type == "cuda" else "0"
+    return {"distributed_executor_backend": "external_launcher"}
+
+
 class VLLMRollout(RolloutEngine):
     """Generates with vLLM's offline `LLM`, held in this process (see the module docstring).
 
     ``tokenizer_path`` is the tokenizer's folder (None = ``model_path``);
-    ``max_model_len`` bounds prompt + response tokens; ``tensor_parallel`` is vLLM's own (GPU);
+    ``max_model_len`` bounds prompt + response tokens; ``tensor_parallel``: ranks of the worker group
+    this engine spans (every one of them builds it; see the module docstring);
     ``gpu_memory_utilization`` is the share of GPU memory vLLM takes for weights and KV cache
     (the trainer needs the rest); ``kv_cache_gib`` sizes the KV cache on CPU.
     """
@@ -99,6 +122,7 @@ class VLLMRollout(RolloutEngine):
 
         forget_stale_parallel_state()
         start = time.perf_counter()
+        parallel = _tensor_parallel_launch(tensor_parallel, self.device)
         self.llm = LLM(
             model=str(model_path),
             tokenizer=str(model_path if tokenizer_path is None else tokenizer_path),
@@ -111,6 +135,7 @@ class VLLMRollout(RolloutEngine):
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
             enable_sleep_mode=self.device.type == "cuda",
+            **parallel,
             **_cpu_scheduling(self.device, max_model_len),
         )
         self.start_seconds = time.perf_counter() - start

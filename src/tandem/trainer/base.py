@@ -51,11 +51,8 @@ def check_available(cfg: TandemConfig) -> None:
         problems.append(f"rollout.engine={cfg.rollout.engine} is not available yet; use vllm or hf")
     if cfg.rollout.engine == "vllm" and resolve_engine("auto") != "vllm":
         problems.append("rollout.engine=vllm but vllm is not installed; see README (Installing) or use hf")
-    if resolve_engine(cfg.rollout.engine) == "vllm" and cfg.rollout.tensor_parallel != 1:
-        problems.append(
-            "rollout.tensor_parallel > 1 (a vLLM engine spanning ranks) is not available yet: each rank "
-            "runs its own engine; set rollout.tensor_parallel=1"
-        )
+    if cfg.rollout.tensor_parallel > 1:
+        problems += rollout_tensor_parallel_problems(cfg)
     if cfg.actor.strategy == "megatron":
         from tandem.engine.megatron import megatron_available
 
@@ -71,6 +68,24 @@ def check_available(cfg: TandemConfig) -> None:
         problems += sequence_parallel_problems(cfg)
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+def rollout_tensor_parallel_problems(cfg: TandemConfig) -> list[str]:
+    """What a vLLM engine spanning rollout.tensor_parallel ranks does not run with yet. Its ranks must issue
+    the same requests in the same engine steps: the synchronous generate call does; the agent loop's
+    asynchronous turns (tool calls finishing at different times on each rank) would not."""
+    r, t, k = cfg.rollout, cfg.trainer, f"rollout.tensor_parallel={cfg.rollout.tensor_parallel}"
+    problems = []
+    if r.mode == "async":
+        problems.append(
+            f"{k} with rollout.mode=async (agent loop) is not available yet; use rollout.mode=sync"
+        )
+    if r.layout == "separate" or t.async_mode != "synchronous":
+        problems.append(
+            f"{k} runs in the hybrid layout only (not yet with rollout.layout=separate or trainer.async_mode); "
+            "set rollout.tensor_parallel=1 there"
+        )
+    return problems
 
 
 def megatron_model_problems(cfg: TandemConfig) -> list[str]:
