@@ -72,7 +72,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("main", "padded", "ablation", "scaling", "engines", "sp", "layouts", "sizes", "compile")
+SECTIONS = ("main", "padded", "ablation", "scaling", "engines", "parallel", "layouts", "sizes", "compile")
 LR = 1e-5
 KL_COEF = 0.04
 MAX_PROMPT_LENGTH = 16  # "99+99=" is 6 tokens
@@ -542,8 +542,8 @@ def main() -> None:
         scaling_section(runner, work, model, results)
     if "engines" in sections:
         engines_section(runner, work, model, results)
-    if "sp" in sections:
-        sp_section(runner, work, model, results)
+    if "parallel" in sections:
+        parallel_section(runner, work, model, results)
     if "layouts" in sections:
         layouts_section(runner, work, results)
     if "sizes" in sections:
@@ -651,22 +651,31 @@ def engines_section(runner: Runner, work: Workload, model: dict[str, int], resul
     compare_runs(runner, model, results, "engines", configs, ("fsdp2, 1 rank (main run)", base), title)
 
 
-# Ulysses sequence parallel (issue 18): the same 2 cores as 2 data-parallel ranks, and as one group of 2
-# ranks that split every sequence.
-SEQUENCE_PARALLEL = {
+# Parallel layouts of issue 18 on the same 2 cores, against 2 plain data-parallel ranks: one Ulysses group
+# of 2 ranks that split every sequence (packed, padded), one vLLM engine over both ranks (rollout TP=2), and
+# megatron TP=2 without and with its sequence parallel.
+PARALLEL = {
     "fsdp2 SP=2, 2 ranks": ["actor.fsdp.sequence_parallel=2"],
     "fsdp2 SP=2, padded": ["actor.fsdp.sequence_parallel=2", "actor.sequence_packing=false"],
+    "fsdp2 DP=2, rollout TP=2": ["rollout.tensor_parallel=2"],
+    "megatron TP=2": ["actor.strategy=megatron", "actor.megatron.tensor_parallel=2"],
+    "megatron TP=2 + SP": [
+        "actor.strategy=megatron",
+        "actor.megatron.tensor_parallel=2",
+        "actor.megatron.sequence_parallel=true",
+    ],
 }
 
 
-def sp_section(runner: Runner, work: Workload, model: dict[str, int], results: dict[str, Any]) -> None:
-    """No-ref step with actor.fsdp.sequence_parallel=2 against plain data parallel on the same 2 ranks."""
+def parallel_section(runner: Runner, work: Workload, model: dict[str, int], results: dict[str, Any]) -> None:
+    """No-ref step with sequence parallel and rollout tensor parallel against plain data parallel on the
+    same 2 ranks."""
     short = replace(work, steps=3, ranks=2)
-    results["runs"]["sp/dp2"] = runner.tandem("sp/dp2", short, VARIANTS["no-ref"])
-    base = summarise(results["runs"]["sp/dp2"], model, None)
-    configs = {label: (short, extra) for label, extra in SEQUENCE_PARALLEL.items()}
-    title = f"sequence parallel (no-ref, {short.label()}, 1 warm-up + 3 measured steps)"
-    compare_runs(runner, model, results, "sp", configs, ("fsdp2 DP=2, 2 ranks", base), title)
+    results["runs"]["parallel/dp2"] = runner.tandem("parallel/dp2", short, VARIANTS["no-ref"])
+    base = summarise(results["runs"]["parallel/dp2"], model, None)
+    configs = {label: (short, extra) for label, extra in PARALLEL.items()}
+    title = f"parallel layouts (no-ref, {short.label()}, 1 warm-up + 3 measured steps)"
+    compare_runs(runner, model, results, "parallel", configs, ("fsdp2 DP=2, 2 ranks", base), title)
 
 
 def compare_runs(

@@ -121,6 +121,11 @@ def run_roles(strategy: str, parallel: MegatronConfig, cfg: TandemConfig, out: P
     share = batch.chunk(actor_engine.dp_size)[actor_engine.dp_rank]
     actor = Actor(actor_engine, cfg)
     result: dict = {"dispatch_info": actor_engine.dispatch_info(), "state0": weights(actor_engine)}
+    if strategy == "megatron":  # which norms the layers were built with (sequence parallel: marked ones)
+        result["sequence_parallel"] = actor_engine.module.config.sequence_parallel
+        result["norms"] = {
+            type(m).__name__ for m in actor_engine.module.modules() if "Norm" in type(m).__name__
+        }
     result["log_probs"] = actor.compute_log_probs(share).tensors.to_dict()
     result["logits"] = actor_engine.forward(share.select(*MODEL_INPUTS), full_logits(actor_engine), 2)[
         "logits"
@@ -164,7 +169,7 @@ def worker(
     world: int,
     init_method: str,
     strategy: str,
-    layout: tuple[int, int],
+    layout: tuple,
     paths: tuple[str, str],
     out_dir: str,
 ):
@@ -174,7 +179,9 @@ def worker(
     torch.set_num_threads(1)
     try:
         cfg = role_config(*paths)
-        parallel = MegatronConfig(tensor_parallel=layout[0], pipeline_parallel=layout[1])
+        parallel = MegatronConfig(
+            tensor_parallel=layout[0], pipeline_parallel=layout[1], sequence_parallel=layout[2:] == (True,)
+        )
         out = Path(out_dir)
         result = run_roles(strategy, parallel, cfg, out, resume=True)
         torch.save(result, out / f"rank{rank}.pt")
@@ -183,9 +190,10 @@ def worker(
 
 
 def run(
-    layout: tuple[int, int], world: int, paths: tuple[str, str], out_dir: Path, strategy: str = "megatron"
+    layout: tuple, world: int, paths: tuple[str, str], out_dir: Path, strategy: str = "megatron"
 ) -> list[dict]:
-    """Spawn `world` ranks with megatron (tensor, pipeline) `layout` (or FSDP); each rank's results."""
+    """Spawn `world` ranks with megatron (tensor, pipeline[, sequence_parallel]) `layout` (or FSDP); each
+    rank's results."""
     out_dir.mkdir(parents=True, exist_ok=True)
     init_method = f"file://{out_dir / f'store-{uuid.uuid4().hex}'}"
     mp.spawn(

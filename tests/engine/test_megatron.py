@@ -24,8 +24,15 @@ from . import megatron_scenarios as sc
 pytest.importorskip("megatron.core")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-# name: (tensor parallel, pipeline parallel, ranks)
-LAYOUTS = {"tp2": (2, 1, 2), "pp2": (1, 2, 2), "dp2": (1, 1, 2), "tp2pp2": (2, 2, 4)}
+# name: ((tensor parallel, pipeline parallel[, sequence parallel]), ranks)
+LAYOUTS = {
+    # TP=2 with megatron's sequence parallel (norms and residuals split over the TP ranks); TP without it
+    # runs in tp2pp2 and in the end-to-end tests
+    "tp2sp": ((2, 1, True), 2),
+    "pp2": ((1, 2), 2),
+    "dp2": ((1, 1), 2),
+    "tp2pp2": ((2, 2), 4),
+}
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +49,8 @@ def fsdp(paths, tmp_path_factory):
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def layout(request, paths, tmp_path_factory):
     out = tmp_path_factory.mktemp(f"megatron_{request.param}")
-    tp, pp, world = LAYOUTS[request.param]
-    return {"name": request.param, "ranks": sc.run((tp, pp), world, paths, out), "out": out}
+    parallel, world = LAYOUTS[request.param]
+    return {"name": request.param, "ranks": sc.run(parallel, world, paths, out), "out": out}
 
 
 def data_parallel_rows(layout: dict, section: str, key: str | None = None) -> torch.Tensor:
@@ -78,12 +85,16 @@ def assert_step_close(actual: dict, expected: dict) -> None:
 def test_dispatch_info_names_the_data_parallel_groups_and_collectors(layout):
     infos = [r["dispatch_info"] for r in layout["ranks"]]
     expected = {
-        "tp2": [(0, 1, True), (0, 1, False)],  # TP rank 0 answers
+        "tp2sp": [(0, 1, True), (0, 1, False)],  # TP rank 0 answers
         "pp2": [(0, 1, False), (0, 1, True)],  # the last stage answers
         "dp2": [(0, 2, True), (1, 2, True)],
         "tp2pp2": [(0, 1, False), (0, 1, False), (0, 1, True), (0, 1, False)],  # TP rank 0 of the last stage
     }[layout["name"]]
     assert infos == expected
+    sequence_parallel = layout["name"] == "tp2sp"
+    for rank in layout["ranks"]:
+        assert rank["sequence_parallel"] is sequence_parallel
+        assert rank["norms"] == ({"SequenceParallelRMSNorm"} if sequence_parallel else {"RMSNorm"})
 
 
 def test_weights_stream_out_exactly_as_loaded(layout, paths, fsdp):

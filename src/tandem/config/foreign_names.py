@@ -55,6 +55,7 @@ VERL: dict[str, tuple[str, str]] = {
     "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": ("actor.megatron.tensor_parallel", ""),
     "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": ("actor.megatron.pipeline_parallel", ""),
     "actor_rollout_ref.actor.megatron.context_parallel_size": ("actor.megatron.context_parallel", ""),
+    "actor_rollout_ref.actor.megatron.sequence_parallel": ("actor.megatron.sequence_parallel", ""),
     "actor_rollout_ref.actor.megatron.expert_model_parallel_size": ("actor.megatron.expert_parallel", ""),
     "actor_rollout_ref.rollout.name": ("rollout.engine", ""),
     "actor_rollout_ref.rollout.multi_turn.enable": (

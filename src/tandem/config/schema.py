@@ -127,6 +127,10 @@ class MegatronConfig:
     pipeline_parallel: int = 1  # ranks splitting the stack of layers
     context_parallel: int = 1  # ranks splitting each sequence
     expert_parallel: int = 1  # ranks splitting the experts of MoE layers; divides world / (tensor x pipeline)
+    # with tensor_parallel > 1: the activations outside the matmuls (norms, residuals) split over the tensor-
+    # parallel ranks along the sequence, all-gathered / reduce-scattered around each block (megatron's sequence
+    # parallel): less activation memory, the same numbers; ignored at tensor_parallel = 1
+    sequence_parallel: bool = False
     param_dtype: ParamDtype = (
         "auto"  # compute dtype; auto: bfloat16 on CUDA (float32 master weights), float32 on CPU
     )

@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils import clip_grads_with_norm_
 
@@ -56,6 +57,7 @@ from tandem.engine.base import (
     resolve_param_dtype,
 )
 from tandem.engine.megatron import convert
+from tandem.engine.megatron.layers import ValueHead, layer_spec
 from tandem.engine.megatron.vocab_parallel import VocabParallel
 from tandem.engine.micro import dummy_like, merge_outputs, split_micro_batches, to_cpu
 from tandem.engine.optim import lr_multiplier
@@ -69,18 +71,6 @@ def megatron_available() -> bool:
     import importlib.util
 
     return importlib.util.find_spec("megatron.core") is not None
-
-
-class ValueHead(nn.Module):
-    """A 1-wide linear value head in place of GPTModel's output layer (replicated on every TP rank)."""
-
-    def __init__(self, hidden_size: int, dtype: torch.dtype) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.zeros(1, hidden_size, dtype=dtype))
-        self.bias = nn.Parameter(torch.zeros(1, dtype=dtype))
-
-    def forward(self, hidden: Tensor, weight: Tensor | None = None, **_: Any) -> tuple[Tensor, None]:
-        return nn.functional.linear(hidden, self.weight, self.bias), None
 
 
 def init_parallel_state(tensor_parallel: int, pipeline_parallel: int, seed: int) -> None:
@@ -171,6 +161,7 @@ class MegatronEngine(TrainEngine):
 
         init_parallel_state(megatron.tensor_parallel, megatron.pipeline_parallel, seed)
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), megatron.tensor_parallel
+        self.sequence_parallel = megatron.sequence_parallel and self.tp_size > 1
         self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), megatron.pipeline_parallel
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
         self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == self.pp_size - 1
@@ -222,6 +213,7 @@ class MegatronEngine(TrainEngine):
             **convert.transformer_config_kwargs(self.config),
             tensor_model_parallel_size=self.tp_size,
             pipeline_model_parallel_size=self.pp_size,
+            sequence_parallel=self.sequence_parallel,
             params_dtype=self.param_dtype,
             pipeline_dtype=self.param_dtype,
             bf16=self.param_dtype == torch.bfloat16,
@@ -246,12 +238,11 @@ class MegatronEngine(TrainEngine):
 
     def _build(self, activation_checkpointing: bool, seed: int) -> tuple[nn.Module, type, dict[str, tuple]]:
         from megatron.core.models.gpt import GPTModel
-        from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
 
         tied = self.head == "lm" and bool(getattr(self.config, "tie_word_embeddings", False))
         model = GPTModel(
             self._transformer_config(activation_checkpointing),
-            get_gpt_layer_local_spec(normalization="RMSNorm"),
+            layer_spec(self.sequence_parallel, self.layers_per_stage),
             vocab_size=self.config.vocab_size,
             max_sequence_length=self.config.max_position_embeddings,
             pre_process=self.first_stage,
@@ -261,7 +252,7 @@ class MegatronEngine(TrainEngine):
             rotary_base=convert.rotary_base(self.config),
         )
         if self.head == "value" and self.last_stage:
-            model.output_layer = ValueHead(self.config.hidden_size, self.param_dtype)
+            model.output_layer = ValueHead(self.config.hidden_size, self.param_dtype, self.sequence_parallel)
         hf_model = hf_io.load_pretrained(self.model_path, self.config, self.head, seed)
         hf_state = hf_model.state_dict()
         hf_shapes = {name: tuple(t.shape) for name, t in hf_state.items()}
@@ -457,11 +448,20 @@ class MegatronEngine(TrainEngine):
             )
             allowed = real[:, None, :].expand(-1, ids.shape[1], -1)
         width = inputs["input_ids"].shape[1]
-        causal = torch.ones(width, width, dtype=torch.bool, device=ids.device).tril()
+        if self.sequence_parallel and width % self.tp_size:
+            # sequence parallel splits the columns over the TP ranks: pad columns that nothing attends to
+            extra = self.tp_size - width % self.tp_size
+            inputs = {
+                "input_ids": F.pad(inputs["input_ids"], (0, extra), value=self._pad_id()),
+                "position_ids": F.pad(inputs["position_ids"], (0, extra)),
+            }
+            allowed = F.pad(allowed, (0, extra, 0, extra))
+        full = inputs["input_ids"].shape[1]
+        causal = torch.ones(full, full, dtype=torch.bool, device=ids.device).tril()
         inputs["attention_mask"] = ~(allowed & causal).unsqueeze(1)
 
         def make_output(logits: Tensor) -> ModelOutput:
-            return ModelOutput(logits, shape, packing, vocab_parallel=self.vocab_parallel)
+            return ModelOutput(logits[:, :width], shape, packing, vocab_parallel=self.vocab_parallel)
 
         return micro, inputs, make_output
 
