@@ -93,14 +93,22 @@ def nan_loss(output, micro: Batch):
     return output.logits.float().sum() * float("nan"), {}
 
 
-def make_engine(model_path: str, head: str, *, optim: OptimConfig | None = OPTIM, **kwargs) -> FSDPEngine:
+def make_engine(
+    model_path: str,
+    head: str,
+    *,
+    optim: OptimConfig | None = OPTIM,
+    fsdp: FSDPConfig | None = None,
+    grad_clip: float = GRAD_CLIP,
+    **kwargs,
+) -> FSDPEngine:
     return FSDPEngine(
         model_path=model_path,
         head=head,
         device=torch.device("cpu"),
         optim=optim,
-        fsdp=FSDPConfig(),
-        grad_clip=GRAD_CLIP,
+        fsdp=fsdp or FSDPConfig(),
+        grad_clip=grad_clip,
         total_training_steps=TOTAL_STEPS,
         **kwargs,
     )
@@ -206,15 +214,16 @@ def file_store(directory: str | Path) -> str:
 
 def run(world: int, model_path: str | Path, out_dir: str | Path) -> list[dict]:
     """Spawn `world` ranks running `worker`; their results, by rank."""
+    return spawn(worker, world, model_path, out_dir)
+
+
+def spawn(rank_fn, world: int, model_path: str | Path, out_dir: str | Path) -> list[dict]:
+    """Spawn `world` ranks of `rank_fn(rank, world, init_method, model_path, out_dir)`, each saving its results
+    as `rank{r}.pt` in `out_dir`; those results, by rank."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    mp.start_processes(
-        worker,
-        args=(world, file_store(out_dir), str(model_path), str(out_dir)),
-        nprocs=world,
-        join=True,
-        start_method="spawn",
-    )
+    args = (world, file_store(out_dir), str(model_path), str(out_dir))
+    mp.start_processes(rank_fn, args=args, nprocs=world, join=True, start_method="spawn")
     return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
 
 

@@ -14,15 +14,13 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from tandem.algos import agg_loss
 from tandem.config.schema import FSDPConfig, OptimConfig
-from tandem.engine import FSDPEngine
 from tandem.roles.common import response_log_probs
 from tandem.roles.sft import next_token_log_probs
 
-from .fsdp_scenarios import PROMPT_LEN, file_store, gather_state, rollout_batch, shard
+from .fsdp_scenarios import PROMPT_LEN, gather_state, make_engine, rollout_batch, shard, spawn
 
 TEMPERATURE = 0.7
 CHUNK = 4  # tokens per chunk: micro-batches of 2-3 rows x 6 response tokens cut into several chunks
@@ -58,16 +56,8 @@ def make_loss_fn(global_tokens):
 def run_case(
     model_path: str, chunk: int | None, packing: bool, compiled: bool, world: int, rank: int
 ) -> dict:
-    engine = FSDPEngine(
-        model_path=model_path,
-        head="lm",
-        device=torch.device("cpu"),
-        optim=OPTIM,
-        fsdp=FSDPConfig(lm_head_chunk_tokens=chunk, torch_compile=compiled),
-        grad_clip=1.0,
-        total_training_steps=10,
-        packing=packing,
-    )
+    fsdp = FSDPConfig(lm_head_chunk_tokens=chunk, torch_compile=compiled)
+    engine = make_engine(model_path, "lm", optim=OPTIM, fsdp=fsdp, grad_clip=1.0, packing=packing)
     result: dict = {
         "chunk": engine.lm_head_chunk,
         "packing": engine.packing,
@@ -105,8 +95,4 @@ def worker(rank: int, world: int, init_method: str, model_path: str, out_dir: st
 
 
 def run(world: int, model_path: str | Path, out_dir: str | Path) -> list[dict]:
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    args = (world, file_store(out_dir), str(model_path), str(out_dir))
-    mp.start_processes(worker, args=args, nprocs=world, join=True, start_method="spawn")
-    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
+    return spawn(worker, world, model_path, out_dir)

@@ -15,14 +15,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from tandem.algos import agg_loss
 from tandem.config.schema import FSDPConfig
-from tandem.engine import FSDPEngine
 from tandem.roles.critic import response_values
 
-from .fsdp_scenarios import PROMPT_LEN, RESPONSE_LEN, file_store, gather_state, rollout_batch, shard
+from .fsdp_scenarios import PROMPT_LEN, RESPONSE_LEN, gather_state, make_engine, rollout_batch, shard, spawn
 from .lm_head_scenarios import CHUNK, OPTIM, make_loss_fn, stats_fn
 
 SHARDS = {1: [6], 2: [4, 2]}  # rows per data-parallel rank
@@ -59,14 +57,13 @@ def make_value_loss_fn(global_tokens):
 
 def run_case(model_path: str, case: tuple, world: int, rank: int) -> dict:
     head, sp, chunk, packing, checkpointing = case
-    engine = FSDPEngine(
-        model_path=model_path,
-        head=head,
-        device=torch.device("cpu"),
+    fsdp = FSDPConfig(sequence_parallel=sp, lm_head_chunk_tokens=chunk)
+    engine = make_engine(
+        model_path,
+        head,
         optim=OPTIM,
-        fsdp=FSDPConfig(sequence_parallel=sp, lm_head_chunk_tokens=chunk),
+        fsdp=fsdp,
         grad_clip=1.0,
-        total_training_steps=10,
         packing=packing,
         activation_checkpointing=checkpointing,
     )
@@ -104,11 +101,7 @@ def worker(rank: int, world: int, init_method: str, model_path: str, out_dir: st
 
 
 def run(world: int, model_path: str | Path, out_dir: str | Path) -> list[dict]:
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    args = (world, file_store(out_dir), str(model_path), str(out_dir))
-    mp.start_processes(worker, args=args, nprocs=world, join=True, start_method="spawn")
-    return [torch.load(out_dir / f"rank{rank}.pt", weights_only=False) for rank in range(world)]
+    return spawn(worker, world, model_path, out_dir)
 
 
 __all__ = ["CASES", "PROMPT_LEN", "REFERENCE", "run"]
