@@ -122,10 +122,12 @@ def run_roles(strategy: str, parallel: MegatronConfig, cfg: TandemConfig, out: P
     actor = Actor(actor_engine, cfg)
     result: dict = {"dispatch_info": actor_engine.dispatch_info(), "state0": weights(actor_engine)}
     if strategy == "megatron":  # which norms the layers were built with (sequence parallel: marked ones)
-        result["sequence_parallel"] = actor_engine.module.config.sequence_parallel
+        chunks = actor_engine.chunks
+        result["sequence_parallel"] = chunks[0].config.sequence_parallel
         result["norms"] = {
-            type(m).__name__ for m in actor_engine.module.modules() if "Norm" in type(m).__name__
+            type(m).__name__ for c in chunks for m in c.modules() if "Norm" in type(m).__name__
         }
+        result["chunk_layers"] = [len(c.decoder.layers) for c in chunks]
     result["log_probs"] = actor.compute_log_probs(share).tensors.to_dict()
     result["logits"] = actor_engine.forward(share.select(*MODEL_INPUTS), full_logits(actor_engine), 2)[
         "logits"
@@ -179,8 +181,9 @@ def worker(
     torch.set_num_threads(1)
     try:
         cfg = role_config(*paths)
+        tp, pp, sp, vp = (*layout, False, 1)[:4]
         parallel = MegatronConfig(
-            tensor_parallel=layout[0], pipeline_parallel=layout[1], sequence_parallel=layout[2:] == (True,)
+            tensor_parallel=tp, pipeline_parallel=pp, sequence_parallel=sp, virtual_pipeline=vp
         )
         out = Path(out_dir)
         result = run_roles(strategy, parallel, cfg, out, resume=True)
@@ -192,8 +195,8 @@ def worker(
 def run(
     layout: tuple, world: int, paths: tuple[str, str], out_dir: Path, strategy: str = "megatron"
 ) -> list[dict]:
-    """Spawn `world` ranks with megatron (tensor, pipeline[, sequence_parallel]) `layout` (or FSDP); each
-    rank's results."""
+    """Spawn `world` ranks with megatron (tensor, pipeline[, sequence_parallel[, virtual_pipeline]]) `layout`
+    (or FSDP); each rank's results."""
     out_dir.mkdir(parents=True, exist_ok=True)
     init_method = f"file://{out_dir / f'store-{uuid.uuid4().hex}'}"
     mp.spawn(

@@ -30,6 +30,7 @@ LAYOUTS = {
     # runs in tp2pp2 and in the end-to-end tests
     "tp2sp": ((2, 1, True), 2),
     "pp2": ((1, 2), 2),
+    "pp2vp2": ((1, 2, False, 2), 2),  # 2 model chunks of 1 layer per stage, the interleaved schedule
     "dp2": ((1, 1), 2),
     "tp2pp2": ((2, 2), 4),
 }
@@ -87,12 +88,15 @@ def test_dispatch_info_names_the_data_parallel_groups_and_collectors(layout):
     expected = {
         "tp2sp": [(0, 1, True), (0, 1, False)],  # TP rank 0 answers
         "pp2": [(0, 1, False), (0, 1, True)],  # the last stage answers
+        "pp2vp2": [(0, 1, False), (0, 1, True)],
         "dp2": [(0, 2, True), (1, 2, True)],
         "tp2pp2": [(0, 1, False), (0, 1, False), (0, 1, True), (0, 1, False)],  # TP rank 0 of the last stage
     }[layout["name"]]
     assert infos == expected
     sequence_parallel = layout["name"] == "tp2sp"
+    chunk_layers = {"pp2vp2": [1, 1], "pp2": [2], "tp2pp2": [2]}.get(layout["name"], [4])  # of the 4 layers
     for rank in layout["ranks"]:
+        assert rank["chunk_layers"] == chunk_layers
         assert rank["sequence_parallel"] is sequence_parallel
         assert rank["norms"] == ({"SequenceParallelRMSNorm"} if sequence_parallel else {"RMSNorm"})
 

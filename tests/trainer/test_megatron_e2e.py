@@ -32,9 +32,10 @@ def assets(tmp_path_factory):
     [
         # trainer TP=2 -> one vLLM engine over the same 2 ranks (rollout TP=2)
         ("grpo", ["actor.megatron.tensor_parallel=2", "rollout.tensor_parallel=2"]),
-        ("ppo", ["actor.megatron.pipeline_parallel=2"]),
+        # PP=2 with 2 model chunks per stage (the interleaved schedule); exported on one rank below
+        ("ppo", ["actor.megatron.pipeline_parallel=2", "actor.megatron.virtual_pipeline=2"]),
     ],
-    ids=["grpo-tp2-rollout-tp2", "ppo-pp2"],
+    ids=["grpo-tp2-rollout-tp2", "ppo-pp2-vp2"],
 )
 def test_megatron_actor_trains_and_the_rollout_follows_it(ray_local, assets, tmp_path, preset, layout):
     cfg = run_config(

@@ -257,6 +257,9 @@ def test_grpo_with_a_tensor_parallel_vllm_engine_syncs_weights_and_starts_from_t
         assert m["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-5)
         assert m["rollout_mismatch/min_ratio"] == pytest.approx(1.0, abs=1e-5)
     assert history[2]["timing_s/weight_sync"] > 0 and history[3]["timing_s/weight_sync"] > 0
+    # each rank received the whole model (float32, the tied head once), though its engine keeps half of it
+    folder_bytes = sum(t.numel() * 4 for t in load_file(assets["model"] / "model.safetensors").values())
+    assert history[2]["weight_sync/bytes"] == history[3]["weight_sync/bytes"] == folder_bytes
 
     exported = export_checkpoint(tmp_path / "tandem/grpo/checkpoints/global_step_3", tmp_path / "hf")
     engine = VLLMRollout.from_pretrained(exported, max_model_len=64)

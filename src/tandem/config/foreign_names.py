@@ -56,6 +56,10 @@ VERL: dict[str, tuple[str, str]] = {
     "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": ("actor.megatron.pipeline_parallel", ""),
     "actor_rollout_ref.actor.megatron.context_parallel_size": ("actor.megatron.context_parallel", ""),
     "actor_rollout_ref.actor.megatron.sequence_parallel": ("actor.megatron.sequence_parallel", ""),
+    "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size": (
+        "actor.megatron.virtual_pipeline",
+        "",
+    ),
     "actor_rollout_ref.actor.megatron.expert_model_parallel_size": ("actor.megatron.expert_parallel", ""),
     "actor_rollout_ref.rollout.name": ("rollout.engine", ""),
     "actor_rollout_ref.rollout.multi_turn.enable": (

@@ -125,6 +125,9 @@ class MegatronConfig:
 
     tensor_parallel: int = 1  # ranks splitting each layer's weight matrices
     pipeline_parallel: int = 1  # ranks splitting the stack of layers
+    # model chunks per pipeline rank (virtual stages, megatron's interleaved schedule: a smaller pipeline bubble
+    # for more point-to-point sends); > 1 needs pipeline_parallel > 1 and layers divisible by pipeline x this
+    virtual_pipeline: int = 1
     context_parallel: int = 1  # ranks splitting each sequence
     expert_parallel: int = 1  # ranks splitting the experts of MoE layers; divides world / (tensor x pipeline)
     # with tensor_parallel > 1: the activations outside the matmuls (norms, residuals) split over the tensor-

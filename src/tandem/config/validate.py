@@ -301,6 +301,7 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
         ),
         ("actor.megatron.tensor_parallel", a.megatron.tensor_parallel),
         ("actor.megatron.pipeline_parallel", a.megatron.pipeline_parallel),
+        ("actor.megatron.virtual_pipeline", a.megatron.virtual_pipeline),
         ("actor.megatron.context_parallel", a.megatron.context_parallel),
         ("actor.megatron.expert_parallel", a.megatron.expert_parallel),
         ("rollout.n", r.n),

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import resource
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from tandem.batch import Batch
 from tandem.config.schema import OptimConfig, TandemConfig
@@ -273,9 +274,19 @@ class RoleWorker(Worker):
         self._sync_rollout_weights()
 
     def _sync_rollout_weights(self) -> None:
+        """The actor's full tensors into this rank's engine; `weight_sync/bytes`: what this rank received (a
+        full gather: a tensor-parallel engine keeps 1/rollout.tensor_parallel of most of it)."""
         start = time.perf_counter()
-        self._role_rollout().update_weights(self.actor.engine.state_dict_iter())
+        received = [0]
+
+        def counted() -> Iterator[tuple[str, Tensor]]:
+            for name, tensor in self.actor.engine.state_dict_iter():
+                received[0] += tensor.numel() * tensor.element_size()
+                yield name, tensor
+
+        self._role_rollout().update_weights(counted())
         self._metrics["timing_s/weight_sync"] = time.perf_counter() - start
+        self._metrics["weight_sync/bytes"] = received[0]
         self._rollout_stale = False
 
     def _role_rollout(self) -> Any:

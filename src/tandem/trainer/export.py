@@ -24,6 +24,7 @@ ONE_RANK = [
     # One rank holds the whole model: megatron's distributed checkpoint reshards a TP / PP-sharded one.
     "actor.megatron.tensor_parallel=1",
     "actor.megatron.pipeline_parallel=1",
+    "actor.megatron.virtual_pipeline=1",
     "actor.fsdp.sequence_parallel=1",  # the DCP checkpoint of FSDP2 reshards the same way
     "rollout.tensor_parallel=1",  # no rollout engine is built for an export
 ]

@@ -73,7 +73,9 @@ def megatron_available() -> bool:
     return importlib.util.find_spec("megatron.core") is not None
 
 
-def init_parallel_state(tensor_parallel: int, pipeline_parallel: int, seed: int) -> None:
+def init_parallel_state(
+    tensor_parallel: int, pipeline_parallel: int, seed: int, virtual_pipeline: int = 1
+) -> None:
     """megatron's parallel state over the default group (once per process; later calls must agree)."""
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel as mtp
@@ -87,16 +89,23 @@ def init_parallel_state(tensor_parallel: int, pipeline_parallel: int, seed: int)
     if ps.model_parallel_is_initialized() and not _groups_alive(ps):
         # Left by an earlier process group of this process (an in-process worker group shut down since).
         ps.destroy_model_parallel()
+    want = (tensor_parallel, pipeline_parallel, virtual_pipeline)
     if ps.model_parallel_is_initialized():
-        have = (ps.get_tensor_model_parallel_world_size(), ps.get_pipeline_model_parallel_world_size())
-        if have != (tensor_parallel, pipeline_parallel):
+        have = (
+            ps.get_tensor_model_parallel_world_size(),
+            ps.get_pipeline_model_parallel_world_size(),
+            ps.get_virtual_pipeline_model_parallel_world_size() or 1,
+        )
+        if have != want:
             raise ValueError(
-                f"this process already runs megatron with (tensor, pipeline) parallel {have}; every engine "
-                f"of a worker shares it, got {(tensor_parallel, pipeline_parallel)}"
+                f"this process already runs megatron with (tensor, pipeline, virtual pipeline) parallel {have}; "
+                f"every engine of a worker shares it, got {want}"
             )
         return
     ps.initialize_model_parallel(
-        tensor_model_parallel_size=tensor_parallel, pipeline_model_parallel_size=pipeline_parallel
+        tensor_model_parallel_size=tensor_parallel,
+        pipeline_model_parallel_size=pipeline_parallel,
+        virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
     )
     mtp.model_parallel_cuda_manual_seed(seed)
 
@@ -159,12 +168,18 @@ class MegatronEngine(TrainEngine):
 
         from megatron.core import parallel_state as ps
 
-        init_parallel_state(megatron.tensor_parallel, megatron.pipeline_parallel, seed)
+        self.vp_size = megatron.virtual_pipeline
+        if self.vp_size > 1 and megatron.pipeline_parallel == 1:
+            raise ValueError(
+                f"actor.megatron.virtual_pipeline={self.vp_size} needs actor.megatron.pipeline_parallel > 1 (model "
+                "chunks interleave over the pipeline stages)"
+            )
+        init_parallel_state(megatron.tensor_parallel, megatron.pipeline_parallel, seed, self.vp_size)
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), megatron.tensor_parallel
         self.sequence_parallel = megatron.sequence_parallel and self.tp_size > 1
         self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), megatron.pipeline_parallel
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-        self.first_stage, self.last_stage = self.pp_rank == 0, self.pp_rank == self.pp_size - 1
+        self.last_stage = self.pp_rank == self.pp_size - 1
         self._tp_group = ps.get_tensor_model_parallel_group()
         self._pp_group = ps.get_pipeline_model_parallel_group()
         self._dp_group = ps.get_data_parallel_group()
@@ -182,15 +197,23 @@ class MegatronEngine(TrainEngine):
         convert.check_supported(config, self.tp_size, self.pp_size)
         self.config = config
         self.shapes = convert.shapes_of(config)
-        self.layers_per_stage = config.num_hidden_layers // self.pp_size
+        if config.num_hidden_layers % (self.pp_size * self.vp_size):
+            raise ValueError(
+                f"{self.model_path}: num_hidden_layers={config.num_hidden_layers} is not a multiple of "
+                f"actor.megatron.pipeline_parallel x virtual_pipeline = {self.pp_size * self.vp_size}"
+            )
+        # layers of one model chunk: a pipeline rank holds vp_size chunks (virtual stages), interleaved
+        self.layers_per_chunk = config.num_hidden_layers // (self.pp_size * self.vp_size)
         self.param_dtype = resolve_param_dtype(
             megatron.param_dtype, self.device, "megatron.param_dtype", cpu_probe=False
         )
 
         with self._scope():
-            self.module, self._hf_class, self._hf_shapes = self._build(activation_checkpointing, seed)
+            self.chunks, self._hf_class, self._hf_shapes = self._build(activation_checkpointing, seed)
             self.optimizer = None
-            self.model: nn.Module = self.module  # what the schedule runs: DDP-wrapped when trainable
+            self.models: list[nn.Module] = list(
+                self.chunks
+            )  # what the schedule runs: DDP-wrapped when trainable
             if optim is not None:
                 self._build_optimizer(optim, megatron.distributed_optimizer)
         self._lr = lr_multiplier(optim, total_training_steps) if optim is not None else None
@@ -213,6 +236,7 @@ class MegatronEngine(TrainEngine):
             **convert.transformer_config_kwargs(self.config),
             tensor_model_parallel_size=self.tp_size,
             pipeline_model_parallel_size=self.pp_size,
+            virtual_pipeline_model_parallel_size=self.vp_size if self.vp_size > 1 else None,
             sequence_parallel=self.sequence_parallel,
             params_dtype=self.param_dtype,
             pipeline_dtype=self.param_dtype,
@@ -224,7 +248,8 @@ class MegatronEngine(TrainEngine):
             # Overwritten from the folder next, but megatron's CPU initialisation is also what marks weights as
             # tensor-parallel: without it the gradient norm counts rank 0's shards only.
             perform_initialization=True,
-            variable_seq_lengths=True,  # micro-batches differ in shape (token budget, packing)
+            # micro-batches differ in shape (token budget, packing); the interleaved schedule pads them to one
+            variable_seq_lengths=self.vp_size == 1,
             moe_token_dispatcher_type="alltoall",  # megatron asks for it with variable_seq_lengths
             # The fused kernels are CUDA-only or need Apex / Transformer Engine; the torch paths compute the same.
             masked_softmax_fusion=False,
@@ -236,28 +261,47 @@ class MegatronEngine(TrainEngine):
             **extra,
         )
 
-    def _build(self, activation_checkpointing: bool, seed: int) -> tuple[nn.Module, type, dict[str, tuple]]:
+    def _build(
+        self, activation_checkpointing: bool, seed: int
+    ) -> tuple[list[nn.Module], type, dict[str, tuple]]:
+        """This rank's model chunks (one per virtual stage; one without virtual_pipeline), each filled with its
+        cut of the folder's weights."""
         from megatron.core.models.gpt import GPTModel
 
         tied = self.head == "lm" and bool(getattr(self.config, "tie_word_embeddings", False))
-        model = GPTModel(
-            self._transformer_config(activation_checkpointing),
-            layer_spec(self.sequence_parallel, self.layers_per_stage),
-            vocab_size=self.config.vocab_size,
-            max_sequence_length=self.config.max_position_embeddings,
-            pre_process=self.first_stage,
-            post_process=self.last_stage,
-            share_embeddings_and_output_weights=tied,
-            position_embedding_type="rope",
-            rotary_base=convert.rotary_base(self.config),
-        )
-        if self.head == "value" and self.last_stage:
-            model.output_layer = ValueHead(self.config.hidden_size, self.param_dtype, self.sequence_parallel)
+        config = self._transformer_config(activation_checkpointing)  # one object: the schedule reads it
         hf_model = hf_io.load_pretrained(self.model_path, self.config, self.head, seed)
         hf_state = hf_model.state_dict()
         hf_shapes = {name: tuple(t.shape) for name, t in hf_state.items()}
+        chunks = []
+        for chunk in range(self.vp_size):
+            first, last = self._chunk_ends(self.pp_rank, chunk)
+            model = GPTModel(
+                config,
+                layer_spec(self.sequence_parallel, self.layers_per_chunk),
+                vocab_size=self.config.vocab_size,
+                max_sequence_length=self.config.max_position_embeddings,
+                pre_process=first,
+                post_process=last,
+                share_embeddings_and_output_weights=tied,
+                position_embedding_type="rope",
+                rotary_base=convert.rotary_base(self.config),
+                **({"vp_stage": chunk} if self.vp_size > 1 else {}),
+            )
+            if self.head == "value" and last:
+                model.output_layer = ValueHead(
+                    self.config.hidden_size, self.param_dtype, self.sequence_parallel
+                )
+            self._fill(model, self._slots(self.pp_rank, chunk), hf_state)
+            model.to(self.device)
+            chunks.append(model)
+        hf_class = type(hf_model)
+        del hf_model, hf_state
+        return chunks, hf_class, hf_shapes
+
+    def _fill(self, model: nn.Module, slots: list[convert.Slot], hf_state: dict[str, Tensor]) -> None:
         filled = set()
-        for slot in self._slots(self.pp_rank):
+        for slot in slots:
             param = model.get_parameter(slot.megatron)
             shard = convert.to_shard(
                 slot, [hf_state[n] for n in slot.hf], self.shapes, self.tp_rank, self.tp_size
@@ -275,10 +319,6 @@ class MegatronEngine(TrainEngine):
             raise ValueError(
                 f"megatron parameters with no Hugging Face source (converter incomplete): {unfilled[:5]}"
             )
-        hf_class = type(hf_model)
-        del hf_model, hf_state
-        model.to(self.device)
-        return model, hf_class, hf_shapes
 
     def _build_optimizer(self, optim: OptimConfig, distributed: bool) -> None:
         from megatron.core.distributed import (
@@ -293,9 +333,15 @@ class MegatronEngine(TrainEngine):
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed
         )
-        self.model = DistributedDataParallel(self.module.config, ddp_config, self.module)
-        self.module.config.finalize_model_grads_func = finalize_model_grads
-        self.module.config.no_sync_func = self.model.no_sync
+        # One DDP per chunk; only the first buckets its gradients (as megatron's own training loop does).
+        self.models = [
+            DistributedDataParallel(chunk.config, ddp_config, chunk, disable_bucketing=i > 0)
+            for i, chunk in enumerate(self.chunks)
+        ]
+        config = self.chunks[0].config
+        config.finalize_model_grads_func = finalize_model_grads
+        no_sync = [model.no_sync for model in self.models]
+        config.no_sync_func = no_sync if self.vp_size > 1 else no_sync[0]
         opt_config = OptimizerConfig(
             optimizer="adam",
             lr=optim.lr,
@@ -311,16 +357,24 @@ class MegatronEngine(TrainEngine):
         )
         # config_overrides={}: weight decay on every parameter, as FSDPEngine's AdamW (megatron skips biases
         # and norms by default).
-        self.optimizer = get_megatron_optimizer(opt_config, [self.model], config_overrides={})
+        self.optimizer = get_megatron_optimizer(opt_config, self.models, config_overrides={})
 
-    def _slots(self, stage: int) -> list[convert.Slot]:
+    def _chunk_ends(self, stage: int, chunk: int) -> tuple[bool, bool]:
+        """Whether pipeline `stage`'s model `chunk` holds the embedding (the first virtual stage) and the
+        output layer (the last)."""
+        return stage == 0 and chunk == 0, stage == self.pp_size - 1 and chunk == self.vp_size - 1
+
+    def _slots(self, stage: int, chunk: int = 0) -> list[convert.Slot]:
+        """The parameters of pipeline `stage`'s model `chunk`: virtual stage chunk x pp + stage, whose
+        layers follow those of the virtual stage before it (megatron's interleaved order)."""
+        first, last = self._chunk_ends(stage, chunk)
         return convert.slots(
             self.config,
             head=self.head,
-            layer_offset=stage * self.layers_per_stage,
-            num_local_layers=self.layers_per_stage,
-            first_stage=stage == 0,
-            last_stage=stage == self.pp_size - 1,
+            layer_offset=(chunk * self.pp_size + stage) * self.layers_per_chunk,
+            num_local_layers=self.layers_per_chunk,
+            first_stage=first,
+            last_stage=last,
         )
 
     def dispatch_info(self) -> tuple[int, int, bool]:
@@ -342,7 +396,8 @@ class MegatronEngine(TrainEngine):
             parts.append({k: v[:0] for k, v in out.items()} if empty else out)
             return output.logits.sum() * 0.0
 
-        self.module.eval()
+        for chunk in self.chunks:
+            chunk.eval()
         with torch.no_grad():
             self._schedule(micros, on_output, forward_only=True)
         parts = self._from_last_stage(parts)
@@ -371,8 +426,9 @@ class MegatronEngine(TrainEngine):
             # DDP averages gradients over data-parallel ranks; the loss contract sums contributions.
             return loss * self.dp_size
 
-        self.module.train()
-        self.model.zero_grad_buffer()
+        for chunk, model in zip(self.chunks, self.models, strict=True):
+            chunk.train()
+            model.zero_grad_buffer()
         self.optimizer.zero_grad()
         self._schedule(micros, on_output, forward_only=False)
         losses, metrics = self._from_last_stage((losses, dict(metrics)))
@@ -405,7 +461,16 @@ class MegatronEngine(TrainEngine):
         stage returns the micro-batch's loss (forward only: a zero)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
-        prepared = [self._model_inputs(micro.to(self.device)) for micro in micros]
+        micros = [micro.to(self.device) for micro in micros]
+        prepared = [self._model_inputs(micro) for micro in micros]
+        padding = pad_micro_batch(self._pad_id(), self.device, tokens=self.tp_size)
+        if self.vp_size > 1:
+            # The interleaved schedule: one activation shape for every micro-batch (megatron's shape exchange
+            # for variable lengths deadlocks there over gloo), and micro-batches in groups of pp, the last
+            # group filled with passes that add nothing.
+            shape = tuple(max(inputs["input_ids"].shape[i] for _, inputs, _ in prepared) for i in (0, 1))
+            prepared = [self._model_inputs(micro, shape) for micro in micros]
+            prepared += [self._model_inputs(padding, shape)] * (-len(prepared) % self.pp_size)
         count = len(prepared)
 
         def step(data_iterator: Iterator, model: nn.Module) -> tuple[Tensor, Any]:
@@ -413,6 +478,8 @@ class MegatronEngine(TrainEngine):
             output_tensor = model(**inputs)
 
             def loss_func(logits: Tensor) -> tuple[Tensor, dict]:
+                if micro is padding:  # a padding pass of the interleaved schedule
+                    return logits.sum() * 0.0, {}
                 # The schedule divides each micro-batch's loss by their count; the contract sums them.
                 return on_output(make_output(logits), micro) * count, {}
 
@@ -422,21 +489,26 @@ class MegatronEngine(TrainEngine):
         with self._scope():
             get_forward_backward_func()(
                 forward_step_func=step,
-                data_iterator=iter(prepared),
-                model=[self.model],
+                # one iterator per model chunk: each chunk takes every micro-batch in turn
+                data_iterator=[iter(prepared) for _ in self.models] if self.vp_size > 1 else iter(prepared),
+                model=self.models,
                 num_microbatches=count,
                 seq_length=max(w[1] for w in widths),
                 micro_batch_size=max(w[0] for w in widths),
                 forward_only=forward_only,
             )
 
-    def _model_inputs(self, micro: Batch) -> tuple[Batch, dict[str, Tensor], Any]:
+    def _model_inputs(
+        self, micro: Batch, shape: tuple[int, int] | None = None
+    ) -> tuple[Batch, dict[str, Tensor], Any]:
         """(micro, GPTModel keyword inputs, logits -> ModelOutput) for one micro-batch.
 
         Packed: rows of several sequences with a block-diagonal causal mask. Padded: the batch as it is
-        with a causal mask over its real tokens. megatron's mask is True where attention is NOT allowed."""
+        with a causal mask over its real tokens. megatron's mask is True where attention is NOT allowed.
+        `shape`: (rows, columns) to pad the inputs to (the interleaved schedule's fixed shape); under sequence
+        parallel the columns are padded to a multiple of TP. Padding is attended by nothing."""
         ids = micro["input_ids"]
-        shape = tuple(ids.shape)
+        padded_shape = tuple(ids.shape)
         if self.packing and "attention_mask" in micro:
             inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self._pad_id())
             segment = (inputs["position_ids"] == 0).long().cumsum(-1)
@@ -447,21 +519,24 @@ class MegatronEngine(TrainEngine):
                 micro["attention_mask"].bool() if "attention_mask" in micro else torch.ones_like(ids).bool()
             )
             allowed = real[:, None, :].expand(-1, ids.shape[1], -1)
-        width = inputs["input_ids"].shape[1]
-        if self.sequence_parallel and width % self.tp_size:
-            # sequence parallel splits the columns over the TP ranks: pad columns that nothing attends to
-            extra = self.tp_size - width % self.tp_size
+        rows, width = inputs["input_ids"].shape
+        to_rows, to_width = shape or (rows, width)
+        if self.sequence_parallel:  # the columns are split over the TP ranks
+            to_width = -(-to_width // self.tp_size) * self.tp_size
+        extra_rows, extra = to_rows - rows, to_width - width
+        if extra_rows or extra:
             inputs = {
-                "input_ids": F.pad(inputs["input_ids"], (0, extra), value=self._pad_id()),
-                "position_ids": F.pad(inputs["position_ids"], (0, extra)),
+                "input_ids": F.pad(inputs["input_ids"], (0, extra, 0, extra_rows), value=self._pad_id()),
+                "position_ids": F.pad(inputs["position_ids"], (0, extra, 0, extra_rows)),
             }
-            allowed = F.pad(allowed, (0, extra, 0, extra))
-        full = inputs["input_ids"].shape[1]
-        causal = torch.ones(full, full, dtype=torch.bool, device=ids.device).tril()
+            allowed = F.pad(allowed, (0, extra, 0, extra, 0, extra_rows))
+        causal = torch.ones(to_width, to_width, dtype=torch.bool, device=ids.device).tril()
         inputs["attention_mask"] = ~(allowed & causal).unsqueeze(1)
 
         def make_output(logits: Tensor) -> ModelOutput:
-            return ModelOutput(logits[:, :width], shape, packing, vocab_parallel=self.vocab_parallel)
+            return ModelOutput(
+                logits[:rows, :width], padded_shape, packing, vocab_parallel=self.vocab_parallel
+            )
 
         return micro, inputs, make_output
 
@@ -512,10 +587,10 @@ class MegatronEngine(TrainEngine):
         gathered on its stage, then sent from that stage to the others. Same names as FSDPEngine's (a tied
         lm_head left out). Collective: every rank must iterate to the end."""
         yielded = set()
-        for stage in range(self.pp_size):
-            for slot in self._slots(stage):
+        for chunk, stage in ((c, s) for c in range(self.vp_size) for s in range(self.pp_size)):
+            for slot in self._slots(stage, chunk):
                 if stage == self.pp_rank:
-                    shard = self.module.get_parameter(slot.megatron).detach()
+                    shard = self.chunks[chunk].get_parameter(slot.megatron).detach()
                     full = self._gather_tp(slot, shard)
                 else:
                     full = [
@@ -554,10 +629,19 @@ class MegatronEngine(TrainEngine):
         dist.barrier()
 
     # ------------------------------------------------------------------ checkpoints
+    def _model_keys(self) -> list[str]:
+        """The checkpoint's model entries, one per chunk (megatron's names: model, or model0, model1, ...);
+        the tensors inside carry global layer numbers, so a checkpoint reloads under another layout."""
+        return ["model"] if self.vp_size == 1 else [f"model{c}" for c in range(self.vp_size)]
+
     def _sharded_state(self, is_loading: bool) -> dict[str, Any]:
-        state = {"model": self.module.sharded_state_dict()}
+        state: dict[str, Any] = {
+            key: chunk.sharded_state_dict()
+            for key, chunk in zip(self._model_keys(), self.chunks, strict=True)
+        }
         if self.optimizer is not None:
-            state["optimizer"] = self.optimizer.sharded_state_dict(state["model"], is_loading=is_loading)
+            models = state["model"] if self.vp_size == 1 else dict(state)
+            state["optimizer"] = self.optimizer.sharded_state_dict(models, is_loading=is_loading)
         return state
 
     def save(self, path: str | Path) -> None:
@@ -587,7 +671,8 @@ class MegatronEngine(TrainEngine):
             )
         with self._scope():
             state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(path))
-            self.module.load_state_dict(state["model"])
+            for key, chunk in zip(self._model_keys(), self.chunks, strict=True):
+                chunk.load_state_dict(state[key])
             if self.optimizer is not None:
                 if "optimizer" not in state:
                     raise ValueError(f"{path} holds no optimizer state (saved by a frozen engine)")
@@ -641,11 +726,13 @@ class MegatronEngine(TrainEngine):
                     seen.add(key)
                     out.append(tensor)
 
-        for buffer in getattr(self.model, "buffers", []) or []:
-            add(getattr(buffer, "param_data", None))
-            add(getattr(buffer, "grad_data", None))
-        for param in self.module.parameters():
-            add(param.data)
+        for model in self.models:
+            for buffer in getattr(model, "buffers", []) or []:
+                add(getattr(buffer, "param_data", None))
+                add(getattr(buffer, "grad_data", None))
+        for chunk in self.chunks:
+            for param in chunk.parameters():
+                add(param.data)
         if self.optimizer is not None:
             for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
                 inner = getattr(optimizer, "optimizer", None)
