@@ -653,7 +653,7 @@ def engines_section(runner: Runner, work: Workload, model: dict[str, int], resul
 
 # Parallel layouts of issue 18 on the same 2 cores, against 2 plain data-parallel ranks: one Ulysses group
 # of 2 ranks that split every sequence (packed, padded), one vLLM engine over both ranks (rollout TP=2), and
-# megatron TP=2 without and with its sequence parallel.
+# megatron TP=2 without and with its sequence parallel, PP=2 without and with virtual stages.
 PARALLEL = {
     "fsdp2 SP=2, 2 ranks": ["actor.fsdp.sequence_parallel=2"],
     "fsdp2 SP=2, padded": ["actor.fsdp.sequence_parallel=2", "actor.sequence_packing=false"],
@@ -663,6 +663,12 @@ PARALLEL = {
         "actor.strategy=megatron",
         "actor.megatron.tensor_parallel=2",
         "actor.megatron.sequence_parallel=true",
+    ],
+    "megatron PP=2": ["actor.strategy=megatron", "actor.megatron.pipeline_parallel=2"],
+    "megatron PP=2 x VP=2": [
+        "actor.strategy=megatron",
+        "actor.megatron.pipeline_parallel=2",
+        "actor.megatron.virtual_pipeline=2",
     ],
 }
 

@@ -181,7 +181,7 @@ def worker(
     torch.set_num_threads(1)
     try:
         cfg = role_config(*paths)
-        tp, pp, sp, vp = (*layout, False, 1)[:4]
+        tp, pp, sp, vp = (*layout, *(False, 1)[len(layout) - 2 :])
         parallel = MegatronConfig(
             tensor_parallel=tp, pipeline_parallel=pp, sequence_parallel=sp, virtual_pipeline=vp
         )
