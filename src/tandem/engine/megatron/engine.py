@@ -1,5 +1,7 @@
 """`MegatronEngine`: a Hugging Face causal LM (Qwen2 / Llama family) as megatron-core's GPTModel, with
-tensor (TP) and pipeline (PP) parallelism, data parallel over the rest of the ranks.
+tensor (TP) and pipeline (PP) parallelism, data parallel over the rest of the ranks; optionally megatron's
+sequence parallel with TP (norms and residuals split along the sequence: layers.py) and virtual pipeline
+stages (`virtual_pipeline` model chunks per PP rank, the interleaved schedule).
 
 Layout. megatron's parallel state is built once per process from the default process group (world =
 TP x PP x DP, TP ranks adjacent); every engine of the process (actor, reference, critic) shares it.
@@ -11,7 +13,8 @@ of each weight into the model it builds (convert.py). The critic / reward model 
 with a replicated 1-wide `ValueHead`.
 
 Micro-batches run through megatron's pipeline schedule (`get_forward_backward_func`): one forward /
-backward per micro-batch on every stage, activations sent between stages. Packing: each micro-batch's
+backward per micro-batch on every stage (every chunk), activations sent between stages; the interleaved
+schedule gets micro-batches of one shape, in groups of PP (`_schedule`). Packing: each micro-batch's
 sequences are packed into rows as on FSDP (data/packing.py), kept apart by a block-diagonal causal
 attention mask (megatron's RoPE takes no position ids; RoPE scores depend only on the distance between
 positions, so a sequence gives the same outputs wherever it sits in its row). The roles' functions run
