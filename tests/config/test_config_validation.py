@@ -113,6 +113,10 @@ RULES = [
         ["actor.megatron.expert_parallel=3 does not divide"],
     ),
     (
+        ["actor.strategy=megatron", "actor.megatron.virtual_pipeline=2", "trainer.workers_per_node=2"],
+        ["actor.megatron.virtual_pipeline=2 needs actor.megatron.pipeline_parallel > 1"],
+    ),
+    (
         ["actor.fsdp.sequence_parallel=3", "trainer.workers_per_node=4"],
         ["actor.fsdp.sequence_parallel=3 does not divide the world size 4"],
     ),

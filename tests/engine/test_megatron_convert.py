@@ -279,3 +279,17 @@ def test_llama_without_attention_bias_has_no_qkv_bias(tied_lm):
     assert convert.transformer_config_kwargs(config)["add_qkv_bias"] is False
     stage = _one_stage(config, "lm")
     assert not any(s.megatron.endswith("linear_qkv.bias") for s in stage)
+
+
+def test_a_model_the_virtual_stages_cannot_split_fails_before_the_workers(tmp_path):
+    """4 layers over PP=2 x VP=4 chunks: a start-up error naming the folder's key and both sizes."""
+    from tandem.config import ConfigError, load_config
+    from tandem.data.tiny import save_tiny
+    from tandem.trainer.base import check_available
+
+    model = save_tiny(tmp_path / "tiny")  # 4 layers
+    base = [f"actor.model_path={model}", "actor.strategy=megatron", "trainer.workers_per_node=2"]
+    base.append("actor.megatron.pipeline_parallel=2")
+    check_available(load_config("grpo", [*base, "actor.megatron.virtual_pipeline=2"]))
+    with pytest.raises(ConfigError, match=r"actor.model_path=.*pipeline_parallel x virtual_pipeline = 8"):
+        check_available(load_config("grpo", [*base, "actor.megatron.virtual_pipeline=4"]))

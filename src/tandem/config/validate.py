@@ -730,6 +730,12 @@ def check_parallel(cfg: TandemConfig, problems: Problems) -> None:
                 f"{mp.pipeline_parallel} x context_parallel={mp.context_parallel} = {size} does not "
                 f"divide the world size {world} (trainer.nnodes x trainer.workers_per_node)",
             )
+        if mp.virtual_pipeline > 1 and mp.pipeline_parallel == 1:
+            problems.add(
+                ("actor.megatron.virtual_pipeline", "actor.megatron.pipeline_parallel"),
+                f"actor.megatron.virtual_pipeline={mp.virtual_pipeline} needs actor.megatron.pipeline_parallel > 1 "
+                "(model chunks interleave over the pipeline stages)",
+            )
         expert_pool = world // max(1, mp.tensor_parallel * mp.pipeline_parallel)
         if (
             mp.expert_parallel >= 1

@@ -94,9 +94,17 @@ def megatron_model_problems(cfg: TandemConfig) -> list[str]:
     from tandem.engine.megatron.convert import check_supported
 
     mp = cfg.actor.megatron
-    return model_config_problems(
-        cfg, lambda config: check_supported(config, mp.tensor_parallel, mp.pipeline_parallel)
-    )
+
+    def check(config: Any) -> None:
+        check_supported(config, mp.tensor_parallel, mp.pipeline_parallel)
+        chunks = mp.pipeline_parallel * mp.virtual_pipeline
+        if config.num_hidden_layers % chunks:
+            raise ValueError(
+                f"num_hidden_layers={config.num_hidden_layers} is not a multiple of actor.megatron.pipeline_parallel "
+                f"x virtual_pipeline = {chunks} (each model chunk holds the same number of layers)"
+            )
+
+    return model_config_problems(cfg, check)
 
 
 def sequence_parallel_problems(cfg: TandemConfig) -> list[str]:
