@@ -466,8 +466,9 @@ class MegatronEngine(TrainEngine):
 
         micros = [micro.to(self.device) for micro in micros]
         prepared = [self._model_inputs(micro) for micro in micros]
-        padding = pad_micro_batch(self._pad_id(), self.device, tokens=self.tp_size)
+        padding = None  # the interleaved schedule's filler micro-batch, built only for it
         if self.vp_size > 1:
+            padding = pad_micro_batch(self._pad_id(), self.device, tokens=self.tp_size)
             # The interleaved schedule: one activation shape for every micro-batch (megatron's shape exchange
             # for variable lengths deadlocks there over gloo), and micro-batches in groups of pp, the last
             # group filled with passes that add nothing.
@@ -481,7 +482,7 @@ class MegatronEngine(TrainEngine):
             output_tensor = model(**inputs)
 
             def loss_func(logits: Tensor) -> tuple[Tensor, dict]:
-                if micro is padding:  # a padding pass of the interleaved schedule
+                if padding is not None and micro is padding:  # a filler pass of the interleaved schedule
                     return logits.sum() * 0.0, {}
                 # The schedule divides each micro-batch's loss by their count; the contract sums them.
                 return on_output(make_output(logits), micro) * count, {}
