@@ -187,6 +187,10 @@ class ActorConfig:
     kl_loss_coef: float = 0.001  # >= 0: weight of that KL term
     kl_loss_type: str = "low_var_kl"  # kl (k1), abs, mse (k2), low_var_kl (k3); "+" suffix: k2 gradient
     grad_clip: float | None = 1.0  # > 0: max global gradient norm; null = no clipping
+    # mixture-of-experts models (FSDP2): weight of the routers' load-balancing loss, mean over the MoE layers of
+    # E/k sum_e P_e f_e (1 = even routing; engine/moe.py), added to the actor's (and SFT's) loss; >= 0, 0 = off;
+    # null = the model's own weight, num_experts_per_tok x its config's router_aux_loss_coef
+    router_aux_loss_coef: float | None = None
     activation_checkpointing: bool = False  # recompute activations in backward to save memory
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)

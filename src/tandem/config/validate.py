@@ -437,6 +437,7 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
     for key, clip in (("actor.grad_clip", a.grad_clip), ("critic.grad_clip", c.grad_clip)):
         if clip is not None and clip <= 0:
             problems.add(key, f"{key}={clip} must be > 0; use null for no clipping")
+    _at_least(problems, "actor.router_aux_loss_coef", a.router_aux_loss_coef, 0)
     _within(problems, "actor.clip_ratio_low", a.clip_ratio_low, 0, 1, "[)")
     _at_least(problems, "actor.clip_ratio_high", a.clip_ratio_high, 0)
     if a.clip_ratio_c <= 1:

@@ -20,6 +20,9 @@ import torch
 from tokenizers import AddedToken, Tokenizer, decoders, normalizers, pre_tokenizers
 from tokenizers.models import BPE
 from transformers import (
+    MixtralConfig,
+    MixtralForCausalLM,
+    MixtralForTokenClassification,
     PreTrainedModel,
     PreTrainedTokenizerFast,
     Qwen2Config,
@@ -113,30 +116,45 @@ def build_model(
     dtype: torch.dtype = torch.float32,
     num_labels: int | None = None,
     vocab_size: int | None = None,
+    num_experts: int | None = None,
+    experts_per_token: int = 2,
 ) -> PreTrainedModel:
     """A randomly initialised Qwen2 causal LM, or a token classifier (critic / reward model)
     with a ``num_labels``-wide head when ``num_labels`` is given. Same seed, same weights;
     the global torch RNG is left untouched. ``vocab_size``: the embedding's rows, default the
-    tokenizer's size padded to 64 (larger: a real model's vocabulary, for benchmarks)."""
-    config = Qwen2Config(
-        vocab_size=vocab_size or padded_vocab_size(tokenizer),
-        hidden_size=hidden_size,
-        intermediate_size=intermediate_size,
-        num_hidden_layers=num_layers,
-        num_attention_heads=num_heads,
-        num_key_value_heads=num_kv_heads,
-        max_position_embeddings=max_position_embeddings,
-        tie_word_embeddings=tie_word_embeddings,
-        attention_dropout=0.0,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
+    tokenizer's size padded to 64 (larger: a real model's vocabulary, for benchmarks).
+    ``num_experts``: a Mixtral mixture-of-experts model instead, every layer's MLP ``num_experts``
+    experts of ``intermediate_size`` each, ``experts_per_token`` of them per token."""
+    shared = {
+        "vocab_size": vocab_size or padded_vocab_size(tokenizer),
+        "hidden_size": hidden_size,
+        "intermediate_size": intermediate_size,
+        "num_hidden_layers": num_layers,
+        "num_attention_heads": num_heads,
+        "num_key_value_heads": num_kv_heads,
+        "max_position_embeddings": max_position_embeddings,
+        "tie_word_embeddings": tie_word_embeddings,
+        "attention_dropout": 0.0,
+        "pad_token_id": tokenizer.pad_token_id,
+        "eos_token_id": tokenizer.eos_token_id,
         # Qwen2 has no BOS token of its own; like the released checkpoints, point it at EOS.
-        bos_token_id=tokenizer.eos_token_id,
-    )
+        "bos_token_id": tokenizer.eos_token_id,
+    }
+    if num_experts is None:
+        config = Qwen2Config(**shared)
+        classes = (Qwen2ForCausalLM, Qwen2ForTokenClassification)
+    else:
+        config = MixtralConfig(
+            **shared,
+            num_local_experts=num_experts,
+            num_experts_per_tok=experts_per_token,
+            sliding_window=None,
+        )
+        classes = (MixtralForCausalLM, MixtralForTokenClassification)
     if num_labels is not None:
         config.num_labels = num_labels
         config.classifier_dropout = 0.0
-    model_class = Qwen2ForCausalLM if num_labels is None else Qwen2ForTokenClassification
+    model_class = classes[0] if num_labels is None else classes[1]
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         model = model_class(config)

@@ -69,6 +69,8 @@ class ModelOutput:
     # Set when `logits` holds the last hidden states [.., H] and this head makes logits from them a chunk at
     # a time (engine/lm_head.py); the roles read them through roles/common.response_logits.
     head: ChunkedHead | None = None
+    # A mixture-of-experts model in training: its routers' load-balancing term on this micro-batch (engine/moe.py)
+    router_balance: Tensor | None = None
 
     def zero_loss(self) -> Tensor:
         """0 x every output: a loss with the gradient reductions of a real pass and no gradient."""

@@ -52,7 +52,7 @@ from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 from tandem.batch import Batch, Partition
 from tandem.config.schema import FSDPConfig, OptimConfig
 from tandem.data.packing import pack_model_inputs
-from tandem.engine import hf_io
+from tandem.engine import hf_io, moe
 from tandem.engine.base import (
     DTYPES,
     ForwardFn,
@@ -66,7 +66,7 @@ from tandem.engine.base import (
     resolve_param_dtype,
 )
 from tandem.engine.lm_head import ChunkedHead, chunk_tokens, hidden_states_out
-from tandem.engine.micro import dummy_like, merge_outputs, split_micro_batches, to_cpu
+from tandem.engine.micro import dummy_like, merge_outputs, real_token_count, split_micro_batches, to_cpu
 from tandem.engine.optim import build_optimizer, build_scheduler
 from tandem.engine.ulysses import check_heads, scale_grad, sequence_parallel_groups, sp_attention, sp_forward
 
@@ -104,6 +104,7 @@ class FSDPEngine(TrainEngine):
         seed: int = 1,
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
+        router_aux_loss_coef: float | None = None,
     ) -> None:
         check_engine_args("FSDPEngine", grad_clip, max_tokens_per_micro_batch)
         self.packing = packing
@@ -141,6 +142,14 @@ class FSDPEngine(TrainEngine):
         hf_io.disable_dropout(config)
         config.use_cache = False
         self.config = config
+        # A mixture-of-experts causal LM: its routers' load-balancing loss joins every training pass (engine/moe.py)
+        self.routing = moe.routing_of(config, router_aux_loss_coef) if head == "lm" else None
+        if self.routing is not None and self.sp is not None:
+            raise ValueError(
+                f"actor.fsdp.sequence_parallel={self.sp.size} with the mixture-of-experts model in "
+                f"{self.model_path}: not built (its load-balancing loss needs every token of a sequence on one "
+                "rank); use actor.fsdp.sequence_parallel=1"
+            )
         offload = self._offload_policy(fsdp.cpu_offload)
         self._cpu_offload = offload is not None
         self.model, self._hf_class, state_keys = self._build_model(
@@ -312,11 +321,16 @@ class FSDPEngine(TrainEngine):
         self.optimizer.zero_grad(set_to_none=True)
         loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
         metrics: dict[str, list[Any]] = defaultdict(list)
+        step_tokens = self._step_tokens(micros) if self.routing is not None else None
         for i in range(num_passes):
             if i < len(micros):
                 micro = micros[i].to(self.device)
-                output = self._model_forward(micro)
+                output = self._model_forward(micro, router=self.routing is not None)
                 loss, micro_metrics = loss_fn(output, micro)
+                if output.router_balance is not None:  # this micro-batch's token share of the balance term
+                    balance = output.router_balance * (real_token_count(micro) / step_tokens)
+                    loss = loss + self.routing.coef * balance
+                    micro_metrics = {**micro_metrics, "router_aux_loss": balance.detach()}
                 if output.head is not None:  # the head's gradient reduction on every rank, rows or none
                     loss = loss + output.head.zero_term()
                 # FSDP averages gradients over all ranks; the loss contract sums contributions (over the
@@ -389,6 +403,11 @@ class FSDPEngine(TrainEngine):
         """The ranks of a sequence-parallel group share one data-parallel index; its first answers."""
         return self.dp_rank, self.dp_size, self.sp is None or self.sp.rank == 0
 
+    def _step_tokens(self, micros: list[Batch]) -> float:
+        """Real tokens of this step's micro-batches on all data-parallel ranks (at least 1)."""
+        local = torch.tensor(float(sum(real_token_count(m) for m in micros)), dtype=torch.float64)
+        return max(float(self.all_reduce_sum(local)), 1.0)
+
     def _max_over_ranks(self, count: int) -> int:
         value = torch.tensor(count, dtype=torch.int64, device=self.device)
         dist.all_reduce(value, op=dist.ReduceOp.MAX)
@@ -405,9 +424,12 @@ class FSDPEngine(TrainEngine):
             agree=self._max_over_ranks,
         )
 
-    def _model_forward(self, micro: Batch, packed: bool | None = None, chunk: int | None = -1) -> ModelOutput:
+    def _model_forward(
+        self, micro: Batch, packed: bool | None = None, chunk: int | None = -1, router: bool = False
+    ) -> ModelOutput:
         """The model on one micro-batch, packed (default: as the engine is set) or padded; its logits, or with
-        a head chunk (default: as the engine is set) its last hidden states and the head that makes logits."""
+        a head chunk (default: as the engine is set) its last hidden states and the head that makes logits.
+        `router`: also the routers' load-balancing term of a mixture-of-experts model (engine/moe.py)."""
         ids = micro["input_ids"]
         chunk = self.lm_head_chunk if chunk == -1 else chunk
         packing = None
@@ -418,23 +440,37 @@ class FSDPEngine(TrainEngine):
             inputs = {
                 key: micro[key] for key in ("input_ids", "attention_mask", "position_ids") if key in micro
             }
+        routers: list[Tensor] | None = [] if router else None
         run = (
-            self._model
+            partial(self._model, routers=routers)
             if self.sp is None
             else partial(sp_forward, self.model, sp=self.sp, pad_id=self._pad_id())
         )
+        balance = None
         if chunk is None:
-            return ModelOutput(run(inputs), tuple(ids.shape), packing)
-        with hidden_states_out(self.model) as out_embedding:
-            hidden = run(inputs)
+            logits = run(inputs)
+        else:
+            with hidden_states_out(self.model) as out_embedding:
+                logits = run(inputs)
+        if routers is not None:
+            tokens = moe.real_tokens(inputs.get("attention_mask"), tuple(inputs["input_ids"].shape), packing)
+            balance = moe.balance_loss(routers, tokens.to(self.device), self.routing)
+        if chunk is None:
+            return ModelOutput(logits, tuple(ids.shape), packing, router_balance=balance)
         # FSDP2 leaves the root's parameters (the head's among them) unsharded after a forward.
         weight, bias = out_embedding.weight, out_embedding.bias
         if self.sp is not None:  # every rank of the group applies the head to all tokens: count it once
             weight, bias = scale_grad(weight, 1 / self.sp.size), scale_grad(bias, 1 / self.sp.size)
-        return ModelOutput(hidden, tuple(ids.shape), packing, head=ChunkedHead(weight, bias, chunk))
+        head = ChunkedHead(weight, bias, chunk)
+        return ModelOutput(logits, tuple(ids.shape), packing, head=head, router_balance=balance)
 
-    def _model(self, inputs: dict[str, Tensor]) -> Tensor:
-        return self.model(**inputs, use_cache=False).logits
+    def _model(self, inputs: dict[str, Tensor], routers: list[Tensor] | None = None) -> Tensor:
+        """The model's logits; with `routers`, its router logits (one [tokens, E] per MoE layer) appended there."""
+        if routers is None:
+            return self.model(**inputs, use_cache=False).logits
+        output = self.model(**inputs, use_cache=False, output_router_logits=True)
+        routers.extend(output.router_logits)
+        return output.logits
 
     @torch.no_grad()
     def _chunked_head_works(self) -> bool:

@@ -52,6 +52,13 @@ def token_lengths(batch: Batch, packing: bool) -> list[int]:
     return [batch["input_ids"].shape[1]] * len(batch)
 
 
+def real_token_count(micro: Batch) -> int:
+    """Real (not padding) tokens of a micro-batch."""
+    if "attention_mask" in micro:
+        return int(micro["attention_mask"].sum())
+    return int(micro["input_ids"].numel())
+
+
 def merge_outputs(parts: list[dict[str, Tensor]], plan: Partition | None) -> Batch:
     """Per-micro-batch outputs (in micro-batch order) as one Batch in the input's row order."""
     if not parts:

@@ -133,6 +133,7 @@ class RoleWorker(Worker):
             seed=self.cfg.trainer.seed,
             packing=a.sequence_packing,
             max_tokens_per_micro_batch=token_budget(self.cfg, self.ctx.torch_device),
+            router_aux_loss_coef=a.router_aux_loss_coef,
         )
 
     def dispatch_info(self) -> tuple[int, int, bool]:

@@ -2,7 +2,8 @@
 
 The engine is built once from a Hugging Face folder and never restarted: `update_weights` streams
 the trainer's full tensors, one at a time, into vLLM's model with `reload_weights` (checkpoint-format
-names, the same as the trainer's `state_dict_iter`), then drops the prefix cache, whose entries were
+names: the trainer's `state_dict_iter` names, turned back into the files' names where transformers
+loads a model into other tensors than its files hold, as for Mixtral's and Qwen MoE's experts), then drops the prefix cache, whose entries were
 computed with the old weights. On CPU this is the only weight-loading call that keeps the model
 whole over repeated loads (DESIGN.md); `load_weights` corrupts it on the second load.
 
@@ -35,7 +36,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +144,7 @@ class VLLMRollout(RolloutEngine):
         self.pad_token_id = int(pad_token_id)
         self.max_model_len = max_model_len
         self.tied_embeddings = bool(self.llm.llm_engine.model_config.hf_config.tie_word_embeddings)
+        self._file_names = file_names(model_path)
         self._asleep = self._kv_cache_asleep = False
         self._logged_cpu_sleep = False
         logger.info("VLLMRollout: engine started in %.1f s from %s", self.start_seconds, model_path)
@@ -218,6 +220,8 @@ class VLLMRollout(RolloutEngine):
         """Stream (Hugging Face name, full tensor) pairs into the running engine, one at a time."""
         if self.tied_embeddings:
             weights = with_tied_head(weights)
+        if self._file_names is not None:
+            weights = self._file_names(weights)
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
         )
@@ -242,6 +246,27 @@ class VLLMRollout(RolloutEngine):
             self.llm.wake_up(tags=["weights"])
             self._asleep = False
             self._kv_cache_asleep = True
+
+
+def file_names(model_path: str | Path) -> Callable[[Iterable[tuple[str, Tensor]]], Iterator] | None:
+    """(name, tensor) as transformers holds the model in memory -> as its checkpoint files name them, one
+    tensor at a time (transformers' own reverse mapping, the one `save_pretrained` applies); None when the
+    two agree. Mixtral in memory: one [E, 2F, H] `mlp.experts.gate_up_proj` per layer; in its files and
+    vLLM's loader: `block_sparse_moe.experts.{e}.w1` / `w3` [F, H] per expert."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.conversion_mapping import get_model_conversion_mapping
+    from transformers.core_model_loading import revert_weight_conversion
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    if not get_model_conversion_mapping(model, add_legacy=False):
+        return None
+
+    def convert(weights: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
+        for name, tensor in weights:
+            yield from revert_weight_conversion(model, {name: tensor}).items()
+
+    return convert
 
 
 def with_tied_head(weights: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:

@@ -144,6 +144,7 @@ class MegatronEngine(TrainEngine):
         seed: int = 1,
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
+        router_aux_loss_coef: float | None = None,  # unused: dense models only (convert.check_supported)
     ) -> None:
         check_engine_args("MegatronEngine", grad_clip, max_tokens_per_micro_batch)
         if megatron.context_parallel != 1 or megatron.expert_parallel != 1:
