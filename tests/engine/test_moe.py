@@ -194,3 +194,22 @@ def test_packed_equals_padded_and_resume_equals_continuing(runs):
     assert weights["model.layers.0.mlp.experts.gate_up_proj"] == (4, 128, 64)
     assert weights["model.layers.0.mlp.experts.down_proj"] == (4, 64, 64)
     assert "sequence_parallel=2 with the mixture-of-experts model" in runs[2][0]["sp_error"]
+
+
+def test_weights_reach_vllm_under_their_file_names(moe_path, tmp_path):
+    """The trainer holds Mixtral's experts fused ([E, 2F, H] gate_up_proj, [E, H, F] down_proj); the rollout
+    sends them as the checkpoint's per-expert w1 / w3 / w2 matrices, which is what vLLM's loader reads."""
+    from safetensors.torch import load_file
+
+    from tandem.rollout.vllm import file_names
+
+    model = AutoModelForCausalLM.from_pretrained(moe_path, dtype=torch.float32)
+    in_memory = [(name, p.detach()) for name, p in model.named_parameters()]
+    assert "model.layers.0.mlp.experts.gate_up_proj" in dict(in_memory)
+    converted = dict(file_names(moe_path)(iter(in_memory)))
+    on_disk = load_file(moe_path / "model.safetensors")
+    assert converted.keys() == on_disk.keys()
+    assert "model.layers.1.block_sparse_moe.experts.3.w3.weight" in converted
+    for name, tensor in on_disk.items():
+        assert torch.equal(converted[name], tensor), name
+    assert file_names(save_tiny(tmp_path / "dense", num_layers=1)) is None  # nothing to convert

@@ -62,6 +62,12 @@ def assets(tmp_path_factory):
     return make_assets(tmp_path_factory.mktemp("assets"))
 
 
+@pytest.fixture(scope="module")
+def moe_assets(tmp_path_factory):
+    """The same task on a tiny Mixtral: 4 experts of the dense model's width, 2 per token."""
+    return make_assets(tmp_path_factory.mktemp("moe_assets"), num_experts=4, experts_per_token=2)
+
+
 def by_step(history):
     return {m["step"]: m for m in history}
 
@@ -232,13 +238,16 @@ def test_a_raising_reward_function_is_counted_and_the_run_goes_on(ray_local, ass
     assert all(math.isfinite(history[s]["actor/pg_loss"]) for s in (1, 2))
 
 
-def test_grpo_with_a_tensor_parallel_vllm_engine_syncs_weights_and_starts_from_the_export(
-    ray_local, assets, tmp_path
+def test_grpo_on_a_moe_model_with_a_tensor_parallel_vllm_engine_syncs_weights_and_starts_from_the_export(
+    ray_local, moe_assets, tmp_path
 ):
-    """rollout.tensor_parallel=2: one vLLM engine over both ranks (each holds half of every matrix), fed the
-    same prompts by Dispatch.REPLICA, refreshed from the FSDP2 actor after every update."""
+    """A mixture-of-experts model (tiny Mixtral) trained on FSDP2 with its load-balancing loss and rolled out
+    by vLLM with rollout.tensor_parallel=2: one engine over both ranks (each holds half of every matrix, each
+    expert's included), fed the same prompts by Dispatch.REPLICA, refreshed from the actor after every update
+    (the fused expert tensors sent under their checkpoint names)."""
     from tandem.rollout.vllm import VLLMRollout
 
+    assets = moe_assets
     cfg = run_config(
         assets,
         tmp_path,
@@ -256,6 +265,8 @@ def test_grpo_with_a_tensor_parallel_vllm_engine_syncs_weights_and_starts_from_t
         # |log ratio| <= 1e-6 after each of 2 syncs)
         assert m["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-5)
         assert m["rollout_mismatch/min_ratio"] == pytest.approx(1.0, abs=1e-5)
+        # the routers' balance term, between even routing (1) and collapse onto 2 of the 4 experts (2)
+        assert 1.0 <= m["actor/router_aux_loss"] <= 2.0
     assert history[2]["timing_s/weight_sync"] > 0 and history[3]["timing_s/weight_sync"] > 0
     # each rank received the whole model (float32, the tied head once), though its engine keeps half of it
     folder_bytes = sum(t.numel() * 4 for t in load_file(assets["model"] / "model.safetensors").values())

@@ -11,10 +11,11 @@ from tandem.data import save_tiny, write_splits
 REWARDS = Path(__file__).with_name("rewards_for_tests.py")
 
 
-def make_assets(root: Path) -> dict[str, Path]:
-    """A tiny model folder and the addition task (16 train, 8 val prompts)."""
+def make_assets(root: Path, **model_kwargs) -> dict[str, Path]:
+    """A tiny model folder (`model_kwargs` for data.tiny.build_model) and the addition task (16 train, 8 val
+    prompts)."""
     files = write_splits("addition", root / "data", n_train=16, n_val=8, seed=0, digits=1)
-    return {"model": save_tiny(root / "model"), **files}
+    return {"model": save_tiny(root / "model", **model_kwargs), **files}
 
 
 def run_config(assets: dict[str, Path], out: Path, preset: str, *overrides: str) -> TandemConfig:

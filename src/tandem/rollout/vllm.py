@@ -225,6 +225,8 @@ class VLLMRollout(RolloutEngine):
         self.llm.collective_rpc(
             "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
         )
+        if self.device.type == "cpu":
+            self.llm.collective_rpc(repack_cpu_experts)
         self.llm.reset_prefix_cache()
 
     # ---------------------------------------------------------------- memory
@@ -267,6 +269,34 @@ def file_names(model_path: str | Path) -> Callable[[Iterable[tuple[str, Tensor]]
             yield from revert_weight_conversion(model, {name: tensor}).items()
 
     return convert
+
+
+def repack_cpu_experts(worker: Any) -> int:
+    """Put a reloaded mixture-of-experts model's expert weights back into the CPU kernel's layout; returns
+    the layers repacked. Run in every vLLM worker after `reload_weights` on CPU.
+
+    vLLM 0.32's CPU MoE experts keep w13 / w2 prepacked for their grouped GEMM (`process_weights_after_loading`
+    of the CPU experts classes). A reload loads checkpoint-layout weights and, treating it as a weight update
+    (the kernel exists already), skips that prepacking: the experts then compute with unpacked weights and
+    the rollout's log-probs leave the trainer's (measured: |log ratio| up to 2.7 after one sync of the same
+    weights). Repacking the reloaded tensors is what the first load did. Experts whose intermediate size the
+    kernel pads are refused (their reload would not fit the padded tensors anyway)."""
+    count = 0
+    for layer in worker.get_model().modules():
+        kernel = getattr(getattr(layer, "quant_method", None), "moe_kernel", None)
+        experts = getattr(kernel, "fused_experts", None)
+        if experts is None or not type(experts).__module__.endswith(".cpu_moe"):
+            continue
+        config = experts.moe_config
+        if experts._padded_intermediate_size(config) != config.intermediate_size_per_partition:
+            raise RuntimeError(
+                f"vLLM CPU rollout: the experts' intermediate size per rank ({config.intermediate_size_per_partition}) "
+                "is padded by vLLM's CPU MoE kernel, whose weights a weight sync cannot refresh; pick a "
+                "rollout.tensor_parallel that leaves a multiple of 32, or rollout.engine=hf"
+            )
+        experts.process_weights_after_loading(layer)
+        count += 1
+    return count
 
 
 def with_tied_head(weights: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
