@@ -58,6 +58,7 @@ def role_config(model_path: str, critic_path: str) -> TandemConfig:
             "actor.kl_loss_coef=0.1",
             "actor.entropy_coeff=0.01",
             "rollout.is_correction=token",
+            "actor.router_aux_loss_coef=0.5",  # mixture-of-experts models: a balance term that moves the update
         ],
     )
 
@@ -80,6 +81,7 @@ def make_engine(strategy: str, model_path: str, head: str, parallel: MegatronCon
         total_training_steps=TOTAL_STEPS,
         packing=kwargs.pop("packing", True),
         max_tokens_per_micro_batch=kwargs.pop("budget", BUDGET),
+        router_aux_loss_coef=0.5,
         **kwargs,
     )
 
@@ -181,9 +183,13 @@ def worker(
     torch.set_num_threads(1)
     try:
         cfg = role_config(*paths)
-        tp, pp, sp, vp = (*layout, *(False, 1)[len(layout) - 2 :])
+        tp, pp, sp, vp, ep = (*layout, *(False, 1, 1)[len(layout) - 2 :])
         parallel = MegatronConfig(
-            tensor_parallel=tp, pipeline_parallel=pp, sequence_parallel=sp, virtual_pipeline=vp
+            tensor_parallel=tp,
+            pipeline_parallel=pp,
+            sequence_parallel=sp,
+            virtual_pipeline=vp,
+            expert_parallel=ep,
         )
         out = Path(out_dir)
         result = run_roles(strategy, parallel, cfg, out, resume=True)
@@ -195,7 +201,7 @@ def worker(
 def run(
     layout: tuple, world: int, paths: tuple[str, str], out_dir: Path, strategy: str = "megatron"
 ) -> list[dict]:
-    """Spawn `world` ranks with megatron (tensor, pipeline[, sequence_parallel[, virtual_pipeline]]) `layout`
+    """Spawn `world` ranks with megatron (tensor, pipeline[, sequence_parallel[, virtual_pipeline[, expert]]]) `layout`
     (or FSDP); each rank's results."""
     out_dir.mkdir(parents=True, exist_ok=True)
     init_method = f"file://{out_dir / f'store-{uuid.uuid4().hex}'}"

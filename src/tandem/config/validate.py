@@ -737,16 +737,17 @@ def check_parallel(cfg: TandemConfig, problems: Problems) -> None:
                 f"actor.megatron.virtual_pipeline={mp.virtual_pipeline} needs actor.megatron.pipeline_parallel > 1 "
                 "(model chunks interleave over the pipeline stages)",
             )
-        expert_pool = world // max(1, mp.tensor_parallel * mp.pipeline_parallel)
+        # experts are not split by TP (expert tensor parallel 1): their ranks are a pipeline stage's
+        expert_pool = world // max(1, mp.pipeline_parallel)
         if (
             mp.expert_parallel >= 1
-            and world % max(1, mp.tensor_parallel * mp.pipeline_parallel) == 0
+            and world % max(1, mp.pipeline_parallel) == 0
             and expert_pool % mp.expert_parallel
         ):
             problems.add(
                 ("actor.megatron.expert_parallel", "trainer.workers_per_node"),
                 f"actor.megatron.expert_parallel={mp.expert_parallel} does not divide world size / "
-                f"(tensor_parallel x pipeline_parallel) = {expert_pool}",
+                f"pipeline_parallel = {expert_pool}",
             )
     elif a.fsdp.sequence_parallel >= 1 and world % a.fsdp.sequence_parallel:
         problems.add(

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import Tensor
 
 from tandem.data.packing import Packing
@@ -86,15 +87,40 @@ def balance_loss(router_logits: tuple[Tensor, ...] | list[Tensor], mask: Tensor,
             raise ValueError(
                 f"balance_loss: router logits for {logits.shape[0]} tokens, token mask for {mask.shape[0]}"
             )
-        logits = logits[mask.to(logits.device)].float()
-        if logits.shape[0] == 0:
-            per_layer.append(logits.sum() * 0.0)
-            continue
-        probs = torch.softmax(logits, dim=-1)
-        chosen = torch.topk(probs, routing.top_k, dim=-1).indices
-        counts = torch.zeros(routing.num_experts, device=logits.device).index_add_(
-            0, chosen.reshape(-1), torch.ones(chosen.numel(), device=logits.device)
-        )
-        fraction = counts / logits.shape[0]  # f_e: sums to k
-        per_layer.append(routing.num_experts / routing.top_k * (probs.mean(0) * fraction).sum())
+        per_layer.append(balance_term(logits.float(), mask.to(logits.device), routing))
     return torch.stack(per_layer).mean()
+
+
+def balance_term(logits: Tensor, tokens: Tensor, routing: Routing, group: Any = None) -> Tensor:
+    """One layer's E / k sum_e P_e f_e over the rows of `logits` [rows, E] where `tokens` is True. `group`:
+    the rows are split over its ranks (megatron's sequence parallel); the per-expert sums are summed over
+    them (an all-reduce in forward, identity in backward: every rank computes the same term and sends the
+    gradient to its own rows)."""
+    logits = logits[tokens]
+    probs = torch.softmax(logits, dim=-1)
+    chosen = torch.topk(probs, routing.top_k, dim=-1).indices.reshape(-1)
+    counts = torch.zeros(routing.num_experts, device=logits.device).index_add_(
+        0, chosen, torch.ones(chosen.numel(), device=logits.device)
+    )
+    prob_sums = probs.sum(0)
+    num = torch.tensor(float(logits.shape[0]), device=logits.device)
+    if group is not None:
+        prob_sums = _SumOverGroup.apply(prob_sums, group)
+        for value in (counts, num):
+            dist.all_reduce(value, group=group)
+    if float(num) == 0:
+        return prob_sums.sum() * 0.0
+    fraction = counts / num  # f_e: sums to k
+    return routing.num_experts / routing.top_k * (prob_sums / num * fraction).sum()
+
+
+class _SumOverGroup(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx: Any, value: Tensor, group: Any) -> Tensor:
+        value = value.clone()
+        dist.all_reduce(value, group=group)
+        return value
+
+    @staticmethod
+    def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
+        return grad, None

@@ -59,9 +59,10 @@ def check_available(cfg: TandemConfig) -> None:
         mp = cfg.actor.megatron
         if not megatron_available():
             problems.append("actor.strategy=megatron needs megatron-core: pip install -e '.[megatron]'")
-        if mp.context_parallel != 1 or mp.expert_parallel != 1:
+        if mp.context_parallel != 1:
             problems.append(
-                "actor.megatron.context_parallel / expert_parallel > 1 are not available yet; set both to 1"
+                "actor.megatron.context_parallel > 1 is not available: megatron-core's attention without "
+                "Transformer Engine (CUDA) refuses it; set it to 1"
             )
         problems += megatron_model_problems(cfg)
     if cfg.actor.strategy == "fsdp" and cfg.actor.fsdp.sequence_parallel > 1:
@@ -96,7 +97,9 @@ def megatron_model_problems(cfg: TandemConfig) -> list[str]:
     mp = cfg.actor.megatron
 
     def check(config: Any) -> None:
-        check_supported(config, mp.tensor_parallel, mp.pipeline_parallel)
+        check_supported(
+            config, mp.tensor_parallel, mp.pipeline_parallel, mp.expert_parallel, mp.sequence_parallel
+        )
         chunks = mp.pipeline_parallel * mp.virtual_pipeline
         if config.num_hidden_layers % chunks:
             raise ValueError(

@@ -1,4 +1,4 @@
-"""Hugging Face causal LMs (Qwen2 / Llama family) <-> megatron-core's GPTModel: config and weights.
+"""Hugging Face causal LMs (Qwen2 / Llama family, Mixtral) <-> megatron-core's GPTModel: config and weights.
 
 Weights move one megatron parameter at a time. Each megatron parameter of this rank is a `Slot`: its
 megatron name, the Hugging Face names it is made of, and how tensor parallelism cuts it:
@@ -9,7 +9,12 @@ megatron name, the Hugging Face names it is made of, and how tensor parallelism 
   qkv    linear_qkv [(q+2kv) heads*d, H] (+ bias)         q, k, v: per query group [its q heads; k; v],
                                                         groups split over ranks
   fc1    linear_fc1 [2F, H]                              gate, up: rank r holds [gate_r; up_r]
-  rep    norms, a value head                            one, the same on every rank
+  rep    norms, a value head, a MoE router [E, H]          one, the same on every rank
+
+Mixture-of-experts layers (Mixtral): megatron's expert j on expert-parallel rank r is global expert
+e = r x E / EP + j (`Slot.expert`). Its `linear_fc1` is cut from row e of the model's fused
+`mlp.experts.gate_up_proj` [E, 2F, H] (gate rows, then up rows: kind fc1), its `linear_fc2` from row e
+of `mlp.experts.down_proj` [E, H, F] (kind row); experts are not split by TP (expert tensor parallel 1).
 
 Pure tensor code (no torch.distributed, no megatron import): the engine gathers the shards, this file
 says how they fit together; tests/engine/test_megatron_convert.py checks both directions.
@@ -24,7 +29,7 @@ import torch
 from torch import Tensor
 
 Kind = Literal["col", "row", "qkv", "fc1", "rep"]
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama")
+SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mixtral")
 
 
 @dataclass(frozen=True)
@@ -47,6 +52,7 @@ class Slot:
     megatron: str
     hf: tuple[str, ...]
     kind: Kind
+    expert: int | None = None  # a MoE expert's global index: its row of the fused Hugging Face tensors
 
 
 def shapes_of(hf_config: Any) -> Shapes:
@@ -55,7 +61,18 @@ def shapes_of(hf_config: Any) -> Shapes:
     return Shapes(heads, getattr(hf_config, "num_key_value_heads", None) or heads, head_dim)
 
 
-def check_supported(hf_config: Any, tensor_parallel: int, pipeline_parallel: int) -> None:
+def num_experts(hf_config: Any) -> int | None:
+    """Experts per MoE layer (None for a dense model)."""
+    return getattr(hf_config, "num_local_experts", None) or getattr(hf_config, "num_experts", None)
+
+
+def check_supported(
+    hf_config: Any,
+    tensor_parallel: int,
+    pipeline_parallel: int,
+    expert_parallel: int = 1,
+    sequence_parallel: bool = False,
+) -> None:
     """Errors for what the converter or the parallel layout cannot take, naming the field and the fix."""
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
@@ -69,8 +86,26 @@ def check_supported(hf_config: Any, tensor_parallel: int, pipeline_parallel: int
     rope = getattr(hf_config, "rope_parameters", None) or {}
     if rope.get("rope_type", "default") != "default":
         problems.append(f"rope_parameters.rope_type={rope.get('rope_type')!r} (only the default RoPE)")
-    if getattr(hf_config, "use_sliding_window", False):
-        problems.append("use_sliding_window=true")
+    if getattr(hf_config, "use_sliding_window", False) or (
+        model_type == "mixtral" and getattr(hf_config, "sliding_window", None)
+    ):
+        problems.append("a sliding window (use_sliding_window / sliding_window)")
+    experts = num_experts(hf_config)
+    if experts is None and expert_parallel > 1:
+        problems.append(f"actor.megatron.expert_parallel={expert_parallel} with a dense model (no experts)")
+    if experts is not None and experts % expert_parallel:
+        problems.append(
+            f"num_local_experts={experts} is not a multiple of actor.megatron.expert_parallel={expert_parallel}"
+        )
+    if experts is not None and tensor_parallel > 1 and not sequence_parallel:
+        problems.append(
+            f"a mixture-of-experts model with actor.megatron.tensor_parallel={tensor_parallel} needs "
+            "actor.megatron.sequence_parallel=true (megatron-core refuses MoE layers under TP without it)"
+        )
+    if getattr(hf_config, "router_jitter_noise", 0.0):
+        problems.append(
+            f"router_jitter_noise={hf_config.router_jitter_noise} (megatron's router adds no noise)"
+        )
     if getattr(hf_config, "mlp_bias", False):
         problems.append("mlp_bias=true")
     shapes = shapes_of(hf_config)
@@ -95,6 +130,26 @@ def check_supported(hf_config: Any, tensor_parallel: int, pipeline_parallel: int
         )
     if problems:
         raise ValueError("actor.strategy=megatron cannot build this model: " + "; ".join(problems))
+
+
+def moe_config_kwargs(hf_config: Any, expert_parallel: int) -> dict[str, Any]:
+    """megatron TransformerConfig fields of a mixture-of-experts model ({} for a dense one). Top-k of the
+    router logits, then a softmax over those k: Mixtral's softmax over all experts renormalised over its top
+    k. megatron adds no load-balancing loss of its own: the engine adds Tandem's (engine/moe.py)."""
+    experts = num_experts(hf_config)
+    if experts is None:
+        return {}
+    return {
+        "num_moe_experts": experts,
+        "moe_router_topk": hf_config.num_experts_per_tok,
+        "moe_ffn_hidden_size": hf_config.intermediate_size,
+        "moe_router_load_balancing_type": "none",
+        "moe_aux_loss_coeff": 0.0,
+        "moe_grouped_gemm": False,  # grouped GEMM needs Transformer Engine or CUTLASS kernels
+        "moe_router_pre_softmax": False,
+        "expert_model_parallel_size": expert_parallel,
+        "expert_tensor_parallel_size": 1,
+    }
 
 
 def attention_bias(hf_config: Any) -> bool:
@@ -134,12 +189,15 @@ def slots(
     num_local_layers: int,
     first_stage: bool,
     last_stage: bool,
+    expert_rank: int = 0,
+    expert_parallel: int = 1,
 ) -> list[Slot]:
     """This pipeline stage's megatron parameters, in model order, with their Hugging Face sources.
 
     Layers are numbered from 0 on every stage in megatron; `layer_offset` is the stage's first global
     layer. A tied causal LM's last stage (when it is not also the first) holds a copy of the
-    embedding as its output layer."""
+    embedding as its output layer. A MoE model's layers hold this expert-parallel rank's experts: for
+    each layer, every local expert's fc1, then every local expert's fc2."""
     tied = head == "lm" and bool(getattr(hf_config, "tie_word_embeddings", False))
     bias = attention_bias(hf_config)
     out: list[Slot] = []
@@ -167,11 +225,30 @@ def slots(
         out += [
             Slot(f"{m}.self_attention.linear_proj.weight", (f"{attn}.o_proj.weight",), "row"),
             Slot(f"{m}.pre_mlp_layernorm.weight", (f"{h}.post_attention_layernorm.weight",), "rep"),
-            Slot(
-                f"{m}.mlp.linear_fc1.weight", (f"{h}.mlp.gate_proj.weight", f"{h}.mlp.up_proj.weight"), "fc1"
-            ),
-            Slot(f"{m}.mlp.linear_fc2.weight", (f"{h}.mlp.down_proj.weight",), "row"),
         ]
+        experts = num_experts(hf_config)
+        if experts is None:
+            out += [
+                Slot(
+                    f"{m}.mlp.linear_fc1.weight",
+                    (f"{h}.mlp.gate_proj.weight", f"{h}.mlp.up_proj.weight"),
+                    "fc1",
+                ),
+                Slot(f"{m}.mlp.linear_fc2.weight", (f"{h}.mlp.down_proj.weight",), "row"),
+            ]
+            continue
+        out.append(Slot(f"{m}.mlp.router.weight", (f"{h}.mlp.gate.weight",), "rep"))
+        local = experts // expert_parallel
+        for fc, hf_name, kind in (("linear_fc1", "gate_up_proj", "fc1"), ("linear_fc2", "down_proj", "row")):
+            out += [
+                Slot(
+                    f"{m}.mlp.experts.local_experts.{j}.{fc}.weight",
+                    (f"{h}.mlp.experts.{hf_name}",),
+                    kind,
+                    expert=expert_rank * local + j,
+                )
+                for j in range(local)
+            ]
     if last_stage:
         out.append(Slot("decoder.final_layernorm.weight", ("model.norm.weight",), "rep"))
         if head == "value":
@@ -187,7 +264,12 @@ def slots(
 
 
 def to_shard(slot: Slot, hf: list[Tensor], shapes: Shapes, tp_rank: int, tp_size: int) -> Tensor:
-    """This TP rank's cut of `slot` from the full Hugging Face tensors `hf` (in `slot.hf` order)."""
+    """This TP rank's cut of `slot` from the full Hugging Face tensors `hf` (in `slot.hf` order). An
+    expert's: its row of the fused tensors, whole (pass the expert tensor-parallel rank / size, 0 / 1)."""
+    if slot.expert is not None:
+        hf = [t[slot.expert] for t in hf]
+        if slot.kind == "fc1":  # [2F, H]: gate rows, then up rows
+            hf = list(hf[0].chunk(2, dim=0))
     if slot.kind == "rep":
         return hf[0]
     if slot.kind == "col":
@@ -201,7 +283,11 @@ def to_shard(slot: Slot, hf: list[Tensor], shapes: Shapes, tp_rank: int, tp_size
 
 
 def from_shards(slot: Slot, shards: list[Tensor], shapes: Shapes) -> list[Tensor]:
-    """The full Hugging Face tensors (in `slot.hf` order) from every TP rank's cut, in rank order."""
+    """The full Hugging Face tensors (in `slot.hf` order) from every TP rank's cut, in rank order. An
+    expert's: its row of the fused tensor (the engine stacks the experts' rows)."""
+    if slot.expert is not None and slot.kind == "fc1":
+        halves = [s.chunk(2, dim=0) for s in shards]
+        return [torch.cat([torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])])]
     if slot.kind == "rep":
         return [shards[0]]
     if slot.kind == "col":

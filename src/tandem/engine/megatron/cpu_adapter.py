@@ -1,4 +1,4 @@
-"""megatron-core on a CPU-only torch (gloo): the two things megatron assumes a GPU for, redirected.
+"""megatron-core on a CPU-only torch (gloo): what megatron assumes a GPU for, redirected.
 
 megatron-core places tensors with `torch.cuda.current_device()` and keeps its tensor-parallel RNG
 streams as CUDA generator states (`tensor_parallel.random`). On a machine without CUDA both raise.
@@ -7,6 +7,13 @@ streams as CUDA generator states (`tensor_parallel.random`). On a machine withou
 that keeps CPU generator states, and makes its save / restore of the CUDA RNG state (activation
 checkpointing) a no-op. Nothing is changed where CUDA is available: there megatron runs as
 it is. tests/engine/test_megatron_cpu.py fails when a megatron-core release moves what this adapts.
+
+Mixture-of-experts layers (expert parallel) need three more, all in `_adapt_moe`: the all-to-all token
+dispatcher copies its token counts to the host on a side CUDA stream (streams and events here are
+stand-ins that run inline: a CPU has one stream); it turns those counts into the host lists
+`all_to_all_single` takes only for tensors on a GPU (`maybe_move_tensor_to_cpu` skips CPU tensors, so
+their split sizes stayed tensors and gloo's all-to-all refused them); and megatron's router reads a
+Transformer Engine GEMM that its module leaves undefined when Transformer Engine is not installed.
 """
 
 from __future__ import annotations
@@ -36,7 +43,45 @@ def install() -> None:
 
     mrandom._get_cuda_rng_state = _no_cuda_rng_state
     mrandom._set_cuda_rng_state = _set_no_cuda_rng_state
+    _adapt_moe()
     _installed = True
+
+
+class _InlineStream:
+    """A CUDA stream / event stand-in: work is already done in order on the CPU."""
+
+    def wait_stream(self, other: object) -> None:
+        return None
+
+    def record_event(self, *args: object) -> _InlineStream:
+        return self
+
+    def record(self, *args: object) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+
+_STREAM = _InlineStream()
+
+
+def _adapt_moe() -> None:
+    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+
+    torch.cuda.Stream = lambda *args, **kwargs: _InlineStream()
+    torch.cuda.current_stream = lambda *args, **kwargs: _STREAM
+    torch.cuda.stream = lambda stream: contextlib.nullcontext()
+    token_dispatcher.maybe_move_tensor_to_cpu = _to_host
+    if not hasattr(moe_utils, "te_general_gemm"):  # imported only with Transformer Engine; read regardless
+        moe_utils.te_general_gemm = None
+
+
+def _to_host(tensor: object, as_numpy: bool = False, record_stream: bool = False) -> object:
+    """megatron's `maybe_move_tensor_to_cpu` for tensors already on the CPU: the same host values."""
+    if torch.is_tensor(tensor):
+        return tensor.numpy() if as_numpy else tensor
+    return tensor
 
 
 def _cpu_device() -> str:

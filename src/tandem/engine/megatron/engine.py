@@ -47,7 +47,7 @@ from torch.nn.utils import clip_grads_with_norm_
 from tandem.batch import Batch, Partition
 from tandem.config.schema import MegatronConfig, OptimConfig
 from tandem.data.packing import pack_model_inputs
-from tandem.engine import hf_io
+from tandem.engine import hf_io, moe
 from tandem.engine.base import (
     ForwardFn,
     Head,
@@ -60,9 +60,10 @@ from tandem.engine.base import (
     resolve_param_dtype,
 )
 from tandem.engine.megatron import convert
+from tandem.engine.megatron.experts import RouterBalance, router_rows, stack_experts
 from tandem.engine.megatron.layers import ValueHead, layer_spec
 from tandem.engine.megatron.vocab_parallel import VocabParallel
-from tandem.engine.micro import dummy_like, merge_outputs, split_micro_batches, to_cpu
+from tandem.engine.micro import dummy_like, merge_outputs, real_token_count, split_micro_batches, to_cpu
 from tandem.engine.optim import lr_multiplier
 
 logger = logging.getLogger(__name__)
@@ -77,7 +78,11 @@ def megatron_available() -> bool:
 
 
 def init_parallel_state(
-    tensor_parallel: int, pipeline_parallel: int, seed: int, virtual_pipeline: int = 1
+    tensor_parallel: int,
+    pipeline_parallel: int,
+    seed: int,
+    virtual_pipeline: int = 1,
+    expert_parallel: int = 1,
 ) -> None:
     """megatron's parallel state over the default group (once per process; later calls must agree)."""
     from megatron.core import parallel_state as ps
@@ -92,23 +97,26 @@ def init_parallel_state(
     if ps.model_parallel_is_initialized() and not _groups_alive(ps):
         # Left by an earlier process group of this process (an in-process worker group shut down since).
         ps.destroy_model_parallel()
-    want = (tensor_parallel, pipeline_parallel, virtual_pipeline)
+    want = (tensor_parallel, pipeline_parallel, virtual_pipeline, expert_parallel)
     if ps.model_parallel_is_initialized():
         have = (
             ps.get_tensor_model_parallel_world_size(),
             ps.get_pipeline_model_parallel_world_size(),
             ps.get_virtual_pipeline_model_parallel_world_size() or 1,
+            ps.get_expert_model_parallel_world_size(),
         )
         if have != want:
             raise ValueError(
-                f"this process already runs megatron with (tensor, pipeline, virtual pipeline) parallel {have}; "
-                f"every engine of a worker shares it, got {want}"
+                f"this process already runs megatron with (tensor, pipeline, virtual pipeline, expert) parallel "
+                f"{have}; every engine of a worker shares it, got {want}"
             )
         return
     ps.initialize_model_parallel(
         tensor_model_parallel_size=tensor_parallel,
         pipeline_model_parallel_size=pipeline_parallel,
         virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
+        expert_model_parallel_size=expert_parallel,
+        expert_tensor_parallel_size=1,  # experts whole on each rank (convert.py)
     )
     mtp.model_parallel_cuda_manual_seed(seed)
 
@@ -144,13 +152,13 @@ class MegatronEngine(TrainEngine):
         seed: int = 1,
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
-        router_aux_loss_coef: float | None = None,  # unused: dense models only (convert.check_supported)
+        router_aux_loss_coef: float | None = None,
     ) -> None:
         check_engine_args("MegatronEngine", grad_clip, max_tokens_per_micro_batch)
-        if megatron.context_parallel != 1 or megatron.expert_parallel != 1:
+        if megatron.context_parallel != 1:
             raise NotImplementedError(
-                f"actor.megatron.context_parallel={megatron.context_parallel}, expert_parallel="
-                f"{megatron.expert_parallel}: context and expert parallelism are not built yet; set both to 1"
+                f"actor.megatron.context_parallel={megatron.context_parallel}: megatron-core's attention without "
+                "Transformer Engine (CUDA) refuses context parallelism; set it to 1"
             )
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is not None:
@@ -178,7 +186,9 @@ class MegatronEngine(TrainEngine):
                 f"actor.megatron.virtual_pipeline={self.vp_size} needs actor.megatron.pipeline_parallel > 1 (model "
                 "chunks interleave over the pipeline stages)"
             )
-        init_parallel_state(megatron.tensor_parallel, megatron.pipeline_parallel, seed, self.vp_size)
+        init_parallel_state(
+            megatron.tensor_parallel, megatron.pipeline_parallel, seed, self.vp_size, megatron.expert_parallel
+        )
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), megatron.tensor_parallel
         self.sequence_parallel = megatron.sequence_parallel and self.tp_size > 1
         self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), megatron.pipeline_parallel
@@ -188,6 +198,8 @@ class MegatronEngine(TrainEngine):
         self._pp_group = ps.get_pipeline_model_parallel_group()
         self._dp_group = ps.get_data_parallel_group()
         self._pp_ranks = dist.get_process_group_ranks(self._pp_group)  # global ranks, stage order
+        self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), megatron.expert_parallel
+        self._ep_group = ps.get_expert_model_parallel_group() if self.ep_size > 1 else None
         self.vocab_parallel = (
             VocabParallel(self._tp_group, self.tp_rank, self.tp_size)
             if self.tp_size > 1 and head == "lm"
@@ -198,7 +210,9 @@ class MegatronEngine(TrainEngine):
         self._export_config = config.to_dict()
         hf_io.disable_dropout(config)
         config.use_cache = False
-        convert.check_supported(config, self.tp_size, self.pp_size)
+        convert.check_supported(
+            config, self.tp_size, self.pp_size, self.ep_size, megatron.sequence_parallel and self.tp_size > 1
+        )
         self.config = config
         self.shapes = convert.shapes_of(config)
         if config.num_hidden_layers % (self.pp_size * self.vp_size):
@@ -220,6 +234,15 @@ class MegatronEngine(TrainEngine):
             )  # what the schedule runs: DDP-wrapped when trainable
             if optim is not None:
                 self._build_optimizer(optim, megatron.distributed_optimizer)
+        # A mixture-of-experts causal LM in training: Tandem's load-balancing term in its routers (experts.py)
+        routing = moe.routing_of(config, router_aux_loss_coef) if head == "lm" else None
+        self._balance = (
+            RouterBalance(
+                self.chunks, routing, config.num_hidden_layers, self._tp_group, self.sequence_parallel
+            )
+            if routing is not None and optim is not None
+            else None
+        )
         self._lr = lr_multiplier(optim, total_training_steps) if optim is not None else None
         self._peak_lr = optim.lr if optim is not None else 0.0
         if optim is not None:
@@ -238,6 +261,7 @@ class MegatronEngine(TrainEngine):
             }
         return TransformerConfig(
             **convert.transformer_config_kwargs(self.config),
+            **convert.moe_config_kwargs(self.config, self.ep_size),
             tensor_model_parallel_size=self.tp_size,
             pipeline_model_parallel_size=self.pp_size,
             virtual_pipeline_model_parallel_size=self.vp_size if self.vp_size > 1 else None,
@@ -282,7 +306,7 @@ class MegatronEngine(TrainEngine):
             first, last = self._chunk_ends(self.pp_rank, chunk)
             model = GPTModel(
                 config,
-                layer_spec(self.sequence_parallel, self.layers_per_chunk),
+                layer_spec(self.sequence_parallel, self.layers_per_chunk, convert.num_experts(self.config)),
                 vocab_size=self.config.vocab_size,
                 max_sequence_length=self.config.max_position_embeddings,
                 pre_process=first,
@@ -307,9 +331,8 @@ class MegatronEngine(TrainEngine):
         filled = set()
         for slot in slots:
             param = model.get_parameter(slot.megatron)
-            shard = convert.to_shard(
-                slot, [hf_state[n] for n in slot.hf], self.shapes, self.tp_rank, self.tp_size
-            )
+            tp_rank, tp_size = (0, 1) if slot.expert is not None else (self.tp_rank, self.tp_size)
+            shard = convert.to_shard(slot, [hf_state[n] for n in slot.hf], self.shapes, tp_rank, tp_size)
             if tuple(shard.shape) != tuple(param.shape):
                 raise ValueError(
                     f"{self.model_path}: {slot.hf} give {slot.megatron} the shape {tuple(shard.shape)}, megatron "
@@ -379,6 +402,8 @@ class MegatronEngine(TrainEngine):
             num_local_layers=self.layers_per_chunk,
             first_stage=first,
             last_stage=last,
+            expert_rank=self.ep_rank,
+            expert_parallel=self.ep_size,
         )
 
     def dispatch_info(self) -> tuple[int, int, bool]:
@@ -434,8 +459,18 @@ class MegatronEngine(TrainEngine):
             chunk.train()
             model.zero_grad_buffer()
         self.optimizer.zero_grad()
-        self._schedule(micros, on_output, forward_only=False)
+        step_tokens = 1.0
+        if self._balance is not None:
+            local = torch.tensor(float(sum(real_token_count(m) for m in micros) if real else 0.0))
+            step_tokens = max(float(self.all_reduce_sum(local)), 1.0)
+        self._schedule(micros, on_output, forward_only=False, step_tokens=step_tokens)
         losses, metrics = self._from_last_stage((losses, dict(metrics)))
+        if self._balance is not None:  # each stage's layers' share of the term, summed over the stages
+            balance = torch.tensor(self._balance.take_total(), dtype=torch.float64, device=self.device)
+            if self.pp_size > 1:
+                dist.all_reduce(balance, group=self._pp_group)
+            metrics["router_aux_loss"] = [float(balance)]
+            losses.append(self._balance.routing.coef * float(balance))
         loss_sum = torch.tensor(sum(losses), dtype=torch.float64, device=self.device)
         dist.all_reduce(loss_sum, group=self._dp_group)
         lr = self.lr
@@ -456,41 +491,54 @@ class MegatronEngine(TrainEngine):
 
     def _clip(self, grad_norm: float) -> None:
         """Scale the gradients to grad_clip, as FSDPEngine does (torch's clip with the global norm)."""
-        params = [p for p in self.optimizer.get_parameters() if p.grad is not None]
+        optimizers = getattr(self.optimizer, "chained_optimizers", [self.optimizer])  # MoE: dense + experts
+        params = [p for o in optimizers for p in o.get_parameters() if p.grad is not None]
         if self.grad_clip is not None and params:
             clip_grads_with_norm_(params, self.grad_clip, torch.tensor(grad_norm))
 
-    def _schedule(self, micros: list[Batch], on_output: Any, *, forward_only: bool) -> None:
+    def _schedule(
+        self, micros: list[Batch], on_output: Any, *, forward_only: bool, step_tokens: float = 1.0
+    ) -> None:
         """Every micro-batch through megatron's pipeline schedule; `on_output(output, micro)` on the last
-        stage returns the micro-batch's loss (forward only: a zero)."""
+        stage returns the micro-batch's loss (forward only: a zero). `step_tokens`: real tokens of the step
+        over the data-parallel ranks (a MoE model's balance term weighs each micro-batch by its share)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         micros = [micro.to(self.device) for micro in micros]
+        filler = None  # a pass that adds nothing, built only where a schedule needs one
+        if self.vp_size > 1 or self.ep_size > 1:
+            filler = pad_micro_batch(self._pad_id(), self.device, tokens=self.tp_size)
+        if self.ep_size > 1:  # the experts' all-to-all needs every rank of an expert group in every pass
+            micros += [filler] * (self._max_over_ranks(len(micros)) - len(micros))
         prepared = [self._model_inputs(micro) for micro in micros]
-        padding = None  # the interleaved schedule's filler micro-batch, built only for it
         if self.vp_size > 1:
-            padding = pad_micro_batch(self._pad_id(), self.device, tokens=self.tp_size)
             # The interleaved schedule: one activation shape for every micro-batch (megatron's shape exchange
             # for variable lengths deadlocks there over gloo), and micro-batches in groups of pp, the last
             # group filled with passes that add nothing.
-            shape = tuple(max(inputs["input_ids"].shape[i] for _, inputs, _ in prepared) for i in (0, 1))
+            shape = tuple(max(inputs["input_ids"].shape[i] for _, inputs, *_ in prepared) for i in (0, 1))
             prepared = [self._model_inputs(micro, shape) for micro in micros]
-            prepared += [self._model_inputs(padding, shape)] * (-len(prepared) % self.pp_size)
+            prepared += [self._model_inputs(filler, shape)] * (-len(prepared) % self.pp_size)
         count = len(prepared)
 
         def step(data_iterator: Iterator, model: nn.Module) -> tuple[Tensor, Any]:
-            micro, inputs, make_output = next(data_iterator)
+            micro, inputs, make_output, real = next(data_iterator)
+            if self._balance is not None:
+                train = not forward_only and micro is not filler
+                tokens = (
+                    router_rows(real, self.tp_rank, self.tp_size, self.sequence_parallel) if train else None
+                )
+                self._balance.begin(tokens, real_token_count(micro) / step_tokens, self.dp_size)
             output_tensor = model(**inputs)
 
             def loss_func(logits: Tensor) -> tuple[Tensor, dict]:
-                if padding is not None and micro is padding:  # a filler pass of the interleaved schedule
+                if micro is filler:  # a pass that adds nothing (an interleaved group's or an expert group's)
                     return logits.sum() * 0.0, {}
                 # The schedule divides each micro-batch's loss by their count; the contract sums them.
                 return on_output(make_output(logits), micro) * count, {}
 
             return output_tensor, loss_func
 
-        widths = [inputs["input_ids"].shape for _, inputs, _ in prepared]
+        widths = [inputs["input_ids"].shape for _, inputs, *_ in prepared]
         with self._scope():
             get_forward_backward_func()(
                 forward_step_func=step,
@@ -505,8 +553,9 @@ class MegatronEngine(TrainEngine):
 
     def _model_inputs(
         self, micro: Batch, shape: tuple[int, int] | None = None
-    ) -> tuple[Batch, dict[str, Tensor], Any]:
-        """(micro, GPTModel keyword inputs, logits -> ModelOutput) for one micro-batch.
+    ) -> tuple[Batch, dict[str, Tensor], Any, Tensor]:
+        """(micro, GPTModel keyword inputs, logits -> ModelOutput, [rows, columns] real tokens of the inputs)
+        for one micro-batch.
 
         Packed: rows of several sequences with a block-diagonal causal mask. Padded: the batch as it is
         with a causal mask over its real tokens. megatron's mask is True where attention is NOT allowed.
@@ -518,6 +567,7 @@ class MegatronEngine(TrainEngine):
             inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self._pad_id())
             segment = (inputs["position_ids"] == 0).long().cumsum(-1)
             allowed = segment[:, :, None] == segment[:, None, :]
+            real = moe.real_tokens(None, inputs["input_ids"].shape, packing).view(inputs["input_ids"].shape)
         else:
             inputs, packing = {"input_ids": ids, "position_ids": micro["position_ids"]}, None
             real = (
@@ -535,6 +585,7 @@ class MegatronEngine(TrainEngine):
                 "position_ids": F.pad(inputs["position_ids"], (0, extra, 0, extra_rows)),
             }
             allowed = F.pad(allowed, (0, extra, 0, extra, 0, extra_rows))
+            real = F.pad(real, (0, extra, 0, extra_rows))
         causal = torch.ones(to_width, to_width, dtype=torch.bool, device=ids.device).tril()
         inputs["attention_mask"] = ~(allowed & causal).unsqueeze(1)
 
@@ -543,13 +594,18 @@ class MegatronEngine(TrainEngine):
                 logits[:rows, :width], padded_shape, packing, vocab_parallel=self.vocab_parallel
             )
 
-        return micro, inputs, make_output
+        return micro, inputs, make_output, real
 
     def _micro_batches(self, batch: Batch, micro_batch_size: int) -> tuple[list[Batch], Partition | None]:
         # No agreement over ranks: data-parallel ranks share no collective until the gradient all-reduce.
         return split_micro_batches(
             batch, micro_batch_size, max_tokens=self.max_tokens_per_micro_batch, packing=self.packing
         )
+
+    def _max_over_ranks(self, count: int) -> int:
+        value = torch.tensor(count, dtype=torch.int64, device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(value)
 
     def _from_last_stage(self, value: Any) -> Any:
         """`value` as the last pipeline stage has it, on every stage (pickled: small per-row outputs)."""
@@ -592,19 +648,36 @@ class MegatronEngine(TrainEngine):
         gathered on its stage, then sent from that stage to the others. Same names as FSDPEngine's (a tied
         lm_head left out). Collective: every rank must iterate to the end."""
         yielded = set()
+        experts: dict[str, list[Tensor]] = {}  # a fused MoE tensor: this rank's experts' rows so far
+        local_experts = (convert.num_experts(self.config) or 0) // self.ep_size
         for chunk, stage in ((c, s) for c in range(self.vp_size) for s in range(self.pp_size)):
             for slot in self._slots(stage, chunk):
+                expert = slot.expert is not None  # one row of a fused [E, ...] tensor, whole on this rank
                 if stage == self.pp_rank:
                     shard = self.chunks[chunk].get_parameter(slot.megatron).detach()
-                    full = self._gather_tp(slot, shard)
+                    full = (
+                        convert.from_shards(slot, [shard], self.shapes)
+                        if expert
+                        else self._gather_tp(slot, shard)
+                    )
                 else:
                     full = [
-                        torch.empty(self._hf_shapes[name], dtype=self.param_dtype, device=self.device)
+                        torch.empty(
+                            self._hf_shapes[name][1:] if expert else self._hf_shapes[name],
+                            dtype=self.param_dtype,
+                            device=self.device,
+                        )
                         for name in slot.hf
                     ]
                 if self.pp_size > 1:
                     for tensor in full:
                         dist.broadcast(tensor, src=self._pp_ranks[stage], group=self._pp_group)
+                if expert:
+                    rows = experts.setdefault(slot.hf[0], [])
+                    rows.append(full[0])
+                    if len(rows) < local_experts:
+                        continue
+                    full = [stack_experts(experts.pop(slot.hf[0]), self._ep_group, self.ep_size)]
                 for name, tensor in zip(slot.hf, full, strict=True):
                     if name not in yielded:  # the last stage's copy of a tied embedding
                         yielded.add(name)

@@ -44,13 +44,14 @@ class SequenceParallelRMSNorm(nn.RMSNorm):
         self.weight.sequence_parallel = bool(config.sequence_parallel)
 
 
-def layer_spec(sequence_parallel: bool, num_layers: int) -> Any:
-    """GPTModel's decoder spec: megatron's local layer spec with RMSNorm; under sequence parallel, with
-    `SequenceParallelRMSNorm` for the layers' norms and the final norm (`num_layers`: this stage's)."""
+def layer_spec(sequence_parallel: bool, num_layers: int, num_experts: int | None = None) -> Any:
+    """GPTModel's decoder spec: megatron's local layer spec with RMSNorm (MoE layers of `num_experts` experts,
+    each its own MLP, when given); under sequence parallel, with `SequenceParallelRMSNorm` for the layers'
+    norms and the final norm (`num_layers`: this stage's)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    spec = get_gpt_layer_local_spec(normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False, normalization="RMSNorm")
     if not sequence_parallel:
         return spec
     spec.submodules.input_layernorm = SequenceParallelRMSNorm
