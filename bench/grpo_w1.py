@@ -72,7 +72,18 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-SECTIONS = ("main", "padded", "ablation", "scaling", "engines", "parallel", "layouts", "sizes", "compile")
+SECTIONS = (
+    "main",
+    "padded",
+    "ablation",
+    "scaling",
+    "engines",
+    "parallel",
+    "moe",
+    "layouts",
+    "sizes",
+    "compile",
+)
 LR = 1e-5
 KL_COEF = 0.04
 MAX_PROMPT_LENGTH = 16  # "99+99=" is 6 tokens
@@ -544,6 +555,8 @@ def main() -> None:
         engines_section(runner, work, model, results)
     if "parallel" in sections:
         parallel_section(runner, work, model, results)
+    if "moe" in sections:
+        moe_section(runner, work, results)
     if "layouts" in sections:
         layouts_section(runner, work, results)
     if "sizes" in sections:
@@ -682,6 +695,39 @@ def parallel_section(runner: Runner, work: Workload, model: dict[str, int], resu
     configs = {label: (short, extra) for label, extra in PARALLEL.items()}
     title = f"parallel layouts (no-ref, {short.label()}, 1 warm-up + 3 measured steps)"
     compare_runs(runner, model, results, "parallel", configs, ("fsdp2 DP=2, 2 ranks", base), title)
+
+
+# A mixture-of-experts W1 (4 experts of W1's MLP per layer, 2 per token: twice the MLP arithmetic of dense W1)
+# on 2 ranks: FSDP2 data parallel, and megatron expert parallel without and with tensor parallel.
+MOE_MODEL = {"num_experts": 4, "experts_per_token": 2}
+MOE = {
+    "fsdp2 DP=2, MoE": [],
+    "megatron EP=2, MoE": ["actor.strategy=megatron", "actor.megatron.expert_parallel=2"],
+    "megatron TP2+SP, EP=2, MoE": [
+        "actor.strategy=megatron",
+        "actor.megatron.tensor_parallel=2",
+        "actor.megatron.sequence_parallel=true",
+        "actor.megatron.expert_parallel=2",
+    ],
+}
+
+
+def moe_section(runner: Runner, work: Workload, results: dict[str, Any]) -> None:
+    """No-ref step of the MoE W1 on 2 ranks (FSDP2 DP=2, megatron EP=2, TP=2 + SP + EP=2) against dense W1 on
+    FSDP2 DP=2 (the parallel section's base run)."""
+    from tandem.data import save_tiny
+
+    short = replace(work, steps=3, ranks=2)
+    if "parallel/dp2" not in results["runs"]:
+        results["runs"]["parallel/dp2"] = runner.tandem("parallel/dp2", short, VARIANTS["no-ref"])
+    base = summarise(results["runs"]["parallel/dp2"], model_numbers(runner.folder), None)
+    folder = save_tiny(runner.workdir / "moe-model", **MOE_MODEL)
+    moe_runner = Runner(runner.workdir, folder, runner.data, runner.prompts)
+    configs = {label: (short, extra) for label, extra in MOE.items()}
+    title = f"mixture of experts (no-ref, {short.label()}, 1 warm-up + 3 measured steps)"
+    compare_runs(
+        moe_runner, model_numbers(folder), results, "moe", configs, ("dense fsdp2 DP=2", base), title
+    )
 
 
 def compare_runs(

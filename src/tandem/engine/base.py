@@ -166,8 +166,9 @@ class TrainEngine(ABC):
         """Sharded model + optimizer + scheduler checkpoint into folder `path` (every rank calls)."""
 
     @abstractmethod
-    def load(self, path: str | Path) -> None:
-        """Restore what `save` wrote (every rank calls)."""
+    def load(self, path: str | Path, weights_only: bool = False) -> None:
+        """Restore what `save` wrote (every rank calls); `weights_only`: the model's weights alone (an export
+        needs no optimizer state, which may not reshard to its layout)."""
 
     @abstractmethod
     def export_hf(self, path: str | Path) -> None:

@@ -587,15 +587,15 @@ class FSDPEngine(TrainEngine):
             torch.save(extra, path / ENGINE_STATE_FILE)
         dist.barrier()
 
-    def load(self, path: str | Path) -> None:
+    def load(self, path: str | Path, weights_only: bool = False) -> None:
         path = Path(path)
         if not (path / ENGINE_STATE_FILE).is_file():
             raise FileNotFoundError(
                 f"{path} is not an engine checkpoint (no {ENGINE_STATE_FILE}); see save()"
             )
-        state = self._checkpoint_state()
+        state = self._checkpoint_state(weights_only)
         dcp.load(state, checkpoint_id=path)
-        if self.optimizer is None:
+        if "optim" not in state:
             set_model_state_dict(self.model, state["model"])
         else:
             if "optim" not in state:
@@ -608,8 +608,8 @@ class FSDPEngine(TrainEngine):
         if self.scheduler is not None:
             self.scheduler.load_state_dict(extra["scheduler"])
 
-    def _checkpoint_state(self) -> dict[str, Any]:
-        if self.optimizer is None:
+    def _checkpoint_state(self, weights_only: bool = False) -> dict[str, Any]:
+        if self.optimizer is None or weights_only:
             return {"model": get_model_state_dict(self.model)}
         model_state, optim_state = get_state_dict(self.model, self.optimizer)
         return {"model": model_state, "optim": optim_state}

@@ -373,13 +373,14 @@ class RoleWorker(Worker):
         return list(self._trainable())
 
     @dispatch(Dispatch.ONE_TO_ALL)
-    def load_checkpoint(self, path: str) -> list[str]:
-        """Restore what save_checkpoint wrote; the rollout is refreshed before the next generation."""
+    def load_checkpoint(self, path: str, weights_only: bool = False) -> list[str]:
+        """Restore what save_checkpoint wrote (`weights_only`: the models' weights alone, for an export); the
+        rollout is refreshed before the next generation."""
         for name, engine in self._trainable().items():
             folder = Path(path) / name
             if not folder.exists():
                 raise FileNotFoundError(f"checkpoint {path} has no {name!r} folder (expected {folder})")
-            engine.load(folder)
+            engine.load(folder, weights_only=weights_only)
         self._rollout_stale = self.rollout is not None and self.actor is not None  # hybrid: in process
         return list(self._trainable())
 

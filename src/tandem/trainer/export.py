@@ -25,6 +25,7 @@ ONE_RANK = [
     "actor.megatron.tensor_parallel=1",
     "actor.megatron.pipeline_parallel=1",
     "actor.megatron.virtual_pipeline=1",
+    "actor.megatron.expert_parallel=1",  # experts are saved under their global index
     "actor.fsdp.sequence_parallel=1",  # the DCP checkpoint of FSDP2 reshards the same way
     "rollout.tensor_parallel=1",  # no rollout engine is built for an export
 ]
@@ -40,7 +41,9 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, role: str = "
     cfg = load_config(folder / "config.yaml", ONE_RANK)
     group = WorkerGroup.inprocess(RoleWorker, name="export", args=(cfg, [role]))
     try:
-        group.load_checkpoint(str(folder))
+        # The weights alone: an optimizer's state need not reshard to one rank (megatron keeps a mixture-of-
+        # experts model's expert optimizer apart under expert parallel, not on one rank).
+        group.load_checkpoint(str(folder), weights_only=True)
         group.export_hf(role, str(out_dir))
     finally:
         group.shutdown()

@@ -69,7 +69,9 @@ _STREAM = _InlineStream()
 def _adapt_moe() -> None:
     from megatron.core.transformer.moe import moe_utils, token_dispatcher
 
-    torch.cuda.Stream = lambda *args, **kwargs: _InlineStream()
+    # The dispatcher's class-wide side stream, made before it would call torch.cuda.Stream() (a class other
+    # libraries in the process annotate with: it is left alone).
+    token_dispatcher.MoEAlltoAllTokenDispatcher.cuda_dtoh_stream = _STREAM
     torch.cuda.current_stream = lambda *args, **kwargs: _STREAM
     torch.cuda.stream = lambda stream: contextlib.nullcontext()
     token_dispatcher.maybe_move_tensor_to_cpu = _to_host

@@ -236,6 +236,12 @@ class MegatronEngine(TrainEngine):
                 self._build_optimizer(optim, megatron.distributed_optimizer)
         # A mixture-of-experts causal LM in training: Tandem's load-balancing term in its routers (experts.py)
         routing = moe.routing_of(config, router_aux_loss_coef) if head == "lm" else None
+        if routing is not None and activation_checkpointing and self.pp_size > 1:
+            # Recomputed layers would run their routers' hooks during another micro-batch's turn.
+            raise ValueError(
+                f"{self.model_path}: a mixture-of-experts model with actor.activation_checkpointing and "
+                f"actor.megatron.pipeline_parallel={self.pp_size} is not built; turn one of them off"
+            )
         self._balance = (
             RouterBalance(
                 self.chunks, routing, config.num_hidden_layers, self._tp_group, self.sequence_parallel
@@ -712,12 +718,12 @@ class MegatronEngine(TrainEngine):
         the tensors inside carry global layer numbers, so a checkpoint reloads under another layout."""
         return ["model"] if self.vp_size == 1 else [f"model{c}" for c in range(self.vp_size)]
 
-    def _sharded_state(self, is_loading: bool) -> dict[str, Any]:
+    def _sharded_state(self, is_loading: bool, weights_only: bool = False) -> dict[str, Any]:
         state: dict[str, Any] = {
             key: chunk.sharded_state_dict()
             for key, chunk in zip(self._model_keys(), self.chunks, strict=True)
         }
-        if self.optimizer is not None:
+        if self.optimizer is not None and not weights_only:
             models = state["model"] if self.vp_size == 1 else dict(state)
             state["optimizer"] = self.optimizer.sharded_state_dict(models, is_loading=is_loading)
         return state
@@ -739,7 +745,7 @@ class MegatronEngine(TrainEngine):
             )
         dist.barrier()
 
-    def load(self, path: str | Path) -> None:
+    def load(self, path: str | Path, weights_only: bool = False) -> None:
         from megatron.core import dist_checkpointing
 
         path = Path(path)
@@ -748,10 +754,10 @@ class MegatronEngine(TrainEngine):
                 f"{path} is not an engine checkpoint (no {ENGINE_STATE_FILE}); see save()"
             )
         with self._scope():
-            state = dist_checkpointing.load(self._sharded_state(is_loading=True), str(path))
+            state = dist_checkpointing.load(self._sharded_state(True, weights_only), str(path))
             for key, chunk in zip(self._model_keys(), self.chunks, strict=True):
                 chunk.load_state_dict(state[key])
-            if self.optimizer is not None:
+            if self.optimizer is not None and not weights_only:
                 if "optimizer" not in state:
                     raise ValueError(f"{path} holds no optimizer state (saved by a frozen engine)")
                 self.optimizer.load_state_dict(state["optimizer"])
