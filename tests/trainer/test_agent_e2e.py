@@ -8,6 +8,7 @@ tokens equal to the actor's, and a resumed run equal to an uninterrupted one."""
 from __future__ import annotations
 
 import math
+import shutil
 
 import pytest
 
@@ -120,7 +121,13 @@ def test_grpo_on_the_agent_loop_trains_counts_tools_and_resumes_exactly(warm_sta
     inserted = sum(straight[s]["agent/inserted_tokens/mean"] for s in (1, 2, 3, 4))
     assert inserted > 0  # tool results or "try again" were inserted and masked out
 
-    RLTrainer(config("resumed")).fit(until_step=2)  # stops after step 2, as a killed run would
+    # The folder as a run killed after step 2 leaves it (two runs instead of three: the same files; the
+    # metrics rows of steps 3-4 stay in it, which the resumed run must drop and write again).
+    shutil.copytree(
+        tmp_path / "tandem/straight",
+        tmp_path / "tandem/resumed",
+        ignore=lambda folder, names: ["global_step_4"] if folder.endswith("checkpoints") else [],
+    )
     resumed = by_step(RLTrainer(config("resumed")).fit())
     assert {3, 4} <= set(resumed) and not {1, 2} & set(resumed)
     for step in (3, 4):
