@@ -291,3 +291,39 @@ def test_grpo_on_a_moe_model_with_a_tensor_parallel_vllm_engine_syncs_weights_an
     width = out["prompts"].shape[1]
     lp = logits[:, width - 1 : -1].log_softmax(-1).gather(-1, out["responses"][..., None]).squeeze(-1)
     assert float(((lp - out["rollout_log_probs"]) * out["response_mask"]).abs().max()) < 1e-4
+
+
+def test_grpo_with_lora_syncs_merged_weights_and_its_reference_is_the_base_model(ray_local, assets, tmp_path):
+    """actor.lora: adapters on every linear train; vLLM gets the merged weights after each update; the KL
+    term's reference is the actor with its adapters off (no reference engine is built)."""
+    cfg = run_config(
+        assets,
+        tmp_path,
+        "grpo",
+        "rollout.engine=vllm",
+        "actor.lora.rank=8",
+        "actor.lora.alpha=16",
+        "actor.use_kl_loss=true",
+        "actor.ppo_mini_batch_size=4",  # one optimizer step per step: step 1's update starts from the base
+        "trainer.total_training_steps=3",
+        *custom_reward("by_length"),
+    )
+    history = by_step(RLTrainer(cfg).fit())
+    for step in (1, 2, 3):
+        m = history[step]
+        assert m["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-5), step
+        assert m["rollout_mismatch/min_ratio"] == pytest.approx(1.0, abs=1e-5), step
+    # B = 0 at the start: the actor is the base model until its first update, so KL to the reference is 0
+    assert history[1]["actor/kl_loss"] == 0.0
+    assert history[2]["actor/kl_loss"] > 0 and history[3]["actor/kl_loss"] > 0
+    exported = export_checkpoint(tmp_path / "tandem/grpo/checkpoints/global_step_3", tmp_path / "hf")
+    assert (exported / "lora_adapter" / "adapter_model.safetensors").is_file()
+    trained, initial = (
+        load_file(exported / "model.safetensors"),
+        load_file(assets["model"] / "model.safetensors"),
+    )
+    assert trained.keys() == initial.keys()
+    assert torch.equal(trained["model.embed_tokens.weight"], initial["model.embed_tokens.weight"])  # frozen
+    assert not torch.equal(
+        trained["model.layers.0.self_attn.q_proj.weight"], initial["model.layers.0.self_attn.q_proj.weight"]
+    )

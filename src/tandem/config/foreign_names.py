@@ -15,6 +15,9 @@ VERL: dict[str, tuple[str, str]] = {
         "the model settings are actor.model_path, actor.activation_checkpointing",
     ),
     "actor_rollout_ref.model.path": ("actor.model_path", ""),
+    "actor_rollout_ref.model.lora_rank": ("actor.lora.rank", ""),
+    "actor_rollout_ref.model.lora_alpha": ("actor.lora.alpha", ""),
+    "actor_rollout_ref.model.target_modules": ("actor.lora.target_modules", "a list: [all-linear] or names"),
     "actor_rollout_ref.model.enable_gradient_checkpointing": ("actor.activation_checkpointing", ""),
     "actor_rollout_ref.actor.use_torch_compile": (
         "actor.fsdp.torch_compile",

@@ -141,6 +141,18 @@ class MegatronConfig:
 
 
 @dataclass
+class LoraConfig:
+    """Low-rank adapters on the actor (FSDP2, PEFT): only the adapters train; the reference policy is the
+    actor with its adapters off (no second model); the rollout gets the weights with the adapters merged."""
+
+    rank: int = 0  # r, >= 0; 0 = off (every weight trains)
+    alpha: float = 16.0  # > 0: the adapters' output is scaled by alpha / rank
+    dropout: float = 0.0  # in [0, 1): dropout on the adapters' input
+    # PEFT's target_modules: module names (e.g. [q_proj, v_proj]) or [all-linear] (every linear but the head)
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+
+
+@dataclass
 class ActorConfig:
     """The policy being trained and its PPO-style update.
 
@@ -195,6 +207,7 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
 
 
 @dataclass

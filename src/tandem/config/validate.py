@@ -438,6 +438,19 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
         if clip is not None and clip <= 0:
             problems.add(key, f"{key}={clip} must be > 0; use null for no clipping")
     _at_least(problems, "actor.router_aux_loss_coef", a.router_aux_loss_coef, 0)
+    _at_least(problems, "actor.lora.rank", a.lora.rank, 0)
+    if a.lora.rank > 0:
+        if a.lora.alpha <= 0:
+            problems.add("actor.lora.alpha", f"actor.lora.alpha={a.lora.alpha} must be > 0")
+        _within(problems, "actor.lora.dropout", a.lora.dropout, 0, 1, "[)")
+        if not a.lora.target_modules:
+            problems.add("actor.lora.target_modules", "actor.lora.target_modules is empty; use [all-linear]")
+        if a.strategy == "megatron":
+            problems.add(
+                ("actor.lora.rank", "actor.strategy"),
+                f"actor.lora.rank={a.lora.rank} with actor.strategy=megatron: LoRA is built on FSDP2 only; "
+                "use actor.strategy=fsdp",
+            )
     _within(problems, "actor.clip_ratio_low", a.clip_ratio_low, 0, 1, "[)")
     _at_least(problems, "actor.clip_ratio_high", a.clip_ratio_high, 0)
     if a.clip_ratio_c <= 1:

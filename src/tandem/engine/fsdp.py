@@ -53,6 +53,7 @@ from tandem.batch import Batch, Partition
 from tandem.config.schema import FSDPConfig, OptimConfig
 from tandem.data.packing import pack_model_inputs
 from tandem.engine import hf_io, moe
+from tandem.engine import lora as lora_layers
 from tandem.engine.base import (
     DTYPES,
     ForwardFn,
@@ -73,6 +74,7 @@ from tandem.engine.ulysses import check_heads, scale_grad, sequence_parallel_gro
 logger = logging.getLogger(__name__)
 
 ENGINE_STATE_FILE = "engine_state.pt"  # scheduler + step counter, beside the DCP shards
+ADAPTER_FOLDER = "lora_adapter"  # an export's PEFT adapter folder, inside the merged model's folder
 _warned_cpu_offload = False
 
 
@@ -105,8 +107,11 @@ class FSDPEngine(TrainEngine):
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
         router_aux_loss_coef: float | None = None,
+        lora: Any = None,
     ) -> None:
         check_engine_args("FSDPEngine", grad_clip, max_tokens_per_micro_batch)
+        # actor.lora with rank > 0: low-rank adapters trained, every other weight frozen (engine/lora.py)
+        self.lora = lora if lora is not None and lora.rank > 0 else None
         self.packing = packing
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
         self.model_path = str(model_path)
@@ -168,7 +173,8 @@ class FSDPEngine(TrainEngine):
         self.optimizer = None
         self.scheduler = None
         if optim is not None:
-            self.optimizer = build_optimizer(self.model.parameters(), optim)
+            # the trained weights only: all of them, or the adapters under actor.lora
+            self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], optim)
             self.scheduler = build_scheduler(self.optimizer, optim, total_training_steps)
         self.compile_seconds = self._compile_layers() if fsdp.torch_compile else None
 
@@ -184,6 +190,10 @@ class FSDPEngine(TrainEngine):
             model = hf_io.build_on_meta(self.config, self.head)
             full_state = {}
         hf_class = type(model)  # fully_shard swaps in a subclass; export writes the original
+        if self.lora is not None:  # adapters in place, before the state is taken and the layers are sharded
+            lora_layers.inject(model, self.lora, seed)
+            if is_source:
+                full_state = model.state_dict()
         state_keys = hf_io.persistent_keys(model)
         if activation_checkpointing:
             hf_io.enable_activation_checkpointing(model)
@@ -551,14 +561,21 @@ class FSDPEngine(TrainEngine):
         `lm_head.weight` is left out: it is `model.embed_tokens.weight`). Collective: every rank
         must iterate to the end; each rank receives every full tensor."""
         params = self.model.named_parameters()  # drops tied duplicates
-        for name, tensor in chain(params, self.model.named_buffers()):
-            if name not in self._state_keys:
-                continue  # non-persistent buffers (rotary inv_freq): not part of a checkpoint
-            if isinstance(tensor, DTensor):
-                if tensor.device != self.device:  # CPU-offloaded shards: gather on the compute device
-                    tensor = tensor.to(self.device)
-                tensor = tensor.full_tensor()
-            yield name, tensor.detach()
+        # non-persistent buffers (rotary inv_freq) are not part of a checkpoint
+        named = ((n, t) for n, t in chain(params, self.model.named_buffers()) if n in self._state_keys)
+        if self.lora is None:
+            for name, tensor in named:
+                yield name, self._full(tensor)
+        else:  # the plain model's names, each adapter folded into its weight
+            yield from lora_layers.merged_weights(named, self.model, self._full)
+
+    def _full(self, tensor: Tensor) -> Tensor:
+        """A full local tensor of a parameter or buffer (a collective for a sharded one)."""
+        if isinstance(tensor, DTensor):
+            if tensor.device != self.device:  # CPU-offloaded shards: gather on the compute device
+                tensor = tensor.to(self.device)
+            tensor = tensor.full_tensor()
+        return tensor.detach()
 
     def export_hf(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
         """A Hugging Face folder in `path` (rank 0 writes; every rank must call).
@@ -574,6 +591,10 @@ class FSDPEngine(TrainEngine):
         if self.rank == 0:
             config = type(self.config).from_dict(self._export_config)
             hf_io.save_folder(self._hf_class, config, state, path, dtype=dtype, source_path=self.model_path)
+        if self.lora is not None:  # and the adapters alone, as PEFT saves them, in a folder inside
+            adapters = lora_layers.adapter_state(self.model.named_parameters(), self._full)
+            if self.rank == 0:
+                lora_layers.save_adapter(Path(path) / ADAPTER_FOLDER, self.lora, adapters, self.model_path)
         dist.barrier()
 
     # ------------------------------------------------------------------ checkpoints

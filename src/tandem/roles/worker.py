@@ -27,6 +27,7 @@ from tandem.controller import Dispatch, Worker, WorkerContext, dispatch
 from tandem.engine import build_engine
 from tandem.engine.base import Head, TrainEngine, resolve_param_dtype
 from tandem.engine.flops import peak_flops
+from tandem.engine.lora import WithoutAdapter
 from tandem.roles.actor import Actor
 from tandem.roles.critic import Critic
 from tandem.roles.profile import PhaseProfiler, profiled
@@ -72,9 +73,13 @@ class RoleWorker(Worker):
         self.actor = self.reference = self.critic = self.reward_model = self.rollout = None
         if "actor" in roles:
             a = cfg.actor
-            self.actor = Actor(self._engine(a.model_path, "lm", a.optim, a.grad_clip), cfg)
+            self.actor = Actor(self._engine(a.model_path, "lm", a.optim, a.grad_clip, lora=a.lora), cfg)
         if "ref" in roles:
-            self.reference = Reference(self._engine(cfg.actor.model_path, "lm", None, None), cfg)
+            if self.actor is not None and cfg.actor.lora.rank > 0:
+                # the actor with its adapters off is the reference policy: no second copy of the base weights
+                self.reference = Reference(WithoutAdapter(self.actor.engine), cfg)
+            else:
+                self.reference = Reference(self._engine(cfg.actor.model_path, "lm", None, None), cfg)
         if "critic" in roles:
             c = cfg.critic
             self.critic = Critic(self._engine(c.model_path, "value", c.optim, c.grad_clip), cfg)
@@ -112,7 +117,12 @@ class RoleWorker(Worker):
         )
 
     def _engine(
-        self, model_path: str | None, head: Head, optim: OptimConfig | None, grad_clip: float | None
+        self,
+        model_path: str | None,
+        head: Head,
+        optim: OptimConfig | None,
+        grad_clip: float | None,
+        lora: Any = None,
     ) -> TrainEngine:
         if not model_path:
             raise ValueError(
@@ -134,6 +144,7 @@ class RoleWorker(Worker):
             packing=a.sequence_packing,
             max_tokens_per_micro_batch=token_budget(self.cfg, self.ctx.torch_device),
             router_aux_loss_coef=a.router_aux_loss_coef,
+            lora=lora,
         )
 
     def dispatch_info(self) -> tuple[int, int, bool]:

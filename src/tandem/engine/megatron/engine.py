@@ -153,7 +153,12 @@ class MegatronEngine(TrainEngine):
         packing: bool = False,
         max_tokens_per_micro_batch: int | None = None,
         router_aux_loss_coef: float | None = None,
+        lora: Any = None,
     ) -> None:
+        if lora is not None and lora.rank > 0:
+            raise ValueError(
+                f"actor.lora.rank={lora.rank}: LoRA is built on FSDP2 only; use actor.strategy=fsdp"
+            )
         check_engine_args("MegatronEngine", grad_clip, max_tokens_per_micro_batch)
         if megatron.context_parallel != 1:
             raise NotImplementedError(

@@ -1,0 +1,157 @@
+"""Low-rank adapters (LoRA) on the FSDP2 engine: only the adapters train (`actor.lora`).
+
+PEFT's `inject_adapter_in_model` puts a LoRA layer around each targeted linear of the Hugging Face model in
+place (no PeftModel wrapper: the model, its head and its decoder layers stay what the engine shards), and
+freezes every other weight. A targeted linear `x.proj` then holds `x.proj.base_layer.weight` (frozen) and
+`x.proj.lora_A.default.weight` [r, in], `x.proj.lora_B.default.weight` [out, r] (trained; B starts at 0,
+so the model starts as the base model), and computes W x + (alpha / r) B A x.
+
+What the rest of Tandem sees:
+- the optimizer holds the adapters only (its state is 2 x the adapters' size, not 2 x the model's);
+- `merged_weights`: the weights under the Hugging Face names with each adapter folded in (W + (alpha / r)
+  B A): what the rollout engine loads and what an export writes, so vLLM and HF rollouts run the plain
+  architecture at full speed;
+- `adapter_disabled`: the forward of the base model, adapters off, which is the reference policy: no
+  second copy of the base weights (`WithoutAdapter`);
+- `adapter_state` / `save_adapter`: the adapters alone as a PEFT adapter folder.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+ADAPTER = "default"  # PEFT's name for the one adapter
+
+
+def lora_config(settings: Any) -> Any:
+    """PEFT's LoraConfig from `actor.lora` (rank, alpha, dropout, target_modules)."""
+    from peft import LoraConfig
+
+    targets = list(settings.target_modules)
+    return LoraConfig(
+        r=settings.rank,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules="all-linear" if targets == ["all-linear"] else targets,
+        bias="none",
+    )
+
+
+def inject(model: nn.Module, settings: Any, seed: int) -> nn.Module:
+    """LoRA layers into `model` in place (A from `seed` alone, B = 0); everything else frozen."""
+    from peft import inject_adapter_in_model
+
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        inject_adapter_in_model(lora_config(settings), model)
+    layers = lora_layers(model)
+    if not layers:
+        raise ValueError(
+            f"actor.lora.target_modules={settings.target_modules!r} matched no linear layer of "
+            f"{type(model).__name__}; name its projections (e.g. [q_proj, v_proj]) or use all-linear"
+        )
+    return model
+
+
+def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
+    """{module name: PEFT LoRA layer} of `model`."""
+    from peft.tuners.lora import LoraLayer
+
+    return {name: module for name, module in model.named_modules() if isinstance(module, LoraLayer)}
+
+
+def hf_name(name: str) -> str:
+    """A parameter's name in the plain Hugging Face model: `x.proj.base_layer.weight` -> `x.proj.weight`."""
+    return name.replace(".base_layer.", ".")
+
+
+def merged_weights(
+    named: Iterator[tuple[str, Tensor]], model: nn.Module, full: Callable[[Tensor], Tensor]
+) -> Iterator[tuple[str, Tensor]]:
+    """(Hugging Face name, tensor) with each adapter folded into its base weight; adapters not yielded.
+
+    `named`: the model's (name, tensor) in order; `full(tensor)` makes a full local tensor of a (sharded)
+    one and is called in the same order on every rank (a collective under FSDP2)."""
+    layers = lora_layers(model)
+    for name, tensor in named:
+        if ".lora_" in name:
+            continue
+        prefix = name.rsplit(".base_layer.", 1)[0] if ".base_layer.weight" in name else None
+        if prefix in layers:
+            layer = layers[prefix]
+            a = full(layer.lora_A[ADAPTER].weight)
+            b = full(layer.lora_B[ADAPTER].weight)
+            weight = full(tensor)
+            merged = weight + layer.scaling[ADAPTER] * (b.to(weight.dtype) @ a.to(weight.dtype))
+            yield hf_name(name), merged
+        else:
+            yield hf_name(name), full(tensor)
+
+
+def adapter_state(named: Iterator[tuple[str, Tensor]], full: Callable[[Tensor], Tensor]) -> dict[str, Tensor]:
+    """The adapters as a PEFT adapter file names them (`base_model.model.<name>` without the adapter name)."""
+    return {
+        "base_model.model." + name.replace(f".{ADAPTER}.", "."): full(tensor)
+        for name, tensor in named
+        if ".lora_" in name
+    }
+
+
+def save_adapter(path: str | Path, settings: Any, state: dict[str, Tensor], base_model_path: str) -> Path:
+    """A PEFT adapter folder (adapter_config.json, adapter_model.safetensors) that PEFT loads onto the base."""
+    from safetensors.torch import save_file
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    config = lora_config(settings).to_dict()
+    config["base_model_name_or_path"] = str(base_model_path)
+    config["task_type"] = "CAUSAL_LM"
+    config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
+    (path / "adapter_config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    save_file(
+        {k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / "adapter_model.safetensors")
+    )
+    return path
+
+
+@contextmanager
+def adapter_disabled(model: nn.Module) -> Iterator[None]:
+    """The base model's forward while open: every LoRA layer bypassed."""
+    layers = list(lora_layers(model).values())
+    for layer in layers:
+        layer.enable_adapters(False)
+    try:
+        yield
+    finally:
+        for layer in layers:
+            layer.enable_adapters(True)
+
+
+class WithoutAdapter:
+    """An engine's model with its adapters off, as a frozen engine: the reference policy of a LoRA actor.
+
+    Forwards run the actor engine's own sharded weights (no second model); the rest is the actor's engine,
+    except offload / onload, which the actor's phases own."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+
+    def forward(self, batch: Any, fn: Any, micro_batch_size: int) -> Any:
+        with adapter_disabled(self._engine.model):
+            return self._engine.forward(batch, fn, micro_batch_size)
+
+    def offload(self) -> None:
+        return None
+
+    def onload(self) -> None:
+        return None
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._engine, name)
