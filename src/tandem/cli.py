@@ -93,12 +93,18 @@ def _run(args: argparse.Namespace) -> int:
         args.log_dir = Path(args.out) / "logs"
         run(args.out, args.overrides, seed=args.seed, task=args.task)
     elif args.command in ("train", "sft", "eval"):
+        from tandem.engine import hf_io
         from tandem.trainer import RLTrainer, SFTTrainer
         from tandem.trainer.base import run_dir
 
         preset, overrides = _preset_and_overrides(args, "sft" if args.command == "sft" else "grpo")
         cfg = load_config(preset, overrides, require_data=args.command != "eval")
         args.log_dir = run_dir(cfg) / "logs"
+        if args.command == "eval" and cfg.actor.model_path and hf_io.is_adapter_folder(cfg.actor.model_path):
+            # a LoRA export's adapter folder: evaluated as its base with the adapters merged in
+            cfg.actor.model_path = str(
+                hf_io.merge_adapter(cfg.actor.model_path, run_dir(cfg) / "merged_adapter")
+            )
         if args.command == "train":
             RLTrainer(cfg).fit()
         elif args.command == "sft":

@@ -116,6 +116,23 @@ def test_the_adapter_folder_loads_in_peft(tiny_path, runs):
 
 @pytest.mark.slow
 @pytest.mark.timeout(300)
+def test_the_adapter_folder_merges_into_the_exported_model(runs, tmp_path):
+    """What `tandem eval actor.model_path=<adapter folder>` evaluates: the base with the adapters merged."""
+    from tandem.engine import hf_io
+
+    export = runs[1]["out"] / "export"
+    assert hf_io.is_adapter_folder(export / "lora_adapter") and not hf_io.is_adapter_folder(export)
+    merged = hf_io.merge_adapter(export / "lora_adapter", tmp_path / "merged")
+    assert (merged / "tokenizer.json").is_file()
+    ours = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).state_dict()
+    peft_merged = AutoModelForCausalLM.from_pretrained(merged, dtype=torch.float32).state_dict()
+    assert ours.keys() == peft_merged.keys()
+    for name, tensor in ours.items():
+        torch.testing.assert_close(peft_merged[name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
 def test_two_ranks_equal_one_and_resume_equals_continuing(runs):
     one, two = runs[1]["ranks"][0], runs[2]["ranks"]
     for step in ("step1", "step2"):

@@ -247,3 +247,30 @@ def save_folder(
         # After save_pretrained: the source's generation_config.json (sampling defaults) wins.
         copy_side_files(source_path, path)
     return path
+
+
+def is_adapter_folder(path: str | Path) -> bool:
+    """A PEFT adapter folder (adapter_config.json, no model of its own), as `tandem export` writes for LoRA."""
+    folder = Path(path)
+    return (folder / "adapter_config.json").is_file() and not (folder / "config.json").is_file()
+
+
+def merge_adapter(adapter: str | Path, out: str | Path) -> Path:
+    """A Hugging Face folder at `out`: the adapter folder's base model (its adapter_config.json's
+    base_model_name_or_path, a local folder) with the adapters merged in, and the base's tokenizer files."""
+    import json
+
+    from peft import PeftModel
+
+    adapter = Path(adapter)
+    base = json.loads((adapter / "adapter_config.json").read_text()).get("base_model_name_or_path")
+    if not base or not Path(base).is_dir():
+        raise ValueError(
+            f"{adapter}: adapter_config.json names base_model_name_or_path={base!r}, not a local folder; "
+            "set it to the base model's folder"
+        )
+    model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32)
+    merged = PeftModel.from_pretrained(model, str(adapter)).merge_and_unload()
+    merged.save_pretrained(out, safe_serialization=True)
+    copy_side_files(base, out)
+    return Path(out)
