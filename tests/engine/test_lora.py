@@ -19,6 +19,7 @@ from tandem.data.tiny import save_tiny
 
 from . import lora_scenarios as ls
 from .fsdp_scenarios import rollout_batch, spawn
+from .test_fsdp import hf_logits, hf_model
 
 TOL = 1e-5
 
@@ -36,15 +37,8 @@ def runs(tiny_path, tmp_path_factory):
     }
 
 
-def hf_logits(path, batch) -> torch.Tensor:
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
-            position_ids=batch["position_ids"],
-            use_cache=False,
-        ).logits
+def folder_logits(path, batch) -> torch.Tensor:
+    return hf_logits(hf_model(path, "lm"), batch)
 
 
 def assert_real_close(actual, expected, batch):
@@ -87,10 +81,14 @@ def test_merged_weights_forward_and_reference(tiny_path, runs, tmp_path):
             expected = expected + scale * raw[f"{prefix}.lora_B.default.weight"] @ a
         torch.testing.assert_close(tensor, expected, rtol=0, atol=1e-6, msg=name)
     probe = rollout_batch(5, seed=1)
-    assert_real_close(one["logits0"], hf_logits(tiny_path, probe), probe)  # B = 0 at the start
-    assert_real_close(one["base_logits2"], hf_logits(tiny_path, probe), probe)  # adapters off: the reference
+    assert_real_close(one["logits0"], folder_logits(tiny_path, probe), probe)  # B = 0 at the start
+    assert_real_close(
+        one["base_logits2"], folder_logits(tiny_path, probe), probe
+    )  # adapters off: the reference
     export = runs[1]["out"] / "export"
-    assert_real_close(one["logits2"], hf_logits(export, probe), probe)  # the merged model computes the same
+    assert_real_close(
+        one["logits2"], folder_logits(export, probe), probe
+    )  # the merged model computes the same
     merged = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).state_dict()
     for name, tensor in one["merged2"].items():
         assert torch.equal(merged[name], tensor), name
