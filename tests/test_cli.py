@@ -119,7 +119,7 @@ def test_train_with_a_model_megatron_cannot_split_fails_before_the_workers(tmp_p
     )
     assert done.returncode == 2, done.stderr
     assert "actor.model_path" in done.stderr and "num_key_value_heads=2" in done.stderr
-    assert "context_parallel / expert_parallel > 1 are not available yet" in done.stderr
+    assert "actor.megatron.context_parallel > 1 is not available" in done.stderr
     assert "Started a local Ray" not in done.stderr
 
 
