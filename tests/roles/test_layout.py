@@ -30,6 +30,9 @@ def config(paths, workers, *overrides):
         "actor.use_kl_loss=true",
         "reward.reward_model.enable=true",
         f"reward.reward_model.model_path={rm}",
+        # placement is what differs here: HF generate starts in no time where vLLM takes seconds per engine
+        # (vLLM in these placements: tests/trainer/test_rl_e2e.py, test_separate_rollout_e2e.py)
+        "rollout.engine=hf",
         *overrides,
     )
 
