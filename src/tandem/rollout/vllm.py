@@ -259,8 +259,16 @@ def file_names(model_path: str | Path) -> Callable[[Iterable[tuple[str, Tensor]]
     from transformers.conversion_mapping import get_model_conversion_mapping
     from transformers.core_model_loading import revert_weight_conversion
 
-    with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_path))
+    except (ValueError, KeyError, OSError) as error:  # an architecture transformers' causal-LM class lacks
+        logger.warning(
+            "VLLMRollout: no transformers causal LM for %s (%s); weights are synced under the trainer's names",
+            model_path,
+            error,
+        )
+        return None
     if not get_model_conversion_mapping(model, add_legacy=False):
         return None
 
