@@ -165,7 +165,17 @@ def run_roles(strategy: str, parallel: MegatronConfig, cfg: TandemConfig, out: P
     result["resumed_lr"] = resumed.lr
     result["resumed_step"] = step(Actor(resumed, cfg), resumed, later)
     result["resumed_state"] = weights(resumed)
+    # One row for the whole step: with 2 data-parallel ranks one of them has none and runs a dummy row
+    # (under expert parallel it must still join every all-to-all, adding nothing)
+    one = rollout_batch(seed=2)[:1]
+    result["one_row_step"] = step(
+        Actor(resumed, cfg), resumed, one.split(rows_per_rank(1, resumed))[resumed.dp_rank]
+    )
     return result
+
+
+def rows_per_rank(rows: int, engine) -> list[int]:
+    return [rows if r == 0 else 0 for r in range(engine.dp_size)]
 
 
 def worker(

@@ -164,6 +164,13 @@ def test_resume_from_checkpoint_equals_continuing(layout):
         assert_states_close(rank["resumed_state"], rank["continued_state"], atol=0)
 
 
+def test_a_step_on_one_row_equals_fsdp(layout, fsdp):
+    """One row for the whole step: under data parallel 2 a rank with no rows runs a dummy pass that adds
+    nothing."""
+    for rank in layout["ranks"]:
+        assert_step_close(rank["one_row_step"], fsdp["one_row_step"])
+
+
 def test_export_is_a_transformers_folder_with_the_trained_weights(layout):
     exported = load_file(layout["out"] / "export" / "model.safetensors")
     state1 = layout["ranks"][0]["state1"]

@@ -73,6 +73,20 @@ def test_layout_and_the_balance_term_equal_fsdp(layout, fsdp):
     assert fsdp["actor_step"]["grad_norm"] > 1.0  # the term dominates this step's gradient (0.038 without)
 
 
+def test_a_step_where_a_rank_has_no_rows_equals_fsdp(layout, fsdp):
+    """EP=2 over 2 data-parallel ranks, one row: the empty rank's dummy passes join the all-to-alls and add
+    nothing, the balance term included."""
+    expected = fsdp["one_row_step"]
+    for rank in layout["ranks"]:
+        got = rank["one_row_step"]
+        assert got["loss"] == pytest.approx(expected["loss"], rel=1e-5)
+        assert got["grad_norm"] == pytest.approx(expected["grad_norm"], rel=1e-5)
+    reported = sum(
+        sum(r["one_row_step"]["metrics"]["router_aux_loss"]) for r in layout["ranks"] if r["dispatch_info"][2]
+    )
+    assert reported == pytest.approx(sum(expected["metrics"]["router_aux_loss"]), rel=1e-5)
+
+
 def test_export_is_a_mixtral_folder_with_the_trained_weights(layout):
     """Written by transformers from the streamed weights: per-expert w1 / w2 / w3 files, read back fused."""
     files = load_file(layout["out"] / "export" / "model.safetensors")

@@ -474,7 +474,8 @@ class MegatronEngine(TrainEngine):
         if self._balance is not None:
             local = torch.tensor(float(sum(real_token_count(m) for m in micros) if real else 0.0))
             step_tokens = max(float(self.all_reduce_sum(local)), 1.0)
-        self._schedule(micros, on_output, forward_only=False, step_tokens=step_tokens)
+        # (a rank with no rows runs a dummy row that adds nothing, the balance term included)
+        self._schedule(micros, on_output, forward_only=False, step_tokens=step_tokens, balance=real)
         losses, metrics = self._from_last_stage((losses, dict(metrics)))
         if self._balance is not None:  # each stage's layers' share of the term, summed over the stages
             balance = torch.tensor(self._balance.take_total(), dtype=torch.float64, device=self.device)
@@ -508,11 +509,18 @@ class MegatronEngine(TrainEngine):
             clip_grads_with_norm_(params, self.grad_clip, torch.tensor(grad_norm))
 
     def _schedule(
-        self, micros: list[Batch], on_output: Any, *, forward_only: bool, step_tokens: float = 1.0
+        self,
+        micros: list[Batch],
+        on_output: Any,
+        *,
+        forward_only: bool,
+        step_tokens: float = 1.0,
+        balance: bool = True,
     ) -> None:
         """Every micro-batch through megatron's pipeline schedule; `on_output(output, micro)` on the last
         stage returns the micro-batch's loss (forward only: a zero). `step_tokens`: real tokens of the step
-        over the data-parallel ranks (a MoE model's balance term weighs each micro-batch by its share)."""
+        over the data-parallel ranks (a MoE model's balance term weighs each micro-batch by its share);
+        `balance`: add that term (False for a rank's dummy row)."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         micros = [micro.to(self.device) for micro in micros]
@@ -534,7 +542,7 @@ class MegatronEngine(TrainEngine):
         def step(data_iterator: Iterator, model: nn.Module) -> tuple[Tensor, Any]:
             micro, inputs, make_output, real = next(data_iterator)
             if self._balance is not None:
-                train = not forward_only and micro is not filler
+                train = balance and not forward_only and micro is not filler
                 tokens = (
                     router_rows(real, self.tp_rank, self.tp_size, self.sequence_parallel) if train else None
                 )
