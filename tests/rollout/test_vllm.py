@@ -189,3 +189,16 @@ def test_a_tensor_parallel_engine_names_what_it_cannot_run_with(tiny_dir, monkey
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)
     with pytest.raises(ValueError, match="rollout.tensor_parallel=2 needs a worker group"):
         _tensor_parallel_launch(2, torch.device("cpu"))
+
+
+def test_stale_cpu_shm_of_an_engines_ranks_is_removed_by_its_first_rank_only(tmp_path):
+    from tandem.rollout.vllm import remove_stale_cpu_shm
+
+    names = ["-tp:0-[0-1]-cpushm_0", "-tp:0-[0-1]-cpushm_1", "-tp:0-[2-3]-cpushm_0", "psm_1234", "x-[0-1]"]
+    for name in names:
+        (tmp_path / name).write_bytes(b"0")
+    assert remove_stale_cpu_shm(1, 2, tmp_path) == []  # not an engine's first rank
+    removed = remove_stale_cpu_shm(0, 2, tmp_path)
+    assert [p.name for p in removed] == names[:2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
+    assert [p.name for p in remove_stale_cpu_shm(2, 2, tmp_path)] == ["-tp:0-[2-3]-cpushm_0"]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -244,9 +245,13 @@ def test_grpo_on_a_moe_model_with_a_tensor_parallel_vllm_engine_syncs_weights_an
     """A mixture-of-experts model (tiny Mixtral) trained on FSDP2 with its load-balancing loss and rolled out
     by vLLM with rollout.tensor_parallel=2: one engine over both ranks (each holds half of every matrix, each
     expert's included), fed the same prompts by Dispatch.REPLICA, refreshed from the actor after every update
-    (the fused expert tensors sent under their checkpoint names)."""
+    (the fused expert tensors sent under their checkpoint names). A shared-memory segment left by a killed
+    engine on the same ranks is removed at start (vLLM names them after the ranks alone)."""
     from tandem.rollout.vllm import VLLMRollout
 
+    stale = Path("/dev/shm/-tp:0-[0-1]-cpushm_0")
+    if stale.parent.is_dir() and not stale.exists():
+        stale.write_bytes(bytes(16))
     assets = moe_assets
     cfg = run_config(
         assets,

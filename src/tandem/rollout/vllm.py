@@ -32,6 +32,7 @@ shows in rollout_mismatch/*, and rollout.is_correction can weight for it.
 
 from __future__ import annotations
 
+import glob
 import logging
 import os
 import time
@@ -82,7 +83,29 @@ def _tensor_parallel_launch(tensor_parallel: int, device: torch.device) -> dict[
     # The external launcher reads the rank from the environment (torchrun's names); the group exists already.
     os.environ["RANK"] = str(dist.get_rank())
     os.environ["LOCAL_RANK"] = str(device.index or 0) if device.type == "cuda" else "0"
+    if device.type == "cpu":
+        remove_stale_cpu_shm(dist.get_rank(), tensor_parallel)
+        dist.barrier()  # no rank of an engine builds it before its leftovers are gone
     return {"distributed_executor_backend": "external_launcher"}
+
+
+def remove_stale_cpu_shm(rank: int, tensor_parallel: int, shm_dir: str | Path = "/dev/shm") -> list[Path]:
+    """On the first rank of each engine: remove the shared-memory segments a killed engine on the same ranks
+    left behind; the paths removed.
+
+    vLLM's CPU tensor-parallel engine (under the external launcher) names its segments after the engine's
+    global ranks alone (`-tp:0-[0-1]-cpushm_<rank>`, the same for every run) and creates them exclusively, so
+    one left by a run that was killed (Ray kills its workers) stops every later engine on those ranks with
+    "create shm in SHMManager failed. errno: 17". Removing a name leaves a live engine's mapping intact."""
+    first = rank - rank % tensor_parallel
+    if rank != first:
+        return []
+    ranks = glob.escape("[" + "-".join(str(r) for r in range(first, first + tensor_parallel)) + "]")
+    stale = sorted(Path(shm_dir).glob(f"*-tp:*-{ranks}-cpushm_*"))
+    for path in stale:
+        logger.warning("VLLMRollout: removing %s, left by an earlier engine on ranks %s", path, ranks)
+        path.unlink(missing_ok=True)
+    return stale
 
 
 class VLLMRollout(RolloutEngine):
