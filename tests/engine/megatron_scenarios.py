@@ -242,7 +242,7 @@ def gpu_worker(rank: int, init_method: str, model_path: str, out_dir: str) -> No
         batch = rollout_batch()
         logits = full_logits(engine)
         result: dict = {"logits": engine.forward(batch.select(*MODEL_INPUTS), logits, 2)["logits"].float()}
-        result["param_dtypes"] = {p.dtype for p in engine.module.parameters()}
+        result["param_dtypes"] = {p.dtype for model in engine.models for p in model.parameters()}
         counts = global_counts(engine, batch["response_mask"])
         cfg = role_config(model_path, model_path)
         result["step"] = dataclasses.asdict(engine.train_step(batch, Actor(engine, cfg)._loss_fn(counts), 2))

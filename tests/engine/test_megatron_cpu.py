@@ -226,3 +226,19 @@ def test_install_answers_cpu_for_current_device_and_is_idempotent():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().endswith("cpu"), result.stdout
+
+
+def test_megatron_router_still_reads_te_general_gemm_and_without_te_defines_it():
+    """engine/megatron/without_te.py (every device): megatron's router gate reads `te_general_gemm`, which only
+    a Transformer Engine import defines; when this fails, megatron stopped reading it and the module can go."""
+    from megatron.core.transformer.moe import moe_utils
+
+    from tandem.engine.megatron import without_te
+
+    assert "te_general_gemm is not None" in inspect.getsource(moe_utils.RouterGatingLinearFunction.forward)
+    without_te.install()
+    assert hasattr(moe_utils, "te_general_gemm")
+    weight = torch.randn(4, 8, dtype=torch.float64)
+    inputs = torch.randn(3, 8, dtype=torch.float64)
+    logits = moe_utils.router_gating_linear(inputs, weight, None, torch.float64)
+    torch.testing.assert_close(logits, inputs @ weight.T)

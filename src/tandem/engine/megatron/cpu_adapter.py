@@ -67,7 +67,7 @@ _STREAM = _InlineStream()
 
 
 def _adapt_moe() -> None:
-    from megatron.core.transformer.moe import moe_utils, token_dispatcher
+    from megatron.core.transformer.moe import token_dispatcher
 
     # The dispatcher's class-wide side stream, made before it would call torch.cuda.Stream() (a class other
     # libraries in the process annotate with: it is left alone).
@@ -75,8 +75,6 @@ def _adapt_moe() -> None:
     torch.cuda.current_stream = lambda *args, **kwargs: _STREAM
     torch.cuda.stream = lambda stream: contextlib.nullcontext()
     token_dispatcher.maybe_move_tensor_to_cpu = _to_host
-    if not hasattr(moe_utils, "te_general_gemm"):  # imported only with Transformer Engine; read regardless
-        moe_utils.te_general_gemm = None
 
 
 def _to_host(tensor: object, as_numpy: bool = False, record_stream: bool = False) -> object:

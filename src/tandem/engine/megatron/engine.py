@@ -168,8 +168,9 @@ class MegatronEngine(TrainEngine):
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
-        from tandem.engine.megatron import cpu_adapter
+        from tandem.engine.megatron import cpu_adapter, without_te
 
+        without_te.install()
         if self.device.type == "cpu":
             cpu_adapter.install()
         self._scope = cpu_adapter.CudaLiteralsOnCpu if self.device.type == "cpu" else contextlib.nullcontext
@@ -332,6 +333,10 @@ class MegatronEngine(TrainEngine):
                     self.config.hidden_size, self.param_dtype, self.sequence_parallel
                 )
             self._fill(model, self._slots(self.pp_rank, chunk), hf_state)
+            # megatron builds its torch norms in float32 whatever params_dtype says (its own training loop
+            # casts the whole model, Float16Module); buffers keep their dtype
+            for param in model.parameters():
+                param.data = param.data.to(self.param_dtype)
             model.to(self.device)
             chunks.append(model)
         hf_class = type(hf_model)
@@ -738,7 +743,13 @@ class MegatronEngine(TrainEngine):
         }
         if self.optimizer is not None and not weights_only:
             models = state["model"] if self.vp_size == 1 else dict(state)
-            state["optimizer"] = self.optimizer.sharded_state_dict(models, is_loading=is_loading)
+            # megatron 0.16's default format for the distributed optimizer (CUDA), fully_sharded_model_space,
+            # is refused by its own checkpointing ("ShardedTensor.flattened_range is not supported");
+            # fully_reshardable also keeps checkpoints loadable under another layout
+            metadata = {"distrib_optim_sharding_type": "fully_reshardable"}
+            state["optimizer"] = self.optimizer.sharded_state_dict(
+                models, is_loading=is_loading, metadata=metadata
+            )
         return state
 
     def save(self, path: str | Path) -> None:
