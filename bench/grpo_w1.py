@@ -167,7 +167,17 @@ def tandem_overrides(work: Workload, folder: Path, data: Path, out: Path, extra:
 
 
 # the metric groups the summaries read
-KEPT = ("step", "timing_s", "perf", "memory", "async", "weight_sync", "response_length")
+KEPT = (
+    "step",
+    "timing_s",
+    "perf",
+    "memory",
+    "async",
+    "weight_sync",
+    "response_length",
+    "rollout_mismatch",
+    "score",
+)
 
 
 def child_tandem(spec: dict[str, Any]) -> dict[str, Any]:
