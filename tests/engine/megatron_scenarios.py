@@ -193,13 +193,14 @@ def worker(
     torch.set_num_threads(1)
     try:
         cfg = role_config(*paths)
-        tp, pp, sp, vp, ep = (*layout, *(False, 1, 1)[len(layout) - 2 :])
+        tp, pp, sp, vp, ep, cp = (*layout, *(False, 1, 1, 1)[len(layout) - 2 :])
         parallel = MegatronConfig(
             tensor_parallel=tp,
             pipeline_parallel=pp,
             sequence_parallel=sp,
             virtual_pipeline=vp,
             expert_parallel=ep,
+            context_parallel=cp,
         )
         out = Path(out_dir)
         result = run_roles(strategy, parallel, cfg, out, resume=True)

@@ -24,8 +24,11 @@ from . import megatron_scenarios as sc
 pytest.importorskip("megatron.core")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-# name: ((tensor parallel, pipeline parallel[, sequence parallel]), ranks)
+# name: ((tensor parallel, pipeline parallel[, sequence parallel[, virtual pipeline[, expert[, context parallel]]]]),
+# ranks)
 LAYOUTS = {
+    "cp2": ((1, 1, False, 1, 1, 2), 2),  # each row's columns split over 2 ranks (context_parallel.py)
+    "tp2spcp2": ((2, 1, True, 1, 1, 2), 4),  # ... and each CP rank's columns over 2 TP ranks (sequence parallel)
     # TP=2 with megatron's sequence parallel (norms and residuals split over the TP ranks); TP without it
     # runs in tp2pp2 and in the end-to-end tests
     "tp2sp": ((2, 1, True), 2),
@@ -86,6 +89,8 @@ def assert_step_close(actual: dict, expected: dict) -> None:
 def test_dispatch_info_names_the_data_parallel_groups_and_collectors(layout):
     infos = [r["dispatch_info"] for r in layout["ranks"]]
     expected = {
+        "cp2": [(0, 1, True), (0, 1, False)],  # CP rank 0 answers
+        "tp2spcp2": [(0, 1, True), (0, 1, False), (0, 1, False), (0, 1, False)],  # TP 0 of CP 0
         "tp2sp": [(0, 1, True), (0, 1, False)],  # TP rank 0 answers
         "pp2": [(0, 1, False), (0, 1, True)],  # the last stage answers
         "pp2vp2": [(0, 1, False), (0, 1, True)],
@@ -93,7 +98,7 @@ def test_dispatch_info_names_the_data_parallel_groups_and_collectors(layout):
         "tp2pp2": [(0, 1, False), (0, 1, False), (0, 1, True), (0, 1, False)],  # TP rank 0 of the last stage
     }[layout["name"]]
     assert infos == expected
-    sequence_parallel = layout["name"] == "tp2sp"
+    sequence_parallel = layout["name"].startswith("tp2sp")
     chunk_layers = {"pp2vp2": [1, 1], "pp2": [2], "tp2pp2": [2]}.get(layout["name"], [4])  # of the 4 layers
     for rank in layout["ranks"]:
         assert rank["chunk_layers"] == chunk_layers

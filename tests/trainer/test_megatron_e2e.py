@@ -49,13 +49,16 @@ def moe_assets(tmp_path_factory):
         ),
         # PP=2 with 2 model chunks per stage (the interleaved schedule); exported on one rank below
         ("ppo", ["actor.megatron.pipeline_parallel=2", "actor.megatron.virtual_pipeline=2"]),
+        # CP=2: every row's columns split over both ranks (engine/megatron/context_parallel.py), one vLLM per rank
+        ("grpo", ["actor.megatron.context_parallel=2"]),
     ],
-    ids=["grpo-moe-tp2-ep2-rollout-tp2", "ppo-pp2-vp2"],
+    ids=["grpo-moe-tp2-ep2-rollout-tp2", "ppo-pp2-vp2", "grpo-cp2"],
 )
 def test_megatron_actor_trains_and_the_rollout_follows_it(
     ray_local, assets, moe_assets, tmp_path, preset, layout
 ):
-    assets = moe_assets if preset == "grpo" else assets
+    moe = "actor.megatron.expert_parallel=2" in layout
+    assets = moe_assets if moe else assets
     cfg = run_config(
         assets,
         tmp_path,
@@ -77,9 +80,12 @@ def test_megatron_actor_trains_and_the_rollout_follows_it(
         # vLLM's log-probs of its own samples against the megatron actor's: equal after every sync.
         # (one optimizer step per step: the update's own log-probs are the old ones, roles/actor.py)
         assert 0 <= metrics["rollout_mismatch/abs_diff_mean"] < 1e-4, step
-        if preset == "grpo":  # trainer TP=2 -> rollout TP=2 (measured |log ratio| <= 1e-6 after each sync)
+        if (
+            preset == "grpo"
+        ):  # measured |log ratio| <= 1e-6 after each sync (trainer TP=2 -> rollout TP=2; CP=2)
             assert metrics["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-5), step
             assert metrics["rollout_mismatch/min_ratio"] == pytest.approx(1.0, abs=1e-5), step
+        if moe:
             assert 1.0 <= metrics["actor/router_aux_loss"] <= 2.0, step  # the routers' balance term
         if preset == "ppo":
             assert math.isfinite(metrics["critic/vf_loss"]) and metrics["critic/grad_norm"] > 0

@@ -56,14 +56,8 @@ def check_available(cfg: TandemConfig) -> None:
     if cfg.actor.strategy == "megatron":
         from tandem.engine.megatron import megatron_available
 
-        mp = cfg.actor.megatron
         if not megatron_available():
             problems.append("actor.strategy=megatron needs megatron-core: pip install -e '.[megatron]'")
-        if mp.context_parallel != 1:
-            problems.append(
-                "actor.megatron.context_parallel > 1 is not available: megatron-core's attention without "
-                "Transformer Engine (CUDA) refuses it; set it to 1"
-            )
         problems += megatron_model_problems(cfg)
     if cfg.actor.strategy == "fsdp" and cfg.actor.fsdp.sequence_parallel > 1:
         problems += sequence_parallel_problems(cfg)

@@ -26,6 +26,7 @@ ONE_RANK = [
     "actor.megatron.pipeline_parallel=1",
     "actor.megatron.virtual_pipeline=1",
     "actor.megatron.expert_parallel=1",  # experts are saved under their global index
+    "actor.megatron.context_parallel=1",  # context-parallel ranks hold the same weights
     "actor.fsdp.sequence_parallel=1",  # the DCP checkpoint of FSDP2 reshards the same way
     "rollout.tensor_parallel=1",  # no rollout engine is built for an export
 ]

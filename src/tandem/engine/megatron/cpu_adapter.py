@@ -8,12 +8,12 @@ that keeps CPU generator states, and makes its save / restore of the CUDA RNG st
 checkpointing) a no-op. Nothing is changed where CUDA is available: there megatron runs as
 it is. tests/engine/test_megatron_cpu.py fails when a megatron-core release moves what this adapts.
 
-Mixture-of-experts layers (expert parallel) need three more, all in `_adapt_moe`: the all-to-all token
+Mixture-of-experts layers (expert parallel) need two more, both in `_adapt_moe`: the all-to-all token
 dispatcher copies its token counts to the host on a side CUDA stream (streams and events here are
-stand-ins that run inline: a CPU has one stream); it turns those counts into the host lists
+stand-ins that run inline: a CPU has one stream); and it turns those counts into the host lists
 `all_to_all_single` takes only for tensors on a GPU (`maybe_move_tensor_to_cpu` skips CPU tensors, so
-their split sizes stayed tensors and gloo's all-to-all refused them); and megatron's router reads a
-Transformer Engine GEMM that its module leaves undefined when Transformer Engine is not installed.
+their split sizes stayed tensors and gloo's all-to-all refused them). (The Transformer Engine GEMM its
+router reads is not CPU-specific: without_te.py.)
 """
 
 from __future__ import annotations
@@ -148,6 +148,8 @@ class CudaLiteralsOnCpu(TorchFunctionMode):
         kwargs = kwargs or {}
         if func is torch.Tensor.cuda:
             return args[0]
+        if kwargs.get("pin_memory"):  # pinned host memory is a staging area for GPU copies (context parallel)
+            kwargs["pin_memory"] = False
         device = kwargs.get("device")
         if device is not None and _is_cuda(device):
             kwargs["device"] = "cpu"

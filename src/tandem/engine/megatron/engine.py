@@ -83,31 +83,34 @@ def init_parallel_state(
     seed: int,
     virtual_pipeline: int = 1,
     expert_parallel: int = 1,
+    context_parallel: int = 1,
 ) -> None:
     """megatron's parallel state over the default group (once per process; later calls must agree)."""
     from megatron.core import parallel_state as ps
     from megatron.core import tensor_parallel as mtp
 
     world = dist.get_world_size()
-    if world % (tensor_parallel * pipeline_parallel):
+    if world % (tensor_parallel * pipeline_parallel * context_parallel):
         raise ValueError(
-            f"actor.megatron tensor_parallel={tensor_parallel} x pipeline_parallel={pipeline_parallel} does "
-            f"not divide the worker group's {world} ranks"
+            f"actor.megatron tensor_parallel={tensor_parallel} x pipeline_parallel={pipeline_parallel} x "
+            f"context_parallel={context_parallel} does not divide the worker group's {world} ranks"
         )
     if ps.model_parallel_is_initialized() and not _groups_alive(ps):
         # Left by an earlier process group of this process (an in-process worker group shut down since).
         ps.destroy_model_parallel()
-    want = (tensor_parallel, pipeline_parallel, virtual_pipeline, expert_parallel)
+    want = (tensor_parallel, pipeline_parallel, virtual_pipeline, expert_parallel, context_parallel)
     if ps.model_parallel_is_initialized():
         have = (
             ps.get_tensor_model_parallel_world_size(),
             ps.get_pipeline_model_parallel_world_size(),
             ps.get_virtual_pipeline_model_parallel_world_size() or 1,
             ps.get_expert_model_parallel_world_size(),
+            ps.get_context_parallel_world_size(),
         )
         if have != want:
             raise ValueError(
-                f"this process already runs megatron with (tensor, pipeline, virtual pipeline, expert) parallel "
+                f"this process already runs megatron with (tensor, pipeline, virtual pipeline, expert, context) "
+                "parallel "
                 f"{have}; every engine of a worker shares it, got {want}"
             )
         return
@@ -117,6 +120,7 @@ def init_parallel_state(
         virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
         expert_model_parallel_size=expert_parallel,
         expert_tensor_parallel_size=1,  # experts whole on each rank (convert.py)
+        context_parallel_size=context_parallel,
     )
     mtp.model_parallel_cuda_manual_seed(seed)
 
@@ -160,11 +164,6 @@ class MegatronEngine(TrainEngine):
                 f"actor.lora.rank={lora.rank}: LoRA is built on FSDP2 only; use actor.strategy=fsdp"
             )
         check_engine_args("MegatronEngine", grad_clip, max_tokens_per_micro_batch)
-        if megatron.context_parallel != 1:
-            raise NotImplementedError(
-                f"actor.megatron.context_parallel={megatron.context_parallel}: megatron-core's attention without "
-                "Transformer Engine (CUDA) refuses context parallelism; set it to 1"
-            )
         self.device = torch.device(device)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
@@ -193,12 +192,20 @@ class MegatronEngine(TrainEngine):
                 "chunks interleave over the pipeline stages)"
             )
         init_parallel_state(
-            megatron.tensor_parallel, megatron.pipeline_parallel, seed, self.vp_size, megatron.expert_parallel
+            megatron.tensor_parallel,
+            megatron.pipeline_parallel,
+            seed,
+            self.vp_size,
+            megatron.expert_parallel,
+            megatron.context_parallel,
         )
         self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), megatron.tensor_parallel
         self.sequence_parallel = megatron.sequence_parallel and self.tp_size > 1
         self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), megatron.pipeline_parallel
         self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+        # context parallel: the ranks of a CP group hold the same rows, each a share of every row's columns
+        self.cp_rank, self.cp_size = ps.get_context_parallel_rank(), megatron.context_parallel
+        self._cp_group = ps.get_context_parallel_group() if self.cp_size > 1 else None
         self.last_stage = self.pp_rank == self.pp_size - 1
         self._tp_group = ps.get_tensor_model_parallel_group()
         self._pp_group = ps.get_pipeline_model_parallel_group()
@@ -220,6 +227,11 @@ class MegatronEngine(TrainEngine):
             config, self.tp_size, self.pp_size, self.ep_size, megatron.sequence_parallel and self.tp_size > 1
         )
         self.config = config
+        if self.cp_size > 1 and convert.num_experts(config):
+            raise ValueError(
+                f"{self.model_path}: a mixture-of-experts model with actor.megatron.context_parallel="
+                f"{self.cp_size} is not built (its routers' balance term counts whole rows); set it to 1"
+            )
         self.shapes = convert.shapes_of(config)
         if config.num_hidden_layers % (self.pp_size * self.vp_size):
             raise ValueError(
@@ -278,6 +290,7 @@ class MegatronEngine(TrainEngine):
             pipeline_model_parallel_size=self.pp_size,
             virtual_pipeline_model_parallel_size=self.vp_size if self.vp_size > 1 else None,
             sequence_parallel=self.sequence_parallel,
+            context_parallel_size=self.cp_size,
             params_dtype=self.param_dtype,
             pipeline_dtype=self.param_dtype,
             bf16=self.param_dtype == torch.bfloat16,
@@ -318,7 +331,12 @@ class MegatronEngine(TrainEngine):
             first, last = self._chunk_ends(self.pp_rank, chunk)
             model = GPTModel(
                 config,
-                layer_spec(self.sequence_parallel, self.layers_per_chunk, convert.num_experts(self.config)),
+                layer_spec(
+                    self.sequence_parallel,
+                    self.layers_per_chunk,
+                    convert.num_experts(self.config),
+                    context_parallel=self.cp_size > 1,
+                ),
                 vocab_size=self.config.vocab_size,
                 max_sequence_length=self.config.max_position_embeddings,
                 pre_process=first,
@@ -423,7 +441,7 @@ class MegatronEngine(TrainEngine):
         )
 
     def dispatch_info(self) -> tuple[int, int, bool]:
-        return self.dp_rank, self.dp_size, self.tp_rank == 0 and self.last_stage
+        return self.dp_rank, self.dp_size, self.tp_rank == 0 and self.cp_rank == 0 and self.last_stage
 
     # ------------------------------------------------------------------ forward / train
     def forward(self, batch: Batch, fn: ForwardFn, micro_batch_size: int) -> Batch:
@@ -468,7 +486,9 @@ class MegatronEngine(TrainEngine):
             losses.append(float(loss.detach()))
             for key, value in micro_metrics.items():
                 metrics[key].append(float(value.detach()) if isinstance(value, Tensor) else float(value))
-            # DDP averages gradients over data-parallel ranks; the loss contract sums contributions.
+            # DDP averages gradients over data-parallel ranks; the loss contract sums contributions. (Under
+            # context parallel it averages over data x context ranks, and megatron's schedule scales the loss
+            # by the CP size for that: each rank of a CP group holds a share of its rows' gradient.)
             return loss * self.dp_size
 
         for chunk, model in zip(self.chunks, self.models, strict=True):
@@ -539,7 +559,7 @@ class MegatronEngine(TrainEngine):
             # The interleaved schedule: one activation shape for every micro-batch (megatron's shape exchange
             # for variable lengths deadlocks there over gloo), and micro-batches in groups of pp, the last
             # group filled with passes that add nothing.
-            shape = tuple(max(inputs["input_ids"].shape[i] for _, inputs, *_ in prepared) for i in (0, 1))
+            shape = tuple(max(shape[i] for shape in self._whole_shapes(prepared)) for i in (0, 1))
             prepared = [self._model_inputs(micro, shape) for micro in micros]
             prepared += [self._model_inputs(filler, shape)] * (-len(prepared) % self.pp_size)
         count = len(prepared)
@@ -555,6 +575,10 @@ class MegatronEngine(TrainEngine):
             output_tensor = model(**inputs)
 
             def loss_func(logits: Tensor) -> tuple[Tensor, dict]:
+                if self._cp_group is not None:  # this rank's columns -> whole rows, the same on the CP group
+                    from tandem.engine.megatron.context_parallel import gather_columns
+
+                    logits = gather_columns(logits, self._cp_group)
                 if micro is filler:  # a pass that adds nothing (an interleaved group's or an expert group's)
                     return logits.sum() * 0.0, {}
                 # The schedule divides each micro-batch's loss by their count; the contract sums them.
@@ -562,7 +586,7 @@ class MegatronEngine(TrainEngine):
 
             return output_tensor, loss_func
 
-        widths = [inputs["input_ids"].shape for _, inputs, *_ in prepared]
+        widths = self._whole_shapes(prepared)
         with self._scope():
             get_forward_backward_func()(
                 forward_step_func=step,
@@ -584,7 +608,9 @@ class MegatronEngine(TrainEngine):
         Packed: rows of several sequences with a block-diagonal causal mask. Padded: the batch as it is
         with a causal mask over its real tokens. megatron's mask is True where attention is NOT allowed.
         `shape`: (rows, columns) to pad the inputs to (the interleaved schedule's fixed shape); under sequence
-        parallel the columns are padded to a multiple of TP. Padding is attended by nothing."""
+        parallel the columns are padded to a multiple of TP. Padding is attended by nothing. Under context
+        parallel the columns are padded to a multiple of 2 x CP (x TP) and the inputs hold this rank's share
+        of them (context_parallel.py); the mask stays whole (the attention picks its rows)."""
         ids = micro["input_ids"]
         padded_shape = tuple(ids.shape)
         if self.packing and "attention_mask" in micro:
@@ -600,8 +626,11 @@ class MegatronEngine(TrainEngine):
             allowed = real[:, None, :].expand(-1, ids.shape[1], -1)
         rows, width = inputs["input_ids"].shape
         to_rows, to_width = shape or (rows, width)
-        if self.sequence_parallel:  # the columns are split over the TP ranks
-            to_width = -(-to_width // self.tp_size) * self.tp_size
+        # the columns are split over the TP ranks (sequence parallel), in 2 chunks per CP rank (context parallel)
+        multiple = (self.tp_size if self.sequence_parallel else 1) * (
+            2 * self.cp_size if self.cp_size > 1 else 1
+        )
+        to_width = -(-to_width // multiple) * multiple
         extra_rows, extra = to_rows - rows, to_width - width
         if extra_rows or extra:
             inputs = {
@@ -612,6 +641,12 @@ class MegatronEngine(TrainEngine):
             real = F.pad(real, (0, extra, 0, extra_rows))
         causal = torch.ones(to_width, to_width, dtype=torch.bool, device=ids.device).tril()
         inputs["attention_mask"] = ~(allowed & causal).unsqueeze(1)
+        if self.cp_size > 1:
+            from tandem.engine.megatron.context_parallel import zigzag_columns  # imports megatron
+
+            columns = zigzag_columns(to_width, self.cp_rank, self.cp_size, ids.device)
+            inputs["input_ids"] = inputs["input_ids"][:, columns]
+            inputs["position_ids"] = inputs["position_ids"][:, columns]
 
         def make_output(logits: Tensor) -> ModelOutput:
             return ModelOutput(
@@ -619,6 +654,14 @@ class MegatronEngine(TrainEngine):
             )
 
         return micro, inputs, make_output, real
+
+    @staticmethod
+    def _whole_shapes(prepared: list[tuple]) -> list[tuple[int, int]]:
+        """(rows, columns) of each prepared micro-batch's whole rows (its mask's: a CP rank's inputs hold a
+        share of the columns)."""
+        return [
+            (inputs["input_ids"].shape[0], inputs["attention_mask"].shape[-1]) for _, inputs, *_ in prepared
+        ]
 
     def _micro_batches(self, batch: Batch, micro_batch_size: int) -> tuple[list[Batch], Partition | None]:
         # No agreement over ranks: data-parallel ranks share no collective until the gradient all-reduce.

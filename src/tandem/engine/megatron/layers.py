@@ -44,14 +44,21 @@ class SequenceParallelRMSNorm(nn.RMSNorm):
         self.weight.sequence_parallel = bool(config.sequence_parallel)
 
 
-def layer_spec(sequence_parallel: bool, num_layers: int, num_experts: int | None = None) -> Any:
+def layer_spec(
+    sequence_parallel: bool, num_layers: int, num_experts: int | None = None, context_parallel: bool = False
+) -> Any:
     """GPTModel's decoder spec: megatron's local layer spec with RMSNorm (MoE layers of `num_experts` experts,
     each its own MLP, when given); under sequence parallel, with `SequenceParallelRMSNorm` for the layers'
-    norms and the final norm (`num_layers`: this stage's)."""
+    norms and the final norm (`num_layers`: this stage's); under context parallel, with
+    `ContextParallelAttention` (context_parallel.py)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
     spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False, normalization="RMSNorm")
+    if context_parallel:
+        from tandem.engine.megatron.context_parallel import ContextParallelAttention
+
+        spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
     if not sequence_parallel:
         return spec
     spec.submodules.input_layernorm = SequenceParallelRMSNorm
