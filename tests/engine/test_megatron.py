@@ -28,7 +28,10 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 # ranks)
 LAYOUTS = {
     "cp2": ((1, 1, False, 1, 1, 2), 2),  # each row's columns split over 2 ranks (context_parallel.py)
-    "tp2spcp2": ((2, 1, True, 1, 1, 2), 4),  # ... and each CP rank's columns over 2 TP ranks (sequence parallel)
+    "tp2spcp2": (
+        (2, 1, True, 1, 1, 2),
+        4,
+    ),  # ... and each CP rank's columns over 2 TP ranks (sequence parallel)
     # TP=2 with megatron's sequence parallel (norms and residuals split over the TP ranks); TP without it
     # runs in tp2pp2 and in the end-to-end tests
     "tp2sp": ((2, 1, True), 2),

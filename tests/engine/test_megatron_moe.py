@@ -119,3 +119,13 @@ def test_moe_layouts_megatron_cannot_run_are_refused():
     )
     assert kwargs["moe_router_load_balancing_type"] == "none"  # Tandem's term instead (engine/moe.py)
     assert convert.moe_config_kwargs(dense, 1) == {}
+
+
+def test_context_parallel_with_a_moe_model_fails_before_the_workers(paths):
+    from tandem.config import ConfigError, load_config
+    from tandem.trainer.base import check_available
+
+    overrides = [f"actor.model_path={paths[0]}", "actor.strategy=megatron", "trainer.workers_per_node=2"]
+    with pytest.raises(ConfigError, match=r"actor.model_path=.*context_parallel=2 is not built"):
+        check_available(load_config("grpo", [*overrides, "actor.megatron.context_parallel=2"]))
+    check_available(load_config("grpo", [*overrides, "actor.megatron.expert_parallel=2"]))
