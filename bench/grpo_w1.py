@@ -676,7 +676,7 @@ def engines_section(runner: Runner, work: Workload, model: dict[str, int], resul
 
 # Parallel layouts of issue 18 on the same 2 cores, against 2 plain data-parallel ranks: one Ulysses group
 # of 2 ranks that split every sequence (packed, padded), one vLLM engine over both ranks (rollout TP=2), and
-# megatron TP=2 without and with its sequence parallel, PP=2 without and with virtual stages.
+# megatron TP=2 without and with its sequence parallel, PP=2 without and with virtual stages, context parallel.
 PARALLEL = {
     "fsdp2 SP=2, 2 ranks": ["actor.fsdp.sequence_parallel=2"],
     "fsdp2 SP=2, padded": ["actor.fsdp.sequence_parallel=2", "actor.sequence_packing=false"],
@@ -693,6 +693,7 @@ PARALLEL = {
         "actor.megatron.pipeline_parallel=2",
         "actor.megatron.virtual_pipeline=2",
     ],
+    "megatron CP=2": ["actor.strategy=megatron", "actor.megatron.context_parallel=2"],
 }
 
 
