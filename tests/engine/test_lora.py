@@ -150,3 +150,9 @@ def test_lora_keys_are_validated():
     with pytest.raises(ConfigError, match="LoRA is built on FSDP2 only"):
         load_config(overrides=["actor.lora.rank=4", "actor.strategy=megatron"])
     assert load_config(overrides=["actor.lora.rank=8"]).actor.lora.target_modules == ["all-linear"]
+    adapter = ["actor.lora.rank=8", "actor.lora.rollout_sync=adapter"]
+    with pytest.raises(ConfigError, match="rollout_sync=adapter needs vLLM's LoRA support"):
+        load_config(overrides=[*adapter, "rollout.engine=hf"])
+    with pytest.raises(ConfigError, match="built for rollout.layout=hybrid"):
+        load_config(overrides=[*adapter, "rollout.layout=separate"])
+    assert load_config(overrides=adapter).actor.lora.rollout_sync == "adapter"

@@ -202,3 +202,40 @@ def test_stale_cpu_shm_of_an_engines_ranks_is_removed_by_its_first_rank_only(tmp
     assert [p.name for p in removed] == names[:2]
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(names[2:])
     assert [p.name for p in remove_stale_cpu_shm(2, 2, tmp_path)] == ["-tp:0-[2-3]-cpushm_0"]
+
+
+def test_lora_adapters_served_on_the_base_weights_give_the_peft_models_log_probs(
+    tiny_dir, engine, prompts, tmp_path
+):
+    """actor.lora.rollout_sync=adapter: the engine keeps the folder's base weights and serves each new PEFT
+    adapter folder in place of the last; its log-probs are those of base + adapters (PEFT), in generate and in
+    the agent loop's turn engine."""
+    from types import SimpleNamespace
+
+    from tandem.engine import lora
+
+    served = start(tiny_dir, lora_rank=4)  # served with vLLM's max_lora_rank 8
+    settings = SimpleNamespace(rank=4, alpha=8.0, dropout=0.0, target_modules=["all-linear"])
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
+    lora.inject(model, settings, seed=0)
+    base = served.generate(prompts, SAMPLED)  # no adapter yet: the base model, B = 0 or not
+    with lora.adapter_disabled(model):
+        diff = (recomputed(model, base, SAMPLED.temperature) - base["rollout_log_probs"]).abs().max()
+    assert float(diff) < TOLERANCE
+    for version in (1, 2):
+        with torch.no_grad():
+            for name, param in model.named_parameters():
+                if "lora_B" in name:
+                    param.normal_(0, 0.2, generator=torch.Generator().manual_seed(version))
+        state = lora.adapter_state(model.named_parameters(), lambda t: t.detach())
+        served.load_adapter(lora.save_adapter(tmp_path / f"v{version}", settings, state, str(tiny_dir)))
+        out = served.generate(prompts, SAMPLED)
+        expected = recomputed(model, out, SAMPLED.temperature)
+        assert float((expected - out["rollout_log_probs"]).abs().max()) < TOLERANCE, version
+        with lora.adapter_disabled(model):  # the adapters changed the log-probs by far more than that
+            assert float((recomputed(model, out, SAMPLED.temperature) - expected).abs().max()) > 1e-2
+    assert served.llm.llm_engine.list_loras() == {2}  # the first adapter was dropped
+    turn_engine = served.turn_engine()
+    assert turn_engine.lora_request.lora_int_id == 2
+    with pytest.raises(RuntimeError, match="without LoRA"):
+        engine.load_adapter(tmp_path / "v1")  # the module's engine, built without lora_rank

@@ -298,9 +298,13 @@ def test_grpo_on_a_moe_model_with_a_tensor_parallel_vllm_engine_syncs_weights_an
     assert float(((lp - out["rollout_log_probs"]) * out["response_mask"]).abs().max()) < 1e-4
 
 
-def test_grpo_with_lora_syncs_merged_weights_and_its_reference_is_the_base_model(ray_local, assets, tmp_path):
-    """actor.lora: adapters on every linear train; vLLM gets the merged weights after each update; the KL
-    term's reference is the actor with its adapters off (no reference engine is built)."""
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
+def test_grpo_with_lora_syncs_the_rollout_and_its_reference_is_the_base_model(
+    ray_local, assets, tmp_path, sync
+):
+    """actor.lora: adapters on every linear train; vLLM gets the merged weights after each update, or
+    (rollout_sync=adapter) the adapters alone, served on its base weights; the KL term's reference is the actor
+    with its adapters off (no reference engine is built)."""
     cfg = run_config(
         assets,
         tmp_path,
@@ -308,6 +312,7 @@ def test_grpo_with_lora_syncs_merged_weights_and_its_reference_is_the_base_model
         "rollout.engine=vllm",
         "actor.lora.rank=8",
         "actor.lora.alpha=16",
+        f"actor.lora.rollout_sync={sync}",
         "actor.use_kl_loss=true",
         "actor.ppo_mini_batch_size=4",  # one optimizer step per step: step 1's update starts from the base
         "trainer.total_training_steps=3",
@@ -318,6 +323,14 @@ def test_grpo_with_lora_syncs_merged_weights_and_its_reference_is_the_base_model
         m = history[step]
         assert m["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-5), step
         assert m["rollout_mismatch/min_ratio"] == pytest.approx(1.0, abs=1e-5), step
+    model_bytes = sum(
+        t.numel() * t.element_size() for t in load_file(assets["model"] / "model.safetensors").values()
+    )
+    synced = [history[step]["weight_sync/bytes"] for step in (2, 3)]
+    if sync == "adapter":  # A [8, in] and B [out, 8] of every linear, float32: a few % of the model
+        assert all(0 < b < 0.2 * model_bytes for b in synced), (synced, model_bytes)
+    else:
+        assert all(b >= model_bytes for b in synced), (synced, model_bytes)
     # B = 0 at the start: the actor is the base model until its first update, so KL to the reference is 0
     assert history[1]["actor/kl_loss"] == 0.0
     assert history[2]["actor/kl_loss"] > 0 and history[3]["actor/kl_loss"] > 0

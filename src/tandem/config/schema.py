@@ -40,6 +40,7 @@ SamplingMetric = Literal["score", "acc"]
 Backend = Literal["ray", "inprocess"]
 Placement = Literal["colocate", "separate"]
 AsyncMode = Literal["synchronous", "one_step_off", "streaming"]
+LoraSync = Literal["merged", "adapter"]
 ProfiledPhase = Literal[
     "generate",
     "compute_log_probs",
@@ -150,6 +151,10 @@ class LoraConfig:
     dropout: float = 0.0  # in [0, 1): dropout on the adapters' input
     # PEFT's target_modules: module names (e.g. [q_proj, v_proj]) or [all-linear] (every linear but the head)
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    # what the rollout gets after each update: merged = every weight with the adapters folded in (the plain
+    # model, served at full speed); adapter = the adapters alone, served by vLLM's LoRA support on the base
+    # weights it loaded at start (a sync of megabytes; generation computes the adapters' extra matmuls)
+    rollout_sync: LoraSync = "merged"
 
 
 @dataclass

@@ -451,6 +451,24 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
                 f"actor.lora.rank={a.lora.rank} with actor.strategy=megatron: LoRA is built on FSDP2 only; "
                 "use actor.strategy=fsdp",
             )
+        if a.lora.rollout_sync == "adapter":
+            if cfg.rollout.engine == "hf":
+                problems.add(
+                    ("actor.lora.rollout_sync", "rollout.engine"),
+                    "actor.lora.rollout_sync=adapter needs vLLM's LoRA support (rollout.engine=vllm or auto); "
+                    "the hf engine takes merged weights: use rollout_sync=merged",
+                )
+            if cfg.rollout.layout == "separate":
+                problems.add(
+                    ("actor.lora.rollout_sync", "rollout.layout"),
+                    "actor.lora.rollout_sync=adapter is built for rollout.layout=hybrid; the separate pool's "
+                    "weight bus sends merged weights: use rollout_sync=merged",
+                )
+            if a.lora.rank > 512:
+                problems.add(
+                    "actor.lora.rank",
+                    f"actor.lora.rank={a.lora.rank} with rollout_sync=adapter: vLLM serves ranks up to 512",
+                )
     _within(problems, "actor.clip_ratio_low", a.clip_ratio_low, 0, 1, "[)")
     _at_least(problems, "actor.clip_ratio_high", a.clip_ratio_high, 0)
     if a.clip_ratio_c <= 1:

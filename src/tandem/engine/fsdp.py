@@ -569,6 +569,14 @@ class FSDPEngine(TrainEngine):
         else:  # the plain model's names, each adapter folded into its weight
             yield from lora_layers.merged_weights(named, self.model, self._full)
 
+    @torch.no_grad()
+    def adapter_state(self) -> dict[str, Tensor]:
+        """actor.lora's adapters, full, under the names of a PEFT adapter file (collective: every rank calls and
+        receives them all)."""
+        if self.lora is None:
+            raise RuntimeError("adapter_state: this engine trains no LoRA adapters (actor.lora.rank=0)")
+        return lora_layers.adapter_state(self.model.named_parameters(), self._full)
+
     def _full(self, tensor: Tensor) -> Tensor:
         """A full local tensor of a parameter or buffer (a collective for a sharded one)."""
         if isinstance(tensor, DTensor):
@@ -592,7 +600,7 @@ class FSDPEngine(TrainEngine):
             config = type(self.config).from_dict(self._export_config)
             hf_io.save_folder(self._hf_class, config, state, path, dtype=dtype, source_path=self.model_path)
         if self.lora is not None:  # and the adapters alone, as PEFT saves them, in a folder inside
-            adapters = lora_layers.adapter_state(self.model.named_parameters(), self._full)
+            adapters = self.adapter_state()
             if self.rank == 0:
                 lora_layers.save_adapter(Path(path) / ADAPTER_FOLDER, self.lora, adapters, self.model_path)
         dist.barrier()

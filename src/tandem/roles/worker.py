@@ -11,7 +11,10 @@ spanning both groups (join_weight_bus, send_weights / receive_weights).
 from __future__ import annotations
 
 import resource
+import shutil
+import tempfile
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -27,7 +30,7 @@ from tandem.controller import Dispatch, Worker, WorkerContext, dispatch
 from tandem.engine import build_engine
 from tandem.engine.base import Head, TrainEngine, resolve_param_dtype
 from tandem.engine.flops import peak_flops
-from tandem.engine.lora import WithoutAdapter
+from tandem.engine.lora import WithoutAdapter, save_adapter
 from tandem.roles.actor import Actor
 from tandem.roles.critic import Critic
 from tandem.roles.profile import PhaseProfiler, profiled
@@ -99,6 +102,7 @@ class RoleWorker(Worker):
         # The rollout starts from actor.model_path, as the actor does: in sync until the first update.
         self._rollout_stale = False
         self._bus: WeightBus | None = None  # rollout.layout=separate: the weight channel, once joined
+        self._adapter_root: Path | None = None  # actor.lora.rollout_sync=adapter: the adapter folders' home
         self._stream: RolloutStream | None = None  # trainer.async_mode=streaming: from the first submit
         self._metrics: dict[str, float] = {}
         self._profiler = PhaseProfiler(cfg.trainer.profile, ctx.group_name, ctx.rank)
@@ -287,7 +291,11 @@ class RoleWorker(Worker):
 
     def _sync_rollout_weights(self) -> None:
         """The actor's full tensors into this rank's engine; `weight_sync/bytes`: what this rank received (a
-        full gather: a tensor-parallel engine keeps 1/rollout.tensor_parallel of most of it)."""
+        full gather: a tensor-parallel engine keeps 1/rollout.tensor_parallel of most of it). Under
+        actor.lora.rollout_sync=adapter, the adapters alone (the engine keeps the base weights it loaded)."""
+        if self.cfg.actor.lora.rank > 0 and self.cfg.actor.lora.rollout_sync == "adapter":
+            self._sync_rollout_adapter()
+            return
         start = time.perf_counter()
         received = [0]
 
@@ -299,6 +307,24 @@ class RoleWorker(Worker):
         self._role_rollout().update_weights(counted())
         self._metrics["timing_s/weight_sync"] = time.perf_counter() - start
         self._metrics["weight_sync/bytes"] = received[0]
+        self._rollout_stale = False
+
+    def _sync_rollout_adapter(self) -> None:
+        """actor.lora's adapters, gathered on every rank, into this rank's vLLM engine as a PEFT folder of this
+        worker's own (the one before it is removed once the engine serves the new one)."""
+        start = time.perf_counter()
+        state = self.actor.engine.adapter_state()
+        if self._adapter_root is None:  # removed with the process (weakref.finalize)
+            self._adapter_root = Path(tempfile.mkdtemp(prefix="tandem-adapters-"))
+            weakref.finalize(self, shutil.rmtree, self._adapter_root, True)
+        served = list(self._adapter_root.iterdir())
+        folder = self._adapter_root / f"sync-{time.time_ns()}"
+        save_adapter(folder, self.cfg.actor.lora, state, self.cfg.actor.model_path)
+        self._role_rollout().load_adapter(folder)
+        for old in served:
+            shutil.rmtree(old, ignore_errors=True)
+        self._metrics["timing_s/weight_sync"] = time.perf_counter() - start
+        self._metrics["weight_sync/bytes"] = sum(t.numel() * t.element_size() for t in state.values())
         self._rollout_stale = False
 
     def _role_rollout(self) -> Any:
@@ -508,6 +534,8 @@ def rollout_kwargs(
             kv_cache_gib=r.cpu_kv_cache_gib,
             seed=cfg.trainer.seed,
         )
+        if cfg.actor.lora.rank > 0 and cfg.actor.lora.rollout_sync == "adapter":
+            kwargs["lora_rank"] = cfg.actor.lora.rank
     return kwargs
 
 

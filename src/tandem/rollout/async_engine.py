@@ -79,8 +79,11 @@ class VLLMTurnEngine(TurnEngine):
     ``stop_token_ids`` end a turn; ``max_model_len`` bounds context + turn. Create one per event
     loop (the engine's pump task belongs to the loop that first awaits `generate`)."""
 
-    def __init__(self, llm: Any, stop_token_ids: Sequence[int], max_model_len: int) -> None:
+    def __init__(
+        self, llm: Any, stop_token_ids: Sequence[int], max_model_len: int, lora_request: Any = None
+    ) -> None:
         self._engine = llm.llm_engine
+        self.lora_request = lora_request  # the LoRA adapters every turn is generated with (None: the base)
         self.stop_token_ids = [int(t) for t in stop_token_ids]
         self.max_model_len = max_model_len
         self._pending: dict[str, tuple[asyncio.Future[TurnOutput], float]] = {}
@@ -111,7 +114,8 @@ class VLLMTurnEngine(TurnEngine):
         request_id = f"turn-{next(self._ids)}"
         future: asyncio.Future[TurnOutput] = asyncio.get_running_loop().create_future()
         self._pending[request_id] = (future, time.perf_counter())
-        self._engine.add_request(request_id, TokensPrompt(prompt_token_ids=list(request.prompt_ids)), params)
+        prompt = TokensPrompt(prompt_token_ids=list(request.prompt_ids))
+        self._engine.add_request(request_id, prompt, params, lora_request=self.lora_request)
         self.max_in_flight = max(self.max_in_flight, len(self._pending))
         if self._pump is None or self._pump.done():
             self._pump = asyncio.get_running_loop().create_task(self._run())

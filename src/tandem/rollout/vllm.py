@@ -66,6 +66,19 @@ def _cpu_scheduling(device: torch.device, max_model_len: int) -> dict[str, Any]:
     return {"enable_chunked_prefill": False, "max_num_batched_tokens": max(4096, max_model_len)}
 
 
+LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the max_lora_rank values vLLM 0.32 accepts
+
+
+def _lora_serving(lora_rank: int) -> dict[str, Any]:
+    """vLLM arguments to serve one LoRA adapter of rank `lora_rank` at a time ({} for 0: no LoRA)."""
+    if lora_rank <= 0:
+        return {}
+    fits = [r for r in LORA_RANKS if r >= lora_rank]
+    if not fits:
+        raise ValueError(f"LoRA rank {lora_rank}: vLLM serves adapters of rank <= {LORA_RANKS[-1]}")
+    return {"enable_lora": True, "max_lora_rank": fits[0], "max_loras": 1}
+
+
 def _tensor_parallel_launch(tensor_parallel: int, device: torch.device) -> dict[str, Any]:
     """vLLM arguments for an engine spanning `tensor_parallel` ranks of the worker group's torch.distributed
     group (vLLM's external launcher: every rank of the engine builds it, and runs every request, in step;
@@ -132,6 +145,7 @@ class VLLMRollout(RolloutEngine):
         gpu_memory_utilization: float = 0.5,
         kv_cache_gib: int = 1,
         seed: int = 0,
+        lora_rank: int = 0,
     ) -> None:
         self.device = torch.device(device)
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
@@ -161,8 +175,11 @@ class VLLMRollout(RolloutEngine):
             enable_sleep_mode=self.device.type == "cuda",
             **parallel,
             **_cpu_scheduling(self.device, max_model_len),
+            **_lora_serving(lora_rank),
         )
+        self._lora: Any = None  # the LoRARequest of the adapters generate serves (None: the base weights)
         self.start_seconds = time.perf_counter() - start
+        self.lora_rank, self._lora_id = lora_rank, 0
         self.eos_token_ids = [int(t) for t in eos_token_ids]
         self.pad_token_id = int(pad_token_id)
         self.max_model_len = max_model_len
@@ -206,7 +223,7 @@ class VLLMRollout(RolloutEngine):
                     seed=None if sampling.seed is None else _request_seed(sampling.seed, int(keys[row])),
                 )
             )
-        outputs = self.llm.generate(requests, params, use_tqdm=False)
+        outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora)
 
         rows = prompts.repeat(sampling.n, interleave=True)
         total = len(rows)
@@ -236,7 +253,7 @@ class VLLMRollout(RolloutEngine):
         if self._kv_cache_asleep:
             self.llm.wake_up(tags=["kv_cache"])
             self._kv_cache_asleep = False
-        return VLLMTurnEngine(self.llm, self.eos_token_ids, self.max_model_len)
+        return VLLMTurnEngine(self.llm, self.eos_token_ids, self.max_model_len, self._lora)
 
     # ---------------------------------------------------------------- weights
     def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
@@ -250,6 +267,23 @@ class VLLMRollout(RolloutEngine):
         )
         if self.device.type == "cpu":
             self.llm.collective_rpc(repack_cpu_experts)
+        self.llm.reset_prefix_cache()
+
+    def load_adapter(self, folder: str | Path) -> None:
+        """Serve the LoRA adapters of a PEFT adapter folder on the base weights from now on (the engine must be
+        built with `lora_rank`); the adapters served before are dropped. The folder must stay until the next
+        call (vLLM may reload it from there)."""
+        from vllm.lora.request import LoRARequest
+
+        if not self.lora_rank:
+            raise RuntimeError("VLLMRollout.load_adapter: the engine was built without LoRA (lora_rank=0)")
+        engine = self.llm.llm_engine
+        self._lora_id += 1  # a new id each time: vLLM caches adapters by id
+        request = LoRARequest(f"adapter-{self._lora_id}", self._lora_id, str(folder))
+        if self._lora is not None:
+            engine.remove_lora(self._lora.lora_int_id)
+        engine.add_lora(request)  # loaded now: the sync's time holds it, and a bad folder fails here
+        self._lora = request
         self.llm.reset_prefix_cache()
 
     # ---------------------------------------------------------------- memory

@@ -53,6 +53,12 @@ def check_available(cfg: TandemConfig) -> None:
         problems.append("rollout.engine=vllm but vllm is not installed; see README (Installing) or use hf")
     if cfg.rollout.tensor_parallel > 1:
         problems += rollout_tensor_parallel_problems(cfg)
+    lora = cfg.actor.lora
+    if lora.rank > 0 and lora.rollout_sync == "adapter" and resolve_engine(cfg.rollout.engine) != "vllm":
+        problems.append(
+            "actor.lora.rollout_sync=adapter needs vLLM's LoRA support, and vllm is not installed (the rollout "
+            "engine resolves to hf); use actor.lora.rollout_sync=merged"
+        )
     if cfg.actor.strategy == "megatron":
         from tandem.engine.megatron import megatron_available
 
