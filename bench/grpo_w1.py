@@ -83,6 +83,7 @@ SECTIONS = (
     "layouts",
     "sizes",
     "compile",
+    "lora",
 )
 LR = 1e-5
 KL_COEF = 0.04
@@ -573,6 +574,8 @@ def main() -> None:
         sizes_section(runner, work, results)
     if "compile" in sections:
         compile_section(runner, work, results)
+    if "lora" in sections:
+        lora_section(runner, work, results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
         say(f"numbers in {args.json}")
@@ -867,16 +870,58 @@ def sizes_section(runner: Runner, work: Workload, results: dict[str, Any]) -> No
     print_sizes(results["sizes"], short)
 
 
-def size_runs(runner: Runner, work: Workload, results: dict[str, Any], when: str, extra: list[str]) -> None:
+def size_runs(
+    runner: Runner,
+    work: Workload,
+    results: dict[str, Any],
+    when: str,
+    extra: list[str],
+    sizes: tuple[str, ...] = tuple(SIZES),
+) -> None:
     """One no-ref run per model size (`sizes/<size>-<when>`), unless this invocation has it already."""
     from tandem.data import save_tiny
 
-    for size, kwargs in SIZES.items():
+    for size in sizes:
+        kwargs = SIZES[size]
         name = f"sizes/{size.split()[0]}-{when}"
         if name not in results["runs"]:
             folder = save_tiny(runner.workdir / ("model-" + size.split()[0]), **kwargs)
             overrides = [*VARIANTS["no-ref"], f"actor.model_path={folder}", *extra]
             results["runs"][name] = runner.tandem(name, work, overrides)
+
+
+# LoRA (issue 19): full training against r=8 adapters on every linear, the rollout synced with the merged
+# weights or with the adapters alone (vLLM serving them on its base weights), on the two smaller sizes.
+LORA = {
+    "after": ("full", []),
+    "lora-merged": ("LoRA r8, merged", ["actor.lora.rank=8"]),
+    "lora-adapter": ("LoRA r8, adapter", ["actor.lora.rank=8", "actor.lora.rollout_sync=adapter"]),
+}
+LORA_SIZES = ("W1 (3.2 M)", "8x (25 M)")
+
+
+def lora_section(runner: Runner, work: Workload, results: dict[str, Any]) -> None:
+    """No-ref step per model size: full training, LoRA synced as merged weights, LoRA synced as adapters."""
+    short = replace(work, steps=2)
+    rows = {}
+    print(f"\nLoRA (no-ref, {short.label()}, 1 warm-up + {short.steps} measured steps)")
+    header = ("step s", "generate s", "sync s", "sync MB", "train s")
+    print(f"{'model, config':<32}" + "".join(f"{h:>12}" for h in header))
+    for when, (_, extra) in LORA.items():
+        size_runs(runner, short, results, when, extra, sizes=LORA_SIZES)
+    for size in LORA_SIZES:
+        for when, (label, _) in LORA.items():
+            run = results["runs"][f"sizes/{size.split()[0]}-{when}"]
+            s = summarise(run, model_numbers(runner.workdir / ("model-" + size.split()[0])), None)
+            megabytes = statistics.median(m["weight_sync/bytes"] for m in run["steps"][1:]) / 1e6
+            rows[f"{size}, {label}"] = {
+                **{k: s[k] for k in ("step", "generate", "weight_sync", "train")},
+                "mb": megabytes,
+            }
+            r = rows[f"{size}, {label}"]
+            cells = (r["step"], r["generate"], r["weight_sync"], r["mb"], r["train"])
+            print(f"{size + ', ' + label:<32}" + "".join(f"{v:>12.3f}" for v in cells))
+    results["lora"] = rows
 
 
 def compile_section(runner: Runner, work: Workload, results: dict[str, Any]) -> None:
