@@ -15,6 +15,7 @@ import dataclasses
 import uuid
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -207,6 +208,13 @@ def worker(
         torch.save(result, out / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def run_layout(name: str, layouts: dict, paths: tuple[str, str], factory: Any, prefix: str) -> dict:
+    """A test module's `layout` fixture: layout `name` of `layouts` run in a fresh folder of `factory`."""
+    out = factory.mktemp(f"{prefix}_{name}")
+    parallel, world = layouts[name]
+    return {"name": name, "ranks": run(parallel, world, paths, out), "out": out}
 
 
 def run(

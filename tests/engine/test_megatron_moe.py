@@ -53,9 +53,7 @@ def fsdp(paths, tmp_path_factory):
 
 @pytest.fixture(scope="module", params=list(LAYOUTS))
 def layout(request, paths, tmp_path_factory):
-    out = tmp_path_factory.mktemp(f"megatron_moe_{request.param}")
-    parallel, world = LAYOUTS[request.param]
-    return {"name": request.param, "ranks": sc.run(parallel, world, paths, out), "out": out}
+    return sc.run_layout(request.param, LAYOUTS, paths, tmp_path_factory, "megatron_moe")
 
 
 def test_layout_and_the_balance_term_equal_fsdp(layout, fsdp):
