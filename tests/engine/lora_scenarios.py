@@ -57,3 +57,27 @@ def run_rank(rank: int, world: int, init_method: str, model_path: str, out_dir: 
         torch.save(result, out / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def run_value_rank(rank: int, world: int, init_method: str, model_path: str, out_dir: str) -> None:
+    """A critic with adapters (critic.lora): its value head (new, random) trains whole; two steps, export."""
+    dist.init_process_group(
+        "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=120)
+    )
+    try:
+        out = Path(out_dir)
+        engine = make_engine(model_path, "value", lora=LORA)
+        probe = shard(rollout_batch(5, seed=1), PROBE_SHARDS[world], rank)
+        result: dict = {
+            "trainable": sorted(n for n, p in engine.model.named_parameters() if p.requires_grad),
+            "optimizer_params": sum(p.numel() for g in engine.optimizer.param_groups for p in g["params"]),
+            "raw0": raw_state(engine),
+        }
+        result["step1"] = train(engine, "value", rollout_batch(6, seed=2), world, rank)
+        result["step2"] = train(engine, "value", rollout_batch(6, seed=3), world, rank)
+        result["raw2"] = raw_state(engine)
+        result["values2"] = engine.forward(probe, logits_fn, 2)["logits"]
+        engine.export_hf(out / "export")
+        torch.save(result, out / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()

@@ -156,3 +156,31 @@ def test_lora_keys_are_validated():
     with pytest.raises(ConfigError, match="built for rollout.layout=hybrid"):
         load_config(overrides=[*adapter, "rollout.layout=separate"])
     assert load_config(overrides=adapter).actor.lora.rollout_sync == "adapter"
+    with pytest.raises(ConfigError, match="critic.lora.rank=4 with actor.strategy=megatron"):
+        load_config(overrides=["critic.lora.rank=4", "actor.strategy=megatron"])
+    with pytest.raises(ConfigError, match="critic.lora.dropout"):
+        load_config(overrides=["critic.lora.rank=4", "critic.lora.dropout=1.0"])
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_critic_trains_its_adapters_and_its_whole_value_head(tiny_path, tmp_path):
+    """critic.lora: adapters on every linear of the body, none on the new value head, which trains whole; the
+    export is a token classifier with the merged weights that gives the engine's values."""
+    from transformers import AutoModelForTokenClassification
+
+    (one,) = spawn(ls.run_value_rank, 1, tiny_path, tmp_path)
+    head = ["score.bias", "score.weight"] if "score.bias" in one["raw0"] else ["score.weight"]
+    adapters = [n for n in one["trainable"] if n not in head]
+    assert sorted(set(one["trainable"]) - set(adapters)) == head
+    assert len(adapters) == 2 * 7 * 4 and all(".lora_A." in n or ".lora_B." in n for n in adapters)
+    assert one["optimizer_params"] == sum(one["raw0"][n].numel() for n in one["trainable"])
+    for name, tensor in one["raw0"].items():
+        changed = not torch.equal(one["raw2"][name], tensor)
+        assert changed == (name in one["trainable"]), name  # frozen stays, every trained tensor moved
+    exported = AutoModelForTokenClassification.from_pretrained(
+        tmp_path / "export", dtype=torch.float32
+    ).eval()
+    assert not (tmp_path / "export" / "lora_adapter").exists()  # a PEFT folder without its head is not made
+    probe = rollout_batch(5, seed=1)
+    assert_real_close(one["values2"], hf_logits(exported, probe), probe)

@@ -150,3 +150,20 @@ def test_chunked_lm_head_gives_the_full_heads_step(assets, tmp_path):
     assert full["actor/grad_norm"] > 0 and full["actor/entropy"] > 0.1
     for key in keys:
         assert chunked[key] == pytest.approx(full[key], rel=1e-4, abs=1e-6), key
+
+
+def test_ppo_with_adapters_on_the_actor_and_the_critic_trains_both(assets, tmp_path):
+    cfg = run_config(
+        assets,
+        tmp_path,
+        "ppo",
+        "trainer.backend=inprocess",
+        "trainer.workers_per_node=1",
+        "trainer.total_training_steps=2",
+        "actor.lora.rank=4",
+        "critic.lora.rank=4",
+        *custom_reward("by_length"),
+    )
+    for metrics in RLTrainer(cfg).fit():
+        assert math.isfinite(metrics["critic/vf_loss"]) and metrics["critic/grad_norm"] > 0
+        assert metrics["actor/grad_norm"] > 0

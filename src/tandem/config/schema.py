@@ -143,14 +143,20 @@ class MegatronConfig:
 
 @dataclass
 class LoraConfig:
-    """Low-rank adapters on the actor (FSDP2, PEFT): only the adapters train; the reference policy is the
-    actor with its adapters off (no second model); the rollout gets the weights with the adapters merged."""
+    """Low-rank adapters (FSDP2, PEFT): only the adapters train (and a critic's value head, whole). On the
+    actor, the reference policy is the actor with its adapters off (no second model)."""
 
     rank: int = 0  # r, >= 0; 0 = off (every weight trains)
     alpha: float = 16.0  # > 0: the adapters' output is scaled by alpha / rank
     dropout: float = 0.0  # in [0, 1): dropout on the adapters' input
     # PEFT's target_modules: module names (e.g. [q_proj, v_proj]) or [all-linear] (every linear but the head)
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+
+
+@dataclass
+class ActorLoraConfig(LoraConfig):
+    """The actor's adapters, and what its rollout engine gets of them."""
+
     # what the rollout gets after each update: merged = every weight with the adapters folded in (the plain
     # model, served at full speed); adapter = the adapters alone, served by vLLM's LoRA support on the base
     # weights it loaded at start (a sync of megabytes; generation computes the adapters' extra matmuls)
@@ -212,7 +218,7 @@ class ActorConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
-    lora: LoraConfig = field(default_factory=LoraConfig)
+    lora: ActorLoraConfig = field(default_factory=ActorLoraConfig)
 
 
 @dataclass
@@ -293,6 +299,9 @@ class CriticConfig:
     cliprange_value: float = 0.5  # >= 0: new values are clipped to old value +- this
     loss_agg_mode: str = "token-mean"  # as actor.loss_agg_mode
     grad_clip: float | None = 1.0  # > 0: max global gradient norm; null = no clipping
+    lora: LoraConfig = field(
+        default_factory=LoraConfig
+    )  # adapters on the critic; its value head trains whole
 
 
 @dataclass

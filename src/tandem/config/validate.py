@@ -438,37 +438,41 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
         if clip is not None and clip <= 0:
             problems.add(key, f"{key}={clip} must be > 0; use null for no clipping")
     _at_least(problems, "actor.router_aux_loss_coef", a.router_aux_loss_coef, 0)
-    _at_least(problems, "actor.lora.rank", a.lora.rank, 0)
-    if a.lora.rank > 0:
-        if a.lora.alpha <= 0:
-            problems.add("actor.lora.alpha", f"actor.lora.alpha={a.lora.alpha} must be > 0")
-        _within(problems, "actor.lora.dropout", a.lora.dropout, 0, 1, "[)")
-        if not a.lora.target_modules:
-            problems.add("actor.lora.target_modules", "actor.lora.target_modules is empty; use [all-linear]")
+    for role, lora in (("actor", a.lora), ("critic", c.lora)):
+        _at_least(problems, f"{role}.lora.rank", lora.rank, 0)
+        if lora.rank <= 0:
+            continue
+        if lora.alpha <= 0:
+            problems.add(f"{role}.lora.alpha", f"{role}.lora.alpha={lora.alpha} must be > 0")
+        _within(problems, f"{role}.lora.dropout", lora.dropout, 0, 1, "[)")
+        if not lora.target_modules:
+            problems.add(
+                f"{role}.lora.target_modules", f"{role}.lora.target_modules is empty; use [all-linear]"
+            )
         if a.strategy == "megatron":
             problems.add(
-                ("actor.lora.rank", "actor.strategy"),
-                f"actor.lora.rank={a.lora.rank} with actor.strategy=megatron: LoRA is built on FSDP2 only; "
+                (f"{role}.lora.rank", "actor.strategy"),
+                f"{role}.lora.rank={lora.rank} with actor.strategy=megatron: LoRA is built on FSDP2 only; "
                 "use actor.strategy=fsdp",
             )
-        if a.lora.rollout_sync == "adapter":
-            if cfg.rollout.engine == "hf":
-                problems.add(
-                    ("actor.lora.rollout_sync", "rollout.engine"),
-                    "actor.lora.rollout_sync=adapter needs vLLM's LoRA support (rollout.engine=vllm or auto); "
-                    "the hf engine takes merged weights: use rollout_sync=merged",
-                )
-            if cfg.rollout.layout == "separate":
-                problems.add(
-                    ("actor.lora.rollout_sync", "rollout.layout"),
-                    "actor.lora.rollout_sync=adapter is built for rollout.layout=hybrid; the separate pool's "
-                    "weight bus sends merged weights: use rollout_sync=merged",
-                )
-            if a.lora.rank > 512:
-                problems.add(
-                    "actor.lora.rank",
-                    f"actor.lora.rank={a.lora.rank} with rollout_sync=adapter: vLLM serves ranks up to 512",
-                )
+    if a.lora.rank > 0 and a.lora.rollout_sync == "adapter":
+        if cfg.rollout.engine == "hf":
+            problems.add(
+                ("actor.lora.rollout_sync", "rollout.engine"),
+                "actor.lora.rollout_sync=adapter needs vLLM's LoRA support (rollout.engine=vllm or auto); "
+                "the hf engine takes merged weights: use rollout_sync=merged",
+            )
+        if cfg.rollout.layout == "separate":
+            problems.add(
+                ("actor.lora.rollout_sync", "rollout.layout"),
+                "actor.lora.rollout_sync=adapter is built for rollout.layout=hybrid; the separate pool's "
+                "weight bus sends merged weights: use rollout_sync=merged",
+            )
+        if a.lora.rank > 512:
+            problems.add(
+                "actor.lora.rank",
+                f"actor.lora.rank={a.lora.rank} with rollout_sync=adapter: vLLM serves ranks up to 512",
+            )
     _within(problems, "actor.clip_ratio_low", a.clip_ratio_low, 0, 1, "[)")
     _at_least(problems, "actor.clip_ratio_high", a.clip_ratio_high, 0)
     if a.clip_ratio_c <= 1:

@@ -75,6 +75,7 @@ logger = logging.getLogger(__name__)
 
 ENGINE_STATE_FILE = "engine_state.pt"  # scheduler + step counter, beside the DCP shards
 ADAPTER_FOLDER = "lora_adapter"  # an export's PEFT adapter folder, inside the merged model's folder
+VALUE_HEAD = ("score",)  # a value model's head (transformers' token classifiers): trained whole under LoRA
 _warned_cpu_offload = False
 
 
@@ -110,7 +111,8 @@ class FSDPEngine(TrainEngine):
         lora: Any = None,
     ) -> None:
         check_engine_args("FSDPEngine", grad_clip, max_tokens_per_micro_batch)
-        # actor.lora with rank > 0: low-rank adapters trained, every other weight frozen (engine/lora.py)
+        # actor.lora / critic.lora with rank > 0: low-rank adapters trained, every other weight frozen but a value
+        # model's head (engine/lora.py)
         self.lora = lora if lora is not None and lora.rank > 0 else None
         self.packing = packing
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
@@ -191,7 +193,7 @@ class FSDPEngine(TrainEngine):
             full_state = {}
         hf_class = type(model)  # fully_shard swaps in a subclass; export writes the original
         if self.lora is not None:  # adapters in place, before the state is taken and the layers are sharded
-            lora_layers.inject(model, self.lora, seed)
+            lora_layers.inject(model, self.lora, seed, whole=VALUE_HEAD if self.head == "value" else ())
             if is_source:
                 full_state = model.state_dict()
         state_keys = hf_io.persistent_keys(model)
@@ -599,7 +601,7 @@ class FSDPEngine(TrainEngine):
         if self.rank == 0:
             config = type(self.config).from_dict(self._export_config)
             hf_io.save_folder(self._hf_class, config, state, path, dtype=dtype, source_path=self.model_path)
-        if self.lora is not None:  # and the adapters alone, as PEFT saves them, in a folder inside
+        if self.lora is not None and self.head == "lm":  # and the adapters alone, as PEFT saves them, inside
             adapters = self.adapter_state()
             if self.rank == 0:
                 lora_layers.save_adapter(Path(path) / ADAPTER_FOLDER, self.lora, adapters, self.model_path)

@@ -19,7 +19,7 @@ What the rest of Tandem sees:
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -30,8 +30,9 @@ from torch import Tensor, nn
 ADAPTER = "default"  # PEFT's name for the one adapter
 
 
-def lora_config(settings: Any) -> Any:
-    """PEFT's LoraConfig from `actor.lora` (rank, alpha, dropout, target_modules)."""
+def lora_config(settings: Any, whole: Sequence[str] = ()) -> Any:
+    """PEFT's LoraConfig from `actor.lora` / `critic.lora` (rank, alpha, dropout, target_modules); modules
+    named in `whole` get no adapter."""
     from peft import LoraConfig
 
     targets = list(settings.target_modules)
@@ -40,17 +41,22 @@ def lora_config(settings: Any) -> Any:
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
         target_modules="all-linear" if targets == ["all-linear"] else targets,
+        exclude_modules=list(whole) or None,
         bias="none",
     )
 
 
-def inject(model: nn.Module, settings: Any, seed: int) -> nn.Module:
-    """LoRA layers into `model` in place (A from `seed` alone, B = 0); everything else frozen."""
+def inject(model: nn.Module, settings: Any, seed: int, whole: Sequence[str] = ()) -> nn.Module:
+    """LoRA layers into `model` in place (A from `seed` alone, B = 0); everything else frozen but the modules
+    named in `whole`, which train whole (a critic's new value head: an adapter on a random head would leave
+    the head itself random)."""
     from peft import inject_adapter_in_model
 
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        inject_adapter_in_model(lora_config(settings), model)
+        inject_adapter_in_model(lora_config(settings, whole), model)
+    for name in whole:
+        model.get_submodule(name).requires_grad_(True)
     layers = lora_layers(model)
     if not layers:
         raise ValueError(

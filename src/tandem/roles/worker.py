@@ -85,7 +85,7 @@ class RoleWorker(Worker):
                 self.reference = Reference(self._engine(cfg.actor.model_path, "lm", None, None), cfg)
         if "critic" in roles:
             c = cfg.critic
-            self.critic = Critic(self._engine(c.model_path, "value", c.optim, c.grad_clip), cfg)
+            self.critic = Critic(self._engine(c.model_path, "value", c.optim, c.grad_clip, lora=c.lora), cfg)
         if "reward_model" in roles:
             rm = cfg.reward.reward_model
             self.reward_model = RewardModel(self._engine(rm.model_path, "value", None, None), cfg)
