@@ -1,7 +1,9 @@
-"""`MegatronEngine`: a Hugging Face causal LM (Qwen2 / Llama family) as megatron-core's GPTModel, with
+"""`MegatronEngine`: a Hugging Face causal LM (Qwen2 / Llama family, Mixtral) as megatron-core's GPTModel, with
 tensor (TP) and pipeline (PP) parallelism, data parallel over the rest of the ranks; optionally megatron's
-sequence parallel with TP (norms and residuals split along the sequence: layers.py) and virtual pipeline
-stages (`virtual_pipeline` model chunks per PP rank, the interleaved schedule).
+sequence parallel with TP (norms and residuals split along the sequence: layers.py), virtual pipeline
+stages (`virtual_pipeline` model chunks per PP rank, the interleaved schedule), expert parallel (experts.py)
+and context parallel (each row's columns split over CP ranks: context_parallel.py). Checkpoints and offload:
+state.py; the parallel state: parallel.py.
 
 Layout. megatron's parallel state is built once per process from the default process group (world =
 TP x PP x DP, TP ranks adjacent); every engine of the process (actor, reference, critic) shares it.
@@ -62,79 +64,16 @@ from tandem.engine.base import (
 from tandem.engine.megatron import convert
 from tandem.engine.megatron.experts import RouterBalance, router_rows, stack_experts
 from tandem.engine.megatron.layers import ValueHead, layer_spec
+from tandem.engine.megatron.parallel import init_parallel_state
+from tandem.engine.megatron.state import CheckpointAndOffload
 from tandem.engine.megatron.vocab_parallel import VocabParallel
 from tandem.engine.micro import dummy_like, merge_outputs, real_token_count, split_micro_batches, to_cpu
 from tandem.engine.optim import lr_multiplier
 
 logger = logging.getLogger(__name__)
 
-ENGINE_STATE_FILE = "engine_state.pt"  # step counters beside megatron's distributed checkpoint
 
-
-def megatron_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("megatron.core") is not None
-
-
-def init_parallel_state(
-    tensor_parallel: int,
-    pipeline_parallel: int,
-    seed: int,
-    virtual_pipeline: int = 1,
-    expert_parallel: int = 1,
-    context_parallel: int = 1,
-) -> None:
-    """megatron's parallel state over the default group (once per process; later calls must agree)."""
-    from megatron.core import parallel_state as ps
-    from megatron.core import tensor_parallel as mtp
-
-    world = dist.get_world_size()
-    if world % (tensor_parallel * pipeline_parallel * context_parallel):
-        raise ValueError(
-            f"actor.megatron tensor_parallel={tensor_parallel} x pipeline_parallel={pipeline_parallel} x "
-            f"context_parallel={context_parallel} does not divide the worker group's {world} ranks"
-        )
-    if ps.model_parallel_is_initialized() and not _groups_alive(ps):
-        # Left by an earlier process group of this process (an in-process worker group shut down since).
-        ps.destroy_model_parallel()
-    want = (tensor_parallel, pipeline_parallel, virtual_pipeline, expert_parallel, context_parallel)
-    if ps.model_parallel_is_initialized():
-        have = (
-            ps.get_tensor_model_parallel_world_size(),
-            ps.get_pipeline_model_parallel_world_size(),
-            ps.get_virtual_pipeline_model_parallel_world_size() or 1,
-            ps.get_expert_model_parallel_world_size(),
-            ps.get_context_parallel_world_size(),
-        )
-        if have != want:
-            raise ValueError(
-                f"this process already runs megatron with (tensor, pipeline, virtual pipeline, expert, context) "
-                "parallel "
-                f"{have}; every engine of a worker shares it, got {want}"
-            )
-        return
-    ps.initialize_model_parallel(
-        tensor_model_parallel_size=tensor_parallel,
-        pipeline_model_parallel_size=pipeline_parallel,
-        virtual_pipeline_model_parallel_size=virtual_pipeline if virtual_pipeline > 1 else None,
-        expert_model_parallel_size=expert_parallel,
-        expert_tensor_parallel_size=1,  # experts whole on each rank (convert.py)
-        context_parallel_size=context_parallel,
-    )
-    mtp.model_parallel_cuda_manual_seed(seed)
-
-
-def _groups_alive(ps: Any) -> bool:
-    """Whether megatron's groups belong to the current default process group (not to a destroyed one)."""
-    try:
-        dist.get_process_group_ranks(ps.get_tensor_model_parallel_group())
-    except (KeyError, ValueError, RuntimeError):
-        return False
-    return True
-
-
-class MegatronEngine(TrainEngine):
+class MegatronEngine(CheckpointAndOffload, TrainEngine):
     """One Hugging Face model (+ megatron's optimizer when `optim` is given) on megatron-core.
 
     Arguments as FSDPEngine's; `megatron` holds the parallel sizes and precision. On the CPU the model
@@ -772,127 +711,3 @@ class MegatronEngine(TrainEngine):
             config = type(self.config).from_dict(self._export_config)
             hf_io.save_folder(self._hf_class, config, state, path, dtype=dtype, source_path=self.model_path)
         dist.barrier()
-
-    # ------------------------------------------------------------------ checkpoints
-    def _model_keys(self) -> list[str]:
-        """The checkpoint's model entries, one per chunk (megatron's names: model, or model0, model1, ...);
-        the tensors inside carry global layer numbers, so a checkpoint reloads under another layout."""
-        return ["model"] if self.vp_size == 1 else [f"model{c}" for c in range(self.vp_size)]
-
-    def _sharded_state(self, is_loading: bool, weights_only: bool = False) -> dict[str, Any]:
-        state: dict[str, Any] = {
-            key: chunk.sharded_state_dict()
-            for key, chunk in zip(self._model_keys(), self.chunks, strict=True)
-        }
-        if self.optimizer is not None and not weights_only:
-            models = state["model"] if self.vp_size == 1 else dict(state)
-            # megatron 0.16's default format for the distributed optimizer (CUDA), fully_sharded_model_space,
-            # is refused by its own checkpointing ("ShardedTensor.flattened_range is not supported");
-            # fully_reshardable also keeps checkpoints loadable under another layout
-            metadata = {"distrib_optim_sharding_type": "fully_reshardable"}
-            state["optimizer"] = self.optimizer.sharded_state_dict(
-                models, is_loading=is_loading, metadata=metadata
-            )
-        return state
-
-    def save(self, path: str | Path) -> None:
-        """megatron's distributed checkpoint (every rank writes its shards) + the step counters."""
-        from megatron.core import dist_checkpointing
-
-        path = Path(path)
-        if dist.get_rank() == 0:
-            path.mkdir(parents=True, exist_ok=True)
-        dist.barrier()
-        with self._scope():
-            dist_checkpointing.save(self._sharded_state(is_loading=False), str(path))
-        if dist.get_rank() == 0:
-            torch.save(
-                {"global_step": self.global_step, "schedule_step": self._schedule_step},
-                path / ENGINE_STATE_FILE,
-            )
-        dist.barrier()
-
-    def load(self, path: str | Path, weights_only: bool = False) -> None:
-        from megatron.core import dist_checkpointing
-
-        path = Path(path)
-        if not (path / ENGINE_STATE_FILE).is_file():
-            raise FileNotFoundError(
-                f"{path} is not an engine checkpoint (no {ENGINE_STATE_FILE}); see save()"
-            )
-        with self._scope():
-            state = dist_checkpointing.load(self._sharded_state(True, weights_only), str(path))
-            for key, chunk in zip(self._model_keys(), self.chunks, strict=True):
-                chunk.load_state_dict(state[key])
-            if self.optimizer is not None and not weights_only:
-                if "optimizer" not in state:
-                    raise ValueError(f"{path} holds no optimizer state (saved by a frozen engine)")
-                self.optimizer.load_state_dict(state["optimizer"])
-        extra = torch.load(path / ENGINE_STATE_FILE, weights_only=True)
-        self.global_step = int(extra["global_step"])
-        self._schedule_step = int(extra["schedule_step"])
-        if self.optimizer is not None:
-            self._set_lr()
-
-    # ------------------------------------------------------------------ memory
-    def offload(self) -> None:
-        """Parameters, gradient buffers and optimizer state to host memory (GPU); a no-op on the CPU.
-        forward / train_step refuse until `onload`."""
-        if self.device.type != "cuda" or self._is_offloaded:
-            return
-        for tensor in self._device_tensors():
-            host = torch.empty(tensor.shape, dtype=tensor.dtype, device="cpu", pin_memory=True)
-            host.copy_(tensor, non_blocking=True)
-            self._cpu_copies.append((tensor, host))
-        torch.cuda.synchronize(self.device)
-        for tensor, _ in self._cpu_copies:
-            tensor.untyped_storage().resize_(0)
-        torch.cuda.empty_cache()
-        self._is_offloaded = True
-
-    def onload(self) -> None:
-        if not self._is_offloaded:
-            return
-        for tensor, host in self._cpu_copies:
-            tensor.untyped_storage().resize_(host.numel() * host.element_size())
-            tensor.copy_(host, non_blocking=True)
-        torch.cuda.synchronize(self.device)
-        self._cpu_copies = []
-        self._is_offloaded = False
-
-    def _device_tensors(self) -> list[Tensor]:
-        """Every CUDA tensor that owns its storage: DDP's parameter / gradient buffers (or the parameters),
-        the optimizer's master weights and moments. Views into a buffer are covered by the buffer."""
-        seen: set[int] = set()
-        out: list[Tensor] = []
-
-        def add(tensor: Any) -> None:
-            if isinstance(tensor, Tensor) and tensor.is_cuda and tensor.untyped_storage().size() > 0:
-                key = tensor.untyped_storage().data_ptr()
-                if (
-                    key not in seen
-                    and tensor.storage_offset() == 0
-                    and tensor.numel() * tensor.element_size() == tensor.untyped_storage().size()
-                ):
-                    seen.add(key)
-                    out.append(tensor)
-
-        for model in self.models:
-            for buffer in getattr(model, "buffers", []) or []:
-                add(getattr(buffer, "param_data", None))
-                add(getattr(buffer, "grad_data", None))
-        for chunk in self.chunks:
-            for param in chunk.parameters():
-                add(param.data)
-        if self.optimizer is not None:
-            for optimizer in getattr(self.optimizer, "chained_optimizers", [self.optimizer]):
-                inner = getattr(optimizer, "optimizer", None)
-                if inner is None:
-                    continue
-                for group in inner.param_groups:
-                    for param in group["params"]:
-                        add(param.data)
-                for state in inner.state.values():
-                    for value in state.values():
-                        add(value)
-        return out
