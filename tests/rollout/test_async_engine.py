@@ -28,7 +28,9 @@ class FakeEngine:
         self.finished_at: dict[str, int] = {}
         self.aborted: list[str] = []
 
-    def add_request(self, request_id, prompt, params) -> None:
+    def add_request(
+        self, request_id, prompt, params, lora_request=None
+    ) -> None:  # vLLM's LLMEngine signature
         k = prompt["prompt_token_ids"][0]
         self.running[request_id] = [k, k, params.max_tokens]
         self.added_at[request_id] = self.steps
