@@ -106,6 +106,8 @@ def test_moe_layouts_megatron_cannot_run_are_refused():
         ValueError, match="num_local_experts=4 is not a multiple of actor.megatron.expert_parallel=3"
     ):
         convert.check_supported(config, 1, 1, 3)
+    with pytest.raises(ValueError, match="mixture-of-experts model with actor.megatron.context_parallel=2"):
+        convert.check_supported(config, 1, 1, 1, context_parallel=2)
     dense = AutoConfig.for_model("qwen2")
     with pytest.raises(ValueError, match="expert_parallel=2 with a dense model"):
         convert.check_supported(dense, 1, 1, 2)

@@ -92,19 +92,19 @@ def rollout_tensor_parallel_problems(cfg: TandemConfig) -> list[str]:
 def megatron_model_problems(cfg: TandemConfig) -> list[str]:
     """What megatron cannot build from the configured model folders (architecture, sizes the parallel
     layout does not divide), read from their config.json alone, before any worker starts."""
-    from tandem.engine.megatron.convert import check_supported, num_experts
+    from tandem.engine.megatron.convert import check_supported
 
     mp = cfg.actor.megatron
 
     def check(config: Any) -> None:
         check_supported(
-            config, mp.tensor_parallel, mp.pipeline_parallel, mp.expert_parallel, mp.sequence_parallel
+            config,
+            mp.tensor_parallel,
+            mp.pipeline_parallel,
+            mp.expert_parallel,
+            mp.sequence_parallel,
+            mp.context_parallel,
         )
-        if mp.context_parallel > 1 and num_experts(config):
-            raise ValueError(
-                f"a mixture-of-experts model ({num_experts(config)} experts) with actor.megatron.context_parallel="
-                f"{mp.context_parallel} is not built; set it to 1"
-            )
         chunks = mp.pipeline_parallel * mp.virtual_pipeline
         if config.num_hidden_layers % chunks:
             raise ValueError(

@@ -163,14 +163,14 @@ class MegatronEngine(CheckpointAndOffload, TrainEngine):
         hf_io.disable_dropout(config)
         config.use_cache = False
         convert.check_supported(
-            config, self.tp_size, self.pp_size, self.ep_size, megatron.sequence_parallel and self.tp_size > 1
+            config,
+            self.tp_size,
+            self.pp_size,
+            self.ep_size,
+            megatron.sequence_parallel and self.tp_size > 1,
+            self.cp_size,
         )
         self.config = config
-        if self.cp_size > 1 and convert.num_experts(config):
-            raise ValueError(
-                f"{self.model_path}: a mixture-of-experts model with actor.megatron.context_parallel="
-                f"{self.cp_size} is not built (its routers' balance term counts whole rows); set it to 1"
-            )
         self.shapes = convert.shapes_of(config)
         if config.num_hidden_layers % (self.pp_size * self.vp_size):
             raise ValueError(
