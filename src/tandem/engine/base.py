@@ -107,6 +107,24 @@ class StepResult:
     metrics: dict[str, list[float]] = field(default_factory=dict)  # loss_fn metrics, one per micro-batch
 
 
+# an engine checkpoint's step counters (and scheduler), beside its shards
+ENGINE_STATE_FILE = "engine_state.pt"
+
+
+def save_engine_state(path: str | Path, state: dict[str, Any]) -> None:
+    """An engine checkpoint's small state (step counters, scheduler) into its folder (one rank calls)."""
+    torch.save(state, Path(path) / ENGINE_STATE_FILE)
+
+
+def load_engine_state(path: str | Path) -> dict[str, Any]:
+    """What `save_engine_state` wrote in `path`; a folder without it is no engine checkpoint (an error naming
+    the folder, before any shard is read)."""
+    file = Path(path) / ENGINE_STATE_FILE
+    if not file.is_file():
+        raise FileNotFoundError(f"{path} is not an engine checkpoint (no {ENGINE_STATE_FILE}); see save()")
+    return torch.load(file, weights_only=True)
+
+
 def check_engine_args(engine: str, grad_clip: float | None, max_tokens_per_micro_batch: int | None) -> None:
     """What every engine's constructor checks first: a process group, and sane clipping / token budget."""
     if not (dist.is_available() and dist.is_initialized()):

@@ -63,8 +63,10 @@ from tandem.engine.base import (
     StepResult,
     TrainEngine,
     check_engine_args,
+    load_engine_state,
     pad_micro_batch,
     resolve_param_dtype,
+    save_engine_state,
 )
 from tandem.engine.lm_head import ChunkedHead, chunk_tokens, hidden_states_out
 from tandem.engine.micro import dummy_like, merge_outputs, real_token_count, split_micro_batches, to_cpu
@@ -73,7 +75,6 @@ from tandem.engine.ulysses import check_heads, scale_grad, sequence_parallel_gro
 
 logger = logging.getLogger(__name__)
 
-ENGINE_STATE_FILE = "engine_state.pt"  # scheduler + step counter, beside the DCP shards
 ADAPTER_FOLDER = "lora_adapter"  # an export's PEFT adapter folder, inside the merged model's folder
 VALUE_HEAD = ("score",)  # a value model's head (transformers' token classifiers): trained whole under LoRA
 _warned_cpu_offload = False
@@ -615,15 +616,12 @@ class FSDPEngine(TrainEngine):
             extra = {"global_step": self.global_step}
             if self.scheduler is not None:
                 extra["scheduler"] = self.scheduler.state_dict()
-            torch.save(extra, path / ENGINE_STATE_FILE)
+            save_engine_state(path, extra)
         dist.barrier()
 
     def load(self, path: str | Path, weights_only: bool = False) -> None:
         path = Path(path)
-        if not (path / ENGINE_STATE_FILE).is_file():
-            raise FileNotFoundError(
-                f"{path} is not an engine checkpoint (no {ENGINE_STATE_FILE}); see save()"
-            )
+        extra = load_engine_state(path)
         state = self._checkpoint_state(weights_only)
         dcp.load(state, checkpoint_id=path)
         if "optim" not in state:
@@ -634,7 +632,6 @@ class FSDPEngine(TrainEngine):
             set_state_dict(
                 self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
             )
-        extra = torch.load(path / ENGINE_STATE_FILE, weights_only=True)
         self.global_step = int(extra["global_step"])
         if self.scheduler is not None:
             self.scheduler.load_state_dict(extra["scheduler"])

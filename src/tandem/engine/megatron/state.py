@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-ENGINE_STATE_FILE = "engine_state.pt"  # step counters beside megatron's distributed checkpoint
+from tandem.engine.base import load_engine_state, save_engine_state
 
 
 class CheckpointAndOffload:
@@ -51,20 +51,14 @@ class CheckpointAndOffload:
         with self._scope():
             dist_checkpointing.save(self._sharded_state(is_loading=False), str(path))
         if dist.get_rank() == 0:
-            torch.save(
-                {"global_step": self.global_step, "schedule_step": self._schedule_step},
-                path / ENGINE_STATE_FILE,
-            )
+            save_engine_state(path, {"global_step": self.global_step, "schedule_step": self._schedule_step})
         dist.barrier()
 
     def load(self, path: str | Path, weights_only: bool = False) -> None:
         from megatron.core import dist_checkpointing
 
         path = Path(path)
-        if not (path / ENGINE_STATE_FILE).is_file():
-            raise FileNotFoundError(
-                f"{path} is not an engine checkpoint (no {ENGINE_STATE_FILE}); see save()"
-            )
+        extra = load_engine_state(path)
         with self._scope():
             state = dist_checkpointing.load(self._sharded_state(True, weights_only), str(path))
             for key, chunk in zip(self._model_keys(), self.chunks, strict=True):
@@ -73,7 +67,6 @@ class CheckpointAndOffload:
                 if "optimizer" not in state:
                     raise ValueError(f"{path} holds no optimizer state (saved by a frozen engine)")
                 self.optimizer.load_state_dict(state["optimizer"])
-        extra = torch.load(path / ENGINE_STATE_FILE, weights_only=True)
         self.global_step = int(extra["global_step"])
         self._schedule_step = int(extra["schedule_step"])
         if self.optimizer is not None:
