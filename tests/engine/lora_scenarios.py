@@ -24,6 +24,15 @@ def raw_state(engine) -> dict[str, torch.Tensor] | None:
     return state if engine.rank == 0 else None
 
 
+def adapter_record(engine) -> dict:
+    """What trains (names), how many parameters the optimizer holds, and every parameter before training."""
+    return {
+        "trainable": sorted(n for n, p in engine.model.named_parameters() if p.requires_grad),
+        "optimizer_params": sum(p.numel() for g in engine.optimizer.param_groups for p in g["params"]),
+        "raw0": raw_state(engine),
+    }
+
+
 def run_rank(rank: int, world: int, init_method: str, model_path: str, out_dir: str) -> None:
     dist.init_process_group(
         "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=120)
@@ -32,12 +41,7 @@ def run_rank(rank: int, world: int, init_method: str, model_path: str, out_dir: 
         out = Path(out_dir)
         engine = make_engine(model_path, "lm", lora=LORA)
         probe = shard(rollout_batch(5, seed=1), PROBE_SHARDS[world], rank)
-        result: dict = {
-            "trainable": sorted(n for n, p in engine.model.named_parameters() if p.requires_grad),
-            "optimizer_params": sum(p.numel() for g in engine.optimizer.param_groups for p in g["params"]),
-            "logits0": engine.forward(probe, logits_fn, 2)["logits"],
-            "raw0": raw_state(engine),
-        }
+        result = {**adapter_record(engine), "logits0": engine.forward(probe, logits_fn, 2)["logits"]}
         result["step1"] = train(engine, "lm", rollout_batch(6, seed=2), world, rank)
         engine.scheduler_step()
         result["step2"] = train(engine, "lm", rollout_batch(6, seed=3), world, rank)
@@ -68,11 +72,7 @@ def run_value_rank(rank: int, world: int, init_method: str, model_path: str, out
         out = Path(out_dir)
         engine = make_engine(model_path, "value", lora=LORA)
         probe = shard(rollout_batch(5, seed=1), PROBE_SHARDS[world], rank)
-        result: dict = {
-            "trainable": sorted(n for n, p in engine.model.named_parameters() if p.requires_grad),
-            "optimizer_params": sum(p.numel() for g in engine.optimizer.param_groups for p in g["params"]),
-            "raw0": raw_state(engine),
-        }
+        result = adapter_record(engine)
         result["step1"] = train(engine, "value", rollout_batch(6, seed=2), world, rank)
         result["step2"] = train(engine, "value", rollout_batch(6, seed=3), world, rank)
         result["raw2"] = raw_state(engine)
