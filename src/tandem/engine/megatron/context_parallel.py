@@ -44,18 +44,23 @@ def _gathered_chunks(size: int) -> list[int]:
     return [c for rank in range(size) for c in (rank, 2 * size - 1 - rank)]
 
 
+def _all_gather_in_order(local: Tensor, group: Any) -> Tensor:
+    """Every CP rank's [s_local, ...] all-gathered and put in sequence order: [s, ...]."""
+    size = dist.get_world_size(group)
+    gathered = local.new_empty((size * local.shape[0], *local.shape[1:]))
+    dist.all_gather_into_tensor(gathered, local.contiguous(), group=group)
+    order = torch.tensor(_gathered_chunks(size), device=local.device).argsort()
+    return gathered.view(2 * size, -1, *local.shape[1:]).index_select(0, order).flatten(0, 1)
+
+
 class _GatherSequence(torch.autograd.Function):
     """[s_local, ...] on every CP rank -> [s, ...] in sequence order; backward: the gradients of every
     rank's use of a rank's positions, summed on that rank (reduce-scatter)."""
 
     @staticmethod
     def forward(ctx: Any, local: Tensor, group: Any) -> Tensor:
-        size = dist.get_world_size(group)
-        ctx.group, ctx.size = group, size
-        gathered = local.new_empty((size * local.shape[0], *local.shape[1:]))
-        dist.all_gather_into_tensor(gathered, local.contiguous(), group=group)
-        order = torch.tensor(_gathered_chunks(size), device=local.device).argsort()
-        return gathered.view(2 * size, -1, *local.shape[1:]).index_select(0, order).flatten(0, 1)
+        ctx.group, ctx.size = group, dist.get_world_size(group)
+        return _all_gather_in_order(local, group)
 
     @staticmethod
     def backward(ctx: Any, grad: Tensor) -> tuple[Tensor, None]:
@@ -74,7 +79,7 @@ class _GatherColumns(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, local: Tensor, group: Any) -> Tensor:
         size, rank = dist.get_world_size(group), dist.get_rank(group)
-        full = _GatherSequence.forward(ctx, local.transpose(0, 1), group).transpose(0, 1)
+        full = _all_gather_in_order(local.transpose(0, 1), group).transpose(0, 1)
         ctx.columns = zigzag_columns(full.shape[1], rank, size, local.device)
         return full.contiguous()
 
