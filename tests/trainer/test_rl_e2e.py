@@ -273,9 +273,13 @@ def test_grpo_on_a_moe_model_with_a_tensor_parallel_vllm_engine_syncs_weights_an
         # the routers' balance term, between even routing (1) and collapse onto 2 of the 4 experts (2)
         assert 1.0 <= m["actor/router_aux_loss"] <= 2.0
     assert history[2]["timing_s/weight_sync"] > 0 and history[3]["timing_s/weight_sync"] > 0
-    # each rank received the whole model (float32, the tied head once), though its engine keeps half of it
-    folder_bytes = sum(t.numel() * 4 for t in load_file(assets["model"] / "model.safetensors").values())
-    assert history[2]["weight_sync/bytes"] == history[3]["weight_sync/bytes"] == folder_bytes
+    # shard-only sync: each rank received half of the attention and embedding matrices (2 KV heads: one each)
+    # and the experts whole (vLLM cuts those itself); a full gather would have delivered the whole model
+    halved = (".q_proj.", ".k_proj.", ".v_proj.", ".o_proj.weight", "embed_tokens.weight")
+    folder_bytes, expected = shard_bytes(assets["model"], halved)
+    for step in (2, 3):
+        assert history[step]["weight_sync/full_gather_bytes"] == folder_bytes
+        assert history[step]["weight_sync/bytes"] == expected < folder_bytes
 
     exported = export_checkpoint(tmp_path / "tandem/grpo/checkpoints/global_step_3", tmp_path / "hf")
     engine = VLLMRollout.from_pretrained(exported, max_model_len=64)
@@ -296,6 +300,59 @@ def test_grpo_on_a_moe_model_with_a_tensor_parallel_vllm_engine_syncs_weights_an
     width = out["prompts"].shape[1]
     lp = logits[:, width - 1 : -1].log_softmax(-1).gather(-1, out["responses"][..., None]).squeeze(-1)
     assert float(((lp - out["rollout_log_probs"]) * out["response_mask"]).abs().max()) < 1e-4
+
+
+def shard_bytes(model_dir: Path, halved: tuple[str, ...]) -> tuple[int, int]:
+    """(float32 bytes of the model folder, the tied head once; what one rank of a 2-rank engine receives when
+    the tensors whose names contain one of `halved` arrive halved and the rest whole)."""
+    tensors = load_file(model_dir / "model.safetensors")
+    whole = sum(t.numel() * 4 for t in tensors.values())
+    return whole, sum(t.numel() * 4 // (2 if any(h in n for h in halved) else 1) for n, t in tensors.items())
+
+
+@pytest.fixture(scope="module")
+def one_kv_head_assets(tmp_path_factory):
+    """The dense model with one KV head for its 4 query heads."""
+    return make_assets(tmp_path_factory.mktemp("one_kv_head"), num_kv_heads=1)
+
+
+def test_grpo_into_a_tensor_parallel_vllm_engine_sends_each_rank_only_its_shard(
+    ray_local, one_kv_head_assets, tmp_path
+):
+    """FSDP2 actor -> one vLLM engine over both ranks (rollout.tensor_parallel=2): after every update each rank
+    receives only the part of each weight matrix its half of the engine keeps, from the FSDP2 shards by one
+    all-to-all (rollout/tp_shards.py, engine/reshard.py), and the rollout's log-probs stay the trainer's. With a
+    single KV head vLLM replicates keys and values: both ranks receive them whole."""
+    assets = one_kv_head_assets
+    cfg = run_config(
+        assets,
+        tmp_path,
+        "grpo",
+        "rollout.engine=vllm",
+        "rollout.tensor_parallel=2",
+        "actor.ppo_mini_batch_size=4",
+        "trainer.total_training_steps=3",
+        *custom_reward("by_length"),
+    )
+    history = by_step(RLTrainer(cfg).fit())
+    for step in (1, 2, 3):
+        m = history[step]
+        assert m["actor/optimizer_steps"] == 1  # the weights change every step
+        assert m["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-5), step
+        assert m["rollout_mismatch/min_ratio"] == pytest.approx(1.0, abs=1e-5), step
+    halved = (
+        ".q_proj.",
+        ".o_proj.weight",
+        "mlp.gate_proj",
+        "mlp.up_proj",
+        "mlp.down_proj",
+        "embed_tokens.weight",
+    )
+    folder_bytes, expected = shard_bytes(assets["model"], halved)
+    for step in (2, 3):
+        assert history[step]["weight_sync/full_gather_bytes"] == folder_bytes
+        assert history[step]["weight_sync/bytes"] == expected
+    assert expected < 0.6 * folder_bytes  # the norms and the single KV head are all that arrive whole
 
 
 @pytest.mark.parametrize("sync", ["merged", "adapter"])

@@ -26,7 +26,7 @@ import logging
 import math
 import time
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
 from itertools import chain
 from pathlib import Path
@@ -46,13 +46,13 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, Shard
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
 from tandem.batch import Batch, Partition
 from tandem.config.schema import FSDPConfig, OptimConfig
 from tandem.data.packing import pack_model_inputs
-from tandem.engine import hf_io, moe
+from tandem.engine import hf_io, moe, reshard
 from tandem.engine import lora as lora_layers
 from tandem.engine.base import (
     DTYPES,
@@ -71,6 +71,7 @@ from tandem.engine.base import (
 from tandem.engine.lm_head import ChunkedHead, chunk_tokens, hidden_states_out
 from tandem.engine.micro import dummy_like, merge_outputs, real_token_count, split_micro_batches, to_cpu
 from tandem.engine.optim import build_optimizer, build_scheduler
+from tandem.engine.reshard import Cut
 from tandem.engine.ulysses import check_heads, scale_grad, sequence_parallel_groups, sp_attention, sp_forward
 
 logger = logging.getLogger(__name__)
@@ -563,14 +564,51 @@ class FSDPEngine(TrainEngine):
         Names are those of the HF model's `state_dict()` minus tied duplicates (the tied
         `lm_head.weight` is left out: it is `model.embed_tokens.weight`). Collective: every rank
         must iterate to the end; each rank receives every full tensor."""
-        params = self.model.named_parameters()  # drops tied duplicates
-        # non-persistent buffers (rotary inv_freq) are not part of a checkpoint
-        named = ((n, t) for n, t in chain(params, self.model.named_buffers()) if n in self._state_keys)
         if self.lora is None:
-            for name, tensor in named:
+            for name, tensor in self._named_state():
                 yield name, self._full(tensor)
         else:  # the plain model's names, each adapter folded into its weight
-            yield from lora_layers.merged_weights(named, self.model, self._full)
+            yield from lora_layers.merged_weights(self._named_state(), self.model, self._full)
+
+    @torch.no_grad()
+    def state_dict_cuts(
+        self, cuts_of: Callable[[str, tuple[int, ...]], list[Cut | None]]
+    ) -> Iterator[tuple[str, Tensor, Cut | None, torch.Size]]:
+        """(HF name, this rank's cut of the tensor, the cut, the whole tensor's shape), one tensor at a time.
+        `cuts_of(name, shape)`: every rank's cut of that tensor (None: whole), as a tensor-parallel rollout
+        engine over consecutive ranks keeps them (rollout/tp_shards.py). Each rank
+        receives its cut alone (engine/reshard.py: one all-to-all from the FSDP2 row shards); a tensor no
+        rank cuts is gathered whole. Collective, like `state_dict_iter`; not with LoRA adapters."""
+        if self.lora is not None:
+            raise RuntimeError(
+                "state_dict_cuts: LoRA adapters are merged from whole tensors (state_dict_iter)"
+            )
+        for name, tensor in self._named_state():
+            every = cuts_of(name, tuple(tensor.shape))
+            mine = every[self.rank]
+            if not isinstance(tensor, DTensor):
+                piece = (
+                    tensor.detach()
+                    if mine is None
+                    else tensor.detach().narrow(mine.dim, mine.start, mine.length)
+                )
+            elif all(cut is None for cut in every):
+                piece = self._full(tensor)
+            else:
+                if tensor.placements != (Shard(0),):
+                    raise RuntimeError(
+                        f"state_dict_cuts: {name} is laid out {tensor.placements}, not FSDP2's Shard(0)"
+                    )
+                piece = reshard.gather_cut(
+                    tensor.to_local().to(self.device), tensor.shape, every, tensor.device_mesh.get_group()
+                )
+            yield name, piece, mine, tensor.shape
+
+    def _named_state(self) -> Iterator[tuple[str, Tensor]]:
+        """The parameters (tied duplicates once) and persistent buffers, the checkpoint's tensors."""
+        params = self.model.named_parameters()  # drops tied duplicates
+        # non-persistent buffers (rotary inv_freq) are not part of a checkpoint
+        return ((n, t) for n, t in chain(params, self.model.named_buffers()) if n in self._state_keys)
 
     @torch.no_grad()
     def adapter_state(self) -> dict[str, Tensor]:

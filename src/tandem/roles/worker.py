@@ -42,6 +42,7 @@ from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, SamplingParams, build_rol
 from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY, TRAJECTORY_KEY, AgentLoop, AgentSettings
 from tandem.rollout.base import METRICS_KEY
 from tandem.rollout.stream import RolloutStream
+from tandem.rollout.tp_shards import TensorParallelCuts, loader_input
 
 ROLES = ("actor", "rollout", "ref", "critic", "reward_model")
 
@@ -103,6 +104,7 @@ class RoleWorker(Worker):
         self._rollout_stale = False
         self._bus: WeightBus | None = None  # rollout.layout=separate: the weight channel, once joined
         self._adapter_root: Path | None = None  # actor.lora.rollout_sync=adapter: the adapter folders' home
+        self._cuts: TensorParallelCuts | bool | None = False  # shard-only sync's cuts; False: not decided yet
         self._stream: RolloutStream | None = None  # trainer.async_mode=streaming: from the first submit
         self._metrics: dict[str, float] = {}
         self._profiler = PhaseProfiler(cfg.trainer.profile, ctx.group_name, ctx.rank)
@@ -290,24 +292,49 @@ class RoleWorker(Worker):
         self._sync_rollout_weights()
 
     def _sync_rollout_weights(self) -> None:
-        """The actor's full tensors into this rank's engine; `weight_sync/bytes`: what this rank received (a
-        full gather: a tensor-parallel engine keeps 1/rollout.tensor_parallel of most of it). Under
+        """The actor's tensors into this rank's engine; `weight_sync/bytes`: what this rank received. Whole
+        tensors, or into a tensor-parallel vLLM engine only the part of each that this rank's share of the
+        engine keeps (`_rollout_cuts`; `weight_sync/full_gather_bytes` then says what whole ones weigh). Under
         actor.lora.rollout_sync=adapter, the adapters alone (the engine keeps the base weights it loaded)."""
         if self.cfg.actor.lora.rank > 0 and self.cfg.actor.lora.rollout_sync == "adapter":
             self._sync_rollout_adapter()
             return
         start = time.perf_counter()
-        received = [0]
+        received, whole = [0], [0]
+        cuts = self._rollout_cuts()
 
         def counted() -> Iterator[tuple[str, Tensor]]:
-            for name, tensor in self.actor.engine.state_dict_iter():
-                received[0] += tensor.numel() * tensor.element_size()
-                yield name, tensor
+            if cuts is None:
+                for name, tensor in self.actor.engine.state_dict_iter():
+                    received[0] += tensor.numel() * tensor.element_size()
+                    yield name, tensor
+                return
+            for name, piece, cut, shape in self.actor.engine.state_dict_cuts(cuts.cuts):
+                received[0] += piece.numel() * piece.element_size()
+                whole[0] += shape.numel() * piece.element_size()
+                yield name, loader_input(piece, cut, shape)
 
         self._role_rollout().update_weights(counted())
         self._metrics["timing_s/weight_sync"] = time.perf_counter() - start
         self._metrics["weight_sync/bytes"] = received[0]
+        if cuts is not None:  # what a full gather would have delivered, for comparison
+            self._metrics["weight_sync/full_gather_bytes"] = whole[0]
         self._rollout_stale = False
+
+    def _rollout_cuts(self) -> TensorParallelCuts | None:
+        """The cuts of a shard-only sync into this rank's tensor-parallel vLLM engine (rollout/tp_shards.py),
+        or None: whole tensors (one rank per engine, rollout.shard_weight_sync=false, a megatron actor, LoRA
+        merged into whole weights, an architecture shard-only sync does not know)."""
+        if self._cuts is False:
+            a, r = self.cfg.actor, self.cfg.rollout
+            shardable = r.shard_weight_sync and a.strategy == "fsdp" and a.lora.rank == 0
+            config = self.actor.engine.config
+            self._cuts = (
+                TensorParallelCuts.for_model(config, r.tensor_parallel, self.ctx.world_size)
+                if shardable
+                else None
+            )
+        return self._cuts
 
     def _sync_rollout_adapter(self) -> None:
         """actor.lora's adapters, gathered on every rank, into this rank's vLLM engine as a PEFT folder of this
