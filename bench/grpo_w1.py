@@ -54,7 +54,8 @@ Also: the training phase (log-probs + reference + update) with Tandem's defaults
 training-side optimisation off (PADDED below: padded fixed-size micro-batches of 8, the old-log-prob pass), and scaling rows (no-ref, 1 warm-up + 3 steps): samples doubled,
 response length doubled, and 2 FSDP ranks of 1 CPU each. Sections `sizes` and `compile` (issue 20): three
 model sizes (W1, 8x, ~100 M) before / after the trainer's changes, and eager / compiled decoder layers
-(actor.fsdp.torch_compile; the compile time, timing_s/compile, is paid before the first step).
+(actor.fsdp.torch_compile; the compile time, timing_s/compile, is paid before the first step). Section
+`tp_sync` (issue 18): a vLLM engine over 2 ranks refreshed with whole tensors or shard-only, W1 and 8x.
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ SECTIONS = (
     "sizes",
     "compile",
     "lora",
+    "tp_sync",
 )
 LR = 1e-5
 KL_COEF = 0.04
@@ -574,6 +576,8 @@ def main() -> None:
         sizes_section(runner, work, results)
     if "compile" in sections:
         compile_section(runner, work, results)
+    if "tp_sync" in sections:
+        tp_sync_section(runner, work, results)
     if "lora" in sections:
         lora_section(runner, work, results)
     if args.json:
@@ -902,15 +906,42 @@ LORA_SIZES = ("W1 (3.2 M)", "8x (25 M)")
 
 def lora_section(runner: Runner, work: Workload, results: dict[str, Any]) -> None:
     """No-ref step per model size: full training, LoRA synced as merged weights, LoRA synced as adapters."""
-    short = replace(work, steps=2)
+    sync_section(runner, replace(work, steps=2), results, "lora", LORA, LORA_SIZES, "LoRA")
+
+
+# Shard-only weight sync (issue 18): one vLLM engine over 2 ranks, each rank receiving whole tensors or only
+# the part of each its half of the engine keeps (rollout.shard_weight_sync), on the two smaller sizes.
+TP_SYNC = {
+    "tp2-whole": ("rollout TP=2, whole", ["rollout.tensor_parallel=2", "rollout.shard_weight_sync=false"]),
+    "tp2-shard": ("rollout TP=2, shard-only", ["rollout.tensor_parallel=2"]),
+}
+
+
+def tp_sync_section(runner: Runner, work: Workload, results: dict[str, Any]) -> None:
+    """No-ref step per model size on 2 ranks with a rollout TP=2 engine: whole-tensor against shard-only sync."""
+    short = replace(work, steps=2, ranks=2)
+    sync_section(runner, short, results, "tp_sync", TP_SYNC, LORA_SIZES, "rollout TP=2 weight sync")
+
+
+def sync_section(
+    runner: Runner,
+    work: Workload,
+    results: dict[str, Any],
+    key: str,
+    configs: dict[str, tuple[str, list[str]]],
+    sizes: tuple[str, ...],
+    title: str,
+) -> None:
+    """One no-ref run per model size and config (`configs`: run name -> (label, overrides)); a row each with
+    the step, its generate / sync / train phases and the MB one rank received per sync."""
     rows = {}
-    print(f"\nLoRA (no-ref, {short.label()}, 1 warm-up + {short.steps} measured steps)")
+    print(f"\n{title} (no-ref, {work.label()}, 1 warm-up + {work.steps} measured steps)")
     header = ("step s", "generate s", "sync s", "sync MB", "train s")
-    print(f"{'model, config':<32}" + "".join(f"{h:>12}" for h in header))
-    for when, (_, extra) in LORA.items():
-        size_runs(runner, short, results, when, extra, sizes=LORA_SIZES)
-    for size in LORA_SIZES:
-        for when, (label, _) in LORA.items():
+    print(f"{'model, config':<40}" + "".join(f"{h:>12}" for h in header))
+    for when, (_, extra) in configs.items():
+        size_runs(runner, work, results, when, extra, sizes=sizes)
+    for size in sizes:
+        for when, (label, _) in configs.items():
             run = results["runs"][f"sizes/{size.split()[0]}-{when}"]
             s = summarise(run, model_numbers(runner.workdir / ("model-" + size.split()[0])), None)
             megabytes = statistics.median(m["weight_sync/bytes"] for m in run["steps"][1:]) / 1e6
@@ -920,8 +951,8 @@ def lora_section(runner: Runner, work: Workload, results: dict[str, Any]) -> Non
             }
             r = rows[f"{size}, {label}"]
             cells = (r["step"], r["generate"], r["weight_sync"], r["mb"], r["train"])
-            print(f"{size + ', ' + label:<32}" + "".join(f"{v:>12.3f}" for v in cells))
-    results["lora"] = rows
+            print(f"{size + ', ' + label:<40}" + "".join(f"{v:>12.3f}" for v in cells))
+    results[key] = rows
 
 
 def compile_section(runner: Runner, work: Workload, results: dict[str, Any]) -> None:

@@ -116,6 +116,24 @@ def test_weights_stream_out_exactly_as_loaded(layout, paths, fsdp):
         assert_states_close(rank["critic_state0"], fsdp["critic_state0"], atol=0)  # same seeded value head
 
 
+def test_a_rollout_engine_of_the_same_tp_size_gets_each_rank_s_own_cuts(layout, paths):
+    """state_dict_cuts into a rollout TP engine of the trainer's TP size: every rank's pieces are its part of the
+    folder's tensors as vLLM cuts them (heads, MLP rows / columns, vocabulary), the norms whole; under PP the
+    other stage's layers come from the rank of the same TP rank there."""
+    if LAYOUTS[layout["name"]][0][0] == 1:
+        pytest.skip("TP=1: one rank per rollout engine, no cuts")
+    hf = AutoModelForCausalLM.from_pretrained(paths[0], dtype=torch.float32).state_dict()
+    hf.pop("lm_head.weight")
+    for index, rank in enumerate(layout["ranks"]):
+        pieces = rank["cuts0"]
+        assert pieces.keys() == hf.keys()
+        for name, (piece, cut) in pieces.items():
+            expected = hf[name] if cut is None else hf[name].narrow(cut.dim, cut.start, cut.length)
+            assert torch.equal(piece, expected), (index, name)
+            assert (cut is None) == ("norm" in name), name
+        assert pieces["model.layers.0.self_attn.o_proj.weight"][1].start == 128 * (index % 2)  # 256 columns
+
+
 def test_logits_equal_transformers(layout, paths):
     """The whole vocabulary's logits at every real token, against the unsharded transformers model."""
     batch = sc.rollout_batch()

@@ -17,7 +17,7 @@ from tandem.trainer import RLTrainer
 from tandem.trainer.checkpoint import COMPLETE
 from tandem.trainer.export import export_checkpoint
 
-from .trainer_helpers import custom_reward, make_assets, run_config
+from .trainer_helpers import MOE_HALVED, custom_reward, make_assets, run_config, shard_bytes
 
 pytest.importorskip("megatron.core")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -90,6 +90,13 @@ def test_megatron_actor_trains_and_the_rollout_follows_it(
         if preset == "ppo":
             assert math.isfinite(metrics["critic/vf_loss"]) and metrics["critic/grad_norm"] > 0
     assert history[3]["actor/kl_loss"] > 0  # the actor moved away from the reference
+    if (
+        moe
+    ):  # rollout TP = trainer TP = 2: each rank's own TP cuts went into its half of the engine, no gather
+        folder_bytes, expected = shard_bytes(assets["model"], MOE_HALVED)
+        for step in (2, 3):
+            assert history[step]["weight_sync/full_gather_bytes"] == folder_bytes
+            assert history[step]["weight_sync/bytes"] == expected
 
     run = tmp_path / "tandem" / cfg.trainer.experiment_name
     last = run / "checkpoints" / "global_step_3"

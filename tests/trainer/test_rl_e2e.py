@@ -18,7 +18,7 @@ from tandem.trainer.checkpoint import COMPLETE, TRAINER_STATE
 from tandem.trainer.export import export_checkpoint
 from tandem.trainer.tracking import read_jsonl
 
-from .trainer_helpers import custom_reward, make_assets, run_config
+from .trainer_helpers import MOE_HALVED, custom_reward, make_assets, run_config, shard_bytes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -275,8 +275,7 @@ def test_grpo_on_a_moe_model_with_a_tensor_parallel_vllm_engine_syncs_weights_an
     assert history[2]["timing_s/weight_sync"] > 0 and history[3]["timing_s/weight_sync"] > 0
     # shard-only sync: each rank received half of the attention and embedding matrices (2 KV heads: one each)
     # and the experts whole (vLLM cuts those itself); a full gather would have delivered the whole model
-    halved = (".q_proj.", ".k_proj.", ".v_proj.", ".o_proj.weight", "embed_tokens.weight")
-    folder_bytes, expected = shard_bytes(assets["model"], halved)
+    folder_bytes, expected = shard_bytes(assets["model"], MOE_HALVED)
     for step in (2, 3):
         assert history[step]["weight_sync/full_gather_bytes"] == folder_bytes
         assert history[step]["weight_sync/bytes"] == expected < folder_bytes
@@ -300,14 +299,6 @@ def test_grpo_on_a_moe_model_with_a_tensor_parallel_vllm_engine_syncs_weights_an
     width = out["prompts"].shape[1]
     lp = logits[:, width - 1 : -1].log_softmax(-1).gather(-1, out["responses"][..., None]).squeeze(-1)
     assert float(((lp - out["rollout_log_probs"]) * out["response_mask"]).abs().max()) < 1e-4
-
-
-def shard_bytes(model_dir: Path, halved: tuple[str, ...]) -> tuple[int, int]:
-    """(float32 bytes of the model folder, the tied head once; what one rank of a 2-rank engine receives when
-    the tensors whose names contain one of `halved` arrive halved and the rest whole)."""
-    tensors = load_file(model_dir / "model.safetensors")
-    whole = sum(t.numel() * 4 for t in tensors.values())
-    return whole, sum(t.numel() * 4 // (2 if any(h in n for h in halved) else 1) for n, t in tensors.items())
 
 
 @pytest.fixture(scope="module")

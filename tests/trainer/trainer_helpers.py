@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from safetensors.torch import load_file
+
 from tandem.config import load_config
 from tandem.config.schema import TandemConfig
 from tandem.data import save_tiny, write_splits
@@ -48,3 +50,16 @@ def run_config(assets: dict[str, Path], out: Path, preset: str, *overrides: str)
 
 def custom_reward(name: str) -> list[str]:
     return [f"reward.custom_reward_file={REWARDS}", f"reward.custom_reward_function={name}"]
+
+
+# what a rank of a rollout TP=2 engine receives halved of the tiny Mixtral (2 KV heads: one each); the experts,
+# the routers and the norms arrive whole
+MOE_HALVED = (".q_proj.", ".k_proj.", ".v_proj.", ".o_proj.weight", "embed_tokens.weight")
+
+
+def shard_bytes(model_dir: Path, halved: tuple[str, ...]) -> tuple[int, int]:
+    """(float32 bytes of the model folder, the tied head once; what one rank of a 2-rank engine receives when
+    the tensors whose names contain one of `halved` arrive halved and the rest whole)."""
+    tensors = load_file(model_dir / "model.safetensors")
+    whole = sum(t.numel() * 4 for t in tensors.values())
+    return whole, sum(t.numel() * 4 // (2 if any(h in n for h in halved) else 1) for n, t in tensors.items())

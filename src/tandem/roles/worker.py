@@ -323,11 +323,13 @@ class RoleWorker(Worker):
 
     def _rollout_cuts(self) -> TensorParallelCuts | None:
         """The cuts of a shard-only sync into this rank's tensor-parallel vLLM engine (rollout/tp_shards.py),
-        or None: whole tensors (one rank per engine, rollout.shard_weight_sync=false, a megatron actor, LoRA
-        merged into whole weights, an architecture shard-only sync does not know)."""
+        or None: whole tensors (one rank per engine, rollout.shard_weight_sync=false, a megatron actor of
+        another tensor-parallel size than the rollout's, LoRA merged into whole weights, an architecture
+        shard-only sync does not know)."""
         if self._cuts is False:
             a, r = self.cfg.actor, self.cfg.rollout
-            shardable = r.shard_weight_sync and a.strategy == "fsdp" and a.lora.rank == 0
+            layout = a.strategy == "fsdp" or a.megatron.tensor_parallel == r.tensor_parallel
+            shardable = r.shard_weight_sync and layout and a.lora.rank == 0
             config = self.actor.engine.config
             self._cuts = (
                 TensorParallelCuts.for_model(config, r.tensor_parallel, self.ctx.world_size)

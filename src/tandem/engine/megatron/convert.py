@@ -28,6 +28,8 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
+from tandem.engine.reshard import Cut
+
 Kind = Literal["col", "row", "qkv", "fc1", "rep"]
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mixtral")
 
@@ -304,6 +306,20 @@ def from_shards(slot: Slot, shards: list[Tensor], shapes: Shapes) -> list[Tensor
         halves = [s.chunk(2, dim=0) for s in shards]
         return [torch.cat([h[0] for h in halves]), torch.cat([h[1] for h in halves])]
     return list(split_qkv(torch.cat(shards, dim=0), shapes))
+
+
+def tp_cuts(slot: Slot, hf_shapes: list[tuple[int, ...]], tp_rank: int, tp_size: int) -> list[Cut | None]:
+    """What TP rank `tp_rank` holds of each of `slot`'s Hugging Face tensors (their whole shapes in `hf_shapes`),
+    as `from_shards` of its cut alone (with `local_shapes`) returns them; None: the whole tensor."""
+    if slot.kind == "rep" or tp_size == 1 or slot.expert is not None:
+        return [None] * len(hf_shapes)
+    dim = 1 if slot.kind == "row" else 0
+    return [Cut(dim, tp_rank * (shape[dim] // tp_size), shape[dim] // tp_size) for shape in hf_shapes]
+
+
+def local_shapes(shapes: Shapes, tp_size: int) -> Shapes:
+    """The attention geometry of one TP rank's heads and query groups."""
+    return Shapes(shapes.num_heads // tp_size, shapes.num_query_groups // tp_size, shapes.head_dim)
 
 
 def fuse_qkv(q: Tensor, k: Tensor, v: Tensor, shapes: Shapes) -> Tensor:
