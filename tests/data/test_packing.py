@@ -40,6 +40,16 @@ def test_pack_longest_first_into_rows_as_wide_as_the_longest():
     assert packing.num_tokens == 11
 
 
+def test_aligned_packing_starts_and_sizes_every_sequence_in_multiples():
+    """align=4 (context parallel 2: 2 x 2 chunks per sequence): lengths 3, 6, 2 take 4, 8, 4 slots."""
+    inputs, packing = pack_model_inputs(IDS, MASK, pad_id=0, align=4)
+    # Row 0: sample 1 (6 tokens + 2 free). Row 1: sample 0 (3 + 1 free), sample 2 at column 4 (2 + 2 free).
+    assert packing.packed_shape == (2, 8)
+    assert inputs["input_ids"].tolist() == [[21, 22, 23, 24, 25, 26, 0, 0], [11, 12, 13, 0, 31, 32, 0, 0]]
+    assert inputs["position_ids"].tolist() == [[0, 1, 2, 3, 4, 5, 0, 1], [0, 1, 2, 0, 0, 1, 0, 1]]
+    assert torch.equal(packing.unpack(packing.pack(IDS)), IDS * MASK)
+
+
 def test_unpack_inverts_pack_and_fills_padding():
     packing = plan_packing(MASK)
     values = torch.arange(18, dtype=torch.float32).view(3, 6) + 1

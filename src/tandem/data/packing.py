@@ -69,9 +69,11 @@ class Packing:
             )
 
 
-def plan_packing(attention_mask: Tensor, width: int | None = None) -> Packing:
+def plan_packing(attention_mask: Tensor, width: int | None = None, align: int = 1) -> Packing:
     """Pack the real tokens of `attention_mask` [B, T] into rows of `width` (default: the longest
-    sequence), first fit by decreasing length. A row's real tokens must be contiguous."""
+    sequence), first fit by decreasing length. A row's real tokens must be contiguous. `align`: every
+    sequence starts at a multiple of it and takes a multiple of it (the rest free slots), and the width is
+    one (context parallel splits each sequence into equal chunks)."""
     mask = attention_mask != 0
     batch_size, seq_len = mask.shape
     lengths = mask.sum(-1)
@@ -84,9 +86,9 @@ def plan_packing(attention_mask: Tensor, width: int | None = None) -> Packing:
             f"plan_packing: row {bad} of the attention mask has a gap between real tokens; packing needs "
             "each row's real tokens next to each other (left-padded prompt ++ right-padded response)"
         )
-    lengths_list = lengths.tolist()
+    lengths_list = [-(-n // align) * align for n in lengths.tolist()]  # the slots each sequence takes
     longest = max(lengths_list, default=0)
-    width = longest if width is None else width
+    width = longest if width is None else -(-width // align) * align
     if longest > width:
         raise ValueError(f"plan_packing: a sequence of {longest} tokens does not fit in rows of {width}")
     width = max(width, 1)
@@ -112,10 +114,11 @@ def plan_packing(attention_mask: Tensor, width: int | None = None) -> Packing:
 
 
 def pack_model_inputs(
-    input_ids: Tensor, attention_mask: Tensor, pad_id: int
+    input_ids: Tensor, attention_mask: Tensor, pad_id: int, align: int = 1
 ) -> tuple[dict[str, Tensor], Packing]:
-    """Packed `input_ids` and `position_ids` [rows, width] (no attention mask) and their layout."""
-    packing = plan_packing(attention_mask)
+    """Packed `input_ids` and `position_ids` [rows, width] (no attention mask) and their layout (`align`: as
+    `plan_packing`'s)."""
+    packing = plan_packing(attention_mask, align=align)
     ids = packing.pack(input_ids, fill=pad_id)
     real_positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     # Free slots count 0, 1, ... from where they start: a sequence of their own that nothing attends to.

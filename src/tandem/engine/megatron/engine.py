@@ -2,7 +2,7 @@
 tensor (TP) and pipeline (PP) parallelism, data parallel over the rest of the ranks; optionally megatron's
 sequence parallel with TP (norms and residuals split along the sequence: layers.py), virtual pipeline
 stages (`virtual_pipeline` model chunks per PP rank, the interleaved schedule), expert parallel (experts.py)
-and context parallel (each row's columns split over CP ranks: context_parallel.py). Checkpoints and offload:
+and context parallel (each sequence split over the CP ranks: context_parallel.py). Checkpoints and offload:
 state.py; the parallel state: parallel.py.
 
 Layout. megatron's parallel state is built once per process from the default process group (world =
@@ -184,6 +184,7 @@ class MegatronEngine(CheckpointAndOffload, TrainEngine):
             megatron.param_dtype, self.device, "megatron.param_dtype", cpu_probe=False
         )
 
+        self._row_rotaries: list[nn.Module] = []  # context parallel: each chunk's RowRotary
         with self._scope():
             self.chunks, self._hf_class, self._hf_shapes = self._build(activation_checkpointing, seed)
             self.optimizer = None
@@ -290,6 +291,11 @@ class MegatronEngine(CheckpointAndOffload, TrainEngine):
                 model.output_layer = ValueHead(
                     self.config.hidden_size, self.param_dtype, self.sequence_parallel
                 )
+            if self.cp_size > 1:  # rotary positions of each row's own columns (context_parallel.py)
+                from tandem.engine.megatron.context_parallel import RowRotary
+
+                model.rotary_pos_emb = RowRotary(model.rotary_pos_emb)
+                self._row_rotaries.append(model.rotary_pos_emb)
             self._fill(model, self._slots(self.pp_rank, chunk), hf_state)
             # megatron builds its torch norms in float32 whatever params_dtype says (its own training loop
             # casts the whole model, Float16Module); buffers keep their dtype
@@ -512,13 +518,17 @@ class MegatronEngine(CheckpointAndOffload, TrainEngine):
                     router_rows(real, self.tp_rank, self.tp_size, self.sequence_parallel) if train else None
                 )
                 self._balance.begin(tokens, real_token_count(micro) / step_tokens, self.dp_size)
-            output_tensor = model(**inputs)
+            columns_and_order = inputs.get("cp")
+            if columns_and_order is not None:  # the rotary embedding at this rank's columns
+                for rotary in self._row_rotaries:
+                    rotary.columns = columns_and_order[0]
+            output_tensor = model(**{k: v for k, v in inputs.items() if k != "cp"})
 
             def loss_func(logits: Tensor) -> tuple[Tensor, dict]:
                 if self._cp_group is not None:  # this rank's columns -> whole rows, the same on the CP group
                     from tandem.engine.megatron.context_parallel import gather_columns
 
-                    logits = gather_columns(logits, self._cp_group)
+                    logits = gather_columns(logits, self._cp_group, *columns_and_order)
                 if micro is filler:  # a pass that adds nothing (an interleaved group's or an expert group's)
                     return logits.sum() * 0.0, {}
                 # The schedule divides each micro-batch's loss by their count; the contract sums them.
@@ -553,8 +563,12 @@ class MegatronEngine(CheckpointAndOffload, TrainEngine):
         of them (context_parallel.py); the mask stays whole (the attention picks its rows)."""
         ids = micro["input_ids"]
         padded_shape = tuple(ids.shape)
-        if self.packing and "attention_mask" in micro:
-            inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self._pad_id())
+        # the columns are split over the TP ranks (sequence parallel), in 2 chunks per CP rank (context parallel)
+        multiple = (self.tp_size if self.sequence_parallel else 1) * (
+            2 * self.cp_size if self.cp_size > 1 else 1
+        )
+        if self.packing and "attention_mask" in micro:  # under CP every sequence splits alike: aligned
+            inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self._pad_id(), align=multiple)
             segment = (inputs["position_ids"] == 0).long().cumsum(-1)
             allowed = segment[:, :, None] == segment[:, None, :]
             real = moe.real_tokens(None, inputs["input_ids"].shape, packing).view(inputs["input_ids"].shape)
@@ -566,10 +580,6 @@ class MegatronEngine(CheckpointAndOffload, TrainEngine):
             allowed = real[:, None, :].expand(-1, ids.shape[1], -1)
         rows, width = inputs["input_ids"].shape
         to_rows, to_width = shape or (rows, width)
-        # the columns are split over the TP ranks (sequence parallel), in 2 chunks per CP rank (context parallel)
-        multiple = (self.tp_size if self.sequence_parallel else 1) * (
-            2 * self.cp_size if self.cp_size > 1 else 1
-        )
         to_width = -(-to_width // multiple) * multiple
         extra_rows, extra = to_rows - rows, to_width - width
         if extra_rows or extra:
@@ -582,11 +592,7 @@ class MegatronEngine(CheckpointAndOffload, TrainEngine):
         causal = torch.ones(to_width, to_width, dtype=torch.bool, device=ids.device).tril()
         inputs["attention_mask"] = ~(allowed & causal).unsqueeze(1)
         if self.cp_size > 1:
-            from tandem.engine.megatron.context_parallel import zigzag_columns  # imports megatron
-
-            columns = zigzag_columns(to_width, self.cp_rank, self.cp_size, ids.device)
-            inputs["input_ids"] = inputs["input_ids"][:, columns]
-            inputs["position_ids"] = inputs["position_ids"][:, columns]
+            inputs = self._context_parallel_share(inputs, real if packing is not None else None)
 
         def make_output(logits: Tensor) -> ModelOutput:
             return ModelOutput(
@@ -594,6 +600,30 @@ class MegatronEngine(CheckpointAndOffload, TrainEngine):
             )
 
         return micro, inputs, make_output, real
+
+    def _context_parallel_share(
+        self, inputs: dict[str, Tensor], packed_real: Tensor | None
+    ) -> dict[str, Tensor]:
+        """This CP rank's columns of the whole-row inputs (context_parallel.py): its chunks of each sequence
+        (`packed_real` [rows, columns]: a packed batch's real tokens, each sequence starting at position 0;
+        None: one sequence per row), the mask of its rows against every rank's columns in gathered order, and
+        under `cp` the columns (for RowRotary and the output gather)."""
+        from tandem.engine.megatron.context_parallel import sequence_columns  # imports megatron
+
+        ids = inputs["input_ids"]
+        starts = torch.zeros_like(ids, dtype=torch.bool)
+        if packed_real is not None:
+            starts = (inputs["position_ids"] == 0) & packed_real
+        every = [sequence_columns(starts, rank, self.cp_size) for rank in range(self.cp_size)]
+        columns, order = every[self.cp_rank], torch.cat(every, dim=1)
+        mask = inputs["attention_mask"]
+        rows = mask.gather(2, columns[:, None, :, None].expand(-1, 1, -1, mask.shape[-1]))
+        return {
+            "input_ids": ids.gather(1, columns),
+            "position_ids": inputs["position_ids"].gather(1, columns),
+            "attention_mask": rows.gather(3, order[:, None, None, :].expand(-1, 1, columns.shape[1], -1)),
+            "cp": (columns, order),
+        }
 
     @staticmethod
     def _whole_shapes(prepared: list[tuple]) -> list[tuple[int, int]]:
