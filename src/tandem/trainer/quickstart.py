@@ -172,9 +172,11 @@ def run(
         [*recipe.common, *recipe.grpo, *paths, f"actor.model_path={sft.hf_dir}", *overrides],
         require_data=True,
     )
+    a = rl_cfg.actor
+    actor = f"LoRA r{a.lora.rank} actor + reference (its adapters off)" if a.lora.rank else "actor + reference"
     say(
         f"GRPO: {rl_cfg.trainer.total_training_steps} steps x {rl_cfg.derived.samples_per_step} samples "
-        f"on 2 Ray ranks (FSDP2 actor + reference + {resolve_engine(rl_cfg.rollout.engine)} rollout)"
+        f"on 2 Ray ranks (FSDP2 {actor} + {resolve_engine(rl_cfg.rollout.engine)} rollout)"
     )
     history = RLTrainer(rl_cfg).fit()
     accuracy = [(m["step"], m["val/acc"]) for m in history if "val/acc" in m]
