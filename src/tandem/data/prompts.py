@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tandem.batch import Batch
+from tandem.data.images import prompt_with_images
 from tandem.data.padding import pad_sequences, position_ids_from_mask
 from tandem.data.rows import (
     DataError,
@@ -29,6 +30,8 @@ TRUNCATION_MODES = ("error", "filter", "left", "right")
 MAX_LOGGED_ROWS = 3  # filtered / truncated rows named in the log, as examples
 SAMPLE_ROWS = 8  # rendered prompts kept (`sample_texts`) for the start-up tokenizer round-trip check
 NON_TENSOR_KEYS = ("raw_prompt", "data_source", "ground_truth", "extra_info", "index")
+# a vision-language model's prompts (a processor given): images, their model inputs, the unwidened ids
+MULTIMODAL_KEYS = ("raw_prompt_ids", "multi_modal_data", "multi_modal_inputs")
 
 
 class PromptDataset:
@@ -60,6 +63,8 @@ class PromptDataset:
         truncation: str = "error",
         chat_template: str = "auto",
         tools: list[dict] | None = None,
+        processor: Any = None,
+        image_key: str = "images",
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
@@ -77,7 +82,12 @@ class PromptDataset:
                 if "ground_truth" not in (row.get("reward_model") or {}):  # a dict: _parse_row checked
                     absent.add(len(rows) - 1)
                 locations.append(location)
-                texts.append(render_prompt(rows[-1]["raw_prompt"], tokenizer, mode, location, tools=tools))
+                messages = rows[-1]["raw_prompt"]
+                if row.get(image_key) is not None:
+                    messages = _attach_images(
+                        location, rows[-1], row[image_key], image_key, path.parent, mode, processor
+                    )
+                texts.append(render_prompt(messages, tokenizer, mode, location, tools=tools))
         self.sample_texts: list[tuple[str, str]] = list(zip(locations, texts))[:SAMPLE_ROWS]
 
         keep_at_end = generation_prompt_ids(tokenizer, mode) if truncation == "right" else []
@@ -92,7 +102,15 @@ class PromptDataset:
                 raise DataError(
                     f"{location}: field {prompt_key!r} renders to no tokens; give the prompt some text"
                 )
+            if processor is not None:  # a vision-language model: ids with each image's tokens in place
+                ids = _expand_images(item, ids, texts[position], processor)
             if len(ids) > max_prompt_length:
+                if truncation in ("left", "right") and item.get("multi_modal_data"):
+                    raise DataError(
+                        f"{location}: prompt is {len(ids)} tokens with its images' tokens, longer than "
+                        f"data.max_prompt_length={max_prompt_length}; a prompt with images is not cut (the "
+                        "cut would split an image): raise data.max_prompt_length or set data.truncation=filter"
+                    )
                 if truncation == "error":
                     raise DataError(
                         f"{location}: prompt is {len(ids)} tokens, longer than data.max_prompt_length="
@@ -165,6 +183,39 @@ def _parse_row(
     }
 
 
+def _attach_images(
+    location: str, item: dict[str, Any], images: Any, key: str, folder: Any, mode: str, processor: Any
+) -> list[dict[str, Any]]:
+    """Decode a row's images into `item["multi_modal_data"]`; the messages to render (images as items)."""
+    if processor is None:
+        raise DataError(
+            f"{location}: the row has {key!r} but the model has no image processor; point actor.model_path "
+            "at a vision-language model's folder (with its processor_config.json), or drop the images"
+        )
+    if mode != "chat":
+        raise DataError(f"{location}: a row with {key!r} needs the chat template (data.chat_template=auto)")
+    messages, decoded = prompt_with_images(location, item["raw_prompt"], images, key, folder)
+    item["multi_modal_data"] = {"image": decoded} if decoded else None
+    return messages
+
+
+def _expand_images(item: dict[str, Any], ids: list[int], text: str, processor: Any) -> list[int]:
+    """The prompt's ids as the model reads them (each image marker widened to the image's tokens, counted in
+    every length limit), the image inputs the trainer needs, and `raw_prompt_ids` (the markers unwidened:
+    what vLLM takes with the images)."""
+    item["raw_prompt_ids"] = ids
+    data = item.setdefault("multi_modal_data", None)
+    if not data:
+        item["multi_modal_inputs"] = None
+        return ids
+    out = processor(text=[text], images=data["image"], return_tensors="pt")
+    item["multi_modal_inputs"] = {
+        "pixel_values": out["pixel_values"],
+        "image_grid_thw": out["image_grid_thw"],
+    }
+    return out["input_ids"][0].tolist()
+
+
 def _truncate(
     location: str, ids: list[int], limit: int, truncation: str, keep_at_end: list[int]
 ) -> list[int]:
@@ -193,5 +244,6 @@ def collate_prompts(items: Sequence[dict[str, Any]], pad_token_id: int) -> Batch
         "attention_mask": attention_mask,
         "position_ids": position_ids_from_mask(attention_mask),
     }
-    non_tensors = {key: [item[key] for item in items] for key in NON_TENSOR_KEYS}
+    keys = NON_TENSOR_KEYS + (MULTIMODAL_KEYS if "raw_prompt_ids" in items[0] else ())
+    non_tensors = {key: [item[key] for item in items] for key in keys}
     return Batch.from_dict(tensors, non_tensors)

@@ -68,8 +68,11 @@ def _byte_symbols() -> list[str]:
     return symbols
 
 
-def build_tokenizer(*, padding_side: str = "left") -> PreTrainedTokenizerFast:
-    """Byte-level tokenizer without merges: 4 special tokens (ids 0-3) + 256 bytes (ids 4-259).
+def build_tokenizer(
+    *, padding_side: str = "left", extra_special: tuple[str, ...] = ()
+) -> PreTrainedTokenizerFast:
+    """Byte-level tokenizer without merges: 4 special tokens (ids 0-3) + 256 bytes (ids 4-259), then the
+    ``extra_special`` tokens (ids 260, ...: a vision-language model's image markers).
 
     ``padding_side`` is given to the constructor because that is the only way it gets saved.
     """
@@ -78,11 +81,14 @@ def build_tokenizer(*, padding_side: str = "left") -> PreTrainedTokenizerFast:
     vocab = {token: i for i, token in enumerate(SPECIAL_TOKENS)}
     for byte, symbol in enumerate(_byte_symbols()):
         vocab[symbol] = len(SPECIAL_TOKENS) + byte
+    for token in extra_special:
+        vocab[token] = len(vocab)
+    specials = (*SPECIAL_TOKENS, *extra_special)
     backend = Tokenizer(BPE(vocab=vocab, merges=[], unk_token=None, fuse_unk=False, byte_fallback=False))
     backend.normalizer = normalizers.NFC()
     backend.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
     backend.decoder = decoders.ByteLevel()
-    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in SPECIAL_TOKENS])
+    backend.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in specials])
     tokenizer = PreTrainedTokenizerFast(
         tokenizer_object=backend,
         pad_token=PAD_TOKEN,
@@ -90,7 +96,7 @@ def build_tokenizer(*, padding_side: str = "left") -> PreTrainedTokenizerFast:
         # Never produced (every byte is in the vocabulary); set to what Qwen2Tokenizer defaults to,
         # so the special tokens read the same whichever class loads the saved folder.
         unk_token=EOS_TOKEN,
-        extra_special_tokens=[IM_START, IM_END],
+        extra_special_tokens=[IM_START, IM_END, *extra_special],
         padding_side=padding_side,
     )
     tokenizer.chat_template = CHAT_TEMPLATE

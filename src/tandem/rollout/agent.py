@@ -33,7 +33,7 @@ import torch
 
 from tandem.batch import Batch
 from tandem.rollout.async_engine import TurnEngine, TurnRequest
-from tandem.rollout.base import SamplingParams, assemble
+from tandem.rollout.base import SamplingParams, assemble, refuse_images
 from tandem.rollout.hf import check_prompts, sample_keys
 from tandem.rollout.tool_calls import ToolCall, parse_tool_calls
 
@@ -288,6 +288,7 @@ class AgentLoop:
         ``engine_factory()`` builds the `TurnEngine` inside the event loop that runs the samples.
         Samples are seeded as the synchronous vLLM path seeds them (`rows`), so a run with no tools
         gives the same tokens as that path."""
+        refuse_images(prompts, "the agent loop (rollout.mode=async)")
         return asyncio.run(self.generate_async(engine_factory, prompts, sampling))
 
     async def generate_async(self, engine_factory: Any, prompts: Batch, sampling: SamplingParams) -> Batch:

@@ -17,7 +17,7 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from tandem.batch import Batch
-from tandem.rollout.base import PROMPT_INDEX, RolloutEngine, SamplingParams, assemble
+from tandem.rollout.base import PROMPT_INDEX, RolloutEngine, SamplingParams, assemble, refuse_images
 from tandem.rollout.sampling import choose_tokens, row_generators
 
 logger = logging.getLogger(__name__)
@@ -85,6 +85,7 @@ class HFRollout(RolloutEngine):
         if self._asleep:
             raise RuntimeError("HFRollout.generate called while asleep; call wake() first")
         start = time.perf_counter()
+        refuse_images(prompts, "HFRollout")
         prompt_ids, prompt_mask = check_prompts(prompts)
         rows = prompts.repeat(sampling.n, interleave=True)
         prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)

@@ -33,6 +33,7 @@ shows in rollout_mismatch/*, and rollout.is_correction can weight for it.
 from __future__ import annotations
 
 import glob
+import json
 import logging
 import os
 import time
@@ -45,6 +46,7 @@ import torch
 from torch import Tensor
 
 from tandem.batch import Batch
+from tandem.data.without_torchvision import adapt_vllm
 from tandem.rollout.async_engine import VLLMTurnEngine, vllm_sampling
 from tandem.rollout.base import RolloutEngine, SamplingParams, assemble
 from tandem.rollout.hf import check_prompts, sample_keys
@@ -52,6 +54,8 @@ from tandem.rollout.hf import check_prompts, sample_keys
 logger = logging.getLogger(__name__)
 
 TIED_EMBEDDING, TIED_HEAD = "model.embed_tokens.weight", "lm_head.weight"
+VL_TIED_EMBEDDING = "model.language_model.embed_tokens.weight"  # transformers' vision-language models'
+VISION_LANGUAGE_TYPES = ("qwen2_vl",)
 CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # see "CPU threads" above
 
 
@@ -156,6 +160,10 @@ class VLLMRollout(RolloutEngine):
         if self.device.type == "cpu":
             os.environ.update(CPU_ENV)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
+        if _is_vision_language(
+            model_path
+        ):  # Qwen2-VL's parts without torchvision (data/without_torchvision.py)
+            adapt_vllm()
         from vllm import LLM
 
         forget_stale_parallel_state()
@@ -208,10 +216,17 @@ class VLLMRollout(RolloutEngine):
                 "data.max_response_length consistently"
             )
         keys = sample_keys(prompts, sampling.n)[:: sampling.n]  # one seed per prompt: its n samples follow
+        images = prompts.get("multi_modal_data")  # a vision-language model's rows (data/prompts.py)
         requests, params = [], []
         for row in range(len(prompts)):
             ids = prompt_ids[row][prompt_mask[row].bool()].tolist()
-            requests.append(TokensPrompt(prompt_token_ids=ids))
+            if images is not None and images[row]:  # vLLM widens each image marker itself
+                request = TokensPrompt(
+                    prompt_token_ids=prompts["raw_prompt_ids"][row], multi_modal_data=images[row]
+                )
+            else:
+                request = TokensPrompt(prompt_token_ids=ids)
+            requests.append(request)
             params.append(
                 vllm_sampling(
                     n=sampling.n,
@@ -224,6 +239,8 @@ class VLLMRollout(RolloutEngine):
                 )
             )
         outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora)
+        if images is not None:
+            check_widened(outputs, prompt_ids, prompt_mask)
 
         rows = prompts.repeat(sampling.n, interleave=True)
         total = len(rows)
@@ -268,6 +285,9 @@ class VLLMRollout(RolloutEngine):
         if self.device.type == "cpu":
             self.llm.collective_rpc(repack_cpu_experts)
         self.llm.reset_prefix_cache()
+        # image embeddings cached by the scheduler were computed with the old vision weights (and the workers
+        # dropped theirs on reload: a cached image would then miss, "Encoder cache miss")
+        self.llm.llm_engine.reset_encoder_cache()
 
     def load_adapter(self, folder: str | Path) -> None:
         """Serve the LoRA adapters of a PEFT adapter folder on the base weights from now on (the engine must be
@@ -367,14 +387,33 @@ def repack_cpu_experts(worker: Any) -> int:
 def with_tied_head(weights: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
     """`weights`, plus the embedding again as the head right after it when the sender left the head
     out (a tied model's head IS the embedding; vLLM's reload rebuilds the head from its own name and
-    would keep the old weights without it)."""
+    would keep the old weights without it). The embedding: `model.embed_tokens.weight`, or a
+    vision-language model's `model.language_model.embed_tokens.weight`."""
     head_sent = False
     for name, tensor in weights:
         head_sent = head_sent or name == TIED_HEAD
         yield name, tensor
-        if name == TIED_EMBEDDING and not head_sent:
+        if name in (TIED_EMBEDDING, VL_TIED_EMBEDDING) and not head_sent:
             head_sent = True
             yield TIED_HEAD, tensor
+
+
+def _is_vision_language(model_path: str | Path) -> bool:
+    config = Path(model_path) / "config.json"
+    return config.is_file() and json.loads(config.read_text()).get("model_type") in VISION_LANGUAGE_TYPES
+
+
+def check_widened(outputs: Sequence[Any], prompt_ids: Tensor, prompt_mask: Tensor) -> None:
+    """vLLM's prompt ids (each image marker widened by its processor) must be the prompt batch's (widened by
+    the dataset's processor): the trainer scores the samples against the batch's ids."""
+    for row, output in enumerate(outputs):
+        expected = prompt_ids[row][prompt_mask[row].bool()].tolist()
+        if list(output.prompt_token_ids) != expected:
+            raise RuntimeError(
+                f"VLLMRollout: prompt {row} holds {len(expected)} tokens with its images widened by the dataset's "
+                f"processor, {len(output.prompt_token_ids)} as vLLM widened them; the model folder's processor "
+                "settings (min_pixels / max_pixels) must be the ones the data was prepared with"
+            )
 
 
 def _request_seed(seed: int, key: int) -> int:

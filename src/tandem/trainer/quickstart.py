@@ -173,7 +173,9 @@ def run(
         require_data=True,
     )
     a = rl_cfg.actor
-    actor = f"LoRA r{a.lora.rank} actor + reference (its adapters off)" if a.lora.rank else "actor + reference"
+    actor = (
+        f"LoRA r{a.lora.rank} actor + reference (its adapters off)" if a.lora.rank else "actor + reference"
+    )
     say(
         f"GRPO: {rl_cfg.trainer.total_training_steps} steps x {rl_cfg.derived.samples_per_step} samples "
         f"on 2 Ray ranks (FSDP2 {actor} + {resolve_engine(rl_cfg.rollout.engine)} rollout)"

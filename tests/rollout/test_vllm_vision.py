@@ -1,0 +1,111 @@
+"""vLLM (CPU build) rolling out a tiny Qwen2-VL on prompts with images: its log-probs equal transformers'
+forward on the same image inputs, before and after a weight sync (vision tower and tied head included)."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+from PIL import Image
+
+from tandem.data import PromptDataset, collate_prompts, write_rows
+from tandem.data.tiny_vlm import save_tiny_vlm
+from tandem.rollout import SamplingParams
+
+from .test_vllm import ENGINES
+
+pytestmark = pytest.mark.slow  # starts a vLLM engine
+TOLERANCE = 1e-5  # fp32; measured 5e-7
+
+
+def png(width: int, height: int, colour: tuple[int, int, int]) -> bytes:
+    image = Image.new("RGB", (width, height), colour)
+    for x in range(0, width, 7):  # some structure for the vision tower
+        image.putpixel((x, x % height), (255, 255, 255))
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    from transformers import AutoModelForImageTextToText, AutoProcessor
+
+    from tandem.data.without_torchvision import adapt_transformers
+
+    adapt_transformers()
+    folder = save_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model")
+    processor = AutoProcessor.from_pretrained(folder)
+    model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
+    rows = [
+        {
+            "prompt": [{"role": "user", "content": "<image>Colour?"}],
+            "data_source": "t",
+            "images": [{"bytes": png(56, 56, (200, 30, 60))}],
+        },
+        {"prompt": [{"role": "user", "content": "No image, just text."}], "data_source": "t", "images": None},
+        {
+            "prompt": [{"role": "user", "content": "Wide <image> one?"}],
+            "data_source": "t",
+            "images": [{"bytes": png(84, 56, (10, 200, 60))}],
+        },
+    ]
+    path = write_rows(rows, tmp_path_factory.mktemp("rows") / "rows.parquet")
+    data = PromptDataset([str(path)], processor.tokenizer, processor=processor, max_prompt_length=64)
+    prompts = collate_prompts([data[i] for i in range(len(data))], processor.tokenizer.pad_token_id)
+    return folder, model, prompts
+
+
+def recomputed(model, prompts, out, n) -> torch.Tensor:
+    """transformers' log-probs of each sample's response tokens, its prompt's image inputs alongside."""
+    image_token = model.config.image_token_id
+    result = torch.zeros_like(out["rollout_log_probs"])
+    width = out["prompts"].shape[1]
+    for i in range(len(out)):
+        real = out["attention_mask"][i].bool()
+        ids = out["input_ids"][i][real][None]
+        inputs = prompts["multi_modal_inputs"][i // n] or {}
+        with torch.no_grad():
+            logits = model(input_ids=ids, mm_token_type_ids=(ids == image_token).long(), **inputs).logits[0]
+        prompt_length = int(out["attention_mask"][i, :width].sum())
+        length = int(out["response_mask"][i].sum())
+        lp = logits[prompt_length - 1 : prompt_length - 1 + length].log_softmax(-1)
+        result[i, :length] = lp.gather(-1, out["responses"][i, :length, None]).squeeze(-1)
+    return result
+
+
+def test_vllm_rolls_out_image_prompts_with_the_trainer_s_log_probs_before_and_after_a_sync(vlm):
+    from tandem.rollout.vllm import VLLMRollout
+
+    folder, model, prompts = vlm
+    engine = VLLMRollout.from_pretrained(folder, max_model_len=128)
+    ENGINES.append(engine)  # kept alive to the end of the session (see test_vllm.py)
+    sampling = SamplingParams(max_tokens=6, n=2, temperature=1.0, seed=3)
+    out = engine.generate(prompts, sampling)
+    # the samples' prompts are the dataset's widened ids (vLLM widened the unwidened ids the same way)
+    assert torch.equal(out["prompts"], prompts["input_ids"].repeat_interleave(2, dim=0))
+    assert out["response_mask"].sum() > 0
+    diff = (recomputed(model, prompts, out, 2) - out["rollout_log_probs"]) * out["response_mask"]
+    assert float(diff.abs().max()) < TOLERANCE
+
+    # a sync of every weight (the vision tower's too; the tied head left out, as the trainer sends it), then
+    # the same images again: no stale image embeddings, log-probs of the new weights
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for param in model.parameters():
+            param.add_(torch.randn(param.shape, generator=generator) * 0.02)
+    engine.update_weights(list(model.named_parameters()))
+    after = engine.generate(prompts, sampling)
+    diff = (recomputed(model, prompts, after, 2) - after["rollout_log_probs"]) * after["response_mask"]
+    assert float(diff.abs().max()) < TOLERANCE
+    assert not torch.equal(after["rollout_log_probs"], out["rollout_log_probs"])
+
+
+def test_engines_that_would_drop_the_images_refuse_them(vlm):
+    from tandem.rollout.base import refuse_images
+
+    _, _, prompts = vlm
+    with pytest.raises(ValueError, match="HFRollout: prompts with images are generated by the vLLM engine"):
+        refuse_images(prompts, "HFRollout")
+    refuse_images(prompts.reorder([1]), "HFRollout")  # the text-only row passes
