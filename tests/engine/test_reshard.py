@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 
 from tandem.data.tiny import save_tiny
-from tandem.engine.reshard import Cut, chunk_rows, gather_cut
-from tandem.rollout.tp_shards import TensorParallelCuts
+from tandem.engine.reshard import chunk_rows, gather_cut
+from tandem.rollout.tp_shards import Cut, TensorParallelCuts
 
 from .fsdp_scenarios import make_engine, spawn
 

@@ -71,8 +71,8 @@ from tandem.engine.base import (
 from tandem.engine.lm_head import ChunkedHead, chunk_tokens, hidden_states_out
 from tandem.engine.micro import dummy_like, merge_outputs, real_token_count, split_micro_batches, to_cpu
 from tandem.engine.optim import build_optimizer, build_scheduler
-from tandem.engine.reshard import Cut
 from tandem.engine.ulysses import check_heads, scale_grad, sequence_parallel_groups, sp_attention, sp_forward
+from tandem.rollout.tp_shards import Cut
 
 logger = logging.getLogger(__name__)
 

@@ -6,21 +6,13 @@ tensor-parallel rollout engine (rollout/tp_shards.py).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
-
-@dataclass(frozen=True)
-class Cut:
-    """The part of a tensor a rank keeps: `length` entries along `dim` from `start`."""
-
-    dim: int
-    start: int
-    length: int
+from tandem.rollout.tp_shards import Cut
 
 
 def chunk_rows(rows: int, world_size: int) -> list[tuple[int, int]]:

@@ -22,16 +22,25 @@ synced whole.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from tandem.engine.reshard import Cut
-
 logger = logging.getLogger(__name__)
 
+
 # model_type -> decoder families whose vLLM layers shard as above (Llama's module names and layout)
+@dataclass(frozen=True)
+class Cut:
+    """The part of a tensor a rank keeps: `length` entries along `dim` from `start`."""
+
+    dim: int
+    start: int
+    length: int
+
+
 SHARDED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "mixtral"})
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
 COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")
