@@ -27,3 +27,18 @@ def char_ids(text: str) -> list[int]:
 def chat_ids(content: str) -> list[int]:
     """Ids of ``<|im_start|>user\\n{content}<|im_end|>\\n<|im_start|>assistant\\n`` (im_start 2, im_end 3)."""
     return [2, *char_ids(f"user\n{content}"), 3, *char_ids("\n"), 2, *char_ids("assistant\n")]
+
+
+def png(width: int, height: int, colour: tuple[int, int, int], diagonal: bool = False) -> bytes:
+    """A PNG of one colour (`diagonal`: with white dots along a diagonal, for the vision tower to see)."""
+    import io
+
+    from PIL import Image
+
+    image = Image.new("RGB", (width, height), colour)
+    if diagonal:
+        for x in range(0, width, 7):
+            image.putpixel((x, x % height), (255, 255, 255))
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()

@@ -4,8 +4,6 @@ processor (lengths count them), the unwidened ids kept for vLLM; bad rows named.
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
 from PIL import Image
@@ -13,11 +11,7 @@ from PIL import Image
 from tandem.data import DataError, PromptDataset, collate_prompts, write_rows
 from tandem.data.tiny_vlm import IMAGE_PAD, save_tiny_vlm
 
-
-def png(width: int, height: int, colour: tuple[int, int, int]) -> bytes:
-    out = io.BytesIO()
-    Image.new("RGB", (width, height), colour).save(out, format="PNG")
-    return out.getvalue()
+from .data_helpers import png
 
 
 @pytest.fixture(scope="module")

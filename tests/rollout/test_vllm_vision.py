@@ -3,12 +3,10 @@ forward on the same image inputs, before and after a weight sync (vision tower a
 
 from __future__ import annotations
 
-import io
-
 import pytest
 import torch
-from PIL import Image
 
+from data.data_helpers import png  # tests/ is on sys.path (pytest's rootdir)
 from tandem.data import PromptDataset, collate_prompts, write_rows
 from tandem.data.tiny_vlm import save_tiny_vlm
 from tandem.rollout import SamplingParams
@@ -17,15 +15,6 @@ from .test_vllm import ENGINES
 
 pytestmark = pytest.mark.slow  # starts a vLLM engine
 TOLERANCE = 1e-5  # fp32; measured 5e-7
-
-
-def png(width: int, height: int, colour: tuple[int, int, int]) -> bytes:
-    image = Image.new("RGB", (width, height), colour)
-    for x in range(0, width, 7):  # some structure for the vision tower
-        image.putpixel((x, x % height), (255, 255, 255))
-    out = io.BytesIO()
-    image.save(out, format="PNG")
-    return out.getvalue()
 
 
 @pytest.fixture(scope="module")
@@ -42,13 +31,13 @@ def vlm(tmp_path_factory):
         {
             "prompt": [{"role": "user", "content": "<image>Colour?"}],
             "data_source": "t",
-            "images": [{"bytes": png(56, 56, (200, 30, 60))}],
+            "images": [{"bytes": png(56, 56, (200, 30, 60), diagonal=True)}],
         },
         {"prompt": [{"role": "user", "content": "No image, just text."}], "data_source": "t", "images": None},
         {
             "prompt": [{"role": "user", "content": "Wide <image> one?"}],
             "data_source": "t",
-            "images": [{"bytes": png(84, 56, (10, 200, 60))}],
+            "images": [{"bytes": png(84, 56, (10, 200, 60), diagonal=True)}],
         },
     ]
     path = write_rows(rows, tmp_path_factory.mktemp("rows") / "rows.parquet")
