@@ -351,13 +351,15 @@ def test_grpo_with_lora_syncs_the_rollout_and_its_reference_is_the_base_model(
     ray_local, assets, tmp_path, sync
 ):
     """actor.lora: adapters on every linear train; vLLM gets the merged weights after each update, or
-    (rollout_sync=adapter) the adapters alone, served on its base weights; the KL term's reference is the actor
-    with its adapters off (no reference engine is built)."""
+    (rollout_sync=adapter) the adapters alone, served on its base weights, here by one engine over both ranks
+    (rollout.tensor_parallel=2: vLLM cuts the adapters as it cuts the layers); the KL term's reference is the
+    actor with its adapters off (no reference engine is built)."""
     cfg = run_config(
         assets,
         tmp_path,
         "grpo",
         "rollout.engine=vllm",
+        f"rollout.tensor_parallel={2 if sync == 'adapter' else 1}",
         "actor.lora.rank=8",
         "actor.lora.alpha=16",
         f"actor.lora.rollout_sync={sync}",
