@@ -8,6 +8,8 @@ Each rank writes `rank{r}.pt` into the output folder: a dict of plain tensors an
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import tempfile
 import uuid
 from datetime import timedelta
 from pathlib import Path
@@ -183,6 +185,17 @@ def single_rank_checks(model_path: str) -> dict:
         frozen.train_step(batch, nan_loss, 4)
     except RuntimeError as err:
         result["frozen_train_error"] = str(err)
+    frozen_dir = Path(tempfile.mkdtemp(prefix="frozen-"))
+    frozen.save(frozen_dir)
+    try:  # a trained engine resuming from a frozen engine's checkpoint: no optimizer state there
+        checkpointed.load(frozen_dir)
+    except ValueError as err:
+        result["frozen_checkpoint_error"] = str(err)
+    checkpointed.load(frozen_dir, weights_only=True)  # its weights alone load
+    result["frozen_weights_loaded"] = all(
+        torch.equal(v, gather_state(frozen)[k]) for k, v in gather_state(checkpointed).items()
+    )
+    shutil.rmtree(frozen_dir, ignore_errors=True)
     return result
 
 

@@ -165,6 +165,8 @@ def test_frozen_engine_forwards_and_refuses_to_train(one_rank):
     single = one_rank["single"]
     torch.testing.assert_close(single["frozen_logits"], one_rank["lm"]["logits0"], rtol=0, atol=1e-5)
     assert "frozen engine" in single["frozen_train_error"]
+    assert "holds no optimizer state (saved by a frozen engine)" in single["frozen_checkpoint_error"]
+    assert single["frozen_weights_loaded"]
 
 
 @pytest.mark.slow

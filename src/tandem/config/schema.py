@@ -162,6 +162,11 @@ class ActorLoraConfig(LoraConfig):
     # weights it loaded at start (a sync of megabytes; generation computes the adapters' extra matmuls)
     rollout_sync: LoraSync = "merged"
 
+    @property
+    def syncs_adapters(self) -> bool:
+        """Adapters on, and the rollout served them alone (rollout_sync=adapter)."""
+        return self.rank > 0 and self.rollout_sync == "adapter"
+
 
 @dataclass
 class ActorConfig:

@@ -455,7 +455,7 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
                 f"{role}.lora.rank={lora.rank} with actor.strategy=megatron: LoRA is built on FSDP2 only; "
                 "use actor.strategy=fsdp",
             )
-    if a.lora.rank > 0 and a.lora.rollout_sync == "adapter":
+    if a.lora.syncs_adapters:
         if cfg.rollout.engine == "hf":
             problems.add(
                 ("actor.lora.rollout_sync", "rollout.engine"),

@@ -661,15 +661,20 @@ class FSDPEngine(TrainEngine):
         path = Path(path)
         extra = load_engine_state(path)
         state = self._checkpoint_state(weights_only)
+        if "optim" in state and not _holds_optimizer_state(path):
+            raise ValueError(
+                f"{path} holds no optimizer state (saved by a frozen engine); load its weights alone "
+                "(weights_only=True) or resume from a checkpoint of a trained engine"
+            )
         dcp.load(state, checkpoint_id=path)
         if "optim" not in state:
             set_model_state_dict(self.model, state["model"])
         else:
-            if "optim" not in state:
-                raise ValueError(f"{path} holds no optimizer state (saved by a frozen engine)")
             set_state_dict(
                 self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
             )
+        if weights_only:  # the weights alone: the step and the schedule stay this engine's
+            return
         self.global_step = int(extra["global_step"])
         if self.scheduler is not None:
             self.scheduler.load_state_dict(extra["scheduler"])
@@ -716,3 +721,9 @@ def _move_buffers(model: torch.nn.Module, device: torch.device) -> None:
         for name, buffer in module.named_buffers(recurse=False):
             if buffer is not None and buffer.device != device:
                 module._buffers[name] = buffer.to(device)
+
+
+def _holds_optimizer_state(path: Path) -> bool:
+    """Whether a torch.distributed.checkpoint folder holds an optimizer's state (keys under "optim")."""
+    metadata = dcp.FileSystemReader(str(path)).read_metadata()
+    return any(key.startswith("optim") for key in metadata.state_dict_metadata)

@@ -296,7 +296,7 @@ class RoleWorker(Worker):
         tensors, or into a tensor-parallel vLLM engine only the part of each that this rank's share of the
         engine keeps (`_rollout_cuts`; `weight_sync/full_gather_bytes` then says what whole ones weigh). Under
         actor.lora.rollout_sync=adapter, the adapters alone (the engine keeps the base weights it loaded)."""
-        if self.cfg.actor.lora.rank > 0 and self.cfg.actor.lora.rollout_sync == "adapter":
+        if self.cfg.actor.lora.syncs_adapters:
             self._sync_rollout_adapter()
             return
         start = time.perf_counter()
@@ -563,7 +563,7 @@ def rollout_kwargs(
             kv_cache_gib=r.cpu_kv_cache_gib,
             seed=cfg.trainer.seed,
         )
-        if cfg.actor.lora.rank > 0 and cfg.actor.lora.rollout_sync == "adapter":
+        if cfg.actor.lora.syncs_adapters:
             kwargs["lora_rank"] = cfg.actor.lora.rank
     return kwargs
 

@@ -54,7 +54,7 @@ def check_available(cfg: TandemConfig) -> None:
     if cfg.rollout.tensor_parallel > 1:
         problems += rollout_tensor_parallel_problems(cfg)
     lora = cfg.actor.lora
-    if lora.rank > 0 and lora.rollout_sync == "adapter" and resolve_engine(cfg.rollout.engine) != "vllm":
+    if lora.syncs_adapters and resolve_engine(cfg.rollout.engine) != "vllm":
         problems.append(
             "actor.lora.rollout_sync=adapter needs vLLM's LoRA support, and vllm is not installed (the rollout "
             "engine resolves to hf); use actor.lora.rollout_sync=merged"

@@ -67,6 +67,8 @@ class CheckpointAndOffload:
                 if "optimizer" not in state:
                     raise ValueError(f"{path} holds no optimizer state (saved by a frozen engine)")
                 self.optimizer.load_state_dict(state["optimizer"])
+        if weights_only:  # the weights alone: the step and the schedule stay this engine's
+            return
         self.global_step = int(extra["global_step"])
         self._schedule_step = int(extra["schedule_step"])
         if self.optimizer is not None:
