@@ -16,6 +16,7 @@ from typing import Any
 from tandem.data.rows import DataError
 
 IMAGE_PLACEHOLDER = "<image>"
+VISION_LANGUAGE_TYPES = ("qwen2_vl",)  # config.json model_types of the vision-language models Tandem reads
 
 
 def prompt_with_images(

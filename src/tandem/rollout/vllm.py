@@ -46,6 +46,7 @@ import torch
 from torch import Tensor
 
 from tandem.batch import Batch
+from tandem.data.images import VISION_LANGUAGE_TYPES
 from tandem.data.without_torchvision import adapt_vllm
 from tandem.rollout.async_engine import VLLMTurnEngine, vllm_sampling
 from tandem.rollout.base import RolloutEngine, SamplingParams, assemble
@@ -55,7 +56,6 @@ logger = logging.getLogger(__name__)
 
 TIED_EMBEDDING, TIED_HEAD = "model.embed_tokens.weight", "lm_head.weight"
 VL_TIED_EMBEDDING = "model.language_model.embed_tokens.weight"  # transformers' vision-language models'
-VISION_LANGUAGE_TYPES = ("qwen2_vl",)
 CPU_ENV = {"VLLM_CPU_OMP_THREADS_BIND": "nobind"}  # see "CPU threads" above
 
 

@@ -12,6 +12,7 @@ validation and checkpoint schedule, resume, and the trackers.
 
 from __future__ import annotations
 
+import json
 import logging
 import resource
 import time
@@ -22,6 +23,7 @@ from typing import Any
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.data import StatefulSampler
+from tandem.data.images import VISION_LANGUAGE_TYPES
 from tandem.engine.flops import mfu_metrics
 from tandem.roles.layout import WorkerGroups, build_worker_groups
 from tandem.rollout import LATER_ENGINES, resolve_engine
@@ -67,8 +69,25 @@ def check_available(cfg: TandemConfig) -> None:
         problems += megatron_model_problems(cfg)
     if cfg.actor.strategy == "fsdp" and cfg.actor.fsdp.sequence_parallel > 1:
         problems += sequence_parallel_problems(cfg)
+    model_type = _model_type(cfg.actor.model_path)
+    if model_type in VISION_LANGUAGE_TYPES:
+        problems.append(
+            f"actor.model_path={cfg.actor.model_path} is a vision-language model ({model_type}): its data and vLLM "
+            "rollout are built, its training is not yet (README, 'Vision-language models')"
+        )
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+def _model_type(model_path: str | None) -> str | None:
+    """config.json's model_type of a local model folder (None where there is none to read)."""
+    config = Path(model_path) / "config.json" if model_path else None
+    if config is None or not config.is_file():
+        return None
+    try:
+        return json.loads(config.read_text()).get("model_type")
+    except (OSError, ValueError):
+        return None  # the engine's own load names what is wrong with the folder
 
 
 def rollout_tensor_parallel_problems(cfg: TandemConfig) -> list[str]:
