@@ -19,6 +19,11 @@ IMAGE_PLACEHOLDER = "<image>"
 VISION_LANGUAGE_TYPES = ("qwen2_vl",)  # config.json model_types of the vision-language models Tandem reads
 
 
+def is_vision_language(config: Any) -> bool:
+    """Whether a transformers config is one of a vision-language model Tandem reads."""
+    return getattr(config, "model_type", None) in VISION_LANGUAGE_TYPES
+
+
 def prompt_with_images(
     location: str, messages: list[dict[str, Any]], images: Any, key: str, folder: Path
 ) -> tuple[list[dict[str, Any]], list[Any]]:

@@ -51,6 +51,7 @@ from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
 from tandem.batch import Batch, Partition
 from tandem.config.schema import FSDPConfig, OptimConfig
+from tandem.data.images import is_vision_language
 from tandem.data.packing import pack_model_inputs
 from tandem.engine import hf_io, moe, reshard
 from tandem.engine import lora as lora_layers
@@ -72,6 +73,7 @@ from tandem.engine.lm_head import ChunkedHead, chunk_tokens, hidden_states_out
 from tandem.engine.micro import dummy_like, merge_outputs, real_token_count, split_micro_batches, to_cpu
 from tandem.engine.optim import build_optimizer, build_scheduler
 from tandem.engine.ulysses import check_heads, scale_grad, sequence_parallel_groups, sp_attention, sp_forward
+from tandem.engine.vision import VisionTower
 from tandem.rollout.tp_shards import Cut
 
 logger = logging.getLogger(__name__)
@@ -159,17 +161,29 @@ class FSDPEngine(TrainEngine):
                 f"{self.model_path}: not built (its load-balancing loss needs every token of a sequence on one "
                 "rank); use actor.fsdp.sequence_parallel=1"
             )
+        vision_language = is_vision_language(config)
+        if vision_language and (head != "lm" or self.sp is not None):
+            raise ValueError(
+                f"{self.model_path} is a vision-language model: built as the policy (head 'lm') without "
+                "actor.fsdp.sequence_parallel only"
+            )
         offload = self._offload_policy(fsdp.cpu_offload)
         self._cpu_offload = offload is not None
         self.model, self._hf_class, state_keys = self._build_model(
             fsdp, offload, activation_checkpointing, seed
         )
         self._state_keys = set(state_keys)  # the HF state_dict's names: what state_dict_iter yields
+        # image inputs, and the vision tower on every rank in every forward (engine/vision.py); padded rows
+        self._vision = VisionTower(self.model) if vision_language else None
+        if self._vision is not None:
+            self.packing = False
         if self.packing:
             self.packing = self._packing_works()
         # fsdp.lm_head_chunk_tokens: the LM head a chunk at a time from the hidden states (engine/lm_head.py)
         self.lm_head_chunk = (
-            chunk_tokens(fsdp.lm_head_chunk_tokens, config.vocab_size) if head == "lm" else None
+            chunk_tokens(fsdp.lm_head_chunk_tokens, config.get_text_config().vocab_size)
+            if head == "lm"
+            else None
         )
         if self.lm_head_chunk is not None and not self._chunked_head_works():
             self.lm_head_chunk = None
@@ -258,7 +272,7 @@ class FSDPEngine(TrainEngine):
         mask = torch.tensor([[1] * n + [0] * (max(lengths) - n) for n in lengths], device=self.device)
         ids = (
             torch.arange(mask.numel(), device=self.device).view(mask.shape) * 3 + 1
-        ) % self.config.vocab_size
+        ) % self.config.get_text_config().vocab_size
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         warm = Batch({"input_ids": ids * mask, "attention_mask": mask, "position_ids": positions})
         # Packed micro-batches are always one row; padded ones are 1 row or more, two graphs.
@@ -447,7 +461,9 @@ class FSDPEngine(TrainEngine):
         ids = micro["input_ids"]
         chunk = self.lm_head_chunk if chunk == -1 else chunk
         packing = None
-        if (self.packing if packed is None else packed) and "attention_mask" in micro:
+        if self._vision is not None:
+            inputs = self._vision.model_inputs(micro, self.device)
+        elif (self.packing if packed is None else packed) and "attention_mask" in micro:
             # No attention mask: transformers separates the sequences by their restarting position ids.
             inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self._pad_id())
         else:
@@ -490,7 +506,7 @@ class FSDPEngine(TrainEngine):
     def _chunked_head_works(self) -> bool:
         """Whether this model's logits are exactly its output embedding of the last hidden states (no
         soft-capping or scaling after it): a probe's logits both ways. Otherwise the plain head, warned."""
-        ids = torch.arange(6, device=self.device).view(1, 6) * 5 % self.config.vocab_size
+        ids = torch.arange(6, device=self.device).view(1, 6) * 5 % self.config.get_text_config().vocab_size
         positions = torch.arange(6, device=self.device).view(1, 6)
         probe = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": positions})
         self.model.eval()
@@ -520,7 +536,7 @@ class FSDPEngine(TrainEngine):
         ids = (
             torch.arange(len(lengths) * width, device=self.device).view(mask.shape)
             * 7
-            % self.config.vocab_size
+            % self.config.get_text_config().vocab_size
         )
         probe = Batch(
             {

@@ -19,6 +19,8 @@ from transformers import (
     PreTrainedModel,
 )
 
+from tandem.data.images import is_vision_language
+
 # Files of a Hugging Face folder that hold weights or the model config: written by `save_pretrained`,
 # never copied from the source folder. Everything else (tokenizer, chat template, generation config) is.
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".gguf")
@@ -84,9 +86,14 @@ def tokenizer_folder_problem(path: str | Path) -> str | None:
     return None
 
 
-def auto_class(head: str) -> type:
-    """The transformers Auto class of a head: a causal LM, or a token classifier with one label."""
+def auto_class(head: str, config: PretrainedConfig | None = None) -> type:
+    """The transformers Auto class of a head: a causal LM (an image-text-to-text model for a vision-language
+    `config`), or a token classifier with one label."""
     if head == "lm":
+        if config is not None and is_vision_language(config):
+            from transformers import AutoModelForImageTextToText
+
+            return AutoModelForImageTextToText
         return AutoModelForCausalLM
     if head == "value":
         return AutoModelForTokenClassification
@@ -154,7 +161,7 @@ def load_pretrained(
     `seed` alone, with the global RNG left untouched, so every run and rank gets the same head."""
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        model = auto_class(head).from_pretrained(model_path, config=config, dtype=torch.float32)
+        model = auto_class(head, config).from_pretrained(model_path, config=config, dtype=torch.float32)
     zero_dropout_modules(model)
     return model
 
@@ -162,7 +169,7 @@ def load_pretrained(
 def build_on_meta(config: PretrainedConfig, head: str) -> PreTrainedModel:
     """The same architecture with no storage (meta device): filled later from rank 0's weights."""
     with torch.device("meta"):
-        model = auto_class(head).from_config(config, dtype=torch.float32)
+        model = auto_class(head, config).from_config(config, dtype=torch.float32)
     zero_dropout_modules(model)
     return model
 
