@@ -100,12 +100,18 @@ def test_engines_that_would_drop_the_images_refuse_them(vlm):
     refuse_images(prompts.reorder([1]), "HFRollout")  # the text-only row passes
 
 
-def test_training_a_vision_language_model_is_refused_at_start_up_until_it_is_built(vlm):
+def test_what_a_vision_language_actor_does_not_run_with_yet_is_a_start_up_error(vlm):
     from tandem.config import ConfigError, load_config
     from tandem.trainer.base import check_available
 
     folder, _, _ = vlm
-    with pytest.raises(
-        ConfigError, match=r"is a vision-language model \(qwen2_vl\): its data and vLLM rollout"
+    base = [f"actor.model_path={folder}", "rollout.engine=vllm"]
+    check_available(load_config("grpo", base))  # GRPO on vLLM: runs (tests/trainer/test_vision_e2e.py)
+    for preset, extra, message in (
+        ("grpo", ["rollout.engine=hf"], r"rolled out by vLLM's batched generate"),
+        ("grpo", ["rollout.mode=async"], r"rolled out by vLLM's batched generate"),
+        ("ppo", [], "no critic or reward model reads images yet"),
+        ("grpo", ["actor.lora.rank=8"], "not yet with actor.fsdp.sequence_parallel > 1 or actor.lora"),
     ):
-        check_available(load_config("grpo", [f"actor.model_path={folder}"]))
+        with pytest.raises(ConfigError, match=r"is a vision-language model \(qwen2_vl\): .*" + message):
+            check_available(load_config(preset, [*base, *extra]))

@@ -60,6 +60,9 @@ class DataConfig:
     train_files: list[str] = field(default_factory=list)  # parquet / jsonl files of training prompts
     val_files: list[str] = field(default_factory=list)  # parquet / jsonl validation prompts; [] = none
     prompt_key: str = "prompt"  # column holding the prompt (chat messages or plain text)
+    image_key: str = (
+        "images"  # column of a row's images, one <image> in its messages each (vision-language models)
+    )
     max_prompt_length: int = 512  # TOKENS per prompt at most, >= 1; longer ones follow `truncation`
     max_response_length: int = 512  # TOKENS generated per sample at most, >= 1
     max_length: int | None = None  # SFT only: TOKENS of prompt + response + EOS; None = the two above summed

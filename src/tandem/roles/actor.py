@@ -29,7 +29,7 @@ from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
 from tandem.engine.base import TrainEngine, scatter_rows
 from tandem.roles.common import (
-    MODEL_INPUTS,
+    model_inputs,
     response_log_probs,
     response_logits,
     run_update,
@@ -70,7 +70,7 @@ class Actor:
             return {name: scatter_rows(values, where) for name, values in stats.items()}
 
         micro = self.cfg.rollout.log_prob_micro_batch_size_per_rank
-        return self.engine.forward(batch.select(*MODEL_INPUTS, "responses"), fn, micro)
+        return self.engine.forward(model_inputs(batch, "responses"), fn, micro)
 
     def update(self, batch: Batch) -> dict[str, float]:
         """ppo_epochs passes over the batch, one optimizer step per mini-batch; then one LR-schedule step."""

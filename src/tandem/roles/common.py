@@ -17,6 +17,17 @@ from tandem.engine.base import LossFn, ModelOutput, StepResult, TrainEngine, sca
 from tandem.engine.lm_head import HeadRows
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")  # what every engine forward reads
+IMAGE_INPUTS = "multi_modal_inputs"  # a vision-language model's rows: their images' processor outputs
+
+
+def input_keys(batch: Batch) -> tuple[str, ...]:
+    """The columns an engine forward reads: MODEL_INPUTS, and the image inputs where the rows have them."""
+    return (*MODEL_INPUTS, *((IMAGE_INPUTS,) if IMAGE_INPUTS in batch else ()))
+
+
+def model_inputs(batch: Batch, *extra: str) -> Batch:
+    """`batch`'s `input_keys` and `extra` columns."""
+    return batch.select(*input_keys(batch), *extra)
 
 
 def response_slice(per_position: Tensor, response_length: int) -> Tensor:

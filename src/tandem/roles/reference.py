@@ -9,7 +9,7 @@ from torch import Tensor
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
 from tandem.engine.base import TrainEngine
-from tandem.roles.common import MODEL_INPUTS, response_log_probs
+from tandem.roles.common import model_inputs, response_log_probs
 
 
 class Reference:
@@ -28,4 +28,4 @@ class Reference:
             return {"ref_log_probs": log_probs}
 
         micro = self.cfg.reference.log_prob_micro_batch_size_per_rank
-        return self.engine.forward(batch.select(*MODEL_INPUTS, "responses"), fn, micro)
+        return self.engine.forward(model_inputs(batch, "responses"), fn, micro)

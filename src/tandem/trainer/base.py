@@ -71,12 +71,31 @@ def check_available(cfg: TandemConfig) -> None:
         problems += sequence_parallel_problems(cfg)
     model_type = _model_type(cfg.actor.model_path)
     if model_type in VISION_LANGUAGE_TYPES:
-        problems.append(
-            f"actor.model_path={cfg.actor.model_path} is a vision-language model ({model_type}): its data and vLLM "
-            "rollout are built, its training is not yet (README, 'Vision-language models')"
-        )
+        problems += vision_language_problems(cfg, model_type)
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+def vision_language_problems(cfg: TandemConfig, model_type: str) -> list[str]:
+    """What a vision-language actor does not run with yet (README, 'Vision-language models')."""
+    a, r = cfg.actor, cfg.rollout
+    what = f"actor.model_path is a vision-language model ({model_type})"
+    problems = []
+    if a.strategy != "fsdp":
+        problems.append(f"{what}: train it with actor.strategy=fsdp")
+    if a.fsdp.sequence_parallel > 1 or a.lora.rank > 0:
+        problems.append(f"{what}: not yet with actor.fsdp.sequence_parallel > 1 or actor.lora")
+    if resolve_engine(r.engine) != "vllm" or r.mode != "sync" or r.layout != "hybrid":
+        problems.append(
+            f"{what}: its images are rolled out by vLLM's batched generate (rollout.engine=vllm, "
+            "rollout.mode=sync, rollout.layout=hybrid)"
+        )
+    if cfg.derived.critic_needed or cfg.derived.reward_model_needed:
+        problems.append(
+            f"{what}: no critic or reward model reads images yet; use a critic-free estimator (grpo, "
+            "rloo, ...) and rule-based rewards"
+        )
+    return problems
 
 
 def _model_type(model_path: str | None) -> str | None:

@@ -30,7 +30,7 @@ from tandem.controller import WorkerGroup
 from tandem.data import PromptDataset, collate_prompts
 from tandem.engine.flops import ModelFlops
 from tandem.rewards import reward_components, reward_manager_from_config
-from tandem.roles.common import MODEL_INPUTS, arrange_for_update, balanced_order
+from tandem.roles.common import arrange_for_update, balanced_order, input_keys, model_inputs
 from tandem.roles.layout import build_worker_groups
 from tandem.roles.reward_model import last_token_index
 from tandem.rollout import PROMPT_INDEX, SamplingParams
@@ -42,6 +42,7 @@ from tandem.trainer.start_checks import (
     check_model_folders,
     check_tokenizers,
     load_actor_tokenizer,
+    load_image_processor,
 )
 from tandem.trainer.streaming import StreamFeed
 
@@ -72,6 +73,7 @@ class RLTrainer(Trainer):
             raise ConfigError("evaluation needs data.val_files and actor.model_path; set both")
         check_model_folders(cfg, "rl" if train else "eval")
         self.tokenizer = load_actor_tokenizer(cfg)
+        self.processor = load_image_processor(cfg)  # a vision-language model's (None for a text model)
         self.pad_id = self.tokenizer.pad_token_id
         self.train_data = self._prompts(d.train_files, cfg) if train else None
         self.val_data = self._prompts(d.val_files, cfg) if d.val_files else None
@@ -104,6 +106,8 @@ class RLTrainer(Trainer):
             truncation=d.truncation,
             chat_template=d.chat_template,
             tools=tool_schemas(cfg.rollout.multi_turn),
+            processor=self.processor,
+            image_key=d.image_key,
         )
 
     def _data_sources(self) -> set[tuple[str, str | None]]:
@@ -128,7 +132,7 @@ class RLTrainer(Trainer):
 
             # Rows in an order that gives every data-parallel rank about the same number of tokens.
             order, restore = balanced_order(batch, groups.actor.dp_size)
-            inputs = batch.select(*MODEL_INPUTS, "responses", "response_mask").reorder(order)
+            inputs = model_inputs(batch, "responses", "response_mask").reorder(order)
             values = groups.critic.compute_values.async_(inputs) if groups.critic else None
             if alg.rollout_correction.bypass_mode:  # the rollout's log-probs are the old ones (verl's name)
                 batch["old_log_probs"] = batch["rollout_log_probs"]
@@ -184,7 +188,7 @@ class RLTrainer(Trainer):
             update_mask = batch["attention_mask"]  # the tokens each update trains on (model FLOPs, MFU)
             if groups.critic is not None:
                 with timer("update_critic"):
-                    update = batch.select(*MODEL_INPUTS, "responses", "response_mask", "values", "returns")
+                    update = model_inputs(batch, "responses", "response_mask", "values", "returns")
                     update = arrange_for_update(update, groups.critic.dp_size, d.critic_mini_batches_per_step)
                     metrics.update(groups.critic.update_critic(update)[0])
                 epochs = cfg.critic.ppo_epochs or cfg.actor.ppo_epochs
@@ -221,7 +225,7 @@ class RLTrainer(Trainer):
         return devices
 
     def _actor_update_keys(self, batch: Batch) -> list[str]:
-        keys = [*MODEL_INPUTS, "responses", "response_mask", "advantages"]
+        keys = [*input_keys(batch), "responses", "response_mask", "advantages"]
         if self.cfg.derived.old_log_probs_from_update:
             keys.append("rollout_log_probs")  # for rollout_mismatch/*, computed in the update
         else:

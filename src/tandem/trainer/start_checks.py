@@ -13,6 +13,7 @@ from typing import Any
 
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
+from tandem.data.images import is_vision_language
 from tandem.data.rows import DataError, tokenize
 from tandem.engine.hf_io import (
     TOKENIZER_FILES,
@@ -55,6 +56,21 @@ def load_actor_tokenizer(cfg: TandemConfig) -> Any:
     """The actor's tokenizer (actor.tokenizer_path, else actor.model_path): the prompts', rollout's and SFT's."""
     key, folder = actor_tokenizer_source(cfg)
     return load_tokenizer(folder, key)
+
+
+def load_image_processor(cfg: TandemConfig) -> Any:
+    """A vision-language actor's processor (its image processor and tokenizer, from actor.model_path), which
+    widens each image of a prompt to its tokens; None for a text model."""
+    from transformers import AutoConfig
+
+    if not is_vision_language(AutoConfig.from_pretrained(cfg.actor.model_path)):
+        return None
+    from transformers import AutoProcessor
+
+    from tandem.data.without_torchvision import adapt_transformers
+
+    adapt_transformers()
+    return AutoProcessor.from_pretrained(cfg.actor.model_path)
 
 
 # --- folders -------------------------------------------------------------------------------------------

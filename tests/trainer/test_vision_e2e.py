@@ -1,0 +1,86 @@
+"""GRPO on a tiny Qwen2-VL, end to end on Ray: prompts with images (verl's images column), vLLM rolling them
+out with the images, the FSDP2 actor and reference reading the same image inputs; the rollout's log-probs
+stay the trainer's after every update and sync, and the vision tower trains."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from data.data_helpers import png  # tests/ is on sys.path (pytest's rootdir)
+from tandem.data import write_rows
+from tandem.data.tiny_vlm import save_tiny_vlm
+from tandem.trainer import RLTrainer
+from tandem.trainer.export import export_checkpoint
+
+from .trainer_helpers import custom_reward, run_config
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
+COLOURS = {"red": (220, 20, 20), "green": (20, 200, 40), "blue": (30, 40, 230)}
+
+
+def rows(count: int, offset: int) -> list[dict]:
+    out = []
+    for i in range(count):
+        name, colour = list(COLOURS.items())[(i + offset) % 3]
+        with_image = i % 4 != 3  # every fourth prompt is text only
+        out.append(
+            {
+                "prompt": [{"role": "user", "content": ("<image>" if with_image else "") + "Colour?"}],
+                "data_source": "colours",
+                "reward_model": {"ground_truth": name, "style": "rule"},
+                "extra_info": {"index": offset + i},
+                "images": [{"bytes": png(28 * (2 + i % 2), 56, colour, diagonal=True), "path": None}]
+                if with_image
+                else None,
+            }
+        )
+    return out
+
+
+@pytest.fixture(scope="module")
+def assets(tmp_path_factory):
+    root = tmp_path_factory.mktemp("vision")
+    return {
+        "model": save_tiny_vlm(root / "model"),
+        "train": write_rows(rows(16, 0), root / "train.parquet"),
+        "val": write_rows(rows(8, 100), root / "val.parquet"),
+    }
+
+
+def test_grpo_on_a_vision_language_model_keeps_rollout_and_trainer_log_probs_equal(
+    ray_local, assets, tmp_path
+):
+    cfg = run_config(
+        assets,
+        tmp_path,
+        "grpo",
+        "rollout.engine=vllm",
+        "data.max_prompt_length=48",
+        "actor.ppo_mini_batch_size=4",  # one optimizer step per step
+        "actor.fsdp.param_dtype=float32",
+        "actor.use_kl_loss=true",
+        "trainer.total_training_steps=3",
+        *custom_reward("by_length"),
+    )
+    history = {m["step"]: m for m in RLTrainer(cfg).fit()}
+    assert sorted(history) == [1, 2, 3]
+    for step, m in history.items():
+        assert m["actor/optimizer_steps"] == 1 and m["actor/grad_norm"] > 0, step
+        # vLLM's log-probs of its samples (images in) against the FSDP2 actor's recomputation, fp32
+        assert m["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-5), step
+        assert m["rollout_mismatch/min_ratio"] == pytest.approx(1.0, abs=1e-5), step
+    assert history[3]["actor/kl_loss"] > 0  # the reference (the folder's weights) reads the images too
+    final = tmp_path / "tandem" / cfg.trainer.experiment_name / "checkpoints" / "global_step_3"
+    exported = export_checkpoint(final, tmp_path / "hf")  # a Qwen2-VL folder again, processor included
+    trained, initial = (
+        load_file(exported / "model.safetensors"),
+        load_file(assets["model"] / "model.safetensors"),
+    )
+    assert trained.keys() == initial.keys()
+    vision = [name for name in initial if name.startswith("visual.")]
+    assert vision and all(
+        not torch.equal(trained[name], initial[name]) for name in vision
+    )  # the tower trained
+    assert (exported / "processor_config.json").is_file()
