@@ -69,6 +69,20 @@ def moe_assets(tmp_path_factory):
     return make_assets(tmp_path_factory.mktemp("moe_assets"), num_experts=4, experts_per_token=2)
 
 
+def rollout_tp2_config(assets, tmp_path, *extra: str):
+    """GRPO for 3 steps into one vLLM engine over both ranks (rollout.tensor_parallel=2)."""
+    return run_config(
+        assets,
+        tmp_path,
+        "grpo",
+        "rollout.engine=vllm",
+        "rollout.tensor_parallel=2",
+        "trainer.total_training_steps=3",
+        *extra,
+        *custom_reward("by_length"),
+    )
+
+
 def by_step(history):
     return {m["step"]: m for m in history}
 
@@ -253,15 +267,7 @@ def test_grpo_on_a_moe_model_with_a_tensor_parallel_vllm_engine_syncs_weights_an
     if stale.parent.is_dir() and not stale.exists():
         stale.write_bytes(bytes(16))
     assets = moe_assets
-    cfg = run_config(
-        assets,
-        tmp_path,
-        "grpo",
-        "rollout.engine=vllm",
-        "rollout.tensor_parallel=2",
-        "trainer.total_training_steps=3",
-        *custom_reward("by_length"),
-    )
+    cfg = rollout_tp2_config(assets, tmp_path)
     history = by_step(RLTrainer(cfg).fit())
     for step in (1, 2, 3):
         m = history[step]
@@ -315,16 +321,7 @@ def test_grpo_into_a_tensor_parallel_vllm_engine_sends_each_rank_only_its_shard(
     all-to-all (rollout/tp_shards.py, engine/reshard.py), and the rollout's log-probs stay the trainer's. With a
     single KV head vLLM replicates keys and values: both ranks receive them whole."""
     assets = one_kv_head_assets
-    cfg = run_config(
-        assets,
-        tmp_path,
-        "grpo",
-        "rollout.engine=vllm",
-        "rollout.tensor_parallel=2",
-        "actor.ppo_mini_batch_size=4",
-        "trainer.total_training_steps=3",
-        *custom_reward("by_length"),
-    )
+    cfg = rollout_tp2_config(assets, tmp_path, "actor.ppo_mini_batch_size=4")
     history = by_step(RLTrainer(cfg).fit())
     for step in (1, 2, 3):
         m = history[step]
