@@ -33,7 +33,6 @@ shows in rollout_mismatch/*, and rollout.is_correction can weight for it.
 from __future__ import annotations
 
 import glob
-import json
 import logging
 import os
 import time
@@ -46,7 +45,7 @@ import torch
 from torch import Tensor
 
 from tandem.batch import Batch
-from tandem.data.images import VISION_LANGUAGE_TYPES
+from tandem.data.images import VISION_LANGUAGE_TYPES, folder_model_type
 from tandem.data.without_torchvision import adapt_vllm
 from tandem.rollout.async_engine import VLLMTurnEngine, vllm_sampling
 from tandem.rollout.base import RolloutEngine, SamplingParams, assemble
@@ -160,9 +159,8 @@ class VLLMRollout(RolloutEngine):
         if self.device.type == "cpu":
             os.environ.update(CPU_ENV)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
-        if _is_vision_language(
-            model_path
-        ):  # Qwen2-VL's parts without torchvision (data/without_torchvision.py)
+        # Qwen2-VL's parts without torchvision (data/without_torchvision.py)
+        if folder_model_type(model_path) in VISION_LANGUAGE_TYPES:
             adapt_vllm()
         from vllm import LLM
 
@@ -396,11 +394,6 @@ def with_tied_head(weights: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str,
         if name in (TIED_EMBEDDING, VL_TIED_EMBEDDING) and not head_sent:
             head_sent = True
             yield TIED_HEAD, tensor
-
-
-def _is_vision_language(model_path: str | Path) -> bool:
-    config = Path(model_path) / "config.json"
-    return config.is_file() and json.loads(config.read_text()).get("model_type") in VISION_LANGUAGE_TYPES
 
 
 def check_widened(outputs: Sequence[Any], prompt_ids: Tensor, prompt_mask: Tensor) -> None:

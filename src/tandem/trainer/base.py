@@ -12,7 +12,6 @@ validation and checkpoint schedule, resume, and the trackers.
 
 from __future__ import annotations
 
-import json
 import logging
 import resource
 import time
@@ -23,7 +22,7 @@ from typing import Any
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.data import StatefulSampler
-from tandem.data.images import VISION_LANGUAGE_TYPES
+from tandem.data.images import VISION_LANGUAGE_TYPES, folder_model_type
 from tandem.engine.flops import mfu_metrics
 from tandem.roles.layout import WorkerGroups, build_worker_groups
 from tandem.rollout import LATER_ENGINES, resolve_engine
@@ -69,7 +68,7 @@ def check_available(cfg: TandemConfig) -> None:
         problems += megatron_model_problems(cfg)
     if cfg.actor.strategy == "fsdp" and cfg.actor.fsdp.sequence_parallel > 1:
         problems += sequence_parallel_problems(cfg)
-    model_type = _model_type(cfg.actor.model_path)
+    model_type = folder_model_type(cfg.actor.model_path)
     if model_type in VISION_LANGUAGE_TYPES:
         problems += vision_language_problems(cfg, model_type)
     if problems:
@@ -96,17 +95,6 @@ def vision_language_problems(cfg: TandemConfig, model_type: str) -> list[str]:
             "rloo, ...) and rule-based rewards"
         )
     return problems
-
-
-def _model_type(model_path: str | None) -> str | None:
-    """config.json's model_type of a local model folder (None where there is none to read)."""
-    config = Path(model_path) / "config.json" if model_path else None
-    if config is None or not config.is_file():
-        return None
-    try:
-        return json.loads(config.read_text()).get("model_type")
-    except (OSError, ValueError):
-        return None  # the engine's own load names what is wrong with the folder
 
 
 def rollout_tensor_parallel_problems(cfg: TandemConfig) -> list[str]:

@@ -559,8 +559,8 @@ class MegatronEngine(CheckpointAndOffload, TrainEngine):
         with a causal mask over its real tokens. megatron's mask is True where attention is NOT allowed.
         `shape`: (rows, columns) to pad the inputs to (the interleaved schedule's fixed shape); under sequence
         parallel the columns are padded to a multiple of TP. Padding is attended by nothing. Under context
-        parallel the columns are padded to a multiple of 2 x CP (x TP) and the inputs hold this rank's share
-        of them (context_parallel.py); the mask stays whole (the attention picks its rows)."""
+        parallel every packed sequence (a padded row: the row) spans a multiple of 2 x CP (x TP) columns, and
+        the inputs hold this rank's chunks of each (`_context_parallel_share`)."""
         ids = micro["input_ids"]
         padded_shape = tuple(ids.shape)
         # the columns are split over the TP ranks (sequence parallel), in 2 chunks per CP rank (context parallel)
