@@ -153,6 +153,9 @@ class FSDPEngine(TrainEngine):
         hf_io.disable_dropout(config)
         config.use_cache = False
         self.config = config
+        self.vocab_size = (
+            config.get_text_config().vocab_size
+        )  # a vision-language config keeps it in its text part
         # A mixture-of-experts causal LM: its routers' load-balancing loss joins every training pass (engine/moe.py)
         self.routing = moe.routing_of(config, router_aux_loss_coef) if head == "lm" else None
         if self.routing is not None and self.sp is not None:
@@ -181,9 +184,7 @@ class FSDPEngine(TrainEngine):
             self.packing = self._packing_works()
         # fsdp.lm_head_chunk_tokens: the LM head a chunk at a time from the hidden states (engine/lm_head.py)
         self.lm_head_chunk = (
-            chunk_tokens(fsdp.lm_head_chunk_tokens, config.get_text_config().vocab_size)
-            if head == "lm"
-            else None
+            chunk_tokens(fsdp.lm_head_chunk_tokens, self.vocab_size) if head == "lm" else None
         )
         if self.lm_head_chunk is not None and not self._chunked_head_works():
             self.lm_head_chunk = None
@@ -270,9 +271,7 @@ class FSDPEngine(TrainEngine):
         # two sequences: one packed [1, 11] row, or a padded [2, 7] batch (its first row padded)
         lengths = (4, 7)
         mask = torch.tensor([[1] * n + [0] * (max(lengths) - n) for n in lengths], device=self.device)
-        ids = (
-            torch.arange(mask.numel(), device=self.device).view(mask.shape) * 3 + 1
-        ) % self.config.get_text_config().vocab_size
+        ids = (torch.arange(mask.numel(), device=self.device).view(mask.shape) * 3 + 1) % self.vocab_size
         positions = (mask.cumsum(-1) - 1).clamp(min=0)
         warm = Batch({"input_ids": ids * mask, "attention_mask": mask, "position_ids": positions})
         # Packed micro-batches are always one row; padded ones are 1 row or more, two graphs.
@@ -506,7 +505,7 @@ class FSDPEngine(TrainEngine):
     def _chunked_head_works(self) -> bool:
         """Whether this model's logits are exactly its output embedding of the last hidden states (no
         soft-capping or scaling after it): a probe's logits both ways. Otherwise the plain head, warned."""
-        ids = torch.arange(6, device=self.device).view(1, 6) * 5 % self.config.get_text_config().vocab_size
+        ids = torch.arange(6, device=self.device).view(1, 6) * 5 % self.vocab_size
         positions = torch.arange(6, device=self.device).view(1, 6)
         probe = Batch({"input_ids": ids, "attention_mask": torch.ones_like(ids), "position_ids": positions})
         self.model.eval()
@@ -533,11 +532,7 @@ class FSDPEngine(TrainEngine):
         lengths = (5, 3, 2)  # packed: [5] and [3, 2]: the 2-token sequence shares a row with the 3-token one
         width = max(lengths)
         mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths], device=self.device)
-        ids = (
-            torch.arange(len(lengths) * width, device=self.device).view(mask.shape)
-            * 7
-            % self.config.get_text_config().vocab_size
-        )
+        ids = torch.arange(len(lengths) * width, device=self.device).view(mask.shape) * 7 % self.vocab_size
         probe = Batch(
             {
                 "input_ids": ids * mask,

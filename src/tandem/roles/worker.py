@@ -104,7 +104,8 @@ class RoleWorker(Worker):
         self._rollout_stale = False
         self._bus: WeightBus | None = None  # rollout.layout=separate: the weight channel, once joined
         self._adapter_root: Path | None = None  # actor.lora.rollout_sync=adapter: the adapter folders' home
-        self._cuts: TensorParallelCuts | bool | None = False  # shard-only sync's cuts; False: not decided yet
+        # the cuts of a shard-only sync into this rank's tensor-parallel engine (None: whole tensors)
+        self._cuts = self._rollout_cuts() if self.actor is not None and self.rollout is not None else None
         self._stream: RolloutStream | None = None  # trainer.async_mode=streaming: from the first submit
         self._metrics: dict[str, float] = {}
         self._profiler = PhaseProfiler(cfg.trainer.profile, ctx.group_name, ctx.rank)
@@ -301,7 +302,7 @@ class RoleWorker(Worker):
             return
         start = time.perf_counter()
         received, whole = [0], [0]
-        cuts = self._rollout_cuts()
+        cuts = self._cuts
 
         def counted() -> Iterator[tuple[str, Tensor]]:
             if cuts is None:
@@ -326,17 +327,11 @@ class RoleWorker(Worker):
         or None: whole tensors (one rank per engine, rollout.shard_weight_sync=false, a megatron actor of
         another tensor-parallel size than the rollout's, LoRA merged into whole weights, an architecture
         shard-only sync does not know)."""
-        if self._cuts is False:
-            a, r = self.cfg.actor, self.cfg.rollout
-            layout = a.strategy == "fsdp" or a.megatron.tensor_parallel == r.tensor_parallel
-            shardable = r.shard_weight_sync and layout and a.lora.rank == 0
-            config = self.actor.engine.config
-            self._cuts = (
-                TensorParallelCuts.for_model(config, r.tensor_parallel, self.ctx.world_size)
-                if shardable
-                else None
-            )
-        return self._cuts
+        a, r = self.cfg.actor, self.cfg.rollout
+        layout = a.strategy == "fsdp" or a.megatron.tensor_parallel == r.tensor_parallel
+        if not (r.shard_weight_sync and layout and a.lora.rank == 0):
+            return None
+        return TensorParallelCuts.for_model(self.actor.engine.config, r.tensor_parallel, self.ctx.world_size)
 
     def _sync_rollout_adapter(self) -> None:
         """actor.lora's adapters, gathered on every rank, into this rank's vLLM engine as a PEFT folder of this

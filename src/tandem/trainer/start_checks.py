@@ -13,7 +13,7 @@ from typing import Any
 
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
-from tandem.data.images import is_vision_language
+from tandem.data.images import VISION_LANGUAGE_TYPES, folder_model_type
 from tandem.data.rows import DataError, tokenize
 from tandem.engine.hf_io import (
     TOKENIZER_FILES,
@@ -61,9 +61,7 @@ def load_actor_tokenizer(cfg: TandemConfig) -> Any:
 def load_image_processor(cfg: TandemConfig) -> Any:
     """A vision-language actor's processor (its image processor and tokenizer, from actor.model_path), which
     widens each image of a prompt to its tokens; None for a text model."""
-    from transformers import AutoConfig
-
-    if not is_vision_language(AutoConfig.from_pretrained(cfg.actor.model_path)):
+    if folder_model_type(cfg.actor.model_path) not in VISION_LANGUAGE_TYPES:
         return None
     from transformers import AutoProcessor
 
