@@ -1,6 +1,6 @@
 """`tandem`: the command line.
 
-    tandem quickstart [--out DIR] [--task addition|calculator] [key=value ...]   the main job: tiny model, SFT, GRPO
+    tandem quickstart [--out DIR] [--task addition|calculator|vision] [key=value ...]   the main job: tiny model, SFT, GRPO
     tandem train PRESET|FILE [key=value ...]        RL training (grpo, ppo, dapo, rloo, remax, ...)
     tandem sft [PRESET|FILE] [key=value ...]        supervised fine-tuning (default preset: sft)
     tandem eval PRESET|FILE [key=value ...] [--checkpoint DIR]   validation accuracy of a model
@@ -39,8 +39,9 @@ def _parser() -> argparse.ArgumentParser:
     quick.add_argument(
         "--task",
         default="addition",
-        choices=["addition", "calculator"],
-        help="addition (default), or calculator: multi-turn tool use on the agent loop",
+        choices=["addition", "calculator", "vision"],
+        help="addition (default); calculator: multi-turn tool use on the agent loop; vision: a tiny "
+        "vision-language model counts squares in images",
     )
 
     train = sub.add_parser("train", help="RL training from a preset or YAML file")

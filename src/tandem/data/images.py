@@ -37,6 +37,29 @@ def folder_model_type(folder: str | Path | None) -> str | None:
         return None
 
 
+def row_images(
+    location: str, messages: list[dict[str, Any]], images: Any, key: str, folder: Path, mode: str, processor: Any
+) -> tuple[list[dict[str, Any]], list[Any]]:
+    """`prompt_with_images` for a dataset row, once the dataset knows the model reads images (`processor`)
+    and renders with the chat template (`mode`)."""
+    if processor is None:
+        raise DataError(
+            f"{location}: the row has {key!r} but the model has no image processor; point actor.model_path "
+            "at a vision-language model's folder (with its processor_config.json), or drop the images"
+        )
+    if mode != "chat":
+        raise DataError(f"{location}: a row with {key!r} needs the chat template (data.chat_template=auto)")
+    return prompt_with_images(location, messages, images, key, folder)
+
+
+def widen_images(text: str, images: list[Any], processor: Any) -> tuple[list[int], dict[str, Any]]:
+    """(the ids of rendered `text` with each image marker widened to its image's tokens, the image inputs the
+    trainer's model reads: `pixel_values`, `image_grid_thw`)."""
+    out = processor(text=[text], images=images, return_tensors="pt")
+    inputs = {"pixel_values": out["pixel_values"], "image_grid_thw": out["image_grid_thw"]}
+    return out["input_ids"][0].tolist(), inputs
+
+
 def prompt_with_images(
     location: str, messages: list[dict[str, Any]], images: Any, key: str, folder: Path
 ) -> tuple[list[dict[str, Any]], list[Any]]:

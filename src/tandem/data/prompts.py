@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tandem.batch import Batch
-from tandem.data.images import prompt_with_images
+from tandem.data.images import row_images, widen_images
 from tandem.data.padding import pad_sequences, position_ids_from_mask
 from tandem.data.rows import (
     DataError,
@@ -187,14 +187,7 @@ def _attach_images(
     location: str, item: dict[str, Any], images: Any, key: str, folder: Any, mode: str, processor: Any
 ) -> list[dict[str, Any]]:
     """Decode a row's images into `item["multi_modal_data"]`; the messages to render (images as items)."""
-    if processor is None:
-        raise DataError(
-            f"{location}: the row has {key!r} but the model has no image processor; point actor.model_path "
-            "at a vision-language model's folder (with its processor_config.json), or drop the images"
-        )
-    if mode != "chat":
-        raise DataError(f"{location}: a row with {key!r} needs the chat template (data.chat_template=auto)")
-    messages, decoded = prompt_with_images(location, item["raw_prompt"], images, key, folder)
+    messages, decoded = row_images(location, item["raw_prompt"], images, key, folder, mode, processor)
     item["multi_modal_data"] = {"image": decoded} if decoded else None
     return messages
 
@@ -208,12 +201,8 @@ def _expand_images(item: dict[str, Any], ids: list[int], text: str, processor: A
     if not data:
         item["multi_modal_inputs"] = None
         return ids
-    out = processor(text=[text], images=data["image"], return_tensors="pt")
-    item["multi_modal_inputs"] = {
-        "pixel_values": out["pixel_values"],
-        "image_grid_thw": out["image_grid_thw"],
-    }
-    return out["input_ids"][0].tolist()
+    ids, item["multi_modal_inputs"] = widen_images(text, data["image"], processor)
+    return ids
 
 
 def _truncate(

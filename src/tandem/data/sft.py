@@ -20,6 +20,7 @@ from tandem.data.rows import (
     resolve_mode,
     tokenize,
 )
+from tandem.data.images import row_images, widen_images
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +49,11 @@ class SFTDataset:
       tokenized separately so the response tokens are the ones the policy would generate after that
       prompt; ``loss_mask`` is 1 on the response tokens and the EOS.
 
+    A vision-language model's pair rows may carry images (``image_key``, verl's schema, see
+    tandem/data/images.py; ``processor`` widens each to its tokens, counted in ``max_length``): their items
+    hold ``multi_modal_inputs`` (the images' processor outputs; None on rows without images) for the
+    trainer. A conversation with images is an error for now.
+
     Sequences longer than ``max_length``: ``truncation="error"`` raises; ``"right"`` cuts the end,
     and drops (counted in ``report["filtered"]``) rows with no trained token left; both are logged
     as a warning that names a few of the rows. ``sample_texts`` are (location, text) of the first
@@ -67,6 +73,8 @@ class SFTDataset:
         chat_template: str = "auto",
         tools: list[dict] | None = None,
         stop_token_ids: Sequence[int] | None = None,
+        processor: Any = None,
+        image_key: str = "images",
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation must be one of {TRUNCATION_MODES} for SFT, got {truncation!r}")
@@ -82,10 +90,16 @@ class SFTDataset:
         # Per row: its location, its pieces, and for a conversation its whole rendering (the
         # pieces' tokens are checked against it); a pair's EOS is added after tokenizing.
         rows: list[tuple[str, list[Piece], str | None]] = []
+        images: dict[int, list[Any]] = {}  # row -> its decoded images
         for path in self.files:
             for location, row in iter_rows(path):
                 row = check_row(location, row)
                 if messages_key is not None and row.get(messages_key) is not None:
+                    if row.get(image_key) is not None:
+                        raise DataError(
+                            f"{location}: a conversation ({messages_key!r}) with images ({image_key!r}) is not "
+                            f"read yet; give the row as a prompt (with its <image> markers) and a response"
+                        )
                     if mode != "chat":
                         raise DataError(
                             f"{location}: field {messages_key!r} holds a conversation, which needs the "
@@ -101,9 +115,12 @@ class SFTDataset:
                 prompt = require(
                     location, row, prompt_key, object, " Set data.prompt_key if it has another name."
                 )
-                prompt_text = render_prompt(
-                    check_prompt(location, prompt, prompt_key, mode), tokenizer, mode, location, tools=tools
-                )
+                messages = check_prompt(location, prompt, prompt_key, mode)
+                if row.get(image_key) is not None:
+                    messages, images[len(rows)] = row_images(
+                        location, messages, row[image_key], image_key, path.parent, mode, processor
+                    )
+                prompt_text = render_prompt(messages, tokenizer, mode, location, tools=tools)
                 response = require(
                     location, row, response_key, str, " Set data.response_key if it has another name."
                 )
@@ -118,11 +135,15 @@ class SFTDataset:
         pieces_ids = [[next(all_ids) for _ in pieces] for _, pieces, _ in rows]
         whole_ids = {i: next(all_ids) for i, (_, _, whole) in enumerate(rows) if whole is not None}
 
-        self._items: list[dict[str, list[int]]] = []
+        self._items: list[dict[str, Any]] = []
         filtered: list[str] = []
         truncated: list[str] = []
         eos = tokenizer.eos_token_id
         for i, ((location, pieces, whole), ids_of_pieces) in enumerate(zip(rows, pieces_ids)):
+            image_inputs = None
+            if images.get(i):  # the prompt as the model reads it: each image widened to its tokens
+                prompt_ids, image_inputs = widen_images(pieces[0][0], images[i], processor)
+                ids_of_pieces = [prompt_ids, *ids_of_pieces[1:]]
             input_ids = [token for ids in ids_of_pieces for token in ids]
             loss_mask = [trained for (_, trained), ids in zip(pieces, ids_of_pieces) for _ in ids]
             if whole is None:
@@ -144,7 +165,10 @@ class SFTDataset:
                     continue
                 truncated.append(f"{location} ({len(input_ids)} tokens)")
                 input_ids, loss_mask = input_ids[:max_length], loss_mask[:max_length]
-            self._items.append({"input_ids": input_ids, "loss_mask": loss_mask})
+            item = {"input_ids": input_ids, "loss_mask": loss_mask}
+            if processor is not None:
+                item["multi_modal_inputs"] = image_inputs
+            self._items.append(item)
 
         total = len(rows)
         self.report = {
@@ -171,13 +195,14 @@ class SFTDataset:
     def __len__(self) -> int:
         return len(self._items)
 
-    def __getitem__(self, i: int) -> dict[str, list[int]]:
+    def __getitem__(self, i: int) -> dict[str, Any]:
         return self._items[i]
 
 
 def collate_sft(items: Sequence[dict[str, Any]], pad_token_id: int) -> Batch:
     """Items of an :class:`SFTDataset` as a Batch: RIGHT-padded ``input_ids``, ``attention_mask``,
-    ``position_ids`` and ``loss_mask`` (0 on padding), each [N, longest]."""
+    ``position_ids`` and ``loss_mask`` (0 on padding), each [N, longest]; a vision-language model's
+    items add ``multi_modal_inputs``, a column of objects."""
     if not items:
         raise ValueError("collate_sft got no items")
     input_ids = pad_sequences([item["input_ids"] for item in items], pad_token_id, side="right")
@@ -188,6 +213,8 @@ def collate_sft(items: Sequence[dict[str, Any]], pad_token_id: int) -> Batch:
         "position_ids": position_ids_from_mask(attention_mask),
         "loss_mask": pad_sequences([item["loss_mask"] for item in items], 0, side="right"),
     }
+    if "multi_modal_inputs" in items[0]:
+        return Batch.from_dict(tensors, {"multi_modal_inputs": [item["multi_modal_inputs"] for item in items]})
     return Batch.from_dict(tensors)
 
 

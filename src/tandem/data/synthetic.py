@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,7 @@ def _row(
     index: int,
     split: str,
     messages: list[dict[str, str]] | None = None,
+    images: list[dict[str, Any]] | None = None,
 ) -> Row:
     row = {
         "prompt": [{"role": "user", "content": content}],
@@ -40,6 +41,8 @@ def _row(
     }
     if messages is not None:
         row["messages"] = messages
+    if images is not None:
+        row["images"] = images
     return row
 
 
@@ -131,10 +134,60 @@ def tool_multiply_row(rng: random.Random, index: int, split: str, *, digits: int
     return _row("tool_multiply", content, answer, answer, index, split, messages)
 
 
+SQUARE_COLOURS = {"red": (210, 40, 40), "blue": (40, 60, 210), "green": (40, 170, 60)}  # of count_squares
+CELL = 28  # pixels: the tiny vision-language model's image token (14-pixel patches merged 2 x 2)
+
+
+def count_squares_row(
+    rng: random.Random, index: int, split: str, *, grid: int = 2, asked: Sequence[str] = ("red", "blue")
+) -> Row:
+    """An image of ``grid`` x ``grid`` cells (28 pixels each, one image token of the tiny
+    vision-language model each), every cell empty or holding one red, blue or green square of a
+    random size, place and shade; the question ``<image>How many red?`` for a colour drawn from
+    ``asked``. The answer is the count, 0 to grid**2. Rows carry the image as PNG bytes in verl's
+    ``images`` column. (The tiny model learns to count one colour within a few hundred SFT steps of
+    32 rows; to count the one the question names, about 2000.)"""
+    import io
+
+    from PIL import Image, ImageDraw
+
+    if grid < 1:
+        raise ValueError(f"count_squares: grid must be >= 1, got {grid}")
+    unknown = [colour for colour in asked if colour not in SQUARE_COLOURS]
+    if not asked or unknown:
+        raise ValueError(f"count_squares: asked must name colours of {sorted(SQUARE_COLOURS)}, got {asked}")
+    background = tuple(rng.randint(225, 250) for _ in range(3))
+    image = Image.new("RGB", (grid * CELL, grid * CELL), background)
+    draw = ImageDraw.Draw(image)
+    cells = [rng.choice((None, *SQUARE_COLOURS)) for _ in range(grid * grid)]
+    for cell, colour in enumerate(cells):
+        if colour is None:
+            continue
+        side = rng.randint(10, 22)
+        x = (cell % grid) * CELL + rng.randint(0, CELL - side)
+        y = (cell // grid) * CELL + rng.randint(0, CELL - side)
+        shade = tuple(min(255, max(0, c + rng.randint(-25, 25))) for c in SQUARE_COLOURS[colour])
+        draw.rectangle((x, y, x + side - 1, y + side - 1), fill=shade)
+    colour = rng.choice(list(asked))
+    answer = str(cells.count(colour))
+    encoded = io.BytesIO()
+    image.save(encoded, format="PNG")
+    return _row(
+        "count_squares",
+        f"<image>How many {colour}?",
+        answer,
+        answer,
+        index,
+        split,
+        images=[{"bytes": encoded.getvalue(), "path": None}],
+    )
+
+
 TASKS: dict[str, Callable[..., Row]] = {
     "addition": addition_row,
     "countdown": countdown_row,
     "tool_multiply": tool_multiply_row,
+    "count_squares": count_squares_row,
 }
 
 
@@ -208,5 +261,8 @@ def write_splits(
     }
 
 
-def _prompt_text(row: Row) -> str:
-    return "\n".join(message["content"] for message in row["prompt"])
+def _prompt_text(row: Row) -> str | tuple:
+    """What makes two rows the same problem: the prompt's text, and its images' bytes where it has any."""
+    text = "\n".join(message["content"] for message in row["prompt"])
+    images = row.get("images")
+    return (text, *(image["bytes"] for image in images)) if images else text

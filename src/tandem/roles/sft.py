@@ -12,9 +12,9 @@ from tandem.algos.aggregation import agg_loss
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
 from tandem.engine.base import ModelOutput, TrainEngine, scatter_rows
-from tandem.roles.common import MODEL_INPUTS, run_update, scaled_logits, token_stats
+from tandem.roles.common import MODEL_INPUTS, model_inputs, run_update, scaled_logits, token_stats
 
-SFT_KEYS = (*MODEL_INPUTS, "loss_mask")
+SFT_KEYS = (*MODEL_INPUTS, "loss_mask")  # and a vision-language model's image inputs, where the rows have them
 
 
 def target_mask(loss_mask: Tensor) -> Tensor:
@@ -45,7 +45,7 @@ class SFT:
         missing = [k for k in SFT_KEYS if k not in batch]
         if missing:
             raise KeyError(f"SFT update: the batch lacks {missing}; it has {batch.keys()}")
-        batch = batch.select(*SFT_KEYS)
+        batch = model_inputs(batch, "loss_mask")
         batch["target_mask"] = target_mask(batch["loss_mask"])
 
         def make_loss_fn(counts: dict[str, Any]):
@@ -78,4 +78,4 @@ class SFT:
             return {"nll_sum": nll.sum(-1), "num_tokens": mask.sum(-1)}
 
         micro = self.cfg.rollout.log_prob_micro_batch_size_per_rank
-        return self.engine.forward(batch.select(*SFT_KEYS), fn, micro)
+        return self.engine.forward(model_inputs(batch, "loss_mask"), fn, micro)

@@ -14,6 +14,10 @@ model's initial weights, the problems and the training seeds.
 model cannot work out in its head. The SFT warm start trains on a few hundred demonstrations of
 the calculator's use (call, result, answer); GRPO then runs the agent loop (rollout.mode=async) with
 the built-in calculator, rewarding the final answer of the whole multi-turn trajectory.
+
+`--task vision` is the vision-language variant: a tiny Qwen2-VL (built in code, with its processor) counts
+the red squares in a drawn 2 x 2 grid of red, blue and green ones (`count_squares`: each prompt an image and
+"How many red?"). SFT on images, then GRPO with vLLM rolling out the image prompts.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from typing import Any
 from tandem.config import load_config
 from tandem.config.schema import TandemConfig
 from tandem.data import save_tiny, write_splits
+from tandem.data.tiny_vlm import save_tiny_vlm
 from tandem.rollout import resolve_engine
 from tandem.trainer.base import run_dir
 from tandem.trainer.plot import plot_run
@@ -37,6 +42,9 @@ from tandem.trainer.sft import SFTTrainer
 TARGET_VAL_LOSS = 0.6  # SFT stops here: the model has begun to learn addition, RL has room to grow
 # the calculator task's SFT stops here: the digits it copies (call, answer) mostly right, RL has room
 CALCULATOR_TARGET_VAL_LOSS = 0.04
+# the visual task's SFT stops here: below the loss of guessing from the question alone (about 0.6 a token),
+# the model has begun to read the image
+VISION_TARGET_VAL_LOSS = 0.45
 TASK = {"task": "addition", "n_train": 16384, "n_val": 256, "digits": 2}
 COMMON = [
     "data.max_prompt_length=32",
@@ -87,6 +95,7 @@ class Recipe:
     target_val_loss: float
     what: str  # the problems, as the summary lines name them
     stop_at_im_end: bool = False  # the model's turns end at <|im_end|> (multi-turn tasks)
+    vision: bool = False  # the model is the tiny Qwen2-VL, the task's prompts hold images
 
 
 # Products of two three-digit numbers through the calculator: a trajectory is the call (about 80
@@ -123,7 +132,18 @@ CALCULATOR = Recipe(
     stop_at_im_end=True,
 )
 ADDITION = Recipe(TASK, COMMON, SFT, GRPO, TARGET_VAL_LOSS, "additions")
-RECIPES = {"addition": ADDITION, "calculator": CALCULATOR}
+# How many red squares in a 2 x 2 grid (among blue and green ones): a prompt is about 40 tokens (4 of them
+# the image's), an answer one digit and the stop token.
+VISION = Recipe(
+    task={"task": "count_squares", "n_train": 8192, "n_val": 256, "asked": ["red"]},
+    common=["data.max_prompt_length=48", *(line for line in COMMON if not line.startswith("data.max_prompt"))],
+    sft=SFT,
+    grpo=GRPO,
+    target_val_loss=VISION_TARGET_VAL_LOSS,
+    what="images (how many red squares)",
+    vision=True,
+)
+RECIPES = {"addition": ADDITION, "calculator": CALCULATOR, "vision": VISION}
 
 
 def run(
@@ -147,7 +167,8 @@ def run(
     start = time.perf_counter()
     out = Path(out_dir)
     model_dir, paths = prepare(out, seed, recipe)
-    say(f"seed {seed}: tiny Qwen2 model in {model_dir}; {recipe.task['task']} task in {out / 'data'}")
+    kind = "Qwen2-VL" if recipe.vision else "Qwen2"
+    say(f"seed {seed}: tiny {kind} model in {model_dir}; {recipe.task['task']} task in {out / 'data'}")
 
     sft_cfg = load_config(
         "sft",
@@ -239,7 +260,8 @@ class WarmStart(SFTTrainer):
 def prepare(out: Path, seed: int, recipe: Recipe = ADDITION) -> tuple[Path, list[str]]:
     """Write the tiny model and the recipe's task of `seed` under `out`. Returns the model folder and
     the overrides both runs share: output folder, seeds, data files."""
-    model_dir = save_tiny(out / "tiny-model", seed=seed, stop_at_im_end=recipe.stop_at_im_end)
+    save = save_tiny_vlm if recipe.vision else save_tiny
+    model_dir = save(out / "tiny-model", seed=seed, stop_at_im_end=recipe.stop_at_im_end)
     task = dict(recipe.task)
     files = write_splits(task.pop("task"), out / "data", seed=seed, **task)
     return model_dir, [

@@ -18,6 +18,7 @@ from tandem.trainer.start_checks import (
     check_model_folders,
     check_tokenizers,
     load_actor_tokenizer,
+    load_image_processor,
 )
 
 SFT_TRUNCATION = ("error", "right")
@@ -37,6 +38,7 @@ class SFTTrainer(Trainer):
             )
         check_model_folders(cfg, "sft")
         self.tokenizer = load_actor_tokenizer(cfg)
+        self.processor = load_image_processor(cfg)  # a vision-language model's: its rows may carry images
         self.train_data = self._rows(d.train_files, cfg)
         self.val_data = self._rows(d.val_files, cfg) if d.val_files else None
         check_tokenizers(cfg, self.tokenizer, [self.train_data, self.val_data], "sft")
@@ -56,6 +58,8 @@ class SFTTrainer(Trainer):
             chat_template=d.chat_template,
             tools=tool_schemas(cfg.rollout.multi_turn),
             stop_token_ids=read_special_ids(cfg.actor.model_path, cfg.actor.tokenizer_path)[0],
+            processor=self.processor,
+            image_key=d.image_key,
         )
 
     def train_step(self) -> dict[str, float]:

@@ -60,7 +60,8 @@ def check_addition_truth(data_source: str, ground_truth: Any) -> str | None:
     return None
 
 
-@register_scorer("addition", check_ground_truth=check_addition_truth)
+# count_squares (the visual task: how many squares of a colour) is answered by a whole number too
+@register_scorer("addition", "count_squares", check_ground_truth=check_addition_truth)
 def addition_score(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
 ) -> dict:
