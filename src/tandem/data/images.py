@@ -38,7 +38,13 @@ def folder_model_type(folder: str | Path | None) -> str | None:
 
 
 def row_images(
-    location: str, messages: list[dict[str, Any]], images: Any, key: str, folder: Path, mode: str, processor: Any
+    location: str,
+    messages: list[dict[str, Any]],
+    images: Any,
+    key: str,
+    folder: Path,
+    mode: str,
+    processor: Any,
 ) -> tuple[list[dict[str, Any]], list[Any]]:
     """`prompt_with_images` for a dataset row, once the dataset knows the model reads images (`processor`)
     and renders with the chat template (`mode`)."""

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from tandem.batch import Batch
+from tandem.data.images import row_images, widen_images
 from tandem.data.padding import pad_sequences, position_ids_from_mask
 from tandem.data.rows import (
     DataError,
@@ -20,7 +21,6 @@ from tandem.data.rows import (
     resolve_mode,
     tokenize,
 )
-from tandem.data.images import row_images, widen_images
 
 logger = logging.getLogger(__name__)
 
@@ -214,7 +214,9 @@ def collate_sft(items: Sequence[dict[str, Any]], pad_token_id: int) -> Batch:
         "loss_mask": pad_sequences([item["loss_mask"] for item in items], 0, side="right"),
     }
     if "multi_modal_inputs" in items[0]:
-        return Batch.from_dict(tensors, {"multi_modal_inputs": [item["multi_modal_inputs"] for item in items]})
+        return Batch.from_dict(
+            tensors, {"multi_modal_inputs": [item["multi_modal_inputs"] for item in items]}
+        )
     return Batch.from_dict(tensors)
 
 

@@ -136,7 +136,10 @@ ADDITION = Recipe(TASK, COMMON, SFT, GRPO, TARGET_VAL_LOSS, "additions")
 # the image's), an answer one digit and the stop token.
 VISION = Recipe(
     task={"task": "count_squares", "n_train": 8192, "n_val": 256, "asked": ["red"]},
-    common=["data.max_prompt_length=48", *(line for line in COMMON if not line.startswith("data.max_prompt"))],
+    common=[
+        "data.max_prompt_length=48",
+        *(line for line in COMMON if not line.startswith("data.max_prompt")),
+    ],
     sft=SFT,
     grpo=GRPO,
     target_val_loss=VISION_TARGET_VAL_LOSS,
