@@ -65,7 +65,7 @@ def build_vlm(
         Qwen2VLProcessor,
     )
 
-    adapt_transformers()
+    adapted = adapt_transformers()
     tokenizer = build_tokenizer(extra_special=VISION_TOKENS)
     tokenizer.chat_template = CHAT_TEMPLATE
     ids = {token: tokenizer.convert_tokens_to_ids(token) for token in VISION_TOKENS}
@@ -116,9 +116,14 @@ def build_vlm(
         temporal_patch_size=2,
         merge_size=MERGE,
     )
-    processor = Qwen2VLProcessor(
-        image_processor=image_processor, tokenizer=tokenizer, chat_template=CHAT_TEMPLATE
-    )
+    parts = {"image_processor": image_processor, "tokenizer": tokenizer}
+    if not adapted:  # torchvision is there: the processor has its video part too (unused by Tandem)
+        from transformers import Qwen2VLVideoProcessor
+
+        parts["video_processor"] = Qwen2VLVideoProcessor(
+            patch_size=PATCH, temporal_patch_size=2, merge_size=MERGE
+        )
+    processor = Qwen2VLProcessor(**parts, chat_template=CHAT_TEMPLATE)
     return model, processor
 
 

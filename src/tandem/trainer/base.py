@@ -45,8 +45,9 @@ def run_dir(cfg: TandemConfig) -> Path:
     return Path(t.output_dir) / t.project_name / t.experiment_name
 
 
-def check_available(cfg: TandemConfig) -> None:
-    """Engines the config may name but this release does not have yet: an error before any worker starts."""
+def check_available(cfg: TandemConfig, purpose: str = "rl") -> None:
+    """Engines the config may name but this release does not have yet: an error before any worker starts.
+    `purpose`: "rl", or "sft" (no rollout, no critic)."""
     problems = []
     if cfg.rollout.engine in LATER_ENGINES:
         problems.append(f"rollout.engine={cfg.rollout.engine} is not available yet; use vllm or hf")
@@ -70,13 +71,14 @@ def check_available(cfg: TandemConfig) -> None:
         problems += sequence_parallel_problems(cfg)
     model_type = folder_model_type(cfg.actor.model_path)
     if model_type in VISION_LANGUAGE_TYPES:
-        problems += vision_language_problems(cfg, model_type)
+        problems += vision_language_problems(cfg, model_type, purpose)
     if problems:
         raise ConfigError("\n".join(problems))
 
 
-def vision_language_problems(cfg: TandemConfig, model_type: str) -> list[str]:
-    """What a vision-language actor does not run with yet (README, 'Vision-language models')."""
+def vision_language_problems(cfg: TandemConfig, model_type: str, purpose: str = "rl") -> list[str]:
+    """What a vision-language actor does not run with yet (README, 'Vision-language models'); SFT asks only
+    about the training engine."""
     a, r = cfg.actor, cfg.rollout
     what = f"actor.model_path is a vision-language model ({model_type})"
     problems = []
@@ -84,6 +86,8 @@ def vision_language_problems(cfg: TandemConfig, model_type: str) -> list[str]:
         problems.append(f"{what}: train it with actor.strategy=fsdp")
     if a.fsdp.sequence_parallel > 1 or a.lora.rank > 0:
         problems.append(f"{what}: not yet with actor.fsdp.sequence_parallel > 1 or actor.lora")
+    if purpose == "sft":
+        return problems
     if resolve_engine(r.engine) != "vllm" or r.mode != "sync" or r.layout != "hybrid":
         problems.append(
             f"{what}: its images are rolled out by vLLM's batched generate (rollout.engine=vllm, "
@@ -172,7 +176,7 @@ class Trainer(ABC):
     console_keys: tuple[str, ...] | None = None  # metrics on the console line; None = the tracker's default
 
     def __init__(self, cfg: TandemConfig, num_items: int, batch_size: int) -> None:
-        check_available(cfg)
+        check_available(cfg, self.purpose)
         self.cfg = cfg
         self.run_dir = run_dir(cfg)
         self.log_dir = self.run_dir / "logs"  # the workers' output, and error.log (tandem/cli.py)
