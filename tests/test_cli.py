@@ -146,6 +146,32 @@ def test_quickstart_runs_sft_then_grpo_and_plots(ray_local, tmp_path, monkeypatc
     assert (tmp_path / "quickstart/sft/hf_model/model.safetensors").is_file()
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_the_vision_quickstart_runs_sft_on_images_then_grpo_with_vllm(ray_local, tmp_path, monkeypatch):
+    """`tandem quickstart --task vision` cut short: the tiny Qwen2-VL, SFT on image rows on 2 Ray ranks, its
+    export (a Qwen2-VL folder with its processor), GRPO from it with vLLM rolling out the images, greedy
+    validation on the held-out images."""
+    fast = dataclasses.replace(quickstart.RECIPES["vision"], target_val_loss=100.0)
+    monkeypatch.setitem(quickstart.RECIPES, "vision", fast)
+    numbers = run_quickstart(
+        tmp_path,
+        ["trainer.total_training_steps=2", "trainer.test_freq=2", "trainer.loggers=[jsonl]"],
+        sft_overrides=["trainer.total_training_steps=4", "trainer.test_freq=2"],
+        task="vision",
+    )
+    sft = [json.loads(line) for line in (tmp_path / "quickstart/sft/metrics.jsonl").open()]
+    assert [m["step"] for m in sft] == [1, 2] and 0 < sft[1]["val/loss"] < 10
+    assert (tmp_path / "quickstart/sft/hf_model/processor_config.json").is_file()
+    assert [step for step, _ in numbers["accuracy_per_validation"]] == [0, 2]
+    assert 0 <= numbers["accuracy_after_rl"] <= 1
+    grpo = [json.loads(line) for line in (tmp_path / "quickstart/grpo/metrics.jsonl").open()]
+    assert [m["step"] for m in grpo if "score/mean" in m] == [1, 2]
+    for m in grpo:  # vLLM's log-probs of the image prompts' samples are the trainer's (fp32 in tests)
+        if "score/mean" in m:
+            assert m["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-5)
+
+
 def test_quickstart_seed_picks_model_data_and_training_seeds(tmp_path):
     def made(seed: int, name: str) -> tuple[dict, list[str], list[str], list[str]]:
         model_dir, overrides = prepare_quickstart(tmp_path / name, seed)

@@ -137,3 +137,63 @@ def test_images_for_a_model_without_a_processor_are_refused(tmp_path, vlm, token
     path = write_rows([row("<image>?", [png(56, 56, (0, 0, 0))])], tmp_path / "rows.parquet")
     with pytest.raises(DataError, match="row 0: the row has 'images' but the model has no image processor"):
         PromptDataset([str(path)], tokenizer, max_prompt_length=64)
+
+
+# ---- SFT rows with images --------------------------------------------------------------------------------
+
+
+def test_sft_rows_with_images_widen_the_prompt_and_train_the_response_alone(tmp_path, vlm):
+    from tandem.data import SFTDataset, collate_sft
+
+    _, processor = vlm
+    tokenizer = processor.tokenizer
+    rows = [
+        row("<image>How many red?", [{"bytes": png(56, 56, (255, 0, 0)), "path": None}], response="2"),
+        row("Just text.", None, response="ok"),
+    ]
+    path = write_rows(rows, tmp_path / "sft.parquet")
+    data = SFTDataset([str(path)], tokenizer, max_length=64, processor=processor)
+    pad = tokenizer.convert_tokens_to_ids(IMAGE_PAD)
+    prompts = dataset(
+        tmp_path, [{**r, "response": None} for r in rows], vlm
+    )  # the RL prompts of the same rows
+    with_image, text = data[0], data[1]
+    # the prompt as the RL dataset widens it, then "2" and EOS, the only trained tokens
+    assert with_image["input_ids"] == [
+        *prompts[0]["input_ids"],
+        *tokenizer("2")["input_ids"],
+        tokenizer.eos_token_id,
+    ]
+    assert with_image["input_ids"].count(pad) == 4
+    assert with_image["loss_mask"] == [0] * len(prompts[0]["input_ids"]) + [1, 1]
+    assert with_image["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 4, 4]]
+    assert torch.equal(
+        with_image["multi_modal_inputs"]["pixel_values"], prompts[0]["multi_modal_inputs"]["pixel_values"]
+    )
+    assert text["multi_modal_inputs"] is None and text["input_ids"].count(pad) == 0
+    batch = collate_sft([with_image, text], tokenizer.pad_token_id)
+    assert batch["input_ids"].shape == (2, len(with_image["input_ids"]))
+    assert batch["multi_modal_inputs"][1] is None
+    assert torch.equal(batch["multi_modal_inputs"][0]["image_grid_thw"], torch.tensor([[1, 4, 4]]))
+    # the image tokens count in max_length
+    with pytest.raises(DataError, match=r"row 0: prompt \+ response \+ EOS is \d+ tokens, longer than"):
+        SFTDataset([str(path)], tokenizer, max_length=len(with_image["input_ids"]) - 1, processor=processor)
+
+
+def test_sft_image_rows_that_cannot_be_read_are_named(tmp_path, vlm, tokenizer):
+    from tandem.data import SFTDataset
+
+    _, processor = vlm
+    image = [{"bytes": png(56, 56, (255, 0, 0)), "path": None}]
+    conversation = [{"role": "user", "content": "<image>?"}, {"role": "assistant", "content": "1"}]
+    path = write_rows([row("<image>?", image, messages=conversation)], tmp_path / "conv.parquet")
+    with pytest.raises(
+        DataError, match=r"row 0: a conversation \('messages'\) with images \('images'\) is not"
+    ):
+        SFTDataset([str(path)], processor.tokenizer, max_length=64, processor=processor)
+    path = write_rows([row("<image>?", image, response="1")], tmp_path / "text.parquet")
+    with pytest.raises(DataError, match="row 0: the row has 'images' but the model has no image processor"):
+        SFTDataset([str(path)], tokenizer, max_length=64)
+    path = write_rows([row("<image><image>?", image, response="1")], tmp_path / "count.parquet")
+    with pytest.raises(DataError, match="row 0: the prompt has 2 <image> placeholder"):
+        SFTDataset([str(path)], processor.tokenizer, max_length=64, processor=processor)

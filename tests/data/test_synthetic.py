@@ -192,3 +192,65 @@ def test_tool_multiply_parquet_round_trip_and_held_out_splits(tmp_path):
     train, val = ([json.loads(line) for line in paths[k].read_text().splitlines()] for k in ("train", "val"))
     assert (len(train), len(val)) == (3000, 500)
     assert not {r["prompt"][0]["content"] for r in val} & {r["prompt"][0]["content"] for r in train}
+
+
+# ---- count_squares: the visual task ----------------------------------------------------------------------
+
+
+def squares_in(image, colour_names=("red", "blue", "green")):
+    """Per 28-pixel cell of a decoded count_squares image: the colour of its square, or None (a cell's square
+    is the pixels far from the light background; its colour the nearest of SQUARE_COLOURS)."""
+    from tandem.data.synthetic import CELL, SQUARE_COLOURS
+
+    cells = []
+    for top in range(0, image.height, CELL):
+        for left in range(0, image.width, CELL):
+            pixels = [
+                image.getpixel((x, y)) for y in range(top, top + CELL) for x in range(left, left + CELL)
+            ]
+            dark = [p for p in pixels if min(p) < 200]  # the background is 225..250 in every channel
+            if not dark:
+                cells.append(None)
+                continue
+            mean = [sum(p[i] for p in dark) / len(dark) for i in range(3)]
+            cells.append(
+                min(colour_names, key=lambda n: sum((a - b) ** 2 for a, b in zip(mean, SQUARE_COLOURS[n])))
+            )
+    return cells
+
+
+def test_count_squares_answers_count_the_asked_colour_in_the_drawn_image():
+    import io
+
+    from PIL import Image
+
+    from tandem.data.synthetic import make_rows
+
+    rows = make_rows("count_squares", 64, 0)
+    answers, asked = [], set()
+    for r in rows:
+        (image,) = r["images"]
+        decoded = Image.open(io.BytesIO(image["bytes"])).convert("RGB")
+        assert decoded.size == (56, 56)  # 2 x 2 cells of 28 pixels: 4 image tokens of the tiny Qwen2-VL
+        content = r["prompt"][0]["content"]
+        colour = content.removeprefix("<image>How many ").removesuffix("?")
+        asked.add(colour)
+        assert r["reward_model"]["ground_truth"] == r["response"] == str(squares_in(decoded).count(colour))
+        answers.append(int(r["response"]))
+    assert asked == {"red", "blue"} and set(answers) >= {0, 1, 2}  # a spread of answers, both colours asked
+    only_red = make_rows("count_squares", 8, 0, asked=["red"])
+    assert all(r["prompt"][0]["content"] == "<image>How many red?" for r in only_red)
+    with pytest.raises(ValueError, match="asked must name colours of"):
+        make_rows("count_squares", 1, 0, asked=["purple"])
+
+
+def test_count_squares_splits_hold_out_images_not_question_texts(tmp_path):
+    import pyarrow.parquet as pq
+
+    from tandem.data.synthetic import write_splits
+
+    files = write_splits("count_squares", tmp_path, n_train=64, n_val=16, seed=3)
+    train, val = (pq.read_table(files[split]).to_pylist() for split in ("train", "val"))
+    assert len(train) == 64 and len(val) == 16  # two question texts only: images tell the problems apart
+    held_out = {r["images"][0]["bytes"] for r in val}
+    assert not any(r["images"][0]["bytes"] in held_out for r in train)

@@ -52,6 +52,8 @@ def run_rank(rank: int, world: int, init_method: str, model_path: str, out_dir: 
         engine.export_hf(out / "export")
 
         engine.save(out / "ckpt")
+        result["checkpoint_bytes"] = sum(f.stat().st_size for f in (out / "ckpt").iterdir())
+        result["model_bytes"] = (Path(model_path) / "model.safetensors").stat().st_size
         result["continued"] = train(engine, "lm", rollout_batch(6, seed=4), world, rank)
         resumed = make_engine(model_path, "lm", lora=LORA)
         resumed.load(out / "ckpt")

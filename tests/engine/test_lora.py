@@ -139,6 +139,9 @@ def test_two_ranks_equal_one_and_resume_equals_continuing(runs):
     for name, tensor in one["merged2"].items():
         torch.testing.assert_close(two[0]["merged2"][name], tensor, rtol=0, atol=TOL, msg=name)
     for result in (one, two[0]):
+        # the checkpoint holds the adapters and their AdamW moments, not the frozen weights: about 3 x 5 % of
+        # the model (measured 0.13 x on 1 rank, 0.16 x on 2; 1.14 x with the frozen weights)
+        assert result["checkpoint_bytes"] < 0.25 * result["model_bytes"], result["checkpoint_bytes"]
         assert result["resumed"] == result["continued"]
         for name, tensor in result["continued_state"].items():
             assert torch.equal(result["resumed_state"][name], tensor), name

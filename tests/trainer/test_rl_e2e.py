@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,16 @@ from tandem.trainer.checkpoint import COMPLETE, TRAINER_STATE
 from tandem.trainer.export import export_checkpoint
 from tandem.trainer.tracking import read_jsonl
 
-from .trainer_helpers import MOE_HALVED, custom_reward, make_assets, run_config, shard_bytes
+from .trainer_helpers import (
+    MOE_HALVED,
+    as_if_killed_after,
+    assert_same_steps,
+    by_step,
+    custom_reward,
+    make_assets,
+    run_config,
+    shard_bytes,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -45,17 +53,6 @@ STEP_KEYS = {
     "rollout_mismatch/max_ratio",
     "reward/error_count",
 }
-NOT_COMPARABLE = (  # wall-clock and memory numbers
-    "timing_s/",
-    "timing_share/",
-    "perf/tokens_per_s",
-    "perf/generated_tokens_per_s",
-    "perf/peak_flops_per_device",  # torch.mm measured by each worker
-    "perf/mfu/",
-    "memory/",
-    "rollout/seconds",
-    "rollout/tokens_per_second",
-)
 
 
 @pytest.fixture(scope="module")
@@ -81,10 +78,6 @@ def rollout_tp2_config(assets, tmp_path, *extra: str):
         *extra,
         *custom_reward("by_length"),
     )
-
-
-def by_step(history):
-    return {m["step"]: m for m in history}
 
 
 def test_grpo_trains_validates_checkpoints_exports_and_evaluates(ray_local, assets, tmp_path):
@@ -223,21 +216,10 @@ def test_resumed_run_equals_uninterrupted_run(ray_local, assets, tmp_path):
         )
 
     straight = by_step(RLTrainer(config("straight")).fit())
-    # The folder as a run killed after step 2 leaves it (two runs instead of three: the same files; the
-    # metrics rows of steps 3-4 stay in it, which the resumed run must drop and write again).
-    shutil.copytree(
-        tmp_path / "tandem/straight",
-        tmp_path / "tandem/resumed",
-        ignore=lambda folder, names: ["global_step_4"] if folder.endswith("checkpoints") else [],
-    )
+    as_if_killed_after(tmp_path / "tandem/straight", tmp_path / "tandem/resumed", 2)
     resumed = by_step(RLTrainer(config("resumed")).fit())
     assert sorted(resumed) == [3, 4] and sorted(straight) == [1, 2, 3, 4]
-    for step in (3, 4):
-        keys = {k for k in straight[step] if not k.startswith(NOT_COMPARABLE)}
-        assert keys <= set(resumed[step])
-        for key in sorted(keys):
-            a, b = resumed[step][key], straight[step][key]
-            assert a == pytest.approx(b, rel=1e-6, abs=1e-7), f"step {step} {key}: resumed {a} vs {b}"
+    assert_same_steps(resumed, straight, (3, 4))
     lines = read_jsonl(tmp_path / "tandem/resumed/metrics.jsonl")
     assert [line["step"] for line in lines] == [1, 2, 3, 4]
 
@@ -350,22 +332,28 @@ def test_grpo_with_lora_syncs_the_rollout_and_its_reference_is_the_base_model(
     """actor.lora: adapters on every linear train; vLLM gets the merged weights after each update, or
     (rollout_sync=adapter) the adapters alone, served on its base weights, here by one engine over both ranks
     (rollout.tensor_parallel=2: vLLM cuts the adapters as it cuts the layers); the KL term's reference is the
-    actor with its adapters off (no reference engine is built)."""
-    cfg = run_config(
-        assets,
-        tmp_path,
-        "grpo",
-        "rollout.engine=vllm",
-        f"rollout.tensor_parallel={2 if sync == 'adapter' else 1}",
-        "actor.lora.rank=8",
-        "actor.lora.alpha=16",
-        f"actor.lora.rollout_sync={sync}",
-        "actor.use_kl_loss=true",
-        "actor.ppo_mini_batch_size=4",  # one optimizer step per step: step 1's update starts from the base
-        "trainer.total_training_steps=3",
-        *custom_reward("by_length"),
-    )
-    history = by_step(RLTrainer(cfg).fit())
+    actor with its adapters off (no reference engine is built). With adapter sync, a run killed after step 2
+    and resumed gives the uninterrupted run's step 3."""
+
+    def config(experiment: str):
+        return run_config(
+            assets,
+            tmp_path,
+            "grpo",
+            "rollout.engine=vllm",
+            f"rollout.tensor_parallel={2 if sync == 'adapter' else 1}",
+            "actor.lora.rank=8",
+            "actor.lora.alpha=16",
+            f"actor.lora.rollout_sync={sync}",
+            "actor.use_kl_loss=true",
+            "actor.ppo_mini_batch_size=4",  # one optimizer step per step: step 1's update starts from the base
+            "trainer.total_training_steps=3",
+            "trainer.save_freq=2",
+            f"trainer.experiment_name={experiment}",
+            *custom_reward("by_length"),
+        )
+
+    history = by_step(RLTrainer(config("grpo")).fit())
     for step in (1, 2, 3):
         m = history[step]
         assert m["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-5), step
@@ -392,3 +380,8 @@ def test_grpo_with_lora_syncs_the_rollout_and_its_reference_is_the_base_model(
     assert not torch.equal(
         trained["model.layers.0.self_attn.q_proj.weight"], initial["model.layers.0.self_attn.q_proj.weight"]
     )
+    if sync == "adapter":  # the adapters and their optimizer state come back from the checkpoint
+        as_if_killed_after(tmp_path / "tandem/grpo", tmp_path / "tandem/resumed", 2)
+        resumed = by_step(RLTrainer(config("resumed")).fit())
+        assert sorted(resumed) == [3]
+        assert_same_steps(resumed, history, (3,))

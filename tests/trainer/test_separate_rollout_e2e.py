@@ -10,8 +10,7 @@ from safetensors import safe_open
 from tandem.trainer import RLTrainer
 from tandem.trainer.checkpoint import TRAINER_STATE
 
-from .test_rl_e2e import NOT_COMPARABLE, by_step
-from .trainer_helpers import custom_reward, make_assets, run_config
+from .trainer_helpers import NOT_COMPARABLE, by_step, custom_reward, make_assets, run_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 

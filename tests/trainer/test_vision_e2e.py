@@ -1,6 +1,7 @@
 """GRPO on a tiny Qwen2-VL, end to end on Ray: prompts with images (verl's images column), vLLM rolling them
 out with the images, the FSDP2 actor and reference reading the same image inputs; the rollout's log-probs
-stay the trainer's after every update and sync, and the vision tower trains."""
+stay the trainer's after every update and sync, the vision tower trains, and a resumed run equals the
+uninterrupted one."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from tandem.data.tiny_vlm import save_tiny_vlm
 from tandem.trainer import RLTrainer
 from tandem.trainer.export import export_checkpoint
 
-from .trainer_helpers import custom_reward, run_config
+from .trainer_helpers import as_if_killed_after, assert_same_steps, by_step, custom_reward, run_config
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 COLOURS = {"red": (220, 20, 20), "green": (20, 200, 40), "blue": (30, 40, 230)}
@@ -49,22 +50,27 @@ def assets(tmp_path_factory):
     }
 
 
-def test_grpo_on_a_vision_language_model_keeps_rollout_and_trainer_log_probs_equal(
+def test_grpo_on_a_vision_language_model_keeps_rollout_and_trainer_log_probs_equal_and_resumes(
     ray_local, assets, tmp_path
 ):
-    cfg = run_config(
-        assets,
-        tmp_path,
-        "grpo",
-        "rollout.engine=vllm",
-        "data.max_prompt_length=48",
-        "actor.ppo_mini_batch_size=4",  # one optimizer step per step
-        "actor.fsdp.param_dtype=float32",
-        "actor.use_kl_loss=true",
-        "trainer.total_training_steps=3",
-        *custom_reward("by_length"),
-    )
-    history = {m["step"]: m for m in RLTrainer(cfg).fit()}
+    def config(experiment: str):
+        return run_config(
+            assets,
+            tmp_path,
+            "grpo",
+            "rollout.engine=vllm",
+            "data.max_prompt_length=48",
+            "actor.ppo_mini_batch_size=4",  # one optimizer step per step
+            "actor.fsdp.param_dtype=float32",
+            "actor.use_kl_loss=true",
+            "trainer.total_training_steps=3",
+            "trainer.save_freq=2",
+            f"trainer.experiment_name={experiment}",
+            *custom_reward("by_length"),
+        )
+
+    cfg = config("straight")
+    history = by_step(RLTrainer(cfg).fit())
     assert sorted(history) == [1, 2, 3]
     for step, m in history.items():
         assert m["actor/optimizer_steps"] == 1 and m["actor/grad_norm"] > 0, step
@@ -84,3 +90,9 @@ def test_grpo_on_a_vision_language_model_keeps_rollout_and_trainer_log_probs_equ
         not torch.equal(trained[name], initial[name]) for name in vision
     )  # the tower trained
     assert (exported / "processor_config.json").is_file()
+
+    # killed after step 2, resumed: step 3 (its images, samples, losses, KL) as the uninterrupted run's
+    as_if_killed_after(tmp_path / "tandem/straight", tmp_path / "tandem/resumed", 2)
+    resumed = by_step(RLTrainer(config("resumed")).fit())
+    assert sorted(resumed) == [3]
+    assert_same_steps(resumed, history, (3,))

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
+import pytest
 from safetensors.torch import load_file
 
 from tandem.config import load_config
@@ -11,6 +13,46 @@ from tandem.config.schema import TandemConfig
 from tandem.data import save_tiny, write_splits
 
 REWARDS = Path(__file__).with_name("rewards_for_tests.py")
+NOT_COMPARABLE = (  # wall-clock and memory numbers
+    "timing_s/",
+    "timing_share/",
+    "perf/tokens_per_s",
+    "perf/generated_tokens_per_s",
+    "perf/peak_flops_per_device",  # torch.mm measured by each worker
+    "perf/mfu/",
+    "memory/",
+    "rollout/seconds",
+    "rollout/tokens_per_second",
+)
+
+
+def by_step(history):
+    return {m["step"]: m for m in history}
+
+
+def as_if_killed_after(run: Path, copy: Path, last_step: int) -> None:
+    """`copy`: run folder `run` as a run killed after checkpoint `last_step` would have left it (the same files
+    but the later checkpoints; the metrics rows of the later steps stay, which a resumed run must drop and
+    write again)."""
+    later = lambda folder, names: (  # noqa: E731
+        [n for n in names if n.startswith("global_step_") and int(n.split("_")[-1]) > last_step]
+        if folder.endswith("checkpoints")
+        else []
+    )
+    shutil.copytree(run, copy, ignore=later)
+
+
+def assert_same_steps(resumed: dict, straight: dict, steps, skip: tuple[str, ...] = ()) -> None:
+    """The resumed run logged each of `steps` as the uninterrupted run did: every comparable metric."""
+    assert set(steps) <= set(resumed) and set(steps) <= set(straight)
+    for step in steps:
+        keys = {
+            k for k in straight[step] if not k.startswith(NOT_COMPARABLE) and not any(s in k for s in skip)
+        }
+        assert keys <= set(resumed[step]), sorted(keys - set(resumed[step]))
+        for key in sorted(keys):
+            a, b = resumed[step][key], straight[step][key]
+            assert a == pytest.approx(b, rel=1e-6, abs=1e-7), f"step {step} {key}: resumed {a} vs {b}"
 
 
 def make_assets(root: Path, **model_kwargs) -> dict[str, Path]:

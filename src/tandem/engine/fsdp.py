@@ -678,11 +678,16 @@ class FSDPEngine(TrainEngine):
                 "(weights_only=True) or resume from a checkpoint of a trained engine"
             )
         dcp.load(state, checkpoint_id=path)
+        options = self._state_options()
         if "optim" not in state:
-            set_model_state_dict(self.model, state["model"])
+            set_model_state_dict(self.model, state["model"], options=options)
         else:
             set_state_dict(
-                self.model, self.optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"]
+                self.model,
+                self.optimizer,
+                model_state_dict=state["model"],
+                optim_state_dict=state["optim"],
+                options=options,
             )
         if weights_only:  # the weights alone: the step and the schedule stay this engine's
             return
@@ -690,10 +695,18 @@ class FSDPEngine(TrainEngine):
         if self.scheduler is not None:
             self.scheduler.load_state_dict(extra["scheduler"])
 
+    def _state_options(self) -> StateDictOptions:
+        """With LoRA a checkpoint holds what trains (the adapters; a value model's head too) and its optimizer
+        state: the frozen weights are the model folder's, which every engine is built from, so they are
+        neither written nor read (strict=False: the state names only what trains)."""
+        adapters_only = self.lora is not None
+        return StateDictOptions(ignore_frozen_params=adapters_only, strict=not adapters_only)
+
     def _checkpoint_state(self, weights_only: bool = False) -> dict[str, Any]:
+        options = self._state_options()
         if self.optimizer is None or weights_only:
-            return {"model": get_model_state_dict(self.model)}
-        model_state, optim_state = get_state_dict(self.model, self.optimizer)
+            return {"model": get_model_state_dict(self.model, options=options)}
+        model_state, optim_state = get_state_dict(self.model, self.optimizer, options=options)
         return {"model": model_state, "optim": optim_state}
 
     # ------------------------------------------------------------------ memory
