@@ -48,18 +48,40 @@ def prompt_batch(model_path: str | Path) -> Batch:
     return collate_prompts([data[i] for i in range(len(data))], processor.tokenizer.pad_token_id)
 
 
+def padded_logits(output) -> torch.Tensor:
+    """[B, T, V] logits of a padded or packed forward (0 on padding)."""
+    return output.logits if output.packing is None else output.packing.unpack(output.logits)
+
+
 def token_log_probs(output, micro: Batch) -> dict[str, torch.Tensor]:
-    return {"log_probs": log_probs_from_logits(output.logits[:, :-1], micro["input_ids"][:, 1:])}
+    return {"log_probs": log_probs_from_logits(padded_logits(output)[:, :-1], micro["input_ids"][:, 1:])}
+
+
+def predicted(mask: torch.Tensor) -> torch.Tensor:
+    """[B, T-1]: 1 where a real token predicts the next real one (a left-padded row's first real token is
+    predicted from padding: a padded forward's output there is the model's, a packed one's is zero)."""
+    return mask[:, 1:] * mask[:, :-1]
 
 
 def nll(output, micro: Batch):
-    """Every real next token's negative log-likelihood, summed, scaled by a constant (the same on any split)."""
-    log_probs = log_probs_from_logits(output.logits[:, :-1], micro["input_ids"][:, 1:])
-    loss = -(log_probs * micro["attention_mask"][:, 1:]).sum() / 100.0
+    """Every real next token's negative log-likelihood (after a real token), summed, scaled by a constant (the
+    same on any split)."""
+    log_probs = log_probs_from_logits(padded_logits(output)[:, :-1], micro["input_ids"][:, 1:])
+    loss = -(log_probs * predicted(micro["attention_mask"])).sum() / 100.0
     return loss, {"loss": loss.detach()}
 
 
 def rank_fn(rank: int, world: int, init_method: str, model_path: str, out_dir: str) -> None:
+    run_rank(rank, world, init_method, model_path, out_dir, packing=False)
+
+
+def packed_rank_fn(rank: int, world: int, init_method: str, model_path: str, out_dir: str) -> None:
+    run_rank(rank, world, init_method, model_path, out_dir, packing=True)
+
+
+def run_rank(
+    rank: int, world: int, init_method: str, model_path: str, out_dir: str, *, packing: bool
+) -> None:
     dist.init_process_group(
         "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=120)
     )
@@ -67,7 +89,7 @@ def rank_fn(rank: int, world: int, init_method: str, model_path: str, out_dir: s
         batch = prompt_batch(model_path)
         if world == 2:
             batch = batch.reorder([0, 2] if rank == 0 else [1, 3])  # rank 1: no image at all
-        engine = make_engine(model_path, "lm", fsdp=FSDPConfig(param_dtype="float32"))
+        engine = make_engine(model_path, "lm", fsdp=FSDPConfig(param_dtype="float32"), packing=packing)
         result = {
             "packing": engine.packing,
             "log_probs": engine.forward(batch.select(*INPUTS), token_log_probs, 2)["log_probs"],

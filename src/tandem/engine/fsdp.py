@@ -176,10 +176,8 @@ class FSDPEngine(TrainEngine):
             fsdp, offload, activation_checkpointing, seed
         )
         self._state_keys = set(state_keys)  # the HF state_dict's names: what state_dict_iter yields
-        # image inputs, and the vision tower on every rank in every forward (engine/vision.py); padded rows
+        # image inputs, and the vision tower on every rank in every forward (engine/vision.py)
         self._vision = VisionTower(self.model) if vision_language else None
-        if self._vision is not None:
-            self.packing = False
         if self.packing:
             self.packing = self._packing_works()
         # fsdp.lm_head_chunk_tokens: the LM head a chunk at a time from the hidden states (engine/lm_head.py)
@@ -460,9 +458,10 @@ class FSDPEngine(TrainEngine):
         ids = micro["input_ids"]
         chunk = self.lm_head_chunk if chunk == -1 else chunk
         packing = None
+        pack = (self.packing if packed is None else packed) and "attention_mask" in micro
         if self._vision is not None:
-            inputs = self._vision.model_inputs(micro, self.device)
-        elif (self.packing if packed is None else packed) and "attention_mask" in micro:
+            inputs, packing = self._vision.model_inputs(micro, self.device, self._pad_id() if pack else None)
+        elif pack:
             # No attention mask: transformers separates the sequences by their restarting position ids.
             inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self._pad_id())
         else:
@@ -565,7 +564,10 @@ class FSDPEngine(TrainEngine):
         return difference <= tolerance * max(1.0, float(expected.abs().max())), difference
 
     def _pad_id(self) -> int:
-        return self.config.pad_token_id if self.config.pad_token_id is not None else 0
+        pad = getattr(
+            self.config.get_text_config(), "pad_token_id", None
+        )  # a vision-language config: its text part
+        return pad if pad is not None else 0
 
     # ------------------------------------------------------------------ weights
     @torch.no_grad()
