@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import socket
 import statistics
 import sys
@@ -57,6 +56,20 @@ def answered_rows(folder: Path, rows_file: Path, count: int) -> Any:
     return collate_sft([data[i] for i in range(count)], processor.tokenizer.pad_token_id)
 
 
+@torch.no_grad()
+def transformers_logits(
+    model: Any, ids: torch.Tensor, mask: torch.Tensor, images: list[dict]
+) -> torch.Tensor:
+    """transformers' own forward of a padded batch whose every row holds images (`multi_modal_inputs`)."""
+    return model(
+        input_ids=ids,
+        attention_mask=mask,
+        mm_token_type_ids=(ids == model.config.image_token_id).long(),
+        pixel_values=torch.cat([i["pixel_values"] for i in images]).to(ids.device),
+        image_grid_thw=torch.cat([i["image_grid_thw"] for i in images]).to(ids.device),
+    ).logits
+
+
 def one_rank_group(device: torch.device) -> None:
     import torch.distributed as dist
 
@@ -78,14 +91,7 @@ def parity(folder: Path, rows_file: Path, device: torch.device) -> dict[str, dic
     reference = Qwen2VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).to(device).eval()
     ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
     images = batch["multi_modal_inputs"]
-    with torch.no_grad():
-        logits = reference(
-            input_ids=ids,
-            attention_mask=mask,
-            mm_token_type_ids=(ids == reference.config.image_token_id).long(),
-            pixel_values=torch.cat([i["pixel_values"] for i in images]).to(device),
-            image_grid_thw=torch.cat([i["image_grid_thw"] for i in images]).to(device),
-        ).logits
+    logits = transformers_logits(reference, ids, mask, images)
     expected = log_probs_from_logits(logits[:, :-1].float(), ids[:, 1:]).cpu()
     real = batch["attention_mask"][:, 1:].bool()
     out = {}
@@ -139,14 +145,7 @@ def first_token_accuracy(folder: Path, rows_file: Path, device: torch.device) ->
         batch = collate_prompts(items, processor.tokenizer.pad_token_id)
         ids, mask = batch["input_ids"].to(device), batch["attention_mask"].to(device)
         images = [item["multi_modal_inputs"] for item in items]
-        with torch.no_grad():
-            logits = model(
-                input_ids=ids,
-                attention_mask=mask,
-                mm_token_type_ids=(ids == model.config.image_token_id).long(),
-                pixel_values=torch.cat([i["pixel_values"] for i in images]).to(device),
-                image_grid_thw=torch.cat([i["image_grid_thw"] for i in images]).to(device),
-            ).logits[:, -1]
+        logits = transformers_logits(model, ids, mask, images)[:, -1]
         answers = processor.tokenizer.batch_decode(logits.argmax(-1)[:, None])
         right += sum(a == truths[start + k] for k, a in enumerate(answers))
     return right / len(data)

@@ -145,8 +145,9 @@ def count_squares_row(
     vision-language model each), every cell empty or holding one red, blue or green square of a
     random size, place and shade; the question ``<image>How many red?`` for a colour drawn from
     ``asked``. The answer is the count, 0 to grid**2. Rows carry the image as PNG bytes in verl's
-    ``images`` column. (The tiny model learns to count one colour within a few hundred SFT steps of
-    32 rows; to count the one the question names, about 2000.)"""
+    ``images`` column. (The tiny Qwen2-VL, in a plain transformers loop of 32 rows a step at lr 1e-3,
+    one seed: counting red alone reached 99 % greedy accuracy within 400 steps; counting the colour the
+    question names, 59 % after 2400.)"""
     import io
 
     from PIL import Image, ImageDraw

@@ -564,9 +564,8 @@ class FSDPEngine(TrainEngine):
         return difference <= tolerance * max(1.0, float(expected.abs().max())), difference
 
     def _pad_id(self) -> int:
-        pad = getattr(
-            self.config.get_text_config(), "pad_token_id", None
-        )  # a vision-language config: its text part
+        # a vision-language config keeps it in its text part
+        pad = getattr(self.config.get_text_config(), "pad_token_id", None)
         return pad if pad is not None else 0
 
     # ------------------------------------------------------------------ weights

@@ -14,10 +14,8 @@ from tandem.config.schema import TandemConfig
 from tandem.engine.base import ModelOutput, TrainEngine, scatter_rows
 from tandem.roles.common import MODEL_INPUTS, model_inputs, run_update, scaled_logits, token_stats
 
-SFT_KEYS = (
-    *MODEL_INPUTS,
-    "loss_mask",
-)  # and a vision-language model's image inputs, where the rows have them
+# what an SFT batch must hold; a vision-language model's rows add their image inputs (`model_inputs`)
+SFT_KEYS = (*MODEL_INPUTS, "loss_mask")
 
 
 def target_mask(loss_mask: Tensor) -> Tensor:
