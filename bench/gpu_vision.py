@@ -8,9 +8,9 @@ the GRPO half of `tandem quickstart --task vision` (vLLM rolls out image prompts
 sections, each for float32 and bfloat16 parameters:
 
 - **parity**: the tiny Qwen2-VL of data/tiny_vlm.py in the FSDP2 engine (a one-rank process group: NCCL on
-  CUDA, gloo on CPU) against the transformers model in float32 on the same device, on 16 count_squares
-  prompts with their answers: the largest |log-prob difference| over the real tokens; then one optimizer
-  step, whose grad norm must be finite.
+  CUDA, gloo on CPU), padded and packed, against the transformers model in float32 on the same device, on
+  16 count_squares prompts with their answers: the largest |log-prob difference| over the real tokens;
+  then one optimizer step and its grad norm.
 - **sft**: the SFT stage of `tandem quickstart --task vision` (trainer.backend=inprocess, one rank), a fixed
   number of steps with a validation every 50: its validation losses, the median step time, peak memory,
   and the exported model's greedy first-token accuracy on the 256 held-out images (an answer is one digit).
@@ -56,6 +56,11 @@ def answered_rows(folder: Path, rows_file: Path, count: int) -> Any:
     return collate_sft([data[i] for i in range(count)], processor.tokenizer.pad_token_id)
 
 
+def padded(output: Any) -> torch.Tensor:
+    """An engine forward's logits in the padded layout [B, T, V], packed or not."""
+    return output.logits if output.packing is None else output.packing.unpack(output.logits)
+
+
 @torch.no_grad()
 def transformers_logits(
     model: Any, ids: torch.Tensor, mask: torch.Tensor, images: list[dict]
@@ -95,7 +100,7 @@ def parity(folder: Path, rows_file: Path, device: torch.device) -> dict[str, dic
     expected = log_probs_from_logits(logits[:, :-1].float(), ids[:, 1:]).cpu()
     real = batch["attention_mask"][:, 1:].bool()
     out = {}
-    for dtype in DTYPES:
+    for dtype, packing in ((dtype, packing) for dtype in DTYPES for packing in (False, True)):
         engine = FSDPEngine(
             model_path=folder,
             head="lm",
@@ -104,26 +109,28 @@ def parity(folder: Path, rows_file: Path, device: torch.device) -> dict[str, dic
             fsdp=FSDPConfig(param_dtype=dtype),
             grad_clip=1.0,
             total_training_steps=10,
+            packing=packing,
         )
 
         def token_log_probs(output: Any, micro: Any) -> dict[str, torch.Tensor]:
             return {
-                "log_probs": log_probs_from_logits(output.logits[:, :-1].float(), micro["input_ids"][:, 1:])
+                "log_probs": log_probs_from_logits(padded(output)[:, :-1].float(), micro["input_ids"][:, 1:])
             }
 
         def nll(output: Any, micro: Any) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-            log_probs = log_probs_from_logits(output.logits[:, :-1].float(), micro["input_ids"][:, 1:])
+            log_probs = log_probs_from_logits(padded(output)[:, :-1].float(), micro["input_ids"][:, 1:])
             loss = -(log_probs * micro["attention_mask"][:, 1:]).sum() / real.sum()
             return loss, {"loss": loss.detach()}
 
         inputs = batch.select("input_ids", "attention_mask", "multi_modal_inputs")
         got = engine.forward(inputs, token_log_probs, 8)["log_probs"]
         step = engine.train_step(inputs, nll, 8)
-        out[dtype] = {
+        label = f"{dtype}, {'packed' if engine.packing else 'padded'}"
+        out[label] = {
             "max_abs_log_prob_diff": float((got - expected)[real].abs().max()),
             "grad_norm": float(step.grad_norm),
         }
-        say(f"parity {dtype}: {out[dtype]}")
+        say(f"parity {label}: {out[label]}")
         del engine
     return out
 
