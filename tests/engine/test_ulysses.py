@@ -10,8 +10,6 @@ norm <= 3e-6 relative, weights <= 2e-6 (asserted 1e-5 each). Padded cases are co
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -91,12 +89,21 @@ def test_pad_columns():
 
 
 def test_heads_that_do_not_split_are_refused():
-    check_heads(SimpleNamespace(num_attention_heads=4, num_key_value_heads=2), 2)
-    check_heads(SimpleNamespace(num_attention_heads=4, num_key_value_heads=2), 4)  # kv heads repeated
+    from transformers import Qwen2Config, Qwen2VLConfig
+
+    def config(heads: int, kv_heads: int) -> Qwen2Config:
+        return Qwen2Config(hidden_size=12 * heads, num_attention_heads=heads, num_key_value_heads=kv_heads)
+
+    check_heads(config(4, 2), 2)
+    check_heads(config(4, 2), 4)  # kv heads repeated
     with pytest.raises(ValueError, match="num_attention_heads=6 is not a multiple of 4"):
-        check_heads(SimpleNamespace(num_attention_heads=6, num_key_value_heads=6), 4)
+        check_heads(config(6, 6), 4)
     with pytest.raises(ValueError, match="num_key_value_heads=3 neither divides by 2"):
-        check_heads(SimpleNamespace(num_attention_heads=6, num_key_value_heads=3), 2)
+        check_heads(config(6, 3), 2)
+    # a vision-language config: its text part's heads
+    vision_language = Qwen2VLConfig(text_config={"num_attention_heads": 6, "num_key_value_heads": 6})
+    with pytest.raises(ValueError, match="num_attention_heads=6 is not a multiple of 4"):
+        check_heads(vision_language, 4)
 
 
 def test_settings_that_cannot_run_are_refused_with_their_keys():

@@ -96,3 +96,49 @@ def test_grpo_on_a_vision_language_model_keeps_rollout_and_trainer_log_probs_equ
     resumed = by_step(RLTrainer(config("resumed")).fit())
     assert sorted(resumed) == [3]
     assert_same_steps(resumed, history, (3,))
+
+
+def test_lora_on_a_vision_language_model_syncs_merged_weights_and_exports_a_peft_folder(
+    ray_local, assets, tmp_path
+):
+    """actor.lora on the tiny Qwen2-VL: adapters on every linear, the vision tower's too; vLLM gets the merged
+    weights after each update (rollout log-probs the trainer's); the reference is the actor with its adapters
+    off; the export is the merged Qwen2-VL and a PEFT adapter folder that merges onto the base into it."""
+    from peft import PeftModel
+    from transformers import Qwen2VLForConditionalGeneration
+
+    cfg = run_config(
+        assets,
+        tmp_path,
+        "grpo",
+        "rollout.engine=vllm",
+        "data.max_prompt_length=48",
+        "actor.ppo_mini_batch_size=4",
+        "actor.fsdp.param_dtype=float32",
+        "actor.use_kl_loss=true",
+        "actor.lora.rank=8",
+        "actor.lora.alpha=16",
+        "trainer.total_training_steps=2",
+        *custom_reward("by_length"),
+    )
+    history = by_step(RLTrainer(cfg).fit())
+    for step, m in history.items():
+        assert m["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-5), step
+        assert m["rollout_mismatch/min_ratio"] == pytest.approx(1.0, abs=1e-5), step
+    # B = 0 at the start: step 1's policy is the base model, the reference; step 2's is not
+    assert history[1]["actor/kl_loss"] == 0.0 and history[2]["actor/kl_loss"] > 0
+    final = tmp_path / "tandem" / cfg.trainer.experiment_name / "checkpoints" / "global_step_2"
+    exported = export_checkpoint(final, tmp_path / "hf")
+    trained, initial = (
+        load_file(exported / "model.safetensors"),
+        load_file(assets["model"] / "model.safetensors"),
+    )
+    assert trained.keys() == initial.keys()
+    moved = [name for name in initial if not torch.equal(trained[name], initial[name])]
+    assert any(name.startswith("visual.") for name in moved)  # the tower's linears took adapters
+    assert any(".q_proj." in name for name in moved) and not any("norm" in name for name in moved)
+    base = Qwen2VLForConditionalGeneration.from_pretrained(assets["model"], dtype=torch.float32)
+    merged = PeftModel.from_pretrained(base, exported / "lora_adapter").merge_and_unload().state_dict()
+    ours = Qwen2VLForConditionalGeneration.from_pretrained(exported, dtype=torch.float32).state_dict()
+    for name, tensor in ours.items():
+        torch.testing.assert_close(merged[name], tensor, rtol=0, atol=1e-6, msg=name)

@@ -105,6 +105,7 @@ def sp_attention(fsdp: FSDPConfig, resolved: str) -> str:
 
 def check_heads(config: Any, size: int, key: str = "actor.fsdp.sequence_parallel") -> None:
     """Refuse a model whose attention heads cannot be split `size` ways, naming the numbers and `key`."""
+    config = config.get_text_config()  # a vision-language config keeps them in its text part
     heads = config.num_attention_heads
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     if heads % size:

@@ -84,8 +84,12 @@ def vision_language_problems(cfg: TandemConfig, model_type: str, purpose: str = 
     problems = []
     if a.strategy != "fsdp":
         problems.append(f"{what}: train it with actor.strategy=fsdp")
-    if a.fsdp.sequence_parallel > 1 or a.lora.rank > 0:
-        problems.append(f"{what}: not yet with actor.fsdp.sequence_parallel > 1 or actor.lora")
+    if a.fsdp.sequence_parallel > 1:
+        problems.append(f"{what}: not yet with actor.fsdp.sequence_parallel > 1")
+    if a.lora.syncs_adapters:
+        problems.append(
+            f"{what}: its LoRA adapters reach vLLM merged into the weights; set actor.lora.rollout_sync=merged"
+        )
     if purpose == "sft":
         return problems
     if resolve_engine(r.engine) != "vllm" or r.mode != "sync" or r.layout != "hybrid":
