@@ -185,10 +185,10 @@ def test_sft_image_rows_that_cannot_be_read_are_named(tmp_path, vlm, tokenizer):
 
     _, processor = vlm
     image = [{"bytes": png(56, 56, (255, 0, 0)), "path": None}]
-    conversation = [{"role": "user", "content": "<image>?"}, {"role": "assistant", "content": "1"}]
+    conversation = [{"role": "user", "content": "?"}, {"role": "assistant", "content": "<image>1"}]
     path = write_rows([row("<image>?", image, messages=conversation)], tmp_path / "conv.parquet")
     with pytest.raises(
-        DataError, match=r"row 0: a conversation \('messages'\) with images \('images'\) is not"
+        DataError, match=r"row 0: field 'messages' message 1 is the assistant's and holds <image>"
     ):
         SFTDataset([str(path)], processor.tokenizer, max_length=64, processor=processor)
     path = write_rows([row("<image>?", image, response="1")], tmp_path / "text.parquet")
@@ -197,3 +197,49 @@ def test_sft_image_rows_that_cannot_be_read_are_named(tmp_path, vlm, tokenizer):
     path = write_rows([row("<image><image>?", image, response="1")], tmp_path / "count.parquet")
     with pytest.raises(DataError, match="row 0: the prompt has 2 <image> placeholder"):
         SFTDataset([str(path)], processor.tokenizer, max_length=64, processor=processor)
+
+
+def test_an_sft_conversation_with_images_widens_each_in_its_turn_and_trains_the_replies(tmp_path, vlm):
+    import io
+
+    from tandem.data import SFTDataset
+    from tandem.data.tiny import IM_END
+
+    _, processor = vlm
+    tokenizer = processor.tokenizer
+    im_end = tokenizer.convert_tokens_to_ids(IM_END)
+    conversation = [
+        {"role": "user", "content": "<image>How many red?"},
+        {"role": "assistant", "content": "2"},
+        {"role": "user", "content": "And here <image>?"},
+        {"role": "assistant", "content": "13"},
+    ]
+    images = [
+        {"bytes": png(56, 56, (255, 0, 0)), "path": None},
+        {"bytes": png(84, 56, (0, 0, 255)), "path": None},
+    ]
+    path = write_rows([row("unused", images, messages=conversation)], tmp_path / "conv.parquet")
+    data = SFTDataset([str(path)], tokenizer, max_length=128, processor=processor, stop_token_ids=[im_end])
+    item = data[0]
+    # the whole conversation as the processor widens it: 4 + 6 image tokens, each image in its own user turn
+    items = [
+        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "How many red?"}]},
+        {"role": "assistant", "content": "2"},
+        {
+            "role": "user",
+            "content": [
+                {"type": "text", "text": "And here "},
+                {"type": "image"},
+                {"type": "text", "text": "?"},
+            ],
+        },
+        {"role": "assistant", "content": "13"},
+    ]
+    text = processor.apply_chat_template(items, tokenize=False)
+    decoded = [Image.open(io.BytesIO(image["bytes"])).convert("RGB") for image in images]
+    expected = processor(text=[text], images=decoded, return_tensors="pt")["input_ids"][0].tolist()
+    assert item["input_ids"] == expected
+    assert item["input_ids"].count(tokenizer.convert_tokens_to_ids(IMAGE_PAD)) == 10
+    trained = [token for token, on in zip(item["input_ids"], item["loss_mask"]) if on]
+    assert trained == [*tokenizer("2")["input_ids"], im_end, *tokenizer("13")["input_ids"], im_end]
+    assert item["multi_modal_inputs"]["image_grid_thw"].tolist() == [[1, 4, 4], [1, 4, 6]]

@@ -6,8 +6,10 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
+import torch
+
 from tandem.batch import Batch
-from tandem.data.images import row_images, widen_images
+from tandem.data.images import IMAGE_PLACEHOLDER, row_images, widen_images
 from tandem.data.padding import pad_sequences, position_ids_from_mask
 from tandem.data.rows import (
     DataError,
@@ -49,10 +51,11 @@ class SFTDataset:
       tokenized separately so the response tokens are the ones the policy would generate after that
       prompt; ``loss_mask`` is 1 on the response tokens and the EOS.
 
-    A vision-language model's pair rows may carry images (``image_key``, verl's schema, see
-    tandem/data/images.py; ``processor`` widens each to its tokens, counted in ``max_length``): their items
+    A vision-language model's rows may carry images (``image_key``, verl's schema, see
+    tandem/data/images.py: an ``<image>`` in the prompt's or the conversation's non-assistant messages per
+    image; ``processor`` widens each to its tokens, counted in ``max_length``, never trained): their items
     hold ``multi_modal_inputs`` (the images' processor outputs; None on rows without images) for the
-    trainer. A conversation with images is an error for now.
+    trainer.
 
     Sequences longer than ``max_length``: ``truncation="error"`` raises; ``"right"`` cuts the end,
     and drops (counted in ``report["filtered"]``) rows with no trained token left; both are logged
@@ -95,11 +98,6 @@ class SFTDataset:
             for location, row in iter_rows(path):
                 row = check_row(location, row)
                 if messages_key is not None and row.get(messages_key) is not None:
-                    if row.get(image_key) is not None:
-                        raise DataError(
-                            f"{location}: a conversation ({messages_key!r}) with images ({image_key!r}) is not "
-                            f"read yet; give the row as a prompt (with its <image> markers) and a response"
-                        )
                     if mode != "chat":
                         raise DataError(
                             f"{location}: field {messages_key!r} holds a conversation, which needs the "
@@ -107,6 +105,11 @@ class SFTDataset:
                             f"{mode}); use a tokenizer with a chat template and data.chat_template=auto"
                         )
                     messages = check_prompt(location, row[messages_key], messages_key, mode)
+                    if row.get(image_key) is not None:
+                        _check_replies_hold_no_image(location, messages, messages_key)
+                        messages, images[len(rows)] = row_images(
+                            location, messages, row[image_key], image_key, path.parent, mode, processor
+                        )
                     pieces, whole = _conversation_pieces(
                         location, messages, messages_key, tokenizer, tools, stop_ids
                     )
@@ -140,10 +143,11 @@ class SFTDataset:
         truncated: list[str] = []
         eos = tokenizer.eos_token_id
         for i, ((location, pieces, whole), ids_of_pieces) in enumerate(zip(rows, pieces_ids)):
+            if whole is not None:
+                _check_conversation_ids(location, pieces, ids_of_pieces, whole_ids[i], stop_ids, tokenizer)
             image_inputs = None
-            if images.get(i):  # the prompt as the model reads it: each image widened to its tokens
-                prompt_ids, image_inputs = widen_images(pieces[0][0], images[i], processor)
-                ids_of_pieces = [prompt_ids, *ids_of_pieces[1:]]
+            if images.get(i):  # the text as the model reads it: each image widened to its tokens
+                ids_of_pieces, image_inputs = _widen_pieces(pieces, ids_of_pieces, images[i], processor)
             input_ids = [token for ids in ids_of_pieces for token in ids]
             loss_mask = [trained for (_, trained), ids in zip(pieces, ids_of_pieces) for _ in ids]
             if whole is None:
@@ -151,7 +155,6 @@ class SFTDataset:
                 loss_mask.append(1)
                 what = "prompt + response + EOS"
             else:
-                _check_conversation_ids(location, pieces, ids_of_pieces, whole_ids[i], stop_ids, tokenizer)
                 what = "the conversation"
             if len(input_ids) > max_length:
                 if truncation == "error":
@@ -218,6 +221,35 @@ def collate_sft(items: Sequence[dict[str, Any]], pad_token_id: int) -> Batch:
             tensors, {"multi_modal_inputs": [item["multi_modal_inputs"] for item in items]}
         )
     return Batch.from_dict(tensors)
+
+
+def _check_replies_hold_no_image(location: str, messages: list[dict[str, Any]], key: str) -> None:
+    for i, message in enumerate(messages):
+        if message["role"] == "assistant" and IMAGE_PLACEHOLDER in message["content"]:
+            raise DataError(
+                f"{location}: field {key!r} message {i} is the assistant's and holds {IMAGE_PLACEHOLDER}; images go "
+                f"in the messages the model reads (user, system, tool), not in the replies SFT trains"
+            )
+
+
+def _widen_pieces(
+    pieces: list[Piece], ids_of_pieces: list[list[int]], images: list[Any], processor: Any
+) -> tuple[list[list[int]], dict[str, Any]]:
+    """The pieces' ids with each image widened to its tokens in the piece that holds its marker (never a
+    trained piece: replies hold no image), and the images' inputs in order."""
+    widened, inputs, used = [], [], 0
+    for (text, _), ids in zip(pieces, ids_of_pieces):
+        count = text.count(processor.image_token)
+        if count:
+            ids, piece_inputs = widen_images(text, images[used : used + count], processor)
+            inputs.append(piece_inputs)
+            used += count
+        widened.append(ids)
+    if used != len(images):
+        raise ValueError(f"the rendered text holds {used} image markers for {len(images)} images")
+    return widened, {
+        key: torch.cat([piece[key] for piece in inputs]) for key in ("pixel_values", "image_grid_thw")
+    }
 
 
 def _check_stop_ids(tokenizer: Any, stop_token_ids: Sequence[int] | None) -> dict[int, str]:
