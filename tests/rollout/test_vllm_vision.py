@@ -107,18 +107,13 @@ def test_what_a_vision_language_actor_does_not_run_with_yet_is_a_start_up_error(
     folder, _, _ = vlm
     base = [f"actor.model_path={folder}", "rollout.engine=vllm"]
     check_available(load_config("grpo", base))  # GRPO on vLLM: runs (tests/trainer/test_vision_e2e.py)
-    check_available(load_config("grpo", [*base, "actor.lora.rank=8"]))  # merged into the weights: runs too
+    check_available(load_config("grpo", [*base, "actor.lora.rank=8"]))  # LoRA: runs too (test_vision_e2e.py)
     check_available(load_config("sft", [*base, "rollout.engine=hf"]), "sft")  # SFT: no rollout
     for preset, extra, message in (
         ("grpo", ["rollout.engine=hf"], r"rolled out by vLLM's batched generate"),
         ("grpo", ["rollout.mode=async"], r"rolled out by vLLM's batched generate"),
         ("ppo", [], "no critic or reward model reads images yet"),
         ("grpo", ["actor.fsdp.sequence_parallel=2"], "not yet with actor.fsdp.sequence_parallel > 1"),
-        (
-            "grpo",
-            ["actor.lora.rank=8", "actor.lora.rollout_sync=adapter"],
-            "its LoRA adapters reach vLLM merged into the weights",
-        ),
     ):
         with pytest.raises(ConfigError, match=r"is a vision-language model \(qwen2_vl\): .*" + message):
             check_available(load_config(preset, [*base, *extra]))

@@ -98,29 +98,43 @@ def test_grpo_on_a_vision_language_model_keeps_rollout_and_trainer_log_probs_equ
     assert_same_steps(resumed, history, (3,))
 
 
-def test_lora_on_a_vision_language_model_syncs_merged_weights_and_exports_a_peft_folder(
-    ray_local, assets, tmp_path
+LANGUAGE_LINEARS = "actor.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
+
+
+@pytest.mark.parametrize("sync", ["merged", "adapter"])
+def test_lora_on_a_vision_language_model_syncs_the_rollout_and_exports_a_peft_folder(
+    ray_local, assets, tmp_path, sync
 ):
-    """actor.lora on the tiny Qwen2-VL: adapters on every linear, the vision tower's too; vLLM gets the merged
-    weights after each update (rollout log-probs the trainer's); the reference is the actor with its adapters
-    off; the export is the merged Qwen2-VL and a PEFT adapter folder that merges onto the base into it."""
+    """actor.lora on the tiny Qwen2-VL. Merged: adapters on every linear, the vision tower's too, and vLLM
+    gets the merged weights after each update. Adapter: vLLM serves adapters on the language model only (on
+    the tower it would skip them silently: refused at start), so they go on the language model's linears.
+    Either way rollout log-probs are the trainer's, the reference is the actor with its adapters off, and
+    the export is the merged Qwen2-VL and a PEFT adapter folder that merges onto the base into it."""
     from peft import PeftModel
     from transformers import Qwen2VLForConditionalGeneration
 
-    cfg = run_config(
-        assets,
-        tmp_path,
-        "grpo",
-        "rollout.engine=vllm",
-        "data.max_prompt_length=48",
-        "actor.ppo_mini_batch_size=4",
-        "actor.fsdp.param_dtype=float32",
-        "actor.use_kl_loss=true",
-        "actor.lora.rank=8",
-        "actor.lora.alpha=16",
-        "trainer.total_training_steps=2",
-        *custom_reward("by_length"),
-    )
+    def config(*extra: str):
+        return run_config(
+            assets,
+            tmp_path,
+            "grpo",
+            "rollout.engine=vllm",
+            "data.max_prompt_length=48",
+            "actor.ppo_mini_batch_size=4",
+            "actor.fsdp.param_dtype=float32",
+            "actor.use_kl_loss=true",
+            "actor.lora.rank=8",
+            "actor.lora.alpha=16",
+            f"actor.lora.rollout_sync={sync}",
+            "trainer.total_training_steps=2",
+            *extra,
+            *custom_reward("by_length"),
+        )
+
+    if sync == "adapter":
+        with pytest.raises(Exception, match="vLLM does not serve LoRA adapters on the vision tower"):
+            RLTrainer(config()).fit()
+    cfg = config(LANGUAGE_LINEARS) if sync == "adapter" else config()
     history = by_step(RLTrainer(cfg).fit())
     for step, m in history.items():
         assert m["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-5), step
@@ -135,7 +149,8 @@ def test_lora_on_a_vision_language_model_syncs_merged_weights_and_exports_a_peft
     )
     assert trained.keys() == initial.keys()
     moved = [name for name in initial if not torch.equal(trained[name], initial[name])]
-    assert any(name.startswith("visual.") for name in moved)  # the tower's linears took adapters
+    # merged: the tower's linears took adapters; adapter: the language model's alone
+    assert any(name.startswith("visual.") for name in moved) == (sync == "merged")
     assert any(".q_proj." in name for name in moved) and not any("norm" in name for name in moved)
     base = Qwen2VLForConditionalGeneration.from_pretrained(assets["model"], dtype=torch.float32)
     merged = PeftModel.from_pretrained(base, exported / "lora_adapter").merge_and_unload().state_dict()

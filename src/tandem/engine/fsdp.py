@@ -630,6 +630,13 @@ class FSDPEngine(TrainEngine):
             raise RuntimeError("adapter_state: this engine trains no LoRA adapters (actor.lora.rank=0)")
         return lora_layers.adapter_state(self.model.named_parameters(), self._full)
 
+    def vision_adapters(self) -> list[str]:
+        """The LoRA layers inside a vision-language model's vision tower (none for a text model)."""
+        if self._vision is None or self.lora is None:
+            return []
+        tower = {id(module) for module in self._vision.visual.modules()}
+        return [name for name, layer in lora_layers.lora_layers(self.model).items() if id(layer) in tower]
+
     def _full(self, tensor: Tensor) -> Tensor:
         """A full local tensor of a parameter or buffer (a collective for a sharded one)."""
         if isinstance(tensor, DTensor):

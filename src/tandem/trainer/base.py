@@ -86,10 +86,6 @@ def vision_language_problems(cfg: TandemConfig, model_type: str, purpose: str = 
         problems.append(f"{what}: train it with actor.strategy=fsdp")
     if a.fsdp.sequence_parallel > 1:
         problems.append(f"{what}: not yet with actor.fsdp.sequence_parallel > 1")
-    if a.lora.syncs_adapters:
-        problems.append(
-            f"{what}: its LoRA adapters reach vLLM merged into the weights; set actor.lora.rollout_sync=merged"
-        )
     if purpose == "sft":
         return problems
     if resolve_engine(r.engine) != "vllm" or r.mode != "sync" or r.layout != "hybrid":
