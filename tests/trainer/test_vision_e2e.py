@@ -50,23 +50,32 @@ def assets(tmp_path_factory):
     }
 
 
+def grpo_config(assets, tmp_path, *extra: str):
+    """GRPO on the tiny Qwen2-VL with vLLM, fp32, a KL loss to the reference, one optimizer step per step."""
+    return run_config(
+        assets,
+        tmp_path,
+        "grpo",
+        "rollout.engine=vllm",
+        "data.max_prompt_length=48",
+        "actor.ppo_mini_batch_size=4",
+        "actor.fsdp.param_dtype=float32",
+        "actor.use_kl_loss=true",
+        *extra,
+        *custom_reward("by_length"),
+    )
+
+
 def test_grpo_on_a_vision_language_model_keeps_rollout_and_trainer_log_probs_equal_and_resumes(
     ray_local, assets, tmp_path
 ):
     def config(experiment: str):
-        return run_config(
+        return grpo_config(
             assets,
             tmp_path,
-            "grpo",
-            "rollout.engine=vllm",
-            "data.max_prompt_length=48",
-            "actor.ppo_mini_batch_size=4",  # one optimizer step per step
-            "actor.fsdp.param_dtype=float32",
-            "actor.use_kl_loss=true",
             "trainer.total_training_steps=3",
             "trainer.save_freq=2",
             f"trainer.experiment_name={experiment}",
-            *custom_reward("by_length"),
         )
 
     cfg = config("straight")
@@ -114,22 +123,8 @@ def test_lora_on_a_vision_language_model_syncs_the_rollout_and_exports_a_peft_fo
     from transformers import Qwen2VLForConditionalGeneration
 
     def config(*extra: str):
-        return run_config(
-            assets,
-            tmp_path,
-            "grpo",
-            "rollout.engine=vllm",
-            "data.max_prompt_length=48",
-            "actor.ppo_mini_batch_size=4",
-            "actor.fsdp.param_dtype=float32",
-            "actor.use_kl_loss=true",
-            "actor.lora.rank=8",
-            "actor.lora.alpha=16",
-            f"actor.lora.rollout_sync={sync}",
-            "trainer.total_training_steps=2",
-            *extra,
-            *custom_reward("by_length"),
-        )
+        lora = ["actor.lora.rank=8", "actor.lora.alpha=16", f"actor.lora.rollout_sync={sync}"]
+        return grpo_config(assets, tmp_path, *lora, "trainer.total_training_steps=2", *extra)
 
     if sync == "adapter":
         with pytest.raises(Exception, match="vLLM does not serve LoRA adapters on the vision tower"):
