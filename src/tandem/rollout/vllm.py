@@ -160,7 +160,8 @@ class VLLMRollout(RolloutEngine):
             os.environ.update(CPU_ENV)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
         # Qwen2-VL's parts without torchvision (data/without_torchvision.py)
-        if folder_model_type(model_path) in VISION_LANGUAGE_TYPES:
+        vision_language = folder_model_type(model_path) in VISION_LANGUAGE_TYPES
+        if vision_language:
             adapt_vllm()
         from vllm import LLM
 
@@ -190,7 +191,9 @@ class VLLMRollout(RolloutEngine):
         self.pad_token_id = int(pad_token_id)
         self.max_model_len = max_model_len
         self.tied_embeddings = bool(self.llm.llm_engine.model_config.hf_config.tie_word_embeddings)
-        self._file_names = file_names(model_path)
+        # a vision-language model's loader in vLLM maps the trainer's in-memory names itself (its
+        # hf_to_vllm_mapper); transformers has no causal-LM class to ask for the files' names
+        self._file_names = None if vision_language else file_names(model_path)
         self._asleep = self._kv_cache_asleep = False
         self._logged_cpu_sleep = False
         logger.info("VLLMRollout: engine started in %.1f s from %s", self.start_seconds, model_path)
