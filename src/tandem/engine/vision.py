@@ -72,14 +72,14 @@ class VisionTower:
             places[row, found[:count]] = True
         present = [images for images in rows if images is not None]
         self._images = None
-        grids = pixels = None
+        grids = pixels = None  # on the micro-batch's device, as the ids; the hook moves them to the model's
         if present:
-            grids = torch.cat([images["image_grid_thw"] for images in present]).to(device)
-            pixels = torch.cat([images["pixel_values"] for images in present]).to(device)
+            grids = torch.cat([images["image_grid_thw"] for images in present])
+            pixels = torch.cat([images["pixel_values"] for images in present])
         rope, _ = self.rope_index(
             ids,
             mm_token_type_ids=places.long(),
-            image_grid_thw=grids.to(ids.device) if present else None,
+            image_grid_thw=grids,
             attention_mask=mask,
         )  # [3, B, T]: each row's positions from its first real token, its images' over time, height, width
         if pad_id is None:
@@ -108,7 +108,10 @@ class VisionTower:
             kwargs["inputs_embeds"] = embeds + 0.0 * out.pooler_output.sum()
             return args, kwargs
         pixels, grids, places, order = self._images
-        features = self.visual(pixels.to(embeds.dtype), grid_thw=grids).pooler_output.to(embeds.dtype)
+        grids = grids.to(embeds.device)
+        features = self.visual(pixels.to(embeds.device, embeds.dtype), grid_thw=grids).pooler_output.to(
+            embeds.dtype
+        )
         if order is not None:
             features = features[order]
         kwargs["inputs_embeds"] = embeds.masked_scatter(places[..., None], features)
