@@ -2,7 +2,7 @@
 
     .venv/bin/python bench/adamw.py [--steps 5] [--threads 2]
 
-Three Qwen2 shapes of `tandem.data.tiny.build_model` (W1's tokenizer, 320 entries, tied), each sharded with FSDP2
+Three Qwen2 shapes of `tandem.models.tiny.build_model` (W1's tokenizer, 320 entries, tied), each sharded with FSDP2
 (`fully_shard` per decoder layer and on the root, one gloo rank: the DTensor parameters the engine's
 optimizer sees):
   W1     hidden 256,  4 layers,  4 heads / 2 KV, intermediate 768    (3.2 M parameters)
@@ -26,7 +26,7 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.tensor import distribute_tensor
 
-from tandem.data.tiny import build_model, build_tokenizer
+from tandem.models.tiny import build_model, build_tokenizer
 
 SHAPES = {"W1": (256, 4, 4, 2, 768), "8x": (512, 8, 8, 4, 1536), "100M": (1024, 8, 16, 8, 3072)}
 IMPLEMENTATIONS = {"for_loop": {"foreach": False}, "foreach": {"foreach": True}, "fused": {"fused": True}}

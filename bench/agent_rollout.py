@@ -4,7 +4,7 @@
         [--budget 1024] [--turns 4] [--latency 0.05,0.5] [--repeats 3] [--workloads single,multi,instant]
     RAY_AUTH_MODE=disabled .venv/bin/python bench/agent_rollout.py --quick   # smoke run; numbers mean nothing
 
-One process, one vLLM engine (`VLLMRollout`), the tiny Qwen2 of `tandem.data.save_tiny` (random weights,
+One process, one vLLM engine (`VLLMRollout`), the tiny Qwen2 of `tandem.models.tiny.save_tiny` (random weights,
 fp32, CPU). Prompts: "a*b=" with a, b uniform in [0, 999], rendered by the tiny chat template; one sample
 per prompt. Stop ids: <|endoftext|> and <|im_end|> (the template's end of turn); at temperature 1.0 the
 random model hits one after anything from 2 tokens to never, so response lengths have a long tail.
@@ -54,9 +54,8 @@ from pathlib import Path
 from typing import Any
 
 from tandem.batch import Batch
-from tandem.data import save_tiny
 from tandem.data.prompts import collate_prompts
-from tandem.data.tiny import IM_END, build_tokenizer
+from tandem.models.tiny import IM_END, build_tokenizer, save_tiny
 from tandem.rollout import SamplingParams
 from tandem.rollout.agent import (
     AgentLoop,

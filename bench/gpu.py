@@ -74,7 +74,7 @@ def main() -> None:
     if not torch.cuda.is_available():
         sys.exit("bench/gpu.py needs a CUDA device (the CPU numbers are grpo_w1.py's)")
     say(f"{torch.cuda.get_device_name()}, torch {torch.__version__}")
-    from tandem.data import save_tiny
+    from tandem.models.tiny import save_tiny
 
     work = Workload(steps=args.steps)
     workdir = Path(tempfile.mkdtemp(prefix="tandem-gpu-"))

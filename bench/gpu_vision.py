@@ -7,7 +7,7 @@ Written for the lent GPU machine, which has torch and transformers but neither R
 the GRPO half of `tandem quickstart --task vision` (vLLM rolls out image prompts) cannot run there. Two
 sections, each for float32 and bfloat16 parameters:
 
-- **parity**: the tiny Qwen2-VL of data/tiny_vlm.py in the FSDP2 engine (a one-rank process group: NCCL on
+- **parity**: the tiny Qwen2-VL of models/tiny_vlm.py in the FSDP2 engine (a one-rank process group: NCCL on
   CUDA, gloo on CPU), padded and packed, against the transformers model in float32 on the same device, on
   16 count_squares prompts with their answers: the largest |log-prob difference| over the real tokens;
   then one optimizer step and its grad norm.
@@ -40,7 +40,7 @@ def say(line: str) -> None:
 def processor_of(folder: Path) -> Any:
     from transformers import AutoProcessor
 
-    from tandem.data.without_torchvision import adapt_transformers
+    from tandem.models.without_torchvision import adapt_transformers
 
     adapt_transformers()
     return AutoProcessor.from_pretrained(folder)
@@ -90,7 +90,7 @@ def parity(folder: Path, rows_file: Path, device: torch.device) -> dict[str, dic
 
     from tandem.algos import log_probs_from_logits
     from tandem.config.schema import FSDPConfig, OptimConfig
-    from tandem.engine.fsdp import FSDPEngine
+    from tandem.engine.fsdp.engine import FSDPEngine
 
     batch = answered_rows(folder, rows_file, 16)
     reference = Qwen2VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).to(device).eval()
@@ -218,7 +218,7 @@ def main() -> None:
     name = torch.cuda.get_device_name() if device.type == "cuda" else "cpu"
     say(f"{name}, torch {torch.__version__}")
     from tandem.data import write_splits
-    from tandem.data.tiny_vlm import save_tiny_vlm
+    from tandem.models.tiny_vlm import save_tiny_vlm
 
     workdir = Path(tempfile.mkdtemp(prefix="tandem-gpu-vision-"))
     results: dict[str, Any] = {"device": name}

@@ -3,7 +3,7 @@
     .venv/bin/python bench/grpo_w1.py [--steps 5] [--sections main,padded,scaling] [--json PATH]
     .venv/bin/python bench/grpo_w1.py --quick     # development only: 4 prompts x 2 samples, 16 tokens, 1+1 steps
 
-W1, fixed and seeded: the tiny Qwen2 of `tandem.data.save_tiny` (hidden 256, intermediate 768, 4 layers,
+W1, fixed and seeded: the tiny Qwen2 of `tandem.models.tiny.save_tiny` (hidden 256, intermediate 768, 4 layers,
 4 heads, 2 KV heads, tied embeddings, fp32); prompts "a+b=" (a, b uniform in [0, 99], raw text:
 data.chat_template=none); 32 prompts x 8 samples, at most 64 response tokens, temperature 1.0; the
 grpo preset with one optimizer step per training step (actor.ppo_mini_batch_size = train_batch_size),
@@ -588,7 +588,8 @@ def main() -> None:
 
 def prepare(workdir: Path) -> Runner:
     """The model folder and the prompts of W1 in `workdir`."""
-    from tandem.data import make_rows, save_tiny, write_rows
+    from tandem.data import make_rows, write_rows
+    from tandem.models.tiny import save_tiny
 
     folder = save_tiny(workdir / "model")
     rows = make_rows("addition", DATA_ROWS, seed=0, digits=2)
@@ -733,7 +734,7 @@ MOE = {
 def moe_section(runner: Runner, work: Workload, results: dict[str, Any]) -> None:
     """No-ref step of the MoE W1 on 2 ranks (FSDP2 DP=2, megatron EP=2, TP=2 + SP + EP=2) against dense W1 on
     FSDP2 DP=2 (the parallel section's base run)."""
-    from tandem.data import save_tiny
+    from tandem.models.tiny import save_tiny
 
     short = replace(work, steps=3, ranks=2)
     if "parallel/dp2" not in results["runs"]:
@@ -883,7 +884,7 @@ def size_runs(
     sizes: tuple[str, ...] = tuple(SIZES),
 ) -> None:
     """One no-ref run per model size (`sizes/<size>-<when>`), unless this invocation has it already."""
-    from tandem.data import save_tiny
+    from tandem.models.tiny import save_tiny
 
     for size in sizes:
         kwargs = SIZES[size]

@@ -126,7 +126,7 @@ def main() -> None:
         print(json.dumps(child(json.loads(args.child))))
         return
 
-    from tandem.data.tiny import save_tiny
+    from tandem.models.tiny import save_tiny
 
     folder = Path(tempfile.mkdtemp(prefix="tandem-lm-head-"))
     model_dir = save_tiny(folder / "model", vocab_size=args.vocab, max_position_embeddings=4096)

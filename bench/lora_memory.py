@@ -3,7 +3,7 @@
     .venv/bin/python bench/lora_memory.py [--size 100M] [--rank 8]
 
 One process per configuration (a fresh peak), one gloo rank, the FSDP2 engine on a Qwen2 shape of
-`tandem.data.tiny.build_model` (the sizes of bench/adamw.py). Each builds the actor (AdamW) and a reference
+`tandem.models.tiny.build_model` (the sizes of bench/adamw.py). Each builds the actor (AdamW) and a reference
 policy, runs one training step (8 rows of 128 tokens, the actor's optimizer state then exists) and one
 reference forward, and reports the process's peak resident memory (ru_maxrss) and its memory after
 building the engines:
@@ -43,7 +43,7 @@ def child(config: str, folder: str, rank: int) -> dict[str, float]:
     from tandem.batch import Batch
     from tandem.config.schema import FSDPConfig, LoraConfig, OptimConfig
     from tandem.engine import FSDPEngine
-    from tandem.engine.lora import WithoutAdapter
+    from tandem.engine.fsdp.lora import WithoutAdapter
 
     dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
     start = rss_mib()
@@ -94,7 +94,7 @@ def main() -> None:
         print(json.dumps(child(args.child[0], args.child[1], int(args.child[2]))))
         return
 
-    from tandem.data.tiny import save_tiny
+    from tandem.models.tiny import save_tiny
 
     hidden, layers, heads, kv_heads, intermediate = SHAPES[args.size]
     with tempfile.TemporaryDirectory() as tmp:

@@ -18,9 +18,8 @@ import time
 import torch
 from transformers import AutoModelForCausalLM
 
-from tandem.data import save_tiny
 from tandem.data.prompts import collate_prompts
-from tandem.data.tiny import build_tokenizer
+from tandem.models.tiny import build_tokenizer, save_tiny
 from tandem.rollout import SamplingParams, build_rollout
 
 

@@ -13,7 +13,8 @@ from safetensors.torch import load_file
 from tandem import cli
 from tandem.cli import headline, main, write_error_log
 from tandem.controller.errors import WorkerError
-from tandem.data import save_tiny, write_rows, write_splits
+from tandem.data import write_rows, write_splits
+from tandem.models.tiny import save_tiny
 from tandem.trainer import quickstart
 from tandem.trainer.checkpoint import CheckpointManager, save_trainer_state
 from tandem.trainer.quickstart import prepare as prepare_quickstart

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from tandem.data.tiny import build_tokenizer, save_tiny
+from tandem.models.tiny import build_tokenizer, save_tiny
 
 from .data_helpers import SMALL_MODEL
 

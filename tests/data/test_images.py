@@ -9,7 +9,7 @@ import torch
 from PIL import Image
 
 from tandem.data import DataError, PromptDataset, collate_prompts, write_rows
-from tandem.data.tiny_vlm import IMAGE_PAD, save_tiny_vlm
+from tandem.models.tiny_vlm import IMAGE_PAD, save_tiny_vlm
 
 from .data_helpers import png
 
@@ -18,7 +18,7 @@ from .data_helpers import png
 def vlm(tmp_path_factory):
     from transformers import AutoProcessor
 
-    from tandem.data.without_torchvision import adapt_transformers
+    from tandem.models.without_torchvision import adapt_transformers
 
     adapt_transformers()
     folder = save_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model")
@@ -203,7 +203,7 @@ def test_an_sft_conversation_with_images_widens_each_in_its_turn_and_trains_the_
     import io
 
     from tandem.data import SFTDataset
-    from tandem.data.tiny import IM_END
+    from tandem.models.tiny import IM_END
 
     _, processor = vlm
     tokenizer = processor.tokenizer

@@ -8,7 +8,7 @@ import torch
 from tandem.batch import Batch
 from tandem.data import DataError, PromptDataset, collate_prompts
 from tandem.data.synthetic import write_rows, write_task
-from tandem.data.tiny import build_tokenizer
+from tandem.models.tiny import build_tokenizer
 
 from .data_helpers import char_ids, chat_ids, chat_row, write_jsonl
 

@@ -224,7 +224,7 @@ def test_more_bad_fields(tmp_path, tokenizer, bad, fragments):
 
 
 def test_chat_template_failure_names_the_row(tmp_path):
-    from tandem.data.tiny import build_tokenizer
+    from tandem.models.tiny import build_tokenizer
 
     strict = build_tokenizer()
     strict.chat_template = (

@@ -3,7 +3,7 @@ import torch
 
 from tandem.data import DataError, PromptDataset, SFTDataset, collate_sft
 from tandem.data.synthetic import make_rows, write_task
-from tandem.data.tiny import CHAT_TEMPLATE, build_tokenizer
+from tandem.models.tiny import CHAT_TEMPLATE, build_tokenizer
 
 from .data_helpers import char_ids, chat_ids, chat_row, write_jsonl
 

@@ -12,7 +12,7 @@ from transformers import (
     Qwen2ForTokenClassification,
 )
 
-from tandem.data.tiny import build_model, build_tokenizer, padded_vocab_size, save_tiny, save_tokenizer
+from tandem.models.tiny import build_model, build_tokenizer, padded_vocab_size, save_tiny, save_tokenizer
 
 from .data_helpers import SMALL_MODEL, char_ids
 
@@ -153,7 +153,7 @@ def test_autotokenizer_still_rebuilds_qwen2_folders(tmp_path):
     assert type(reloaded).__name__ == "Qwen2Tokenizer" and changed, (
         "transformers changed how AutoTokenizer loads a qwen2 folder (it now gives "
         f"{type(reloaded).__name__}, ids {'changed' if changed else 'kept'}); revisit the module "
-        "docstring of tandem/data/tiny.py: the byte-level workaround may no longer be needed"
+        "docstring of tandem/models/tiny.py: the byte-level workaround may no longer be needed"
     )
 
 

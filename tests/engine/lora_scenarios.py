@@ -11,7 +11,7 @@ import torch
 import torch.distributed as dist
 
 from tandem.config.schema import LoraConfig
-from tandem.engine import lora as lora_layers
+from tandem.engine.fsdp import lora as lora_layers
 
 from .fsdp_scenarios import PROBE_SHARDS, gather_state, logits_fn, make_engine, rollout_batch, shard, train
 

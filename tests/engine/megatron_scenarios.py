@@ -26,13 +26,13 @@ from tandem.batch import Batch
 from tandem.config import load_config
 from tandem.config.schema import FSDPConfig, MegatronConfig, OptimConfig, TandemConfig
 from tandem.engine import build_engine
+from tandem.models.tp_cuts import TensorParallelCuts
 from tandem.roles.actor import Actor
 from tandem.roles.common import MODEL_INPUTS, global_counts
 from tandem.roles.critic import Critic
 from tandem.roles.reference import Reference
 from tandem.roles.reward_model import RewardModel
 from tandem.roles.sft import SFT
-from tandem.rollout.tp_shards import TensorParallelCuts
 
 PROMPT, RESPONSE = 5, 7
 # (prompt tokens, response tokens) per sample; an empty response included.

@@ -13,9 +13,9 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from tandem.data import save_tiny
 from tandem.engine import auto_dtype
 from tandem.engine.base import resolve_param_dtype
+from tandem.models.tiny import save_tiny
 
 from .fsdp_scenarios import file_store, logits_fn, make_engine, rollout_batch
 

@@ -8,9 +8,9 @@ import pytest
 import torch
 from transformers import MixtralConfig
 
-from tandem.data.tiny import save_tiny
 from tandem.engine import flops
 from tandem.engine.flops import ModelFlops, mfu_metrics, peak_flops
+from tandem.models.tiny import save_tiny
 
 
 def qwen2_layer(h: int, kv: int, ffn: int) -> int:

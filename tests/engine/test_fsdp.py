@@ -17,8 +17,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from tandem.config.schema import FSDPConfig
-from tandem.data.tiny import save_tiny
 from tandem.engine import FSDPEngine, build_engine, hf_io
+from tandem.models.tiny import save_tiny
 
 from . import fsdp_scenarios as sc
 

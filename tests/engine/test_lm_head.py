@@ -16,9 +16,9 @@ from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
 
 from tandem.algos.core import entropy_from_logits, log_probs_from_logits, sum_pi_squared_from_logits
 from tandem.config.schema import FSDPConfig
-from tandem.data.tiny import save_tiny
 from tandem.engine import FSDPEngine
 from tandem.engine.lm_head import ChunkedHead, HeadRows, chunk_tokens, hidden_states_out
+from tandem.models.tiny import save_tiny
 
 from . import lm_head_scenarios as sc
 

@@ -1,4 +1,4 @@
-"""LoRA on the FSDP2 engine (`actor.lora`, engine/lora.py) over gloo, against transformers and PEFT.
+"""LoRA on the FSDP2 engine (`actor.lora`, engine/fsdp/lora.py) over gloo, against transformers and PEFT.
 
 Adapters of rank 4 (alpha 8) on every linear of the tiny model: only they train and only they are in the
 optimizer; the model starts as the base model (B = 0); after two steps the base weights are unchanged, the
@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tandem.config import ConfigError, load_config
-from tandem.data.tiny import save_tiny
+from tandem.models.tiny import save_tiny
 
 from . import lora_scenarios as ls
 from .fsdp_scenarios import rollout_batch, spawn

@@ -17,7 +17,7 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from tandem.data.tiny import save_tiny
+from tandem.models.tiny import save_tiny
 
 from . import megatron_scenarios as sc
 

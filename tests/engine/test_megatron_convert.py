@@ -7,9 +7,9 @@ import copy
 import pytest
 import torch
 
-from tandem.data.tiny import build_model, build_tokenizer
 from tandem.engine.megatron import convert
 from tandem.engine.megatron.convert import Shapes, Slot
+from tandem.models.tiny import build_model, build_tokenizer
 
 GQA = Shapes(num_heads=4, num_query_groups=2, head_dim=3)
 MHA = Shapes(num_heads=4, num_query_groups=4, head_dim=3)
@@ -284,7 +284,7 @@ def test_llama_without_attention_bias_has_no_qkv_bias(tied_lm):
 def test_a_model_the_virtual_stages_cannot_split_fails_before_the_workers(tmp_path):
     """4 layers over PP=2 x VP=4 chunks: a start-up error naming the folder's key and both sizes."""
     from tandem.config import ConfigError, load_config
-    from tandem.data.tiny import save_tiny
+    from tandem.models.tiny import save_tiny
     from tandem.trainer.base import check_available
 
     model = save_tiny(tmp_path / "tiny")  # 4 layers

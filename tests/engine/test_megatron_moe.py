@@ -18,8 +18,8 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from tandem.data.tiny import save_tiny
 from tandem.engine.megatron import convert
+from tandem.models.tiny import save_tiny
 
 from . import megatron_scenarios as sc
 from .test_megatron import (  # noqa: F401 - the shared battery, run here on the MoE fixtures below

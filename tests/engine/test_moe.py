@@ -19,8 +19,8 @@ from transformers import AutoModelForCausalLM
 from tandem.algos import agg_loss, log_probs_from_logits
 from tandem.config import ConfigError, load_config
 from tandem.data.packing import plan_packing
-from tandem.data.tiny import save_tiny
 from tandem.engine import moe
+from tandem.models.tiny import save_tiny
 
 from . import moe_scenarios as ms
 from .fsdp_scenarios import PROMPT_LEN, rollout_batch, spawn

@@ -1,4 +1,4 @@
-"""engine/reshard.py over gloo: every rank receives exactly its cut of a tensor from the others' row shards,
+"""engine/fsdp/reshard.py over gloo: every rank receives exactly its cut of a tensor from the others' row shards,
 and the FSDP2 engine's `state_dict_cuts` gives each rank of a tensor-parallel rollout engine its part of
 every weight (4 ranks: two engines of 2 ranks, as DP 2 x rollout TP 2 lays them out)."""
 
@@ -11,9 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from tandem.data.tiny import save_tiny
-from tandem.engine.reshard import chunk_rows, gather_cut
-from tandem.rollout.tp_shards import Cut, TensorParallelCuts
+from tandem.engine.fsdp.reshard import chunk_rows, gather_cut
+from tandem.models.tiny import save_tiny
+from tandem.models.tp_cuts import Cut, TensorParallelCuts
 
 from .fsdp_scenarios import make_engine, spawn
 

@@ -1,4 +1,4 @@
-"""Ulysses sequence parallel (`actor.fsdp.sequence_parallel`, engine/ulysses.py) with real FSDP2 over gloo.
+"""Ulysses sequence parallel (`actor.fsdp.sequence_parallel`, engine/fsdp/ulysses.py) with real FSDP2 over gloo.
 
 Parity: the roles' numbers (log-probs, entropy, SFT log-probs, values), a training step's loss and gradient
 norm, the weights after it and after a step where a data-parallel rank has no rows, and the outputs after
@@ -18,8 +18,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from tandem.config import ConfigError, load_config
 from tandem.config.schema import FSDPConfig
 from tandem.data.packing import pack_model_inputs
-from tandem.data.tiny import save_tiny
-from tandem.engine.ulysses import (
+from tandem.engine.fsdp.ulysses import (
     ULYSSES,
     SequenceParallel,
     check_heads,
@@ -29,6 +28,7 @@ from tandem.engine.ulysses import (
     sp_attention,
     sp_forward,
 )
+from tandem.models.tiny import save_tiny
 from tandem.trainer.base import check_available
 
 from . import ulysses_scenarios as us

@@ -1,4 +1,4 @@
-"""A tiny Qwen2-VL in the FSDP2 engine (engine/vision.py): log-probs of image and text-only prompts equal
+"""A tiny Qwen2-VL in the FSDP2 engine (engine/fsdp/vision.py): log-probs of image and text-only prompts equal
 transformers' (fp32), and 2 ranks, one of which sees no image at all (its vision tower runs on a blank
 image, weighted zero), equal 1 rank: log-probs, losses, gradient norms and the weights after two steps;
 packed rows (their multimodal rope positions packed with them) equal padded ones, on 1 rank and on 2."""
@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from tandem.data.tiny_vlm import save_tiny_vlm
+from tandem.models.tiny_vlm import save_tiny_vlm
 
 from . import vision_scenarios as vs
 from .fsdp_scenarios import spawn
@@ -41,7 +41,7 @@ def packed_runs(model_path, tmp_path_factory):
 def test_log_probs_of_image_and_text_prompts_equal_transformers(model_path, runs):
     from transformers import AutoModelForImageTextToText
 
-    from tandem.data.without_torchvision import adapt_transformers
+    from tandem.models.without_torchvision import adapt_transformers
 
     adapt_transformers()
     model = AutoModelForImageTextToText.from_pretrained(model_path, dtype=torch.float32).eval()

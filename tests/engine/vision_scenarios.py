@@ -31,7 +31,7 @@ def prompt_batch(model_path: str | Path) -> Batch:
     from transformers import AutoProcessor
 
     from tandem.data import PromptDataset, collate_prompts, write_rows
-    from tandem.data.without_torchvision import adapt_transformers
+    from tandem.models.without_torchvision import adapt_transformers
 
     adapt_transformers()
     processor = AutoProcessor.from_pretrained(model_path)

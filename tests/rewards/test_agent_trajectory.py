@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tandem.data.prompts import collate_prompts
-from tandem.data.tiny import IM_END, build_tokenizer
+from tandem.models.tiny import IM_END, build_tokenizer
 from tandem.rewards import RewardManager
 from tandem.rollout import SamplingParams
 from tandem.rollout.agent import AgentLoop, AgentSettings

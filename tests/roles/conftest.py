@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch.distributed as dist
 
-from tandem.data.tiny import save_tiny
+from tandem.models.tiny import save_tiny
 
 
 @pytest.fixture(scope="module")

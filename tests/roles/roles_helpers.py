@@ -10,7 +10,7 @@ from tandem.batch import Batch
 from tandem.config import load_config
 from tandem.config.schema import TandemConfig
 from tandem.data.padding import pad_sequences, position_ids_from_mask
-from tandem.data.tiny import build_tokenizer
+from tandem.models.tiny import build_tokenizer
 
 PROMPTS = ["1+2=", "13+45=", "7+8=", "99+1=", "0+0=", "42+17="]
 

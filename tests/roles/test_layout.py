@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem.data.tiny import save_tiny
+from tandem.models.tiny import save_tiny
 from tandem.roles.layout import build_worker_groups
 from tandem.rollout import SamplingParams
 

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from tandem.controller import WorkerGroup
-from tandem.data.tiny import save_tiny
+from tandem.models.tiny import save_tiny
 from tandem.roles.worker import RoleWorker
 from tandem.rollout import SamplingParams
 

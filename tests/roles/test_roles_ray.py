@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from tandem.algos.core import log_probs_from_logits
 from tandem.controller import ResourcePool, WorkerError, WorkerGroup
-from tandem.data.tiny import save_tiny
+from tandem.models.tiny import save_tiny
 from tandem.roles.common import arrange_for_update, response_slice
 from tandem.roles.worker import RoleWorker
 from tandem.rollout import SamplingParams

@@ -4,7 +4,7 @@ import pytest
 
 from tandem.batch import Batch
 from tandem.data.prompts import collate_prompts
-from tandem.data.tiny import build_tokenizer, save_tiny
+from tandem.models.tiny import build_tokenizer, save_tiny
 
 # Small enough that a generate call takes milliseconds on 2 CPU cores.
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 import pytest
 import torch
 
-from tandem.data.tiny import IM_END, save_tiny
+from tandem.models.tiny import IM_END, save_tiny
 from tandem.rollout import SamplingParams
 from tandem.rollout.agent import AgentLoop, AgentSettings
 from tandem.rollout.async_engine import TurnEngine, TurnOutput, TurnRequest

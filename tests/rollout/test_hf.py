@@ -7,7 +7,7 @@ import torch
 
 from tandem.algos.core import log_probs_from_logits
 from tandem.batch import Batch
-from tandem.data.tiny import build_model
+from tandem.models.tiny import build_model
 from tandem.rollout import ROLLOUT_KEYS, HFRollout, RolloutEngine, SamplingParams, build_rollout
 from tandem.rollout.base import METRICS_KEY, PROMPT_INDEX, read_special_ids
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tandem.batch import Batch
-from tandem.data.tiny import save_tiny
+from tandem.models.tiny import save_tiny
 from tandem.rollout import PROMPT_INDEX, SamplingParams
 from tandem.rollout.agent import AgentLoop
 from tandem.rollout.async_engine import TurnEngine, TurnOutput, TurnRequest

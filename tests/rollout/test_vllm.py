@@ -5,7 +5,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tandem.algos.core import log_probs_from_logits
-from tandem.data.tiny import save_tiny
+from tandem.models.tiny import save_tiny
 from tandem.rollout import ROLLOUT_KEYS, SamplingParams, build_rollout, resolve_engine
 from tandem.rollout.base import METRICS_KEY, PROMPT_INDEX
 from tandem.rollout.vllm import VLLMRollout
@@ -212,7 +212,7 @@ def test_lora_adapters_served_on_the_base_weights_give_the_peft_models_log_probs
     the agent loop's turn engine."""
     from types import SimpleNamespace
 
-    from tandem.engine import lora
+    from tandem.engine.fsdp import lora
 
     served = start(tiny_dir, lora_rank=4)  # served with vLLM's max_lora_rank 8
     settings = SimpleNamespace(rank=4, alpha=8.0, dropout=0.0, target_modules=["all-linear"])

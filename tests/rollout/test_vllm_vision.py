@@ -8,7 +8,7 @@ import torch
 
 from data.data_helpers import png  # tests/ is on sys.path (pytest's rootdir)
 from tandem.data import PromptDataset, collate_prompts, write_rows
-from tandem.data.tiny_vlm import save_tiny_vlm
+from tandem.models.tiny_vlm import save_tiny_vlm
 from tandem.rollout import SamplingParams
 
 from .test_vllm import ENGINES
@@ -21,7 +21,7 @@ TOLERANCE = 1e-5  # fp32; measured 5e-7
 def vlm(tmp_path_factory):
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
-    from tandem.data.without_torchvision import adapt_transformers
+    from tandem.models.without_torchvision import adapt_transformers
 
     adapt_transformers()
     folder = save_tiny_vlm(tmp_path_factory.mktemp("vlm") / "model")

@@ -12,7 +12,8 @@ import math
 import pytest
 
 from tandem.config import load_config
-from tandem.data import save_tiny, write_splits
+from tandem.data import write_splits
+from tandem.models.tiny import save_tiny
 from tandem.trainer import RLTrainer, SFTTrainer
 
 from .trainer_helpers import as_if_killed_after, assert_same_steps, by_step

@@ -123,7 +123,7 @@ def test_grpo_trains_validates_checkpoints_exports_and_evaluates(ray_local, asse
 
 
 def test_ppo_with_critic_on_sequence_parallel_warms_up_the_critic_first(ray_local, assets, tmp_path):
-    """Both ranks of each group split every sequence (Ulysses, engine/ulysses.py): actor, reference and
+    """Both ranks of each group split every sequence (Ulysses, engine/fsdp/ulysses.py): actor, reference and
     critic run sequence parallel, one data-parallel share."""
     cfg = run_config(
         assets,
@@ -300,7 +300,7 @@ def test_grpo_into_a_tensor_parallel_vllm_engine_sends_each_rank_only_its_shard(
 ):
     """FSDP2 actor -> one vLLM engine over both ranks (rollout.tensor_parallel=2): after every update each rank
     receives only the part of each weight matrix its half of the engine keeps, from the FSDP2 shards by one
-    all-to-all (rollout/tp_shards.py, engine/reshard.py), and the rollout's log-probs stay the trainer's. With a
+    all-to-all (models/tp_cuts.py, engine/fsdp/reshard.py), and the rollout's log-probs stay the trainer's. With a
     single KV head vLLM replicates keys and values: both ranks receive them whole."""
     assets = one_kv_head_assets
     cfg = rollout_tp2_config(assets, tmp_path, "actor.ppo_mini_batch_size=4")

@@ -17,8 +17,16 @@ from tokenizers.models import BPE
 from transformers import AutoTokenizer, PreTrainedTokenizerFast, Qwen2Config, Qwen2ForCausalLM
 
 from tandem.config import ConfigError
-from tandem.data import DataError, save_tiny, write_rows, write_splits
-from tandem.data.tiny import CHAT_TEMPLATE, EOS_TOKEN, IM_END, IM_START, PAD_TOKEN, SPECIAL_TOKENS
+from tandem.data import DataError, write_rows, write_splits
+from tandem.models.tiny import (
+    CHAT_TEMPLATE,
+    EOS_TOKEN,
+    IM_END,
+    IM_START,
+    PAD_TOKEN,
+    SPECIAL_TOKENS,
+    save_tiny,
+)
 from tandem.trainer import RLTrainer, SFTTrainer
 from tandem.trainer.start_checks import load_tokenizer, round_trip_warning
 

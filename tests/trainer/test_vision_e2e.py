@@ -11,7 +11,7 @@ from safetensors.torch import load_file
 
 from data.data_helpers import png  # tests/ is on sys.path (pytest's rootdir)
 from tandem.data import write_rows
-from tandem.data.tiny_vlm import save_tiny_vlm
+from tandem.models.tiny_vlm import save_tiny_vlm
 from tandem.trainer import RLTrainer
 from tandem.trainer.export import export_checkpoint
 

@@ -10,7 +10,8 @@ from safetensors.torch import load_file
 
 from tandem.config import load_config
 from tandem.config.schema import TandemConfig
-from tandem.data import save_tiny, write_splits
+from tandem.data import write_splits
+from tandem.models.tiny import save_tiny
 
 REWARDS = Path(__file__).with_name("rewards_for_tests.py")
 NOT_COMPARABLE = (  # wall-clock and memory numbers
@@ -56,7 +57,7 @@ def assert_same_steps(resumed: dict, straight: dict, steps, skip: tuple[str, ...
 
 
 def make_assets(root: Path, **model_kwargs) -> dict[str, Path]:
-    """A tiny model folder (`model_kwargs` for data.tiny.build_model) and the addition task (16 train, 8 val
+    """A tiny model folder (`model_kwargs` for models.tiny.build_model) and the addition task (16 train, 8 val
     prompts)."""
     files = write_splits("addition", root / "data", n_train=16, n_val=8, seed=0, digits=1)
     return {"model": save_tiny(root / "model", **model_kwargs), **files}

@@ -278,7 +278,7 @@ class RolloutConfig:
     log_prob_micro_batch_size_per_rank: int = 8  # SAMPLES per forward on one rank, recomputing log-probs
     tensor_parallel: int = 1  # RANKS per inference engine instance; divides the world size; 1 for hf
     # with tensor_parallel > 1: each rank receives only the part of each weight its share of the engine keeps
-    # (rollout/tp_shards.py; FSDP2, or megatron of the same TP size; known decoder families, no LoRA)
+    # (models/tp_cuts.py; FSDP2, or megatron of the same TP size; known decoder families, no LoRA)
     shard_weight_sync: bool = True
     gpu_memory_utilization: float = 0.5  # in (0, 1]: fraction of GPU memory vLLM / SGLang may claim
     is_correction: str = "none"  # older name of algorithm.rollout_correction.rollout_is (none = null)

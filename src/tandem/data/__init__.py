@@ -1,4 +1,4 @@
-"""Datasets for Tandem: RL prompts, SFT pairs, built-in synthetic tasks, a tiny local model."""
+"""Datasets for Tandem: RL prompts, SFT pairs, built-in synthetic tasks (the tiny model is in tandem.models)."""
 
 from tandem.data.padding import pad_sequences, position_ids_from_mask
 from tandem.data.prompts import PromptDataset, collate_prompts
@@ -6,7 +6,6 @@ from tandem.data.rows import DataError
 from tandem.data.sampler import StatefulSampler
 from tandem.data.sft import SFTDataset, collate_sft
 from tandem.data.synthetic import TASKS, make_rows, write_rows, write_splits, write_task
-from tandem.data.tiny import build_model, build_tokenizer, padded_vocab_size, save_tiny, save_tokenizer
 
 __all__ = [
     "TASKS",
@@ -14,16 +13,11 @@ __all__ = [
     "PromptDataset",
     "SFTDataset",
     "StatefulSampler",
-    "build_model",
-    "build_tokenizer",
     "collate_prompts",
     "collate_sft",
     "make_rows",
     "pad_sequences",
-    "padded_vocab_size",
     "position_ids_from_mask",
-    "save_tiny",
-    "save_tokenizer",
     "write_rows",
     "write_splits",
     "write_task",

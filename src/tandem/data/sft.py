@@ -9,7 +9,7 @@ from typing import Any
 import torch
 
 from tandem.batch import Batch
-from tandem.data.images import IMAGE_PLACEHOLDER, row_images, widen_images
+from tandem.data.images import row_images, widen_images
 from tandem.data.padding import pad_sequences, position_ids_from_mask
 from tandem.data.rows import (
     DataError,
@@ -23,6 +23,7 @@ from tandem.data.rows import (
     resolve_mode,
     tokenize,
 )
+from tandem.models.model_type import IMAGE_PLACEHOLDER
 
 logger = logging.getLogger(__name__)
 

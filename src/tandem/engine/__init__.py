@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.engine.base import StepResult, TrainEngine
-from tandem.engine.fsdp import FSDPEngine
+from tandem.engine.fsdp.engine import FSDPEngine
 
 __all__ = ["FSDPEngine", "StepResult", "TrainEngine", "build_engine"]
 

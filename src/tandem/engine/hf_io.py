@@ -19,7 +19,7 @@ from transformers import (
     PreTrainedModel,
 )
 
-from tandem.data.images import is_vision_language
+from tandem.models.model_type import is_vision_language
 
 # Files of a Hugging Face folder that hold weights or the model config: written by `save_pretrained`,
 # never copied from the source folder. Everything else (tokenizer, chat template, generation config) is.

@@ -30,7 +30,8 @@ from tandem.controller import Dispatch, Worker, WorkerContext, dispatch
 from tandem.engine import build_engine
 from tandem.engine.base import Head, TrainEngine, resolve_param_dtype
 from tandem.engine.flops import peak_flops
-from tandem.engine.lora import WithoutAdapter, save_adapter
+from tandem.engine.fsdp.lora import WithoutAdapter, save_adapter
+from tandem.models.tp_cuts import TensorParallelCuts, loader_input
 from tandem.roles.actor import Actor
 from tandem.roles.critic import Critic
 from tandem.roles.profile import PhaseProfiler, profiled
@@ -42,7 +43,6 @@ from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, SamplingParams, build_rol
 from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY, TRAJECTORY_KEY, AgentLoop, AgentSettings
 from tandem.rollout.base import METRICS_KEY
 from tandem.rollout.stream import RolloutStream
-from tandem.rollout.tp_shards import TensorParallelCuts, loader_input
 
 ROLES = ("actor", "rollout", "ref", "critic", "reward_model")
 
@@ -325,7 +325,7 @@ class RoleWorker(Worker):
         self._rollout_stale = False
 
     def _rollout_cuts(self) -> TensorParallelCuts | None:
-        """The cuts of a shard-only sync into this rank's tensor-parallel vLLM engine (rollout/tp_shards.py),
+        """The cuts of a shard-only sync into this rank's tensor-parallel vLLM engine (models/tp_cuts.py),
         or None: whole tensors (one rank per engine, rollout.shard_weight_sync=false, a megatron actor of
         another tensor-parallel size than the rollout's, LoRA merged into whole weights, an architecture
         shard-only sync does not know)."""

@@ -45,8 +45,8 @@ import torch
 from torch import Tensor
 
 from tandem.batch import Batch
-from tandem.data.images import VISION_LANGUAGE_TYPES, folder_model_type
-from tandem.data.without_torchvision import adapt_vllm
+from tandem.models.model_type import VISION_LANGUAGE_TYPES, folder_model_type
+from tandem.models.without_torchvision import adapt_vllm
 from tandem.rollout.async_engine import VLLMTurnEngine, vllm_sampling
 from tandem.rollout.base import RolloutEngine, SamplingParams, assemble
 from tandem.rollout.hf import check_prompts, sample_keys
@@ -159,7 +159,7 @@ class VLLMRollout(RolloutEngine):
         if self.device.type == "cpu":
             os.environ.update(CPU_ENV)
             os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(kv_cache_gib))
-        # Qwen2-VL's parts without torchvision (data/without_torchvision.py)
+        # Qwen2-VL's parts without torchvision (models/without_torchvision.py)
         vision_language = folder_model_type(model_path) in VISION_LANGUAGE_TYPES
         if vision_language:
             adapt_vllm()

@@ -22,8 +22,8 @@ from typing import Any
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.data import StatefulSampler
-from tandem.data.images import VISION_LANGUAGE_TYPES, folder_model_type
 from tandem.engine.flops import mfu_metrics
+from tandem.models.model_type import VISION_LANGUAGE_TYPES, folder_model_type
 from tandem.roles.layout import WorkerGroups, build_worker_groups
 from tandem.rollout import LATER_ENGINES, resolve_engine
 from tandem.trainer.checkpoint import (
@@ -146,8 +146,8 @@ def megatron_model_problems(cfg: TandemConfig) -> list[str]:
 
 
 def sequence_parallel_problems(cfg: TandemConfig) -> list[str]:
-    """Models whose attention heads actor.fsdp.sequence_parallel does not split (engine/ulysses.py)."""
-    from tandem.engine.ulysses import check_heads
+    """Models whose attention heads actor.fsdp.sequence_parallel does not split (engine/fsdp/ulysses.py)."""
+    from tandem.engine.fsdp.ulysses import check_heads
 
     return model_config_problems(cfg, lambda config: check_heads(config, cfg.actor.fsdp.sequence_parallel))
 

@@ -31,8 +31,9 @@ from typing import Any
 
 from tandem.config import load_config
 from tandem.config.schema import TandemConfig
-from tandem.data import save_tiny, write_splits
-from tandem.data.tiny_vlm import save_tiny_vlm
+from tandem.data import write_splits
+from tandem.models.tiny import save_tiny
+from tandem.models.tiny_vlm import save_tiny_vlm
 from tandem.rollout import resolve_engine
 from tandem.trainer.base import run_dir
 from tandem.trainer.plot import plot_run

@@ -13,7 +13,6 @@ from typing import Any
 
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
-from tandem.data.images import VISION_LANGUAGE_TYPES, folder_model_type
 from tandem.data.rows import DataError, tokenize
 from tandem.engine.hf_io import (
     TOKENIZER_FILES,
@@ -21,6 +20,7 @@ from tandem.engine.hf_io import (
     model_folder_problem,
     tokenizer_folder_problem,
 )
+from tandem.models.model_type import VISION_LANGUAGE_TYPES, folder_model_type
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ def load_image_processor(cfg: TandemConfig) -> Any:
         return None
     from transformers import AutoProcessor
 
-    from tandem.data.without_torchvision import adapt_transformers
+    from tandem.models.without_torchvision import adapt_transformers
 
     adapt_transformers()
     return AutoProcessor.from_pretrained(cfg.actor.model_path)

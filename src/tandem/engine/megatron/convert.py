@@ -28,7 +28,7 @@ from typing import Any, Literal
 import torch
 from torch import Tensor
 
-from tandem.rollout.tp_shards import Cut
+from tandem.models.tp_cuts import Cut
 
 Kind = Literal["col", "row", "qkv", "fc1", "rep"]
 SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mixtral")

@@ -69,7 +69,7 @@ from tandem.engine.megatron.state import CheckpointAndOffload
 from tandem.engine.megatron.vocab_parallel import VocabParallel
 from tandem.engine.micro import dummy_like, merge_outputs, real_token_count, split_micro_batches, to_cpu
 from tandem.engine.optim import lr_multiplier
-from tandem.rollout.tp_shards import Cut
+from tandem.models.tp_cuts import Cut
 
 logger = logging.getLogger(__name__)
 

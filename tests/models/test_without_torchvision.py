@@ -1,4 +1,4 @@
-"""data/without_torchvision.py: what it adapts is still there to adapt (this test fails when transformers or
+"""models/without_torchvision.py: what it adapts is still there to adapt (this test fails when transformers or
 vLLM change it, or when torchvision becomes importable with the pinned torch)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import inspect
 
 import pytest
 
-from tandem.data.without_torchvision import QWEN2_VL_TORCHVISION_MODULE, adapt_transformers, adapt_vllm
+from tandem.models.without_torchvision import QWEN2_VL_TORCHVISION_MODULE, adapt_transformers, adapt_vllm
 
 
 def test_torchvision_is_still_missing_for_the_pinned_torch():

@@ -1,7 +1,7 @@
 """From row shards to any rank's chosen part: each rank holds consecutive rows of a tensor (FSDP2's dim-0
 shards) and wants a slice of the whole tensor along dim 0 or 1 (its `Cut`); one all-to-all delivers
 every rank exactly its slice, nothing more (`gather_cut`). Used for the shard-only weight sync into a
-tensor-parallel rollout engine (rollout/tp_shards.py).
+tensor-parallel rollout engine (models/tp_cuts.py).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from tandem.rollout.tp_shards import Cut
+from tandem.models.tp_cuts import Cut
 
 
 def chunk_rows(rows: int, world_size: int) -> list[tuple[int, int]]:

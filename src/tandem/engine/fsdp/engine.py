@@ -2,7 +2,7 @@
 
 Data parallel over every rank of the default group (dp_rank = rank, dp_size = world size), or with
 `fsdp.sequence_parallel = k` over world / k groups of k ranks that split each row (Ulysses,
-engine/ulysses.py): dp_rank = rank // k. Parameters are sharded over every rank either way.
+engine/fsdp/ulysses.py): dp_rank = rank // k. Parameters are sharded over every rank either way.
 Construction: rank 0 reads the Hugging Face folder into float32 CPU weights, the other ranks
 build the same model on the meta device; every decoder layer and then the root are
 `fully_shard`-ed and the full state dict is broadcast from rank 0 into the shards. Buffers
@@ -51,10 +51,8 @@ from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
 from tandem.batch import Batch, Partition
 from tandem.config.schema import FSDPConfig, OptimConfig
-from tandem.data.images import is_vision_language
 from tandem.data.packing import pack_model_inputs
-from tandem.engine import hf_io, moe, reshard
-from tandem.engine import lora as lora_layers
+from tandem.engine import hf_io, moe
 from tandem.engine.base import (
     DTYPES,
     ForwardFn,
@@ -69,12 +67,21 @@ from tandem.engine.base import (
     resolve_param_dtype,
     save_engine_state,
 )
+from tandem.engine.fsdp import lora as lora_layers
+from tandem.engine.fsdp import reshard
+from tandem.engine.fsdp.ulysses import (
+    check_heads,
+    scale_grad,
+    sequence_parallel_groups,
+    sp_attention,
+    sp_forward,
+)
+from tandem.engine.fsdp.vision import VisionTower
 from tandem.engine.lm_head import ChunkedHead, chunk_tokens, hidden_states_out
 from tandem.engine.micro import dummy_like, merge_outputs, real_token_count, split_micro_batches, to_cpu
 from tandem.engine.optim import build_optimizer, build_scheduler
-from tandem.engine.ulysses import check_heads, scale_grad, sequence_parallel_groups, sp_attention, sp_forward
-from tandem.engine.vision import VisionTower
-from tandem.rollout.tp_shards import Cut
+from tandem.models.model_type import is_vision_language
+from tandem.models.tp_cuts import Cut
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +123,7 @@ class FSDPEngine(TrainEngine):
     ) -> None:
         check_engine_args("FSDPEngine", grad_clip, max_tokens_per_micro_batch)
         # actor.lora / critic.lora with rank > 0: low-rank adapters trained, every other weight frozen but a value
-        # model's head (engine/lora.py)
+        # model's head (engine/fsdp/lora.py)
         self.lora = lora if lora is not None and lora.rank > 0 else None
         self.packing = packing
         self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
@@ -126,7 +133,7 @@ class FSDPEngine(TrainEngine):
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        # Ulysses sequence parallel (engine/ulysses.py): None, or this rank's group of ranks splitting each row
+        # Ulysses sequence parallel (engine/fsdp/ulysses.py): None, or this rank's group of ranks splitting each row
         self.sp, self._dp_group = sequence_parallel_groups(fsdp, self.device, self.world_size)
         sp_size = self.sp.size if self.sp else 1
         self.dp_rank = self.rank // sp_size
@@ -176,7 +183,7 @@ class FSDPEngine(TrainEngine):
             fsdp, offload, activation_checkpointing, seed
         )
         self._state_keys = set(state_keys)  # the HF state_dict's names: what state_dict_iter yields
-        # image inputs, and the vision tower on every rank in every forward (engine/vision.py)
+        # image inputs, and the vision tower on every rank in every forward (engine/fsdp/vision.py)
         self._vision = VisionTower(self.model) if vision_language else None
         if self.packing:
             self.packing = self._packing_works()
@@ -588,8 +595,8 @@ class FSDPEngine(TrainEngine):
     ) -> Iterator[tuple[str, Tensor, Cut | None, torch.Size]]:
         """(HF name, this rank's cut of the tensor, the cut, the whole tensor's shape), one tensor at a time.
         `cuts_of(name, shape)`: every rank's cut of that tensor (None: whole), as a tensor-parallel rollout
-        engine over consecutive ranks keeps them (rollout/tp_shards.py). Each rank
-        receives its cut alone (engine/reshard.py: one all-to-all from the FSDP2 row shards); a tensor no
+        engine over consecutive ranks keeps them (models/tp_cuts.py). Each rank
+        receives its cut alone (engine/fsdp/reshard.py: one all-to-all from the FSDP2 row shards); a tensor no
         rank cuts is gathered whole. Collective, like `state_dict_iter`; not with LoRA adapters."""
         if self.lora is not None:
             raise RuntimeError(

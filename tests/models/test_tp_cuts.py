@@ -1,4 +1,4 @@
-"""rollout/tp_shards.py against vLLM's own loaders: for every rank of a tensor-parallel engine, the layer a
+"""models/tp_cuts.py against vLLM's own loaders: for every rank of a tensor-parallel engine, the layer a
 weight loads into ends up the same from the whole tensor and from `loader_input` of the rank's cut alone
 (NaN elsewhere). vLLM's layers are built with a faked tensor-parallel rank and size (the loaders read
 nothing else of the process group); this test fails when vLLM changes how it cuts."""
@@ -12,7 +12,7 @@ from unittest import mock
 import pytest
 import torch
 
-from tandem.rollout.tp_shards import TensorParallelCuts, loader_input
+from tandem.models.tp_cuts import TensorParallelCuts, loader_input
 
 HIDDEN, HEAD_DIM, HEADS, INTERMEDIATE, VOCAB = 64, 16, 4, 96, 200  # 200: not a multiple of vLLM's 64
 

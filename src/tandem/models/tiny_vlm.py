@@ -17,9 +17,9 @@ from pathlib import Path
 
 import torch
 
-from tandem.data.images import IMAGE_PLACEHOLDER
-from tandem.data.tiny import IM_END, build_tokenizer, padded_vocab_size, save_tokenizer
-from tandem.data.without_torchvision import adapt_transformers
+from tandem.models.model_type import IMAGE_PLACEHOLDER
+from tandem.models.tiny import IM_END, build_tokenizer, padded_vocab_size, save_tokenizer
+from tandem.models.without_torchvision import adapt_transformers
 
 VISION_START, VISION_END, IMAGE_PAD, VIDEO_PAD = (
     "<|vision_start|>",
