@@ -1,0 +1,132 @@
+"""The package map of docs/DESIGN.md, checked on the source: imports point only down the layers, no two
+modules import each other (directly or round a circle, lazy imports included), no source file is over
+600 lines. Read from the files with `ast`, nothing imported."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src" / "tandem"
+
+# docs/DESIGN.md's layers, lowest first: a package may import packages of lower layers only.
+LAYERS = [
+    {"batch", "usercode", "models"},
+    {"algos", "rewards", "controller"},
+    {"tools"},
+    {"config"},
+    {"data"},
+    {"engine", "rollout"},
+    {"roles"},
+    {"trainer"},
+    {"cli"},
+]
+LAYER = {package: level for level, packages in enumerate(LAYERS) for package in packages}
+MAX_LINES = 600
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in SRC.rglob("*.py"):
+        parts = path.relative_to(SRC.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        found[name] = path
+    return found
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The tandem modules `name` imports anywhere in its file (`from pkg import submodule` counts as the
+    submodule, not as the package's __init__)."""
+    out = set()
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name in modules)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
+            subs = [f"{base}.{a.name}" for a in node.names]
+            out.update(s for s in subs if s in modules)
+            if base in modules and any(s not in modules for s in subs):
+                out.add(base)
+    out.discard(name)
+    return out
+
+
+def _package(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "tandem"
+
+
+GRAPH = {name: _imports(name, path, _modules()) for name, path in _modules().items()}
+
+
+def test_every_package_has_a_layer():
+    packages = {_package(m) for m in GRAPH} - {"tandem"}
+    assert packages <= set(LAYER), (
+        f"packages missing from LAYERS (and docs/DESIGN.md): {packages - set(LAYER)}"
+    )
+
+
+def test_imports_point_down_the_layers():
+    upward = sorted(
+        f"{a} imports {b}"
+        for a, targets in GRAPH.items()
+        for b in targets
+        if _package(a) != _package(b) and "tandem" not in (_package(a), _package(b))
+        if LAYER[_package(b)] >= LAYER[_package(a)]
+    )
+    assert upward == []
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_the_cycle_finder_finds_a_circle():
+    assert _cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_import_circles():
+    assert _cycles(GRAPH) == []
+
+
+def test_no_source_file_is_over_600_lines():
+    long = {
+        str(p.relative_to(SRC)): n
+        for p in SRC.rglob("*.py")
+        if (n := len(p.read_text().splitlines())) > MAX_LINES
+    }
+    assert long == {}
