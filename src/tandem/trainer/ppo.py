@@ -1,11 +1,10 @@
 """The RL trainer: PPO, GRPO, DAPO, RLOO, REINFORCE++, ReMax, ... picked by the config.
 
 One step, each phase one call on a worker group (tandem/roles/layout.py):
-  rollout: n scored responses per prompt from the rollout source trainer.async_mode picks
-  (`rollout_source` below; tandem/trainer/rollout_source.py): generated now, with rewards (rule scorers
-  + reward model) [and DAPO dynamic sampling: drop groups whose samples all score alike, generate more
-  until full] (sync_source.py), generated during the previous step (one_step_off.py), or streamed
-  (streaming.py)
+  samples from the rollout source trainer.async_mode picks (`rollout_source` below): n responses per
+  prompt generated in the step -> rewards (rule scorers + reward model) [DAPO dynamic sampling: drop
+  groups whose samples all score alike, generate more until full] (tandem/trainer/sync_source.py); or
+  generated during the previous step (one_step_off.py); or streamed as they finish (streaming.py)
   -> old log-probs (+ entropy) -> reference log-probs, with the critic's values computed meanwhile
   -> KL penalty in the reward (fixed or adaptive) -> advantages (any registered estimator)
   -> critic update -> actor update (after trainer.critic_warmup steps)
