@@ -1,6 +1,6 @@
 import torch
 
-from tandem.trainer.ppo import _merge_reward_metrics, varied_groups
+from tandem.trainer.sync_source import _merge_reward_metrics, varied_groups
 
 
 def test_varied_groups_keeps_the_groups_with_two_different_values():

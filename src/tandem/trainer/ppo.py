@@ -1,8 +1,10 @@
 """The RL trainer: PPO, GRPO, DAPO, RLOO, REINFORCE++, ReMax, ... picked by the config.
 
 One step, each phase one call on a worker group (tandem/roles/layout.py):
-  generate n responses per prompt -> rewards (rule scorers + reward model)
-  [DAPO dynamic sampling: drop groups whose samples all score alike, generate more until full]
+  samples from the rollout source trainer.async_mode picks (`rollout_source` below): n responses per
+  prompt generated in the step -> rewards (rule scorers + reward model) [DAPO dynamic sampling: drop
+  groups whose samples all score alike, generate more until full] (tandem/trainer/sync_source.py); or
+  generated during the previous step (one_step_off.py); or streamed as they finish (streaming.py)
   -> old log-probs (+ entropy) -> reference log-probs, with the critic's values computed meanwhile
   -> KL penalty in the reward (fixed or adaptive) -> advantages (any registered estimator)
   -> critic update -> actor update (after trainer.critic_warmup steps)
@@ -13,7 +15,6 @@ tandem/trainer/base.py.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -21,7 +22,6 @@ import torch
 import torch.nn.functional as F
 
 from tandem.algos import apply_kl_penalty, compute_advantages, kl_controller_from_config
-from tandem.algos.core import group_stats
 from tandem.algos.rollout_correction import rollout_diagnostics
 from tandem.batch import Batch
 from tandem.config.errors import ConfigError
@@ -37,6 +37,8 @@ from tandem.rollout import PROMPT_INDEX, SamplingParams
 from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY, tool_schemas
 from tandem.trainer.base import Trainer
 from tandem.trainer.metrics import Timer, agent_metrics, batch_metrics, throughput_metrics
+from tandem.trainer.one_step_off import OneStepOffSource
+from tandem.trainer.rollout_source import RolloutSource
 from tandem.trainer.start_checks import (
     check_ground_truths,
     check_model_folders,
@@ -44,22 +46,12 @@ from tandem.trainer.start_checks import (
     load_actor_tokenizer,
     load_image_processor,
 )
-from tandem.trainer.streaming import StreamFeed
+from tandem.trainer.streaming import StreamingSource
+from tandem.trainer.sync_source import SyncSource
 
 logger = logging.getLogger(__name__)
 
 PROMPT_SIDE = {"prompts": "pad", "input_ids": "pad", "attention_mask": 0, "position_ids": 0}
-COUNT_SUFFIX = "_count"
-
-
-@dataclass
-class Prefetch:
-    """A generation started for a later step: its future, the actor update number whose weights it
-    uses, and the worker groups it runs on."""
-
-    future: Any
-    version: int
-    groups_id: int
 
 
 class RLTrainer(Trainer):
@@ -86,15 +78,10 @@ class RLTrainer(Trainer):
         alg = cfg.algorithm
         self.kl_ctrl = kl_controller_from_config(alg.kl_ctrl) if alg.use_kl_in_reward else None
         self.reward_errors_total = 0
-        self._actor_updates = 0  # rollout.layout=separate: the engines hold the weights of update number ...
+        self.actor_updates = 0  # rollout.layout=separate: the engines hold the weights of update number ...
         self._synced: tuple[int, int] | None = None  # ... (id of the worker groups, that number)
-        self._prefetch: Prefetch | None = None  # trainer.async_mode=one_step_off: the next step's generation
-        self._sampler_before_prefetch: dict[str, Any] = {}
         self._model_flops: dict[str, ModelFlops] = {}
-        t = cfg.trainer  # trainer.async_mode=streaming: the prompt groups between sampler, pool and steps
-        self._feed = StreamFeed(
-            cfg.data.train_batch_size, t.stream_queue_batches, t.max_staleness, t.worker_timeout_s
-        )
+        self.source = rollout_source(self)
 
     def _prompts(self, files: list[str], cfg: TandemConfig) -> PromptDataset:
         d = cfg.data
@@ -201,7 +188,7 @@ class RLTrainer(Trainer):
                         d.actor_mini_batches_per_step,
                     )
                     metrics.update(groups.actor.update_actor(update)[0])
-                    self._actor_updates += 1
+                    self.actor_updates += 1
                 flops = 3 * cfg.actor.ppo_epochs * self._flops("actor").forward(update_mask)
                 metrics["perf/update_flops/actor"] = flops
 
@@ -237,104 +224,19 @@ class RLTrainer(Trainer):
             keys.append("rollout_log_probs")
         return keys
 
-    # ---- generation and rewards (with dynamic sampling) ------------------------------------------------
+    # ---- generation and rewards --------------------------------------------------------------------------
 
     def rollout(self, timer: Timer) -> tuple[Batch, dict[str, float]]:
-        """The step's samples with `token_level_scores`. With dynamic sampling, rounds of
-        gen_batch_size prompts until data.train_batch_size prompts with varied scores are kept."""
-        cfg = self.cfg
-        if cfg.trainer.async_mode == "one_step_off":
-            return self._rollout_one_step_off(timer)
-        if cfg.trainer.async_mode == "streaming":
-            return self._rollout_streaming(timer)
-        ds, n, wanted = cfg.algorithm.dynamic_sampling, cfg.rollout.n, cfg.data.train_batch_size
-        kept: list[Batch] = []
-        reward_metrics: list[tuple[int, dict[str, float]]] = []
-        kept_prompts = drawn_prompts = rounds = 0
-        while True:
-            rounds += 1
-            prompts = self._collate([self.train_data[i] for i in self.next_indices()])
-            drawn_prompts += len(prompts)
-            with timer("generate"):
-                batch = self.generate(prompts, rounds)
-            with timer("reward"):
-                batch, metrics = self.score(batch, train=True)
-            reward_metrics.append((len(batch), metrics))
-            if not ds.enable:
-                kept.append(batch)
-                break
-            keep = varied_groups(batch[ds.metric], batch["uid"])
-            kept.append(batch.reorder(keep))
-            kept_prompts += len(keep) // n
-            if kept_prompts >= wanted:
-                break
-            if 0 < ds.max_num_gen_batches <= rounds:
-                raise RuntimeError(
-                    f"dynamic sampling: after {rounds} rounds of {len(prompts)} prompts only {kept_prompts} of "
-                    f"data.train_batch_size={wanted} prompts had samples that scored differently "
-                    f"(algorithm.dynamic_sampling.metric={ds.metric}). The task is too easy or too hard "
-                    "for the model: raise algorithm.dynamic_sampling.max_num_gen_batches (0 = no limit) or "
-                    "gen_batch_size, or change the data"
-                )
-        batch = self._concat(kept).slice(0, wanted * n) if ds.enable else kept[0]
-        metrics = _merge_reward_metrics(reward_metrics)
-        if ds.enable:
-            metrics["dynamic_sampling/rounds"] = float(rounds)
-            metrics["dynamic_sampling/prompts_drawn"] = float(drawn_prompts)
-            metrics["dynamic_sampling/groups_kept"] = float(kept_prompts)
-            metrics["dynamic_sampling/kept_ratio"] = kept_prompts / drawn_prompts
-        return batch, metrics
-
-    def _rollout_one_step_off(self, timer: Timer) -> tuple[Batch, dict[str, float]]:
-        """trainer.async_mode=one_step_off: this step's samples were launched during the previous step with
-        the weights the actor had then (one update behind), and the next step's are launched now, with the
-        current weights, to generate while this step trains. After a (re)start the queue is empty: the
-        first batch is generated here, with the current weights (staleness 0)."""
-        pending, self._prefetch = self._prefetch, None
-        if pending is None or pending.groups_id != id(self.groups):
-            pending = self._launch(self.step)
-        with timer("wait_generate"):
-            batch = pending.future.result()
-        staleness = float(self._actor_updates - pending.version)
-        if self.step < self.total_steps:
-            self._prefetch = self._launch(self.step + 1)
-        with timer("reward"):
-            batch, metrics = self.score(batch, train=True)
-        # every sample of a step was generated with the same weights
-        metrics["async/staleness_mean"] = metrics["async/staleness_max"] = staleness
-        return batch, metrics
-
-    def _rollout_streaming(self, timer: Timer) -> tuple[Batch, dict[str, float]]:
-        """trainer.async_mode=streaming: the first train_batch_size prompt groups to finish on the rollout
-        pool, generated at most trainer.max_staleness actor updates ago (trainer/streaming.py). The pool
-        gets the current weights first when they changed (after its turns in flight finish)."""
-        rollout = self.rollout_group()
-        with timer("wait_generate"):
-            batch, metrics = self._feed.take(
-                rollout, self._actor_updates, self.next_indices, self._stream_request, self._concat
-            )
-        with timer("reward"):
-            batch, reward_metrics = self.score(batch, train=True)
-        return batch, {**reward_metrics, **metrics}
-
-    def _stream_request(self, indices: list[int], number: int) -> tuple[Batch, SamplingParams]:
-        """The prompts of dataset rows ``indices`` as the stream's batch ``number``, with their sampling."""
-        return self.generation_request(self._collate([self.train_data[i] for i in indices]), number, 0)
-
-    def _launch(self, step: int) -> Prefetch:
-        """Draw `step`'s prompts and start generating them with the actor's current weights (sent first
-        when they changed). A checkpoint taken while they generate records the sampler from before the
-        draw, so a resumed run generates them again."""
-        self._sampler_before_prefetch = self.sampler.state_dict()
-        prompts = self._collate([self.train_data[i] for i in self.next_indices()])
-        prompts, sampling = self.generation_request(prompts, step, 1)
-        future = self.rollout_group().generate.async_(prompts, sampling)
-        return Prefetch(future, self._actor_updates, id(self.groups))
+        """The step's samples with `token_level_scores`, and the rollout metrics, from the source
+        trainer.async_mode picked (`rollout_source`)."""
+        return self.source.next(self.step, timer)
 
     def sampler_state(self) -> dict[str, Any]:
-        if self._prefetch is not None:  # its prompts are drawn but not trained on: they are not consumed
-            return self._sampler_before_prefetch
-        return super().sampler_state()
+        return self.source.sampler_state()  # one_step_off: from before the prefetch's draw
+
+    def train_prompts(self, indices: list[int]) -> Batch:
+        """The training-data rows `indices`, collated as prompts."""
+        return self._collate([self.train_data[i] for i in indices])
 
     def _collate(self, items: list[dict[str, Any]]) -> Batch:
         return collate_prompts(items, self.pad_id)
@@ -354,24 +256,13 @@ class RLTrainer(Trainer):
         )
         return prompts, sampling
 
-    def generate(self, prompts: Batch, round_: int) -> Batch:
-        """rollout.n samples per prompt; a `uid` per prompt; ReMax's greedy baseline scores when needed."""
-        r, d = self.cfg.rollout, self.cfg.data
-        prompts, sampling = self.generation_request(prompts, self.step, round_)
-        batch = self.rollout_group().generate(prompts, sampling)
-        if self.cfg.derived.reward_baselines_needed:
-            greedy = self.rollout_group().generate(prompts, SamplingParams(max_tokens=d.max_response_length))
-            baselines = self.score(greedy)[0]["token_level_scores"].sum(-1)
-            batch["reward_baselines"] = baselines.repeat_interleave(r.n)
-        return batch
-
     def rollout_group(self) -> WorkerGroup:
         """The group that generates. In the separate layout its engines first get the actor's weights when
         they changed since the last sync (and once for new workers: a resumed or loaded checkpoint)."""
         groups = self.groups
-        if groups.separate_rollout and self._synced != (id(groups), self._actor_updates):
-            groups.sync_rollout(self._actor_updates)
-            self._synced = (id(groups), self._actor_updates)
+        if groups.separate_rollout and self._synced != (id(groups), self.actor_updates):
+            groups.sync_rollout(self.actor_updates)
+            self._synced = (id(groups), self.actor_updates)
         return groups.rollout
 
     def score(self, batch: Batch, *, train: bool = False) -> tuple[Batch, dict[str, float]]:
@@ -408,7 +299,9 @@ class RLTrainer(Trainer):
         self.reward_errors_total += errors
         return batch, result.metrics
 
-    def _concat(self, batches: list[Batch]) -> Batch:
+    def concat(self, batches: list[Batch]) -> Batch:
+        """Rollout batches as one, their prompts left-padded to the widest (dynamic sampling's rounds, the
+        stream's groups)."""
         width = max(b["prompts"].shape[1] for b in batches)
         return Batch.concat([_left_pad(b, width, self.pad_id) for b in batches])
 
@@ -456,15 +349,15 @@ class RLTrainer(Trainer):
         return {
             "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl is not None else None,
             "reward_errors_total": self.reward_errors_total,
-            "stream": self._feed.state_dict() if self.cfg.trainer.async_mode == "streaming" else None,
+            "stream": self.source.state_dict(),  # the rollout source's: only streaming keeps any
         }
 
     def load_extra_state(self, state: dict[str, Any]) -> None:
         if self.kl_ctrl is not None and state.get("kl_ctrl") is not None:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         self.reward_errors_total = int(state.get("reward_errors_total", 0))
-        if self.cfg.trainer.async_mode == "streaming" and state.get("stream") is not None:
-            self._feed.load_state_dict(state["stream"])
+        if state.get("stream") is not None:
+            self.source.load_state_dict(state["stream"])
 
     def fit(self, until_step: int | None = None) -> list[dict[str, float]]:
         try:
@@ -487,10 +380,17 @@ class RLTrainer(Trainer):
             self.rewards.close()
 
 
-def varied_groups(values: torch.Tensor, uid: Any) -> torch.Tensor:
-    """Row indices of the samples whose group (same uid) holds at least two different values."""
-    _, std, _ = group_stats(values.double(), uid)
-    return torch.nonzero(std > 0).squeeze(-1)
+ROLLOUT_SOURCES: dict[str, type[RolloutSource]] = {
+    "synchronous": SyncSource,
+    "one_step_off": OneStepOffSource,
+    "streaming": StreamingSource,
+}
+
+
+def rollout_source(trainer: RLTrainer) -> RolloutSource:
+    """Where the steps' samples come from, by trainer.async_mode: generated in the step (synchronous),
+    during the previous step (one_step_off), or taken as they finish from a stream (streaming)."""
+    return ROLLOUT_SOURCES[trainer.cfg.trainer.async_mode](trainer)
 
 
 def _seed(seed: int, step: int, round_: int) -> int:
@@ -507,17 +407,3 @@ def _left_pad(batch: Batch, width: int, pad_id: int) -> Batch:
     for key, value in PROMPT_SIDE.items():
         batch[key] = F.pad(batch[key], (extra, 0), value=pad_id if value == "pad" else value)
     return batch
-
-
-def _merge_reward_metrics(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
-    """Reward metrics of several scoring calls: counts summed, the rest averaged by sample count."""
-    total = sum(n for n, _ in parts)
-    merged: dict[str, float] = {}
-    for key in {k for _, m in parts for k in m}:
-        present = [(n, m[key]) for n, m in parts if key in m]
-        if key.endswith(COUNT_SUFFIX):
-            merged[key] = float(sum(v for _, v in present))
-        else:
-            weight = sum(n for n, _ in present) or total or 1
-            merged[key] = float(sum(n * v for n, v in present) / weight)
-    return merged

@@ -5,7 +5,8 @@ keeps up to trainer.stream_queue_batches batches of prompts submitted and not ye
 a new batch from the sampler whenever one fits; a step takes the first data.train_batch_size groups
 to finish, in the order they finished. A group is tagged with the weight version (actor update count)
 each of its samples started from; one more than trainer.max_staleness updates behind the actor when
-a step would take it is dropped, counted, and never trained on.
+a step would take it is dropped, counted, and never trained on. `StreamingSource` is the mode's rollout
+source (tandem/trainer/rollout_source.py): each step takes its groups from the feed and scores them.
 
 Checkpoints: the prompts of groups submitted but not trained on (in flight or waiting) are saved in
 the trainer's state and submitted first after a resume, so no prompt is lost or trained twice; the
@@ -23,6 +24,8 @@ from tandem.batch import Batch
 from tandem.controller import WorkerGroup
 from tandem.rollout import SamplingParams
 from tandem.rollout.stream import VERSION_KEY
+from tandem.trainer.metrics import Timer
+from tandem.trainer.rollout_source import RolloutServices, RolloutSource
 
 COLLECT_WAIT_S = 1.0  # how long one collect call waits on the workers for a group to finish
 
@@ -136,6 +139,39 @@ class StreamFeed:
         self.pending, self.ready, self.groups_id = {}, [], None
         self.submitted = int(state["submitted"])
         self.dropped_total = int(state["dropped_total"])
+
+
+class StreamingSource(RolloutSource):
+    """The first train_batch_size prompt groups to finish on the rollout pool, from a `StreamFeed`."""
+
+    def __init__(self, trainer: RolloutServices) -> None:
+        super().__init__(trainer)
+        t = trainer.cfg.trainer  # the prompt groups between sampler, pool and steps
+        self.feed = StreamFeed(
+            trainer.cfg.data.train_batch_size, t.stream_queue_batches, t.max_staleness, t.worker_timeout_s
+        )
+
+    def next(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        """The first train_batch_size prompt groups to finish on the rollout pool, generated at most
+        trainer.max_staleness actor updates ago. The pool gets the current weights first when they changed
+        (after its turns in flight finish)."""
+        t = self.trainer
+        rollout = t.rollout_group()
+        with timer("wait_generate"):
+            batch, metrics = self.feed.take(rollout, t.actor_updates, t.next_indices, self._request, t.concat)
+        with timer("reward"):
+            batch, reward_metrics = t.score(batch, train=True)
+        return batch, {**reward_metrics, **metrics}
+
+    def _request(self, indices: list[int], number: int) -> tuple[Batch, SamplingParams]:
+        """The prompts of dataset rows ``indices`` as the stream's batch ``number``, with their sampling."""
+        return self.trainer.generation_request(self.trainer.train_prompts(indices), number, 0)
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.feed.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.feed.load_state_dict(state)
 
 
 def _uid(group: Batch) -> str:

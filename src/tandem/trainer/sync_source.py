@@ -1,0 +1,99 @@
+"""trainer.async_mode=synchronous: each step generates its own samples, with the actor's current weights.
+
+With DAPO dynamic sampling (algorithm.dynamic_sampling.enable) a step generates rounds of gen_batch_size
+prompts, drops the groups whose samples all score alike, and goes on until data.train_batch_size prompts
+are kept; the surplus of the last round is cut.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tandem.algos.core import group_stats
+from tandem.batch import Batch
+from tandem.rollout import SamplingParams
+from tandem.trainer.metrics import Timer
+from tandem.trainer.rollout_source import RolloutSource
+
+COUNT_SUFFIX = "_count"
+
+
+class SyncSource(RolloutSource):
+    """Generate and score the step's prompts now; with dynamic sampling, in rounds until the batch is full."""
+
+    def next(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
+        """The step's samples with `token_level_scores`. With dynamic sampling, rounds of
+        gen_batch_size prompts until data.train_batch_size prompts with varied scores are kept."""
+        t = self.trainer
+        cfg = t.cfg
+        ds, n, wanted = cfg.algorithm.dynamic_sampling, cfg.rollout.n, cfg.data.train_batch_size
+        kept: list[Batch] = []
+        reward_metrics: list[tuple[int, dict[str, float]]] = []
+        kept_prompts = drawn_prompts = rounds = 0
+        while True:
+            rounds += 1
+            prompts = t.train_prompts(t.next_indices())
+            drawn_prompts += len(prompts)
+            with timer("generate"):
+                batch = self.generate(prompts, step, rounds)
+            with timer("reward"):
+                batch, metrics = t.score(batch, train=True)
+            reward_metrics.append((len(batch), metrics))
+            if not ds.enable:
+                kept.append(batch)
+                break
+            keep = varied_groups(batch[ds.metric], batch["uid"])
+            kept.append(batch.reorder(keep))
+            kept_prompts += len(keep) // n
+            if kept_prompts >= wanted:
+                break
+            if 0 < ds.max_num_gen_batches <= rounds:
+                raise RuntimeError(
+                    f"dynamic sampling: after {rounds} rounds of {len(prompts)} prompts only {kept_prompts} of "
+                    f"data.train_batch_size={wanted} prompts had samples that scored differently "
+                    f"(algorithm.dynamic_sampling.metric={ds.metric}). The task is too easy or too hard "
+                    "for the model: raise algorithm.dynamic_sampling.max_num_gen_batches (0 = no limit) or "
+                    "gen_batch_size, or change the data"
+                )
+        batch = t.concat(kept).slice(0, wanted * n) if ds.enable else kept[0]
+        metrics = _merge_reward_metrics(reward_metrics)
+        if ds.enable:
+            metrics["dynamic_sampling/rounds"] = float(rounds)
+            metrics["dynamic_sampling/prompts_drawn"] = float(drawn_prompts)
+            metrics["dynamic_sampling/groups_kept"] = float(kept_prompts)
+            metrics["dynamic_sampling/kept_ratio"] = kept_prompts / drawn_prompts
+        return batch, metrics
+
+    def generate(self, prompts: Batch, step: int, round_: int) -> Batch:
+        """rollout.n samples per prompt; a `uid` per prompt; ReMax's greedy baseline scores when needed."""
+        t = self.trainer
+        r, d = t.cfg.rollout, t.cfg.data
+        prompts, sampling = t.generation_request(prompts, step, round_)
+        batch = t.rollout_group().generate(prompts, sampling)
+        if t.cfg.derived.reward_baselines_needed:
+            greedy = t.rollout_group().generate(prompts, SamplingParams(max_tokens=d.max_response_length))
+            baselines = t.score(greedy)[0]["token_level_scores"].sum(-1)
+            batch["reward_baselines"] = baselines.repeat_interleave(r.n)
+        return batch
+
+
+def varied_groups(values: torch.Tensor, uid: Any) -> torch.Tensor:
+    """Row indices of the samples whose group (same uid) holds at least two different values."""
+    _, std, _ = group_stats(values.double(), uid)
+    return torch.nonzero(std > 0).squeeze(-1)
+
+
+def _merge_reward_metrics(parts: list[tuple[int, dict[str, float]]]) -> dict[str, float]:
+    """Reward metrics of several scoring calls: counts summed, the rest averaged by sample count."""
+    total = sum(n for n, _ in parts)
+    merged: dict[str, float] = {}
+    for key in {k for _, m in parts for k in m}:
+        present = [(n, m[key]) for n, m in parts if key in m]
+        if key.endswith(COUNT_SUFFIX):
+            merged[key] = float(sum(v for _, v in present))
+        else:
+            weight = sum(n for n, _ in present) or total or 1
+            merged[key] = float(sum(n * v for n, v in present) / weight)
+    return merged

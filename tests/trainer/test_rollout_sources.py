@@ -1,0 +1,96 @@
+"""The rollout sources against a scripted trainer (no workers): which one each trainer.async_mode picks, and
+one_step_off's prefetch, staleness and checkpointed sampler position."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from tandem.trainer.metrics import Timer
+from tandem.trainer.one_step_off import OneStepOffSource
+from tandem.trainer.ppo import rollout_source
+from tandem.trainer.streaming import StreamingSource
+from tandem.trainer.sync_source import SyncSource
+
+
+class Done:
+    def __init__(self, value):
+        self.value = value
+
+    def result(self):
+        return self.value
+
+
+class ScriptedTrainer:
+    """RolloutServices with a sampler that counts draws and a rollout group that records what it generates."""
+
+    def __init__(self, async_mode: str = "one_step_off", total_steps: int = 3) -> None:
+        self.cfg = SimpleNamespace(
+            trainer=SimpleNamespace(
+                async_mode=async_mode, stream_queue_batches=2, max_staleness=1, worker_timeout_s=60.0
+            ),
+            data=SimpleNamespace(train_batch_size=2),
+        )
+        self.draws = 0
+        self.sampler = SimpleNamespace(state_dict=lambda: {"position": self.draws})
+        self.groups = object()
+        self.total_steps = total_steps
+        self.actor_updates = 0
+        self.generated: list[tuple[int, int]] = []  # (step, weight version) of each generation started
+        self.rollout = SimpleNamespace(generate=SimpleNamespace(async_=self._generate_async))
+
+    def next_indices(self) -> list[int]:
+        self.draws += 1
+        return [self.draws]
+
+    def train_prompts(self, indices):
+        return {"indices": indices}
+
+    def generation_request(self, prompts, step, round_):
+        return {**prompts, "step": step}, None
+
+    def rollout_group(self):
+        return self.rollout
+
+    def _generate_async(self, prompts, sampling):
+        self.generated.append((prompts["step"], self.actor_updates))
+        return Done({"step": prompts["step"]})
+
+    def score(self, batch, *, train=False):
+        return batch, {"reward/score_mean": 1.0}
+
+
+@pytest.mark.parametrize(
+    ("mode", "source"),
+    [("synchronous", SyncSource), ("one_step_off", OneStepOffSource), ("streaming", StreamingSource)],
+)
+def test_each_async_mode_picks_its_source(mode, source):
+    assert type(rollout_source(ScriptedTrainer(mode))) is source
+
+
+def test_one_step_off_trains_on_the_prefetch_and_checkpoints_the_sampler_from_before_it():
+    trainer = ScriptedTrainer(total_steps=3)
+    source = OneStepOffSource(trainer)
+    assert source.sampler_state() == {"position": 0} and source.state_dict() is None
+    staleness = []
+    for step in (1, 2, 3):
+        batch, metrics = source.next(step, Timer())
+        assert batch == {"step": step}
+        staleness.append(metrics["async/staleness_max"])
+        # the next step's prompts are drawn but not trained on: a checkpoint records the draw before them
+        # (after the last step, none are drawn: the sampler's position now)
+        assert source.sampler_state() == {"position": step} and trainer.draws == min(step + 1, 3)
+        trainer.actor_updates += 1
+    # step 1 generated with the weights of update 0 (in the step), each later one an update behind
+    assert trainer.generated == [(1, 0), (2, 0), (3, 1)] and staleness == [0.0, 1.0, 1.0]
+    assert source.prefetch is None  # nothing launched after the last step
+
+
+def test_one_step_off_generates_again_on_new_workers():
+    trainer = ScriptedTrainer(total_steps=3)
+    source = OneStepOffSource(trainer)
+    source.next(1, Timer())
+    trainer.actor_updates, trainer.groups = 1, object()  # a resumed run: the prefetch's workers are gone
+    _, metrics = source.next(2, Timer())
+    assert trainer.generated == [(1, 0), (2, 0), (2, 1), (3, 1)] and metrics["async/staleness_max"] == 0
