@@ -19,6 +19,15 @@ if TYPE_CHECKING:
 _DATA_SUFFIXES = (".parquet", ".jsonl", ".json")
 
 
+def validate_config(cfg: TandemConfig, *, require_data: bool = False) -> TandemConfig:
+    """Fill in inherited values, check every rule, compute `cfg.derived`; raise ConfigError listing all.
+    Returns `cfg` (changed in place)."""
+    problems = Problems()
+    finalize(cfg, problems, require_data=require_data)
+    problems.raise_if_any()
+    return cfg
+
+
 def finalize(cfg: TandemConfig, problems: Problems, *, require_data: bool = False) -> None:
     """Resolve `auto` / `None = the actor's` values in place, check every rule, then compute `cfg.derived`."""
     cfg._derived = None

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config.errors import ConfigError
+from tandem.config.loader import config_to_dict, config_to_yaml
 from tandem.config.schema import TandemConfig
 from tandem.data import StatefulSampler
 from tandem.engine.flops import mfu_metrics
@@ -253,7 +254,7 @@ class Trainer(ABC):
                 flush=True,
             )
             return self.history
-        (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml())
+        (self.run_dir / "config.yaml").write_text(config_to_yaml(self.cfg))
         try:
             self.groups = build_worker_groups(
                 self.cfg, self.total_steps, purpose=self.purpose, log_dir=self.log_dir
@@ -264,7 +265,7 @@ class Trainer(ABC):
                 log_dir=self.run_dir,
                 project=t.project_name,
                 experiment=t.experiment_name,
-                config=self.cfg.to_dict(),
+                config=config_to_dict(self.cfg),
                 total_steps=self.total_steps,
                 start_step=self.step,
                 console_keys=self.console_keys,
@@ -335,7 +336,7 @@ class Trainer(ABC):
                 group.save_checkpoint(str(folder))
             state = {"step": self.step, "sampler": self.sampler_state(), "extra": self.extra_state()}
             save_trainer_state(folder, state)
-            (folder / "config.yaml").write_text(self.cfg.to_yaml())
+            (folder / "config.yaml").write_text(config_to_yaml(self.cfg))
         logger.info("saved checkpoint %s", self.checkpoints.root / f"global_step_{self.step}")
         return self.checkpoints.root / f"global_step_{self.step}"
 
