@@ -1,4 +1,4 @@
-"""Presets, `base:` inheritance and the to_yaml round trip."""
+"""Presets, `base:` inheritance and the config_to_yaml round trip."""
 
 import pytest
 import yaml

@@ -1,4 +1,4 @@
-"""Property: a config written with to_yaml() (or to_dict()) reads back into an equal config.
+"""Property: a config written with config_to_yaml() (or config_to_dict()) reads back into an equal config.
 
 Random configs are built from every preset with awkward values in the fields that take free text
 or numbers: YAML-looking strings, exponents, negative zero, nested reward kwargs.

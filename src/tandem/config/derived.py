@@ -1,6 +1,7 @@
 """Batch-size normalisation, done once: every number the runtime derives from the batch settings.
 
 Workers read these instead of recomputing `train_batch_size * n // world_size` themselves.
+The `Derived` dataclass that holds them is plain data in schema.py; validation sets `cfg.derived`.
 """
 
 from __future__ import annotations
