@@ -86,7 +86,7 @@ def _preset_and_overrides(args: argparse.Namespace, default: str) -> tuple[str, 
 
 
 def _run(args: argparse.Namespace) -> int:
-    from tandem.config import list_presets, load_config
+    from tandem.config import config_to_yaml, list_presets, load_config
 
     if args.command == "quickstart":
         from tandem.trainer.quickstart import run
@@ -120,7 +120,7 @@ def _run(args: argparse.Namespace) -> int:
         print(export_checkpoint(args.checkpoint, args.out_dir, args.role))
     elif args.command == "config":
         preset, overrides = _preset_and_overrides(args, "grpo")
-        print(load_config(preset, overrides).to_yaml(), end="")
+        print(config_to_yaml(load_config(preset, overrides)), end="")
     elif args.command == "presets":
         print("\n".join(list_presets()))
     elif args.command == "data":

@@ -5,7 +5,7 @@ import textwrap
 import pytest
 from config_helpers import error_of
 
-from tandem.config import ConfigError, TandemConfig, load_config
+from tandem.config import ConfigError, config_from_dict, load_config
 
 
 def test_unknown_override_key_suggests_the_sibling():
@@ -46,7 +46,7 @@ def test_unknown_nested_key_in_yaml(tmp_path):
 
 def test_derived_cannot_be_set():
     with pytest.raises(ConfigError, match="derived is computed"):
-        TandemConfig.from_dict({"derived": {"world_size": 4}})
+        config_from_dict({"derived": {"world_size": 4}})
     assert "derived.world_size: derived is computed from the other settings" in error_of(
         "derived.world_size=4"
     )

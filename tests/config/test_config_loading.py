@@ -1,10 +1,19 @@
-"""Presets, `base:` inheritance and the to_yaml round trip."""
+"""Presets, `base:` inheritance and the config_to_yaml round trip."""
 
 import pytest
 import yaml
 from config_helpers import load
 
-from tandem.config import ConfigError, TandemConfig, list_presets, load_config
+from tandem.config import (
+    ConfigError,
+    TandemConfig,
+    config_from_dict,
+    config_to_dict,
+    config_to_yaml,
+    list_presets,
+    load_config,
+    validate_config,
+)
 
 PRESETS = ["base", "dapo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce_pp", "remax", "rloo", "sft"]
 
@@ -61,7 +70,7 @@ def test_base_loop_is_an_error(tmp_path):
 
 
 def test_none_gives_schema_defaults():
-    assert load_config() == TandemConfig().validate()
+    assert load_config() == validate_config(TandemConfig())
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -70,25 +79,25 @@ def test_to_yaml_round_trips(name, tmp_path):
         name, ["actor.optim.lr=3e-7", "data.train_files=[a.parquet]", "reward.custom_reward_kwargs.k=1"]
     )
     path = tmp_path / "dump.yaml"
-    path.write_text(cfg.to_yaml())
+    path.write_text(config_to_yaml(cfg))
     again = load_config(str(path))
     assert again == cfg
     assert again.derived == cfg.derived
-    assert again.to_yaml() == cfg.to_yaml()
+    assert config_to_yaml(again) == config_to_yaml(cfg)
 
 
 def test_to_dict_and_from_dict():
     cfg = load("actor.optim.betas=[0.9,0.95]")
-    plain = cfg.to_dict()
+    plain = config_to_dict(cfg)
     assert plain["actor"]["optim"]["betas"] == [0.9, 0.95]  # plain lists, YAML/JSON ready
     assert "derived" not in plain and "_derived" not in plain
     assert yaml.safe_load(yaml.safe_dump(plain)) == plain
-    assert TandemConfig.from_dict(plain) == cfg
+    assert config_from_dict(plain) == cfg
 
 
 def test_base_key_only_in_files():
     with pytest.raises(ConfigError, match="'base:' only works in YAML files"):
-        TandemConfig.from_dict({"base": "grpo"})
+        config_from_dict({"base": "grpo"})
 
 
 def test_empty_section_keeps_defaults(tmp_path):

@@ -7,7 +7,7 @@ import pytest
 from config_helpers import error_of, load
 
 from tandem.cli import main
-from tandem.config import ConfigError, load_config
+from tandem.config import ConfigError, load_config, validate_config
 
 
 def cli_error(capsys, *argv: str) -> str:
@@ -127,7 +127,7 @@ def test_non_finite_float_set_in_python_is_refused():
     cfg = load()
     cfg.actor.optim.lr = float("nan")  # nan passes every `<` check, so it needs its own rule
     with pytest.raises(ConfigError, match=r"actor.optim.lr=nan: only finite numbers are allowed"):
-        cfg.validate()
+        validate_config(cfg)
 
 
 @pytest.mark.parametrize(("text", "value"), [("True", True), ("1", True), ("off", False), ("FALSE", False)])

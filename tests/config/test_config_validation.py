@@ -3,7 +3,7 @@
 import pytest
 from config_helpers import error_of, load
 
-from tandem.config import ConfigError, TandemConfig, load_config
+from tandem.config import ConfigError, TandemConfig, config_to_dict, load_config, validate_config
 
 RULES = [
     # (overrides, words the message must contain)
@@ -209,7 +209,7 @@ def test_tokenizer_paths_default_to_the_model_folders():
         "actor.tokenizer_path=/t", "critic.tokenizer_path=/ct", "reward.reward_model.tokenizer_path=/rt"
     )
     assert (cfg.critic.tokenizer_path, cfg.reward.reward_model.tokenizer_path) == ("/ct", "/rt")
-    assert load("actor.tokenizer_path=/t").to_dict()["actor"]["tokenizer_path"] == "/t"
+    assert config_to_dict(load("actor.tokenizer_path=/t"))["actor"]["tokenizer_path"] == "/t"
 
 
 def test_critic_batch_rules_apply_only_with_a_critic():
@@ -249,13 +249,13 @@ def test_require_data_checks_files_exist(tmp_path):
 
 def test_programmatic_config_validates_and_derives():
     cfg = TandemConfig()
-    with pytest.raises(ConfigError, match=r"call cfg.validate\(\)"):
+    with pytest.raises(ConfigError, match=r"call validate_config\(cfg\)"):
         _ = cfg.derived
     cfg.rollout.n = 1
     with pytest.raises(ConfigError, match="rollout.n"):
-        cfg.validate()
+        validate_config(cfg)
     cfg.rollout.n = 2
-    assert cfg.validate().derived.samples_per_step == 16
+    assert validate_config(cfg).derived.samples_per_step == 16
 
 
 def test_real_registries_know_the_agreed_names(real_registries):

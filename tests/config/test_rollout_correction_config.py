@@ -8,7 +8,7 @@ import torch
 from config_helpers import error_of, load
 
 from tandem.algos.rollout_correction import correction_settings, rollout_correction
-from tandem.config import load_config
+from tandem.config import config_to_yaml, load_config
 
 RC = "algorithm.rollout_correction"
 
@@ -108,7 +108,7 @@ def test_lower_upper_threshold_from_a_yaml_file(tmp_path):
     cfg = load_config(str(path))
     assert band_of(cfg.algorithm.rollout_correction) == (1.25, 0.8, 1.25)
     dump = tmp_path / "dump.yaml"  # what a run saves reloads to the same config
-    dump.write_text(cfg.to_yaml())
+    dump.write_text(config_to_yaml(cfg))
     assert load_config(str(dump)) == cfg
 
 

@@ -3,7 +3,8 @@ import time
 
 import pytest
 
-from tandem.tools import Calculator, Tool, ToolSet, tool, truncate
+from tandem.tools import BUILTIN_INTERACTIONS, BUILTIN_TOOLS, Calculator, Tool, ToolSet, tool, truncate
+from tandem.tools.names import BUILTIN_INTERACTION_NAMES, BUILTIN_TOOL_NAMES
 
 DIGITS = "0123456789" * 10  # 100 characters
 
@@ -150,3 +151,9 @@ def test_duplicate_names_and_bad_settings_are_errors():
         ToolSet([], truncate_side="top")
     with pytest.raises(TypeError, match="a ToolSet holds Tool instances"):
         ToolSet([print])
+
+
+def test_builtin_names_are_the_ones_built():
+    # config validation checks names against tools/names.py; loading and interaction build from it
+    assert tuple(BUILTIN_TOOLS) == BUILTIN_TOOL_NAMES
+    assert tuple(BUILTIN_INTERACTIONS) == BUILTIN_INTERACTION_NAMES

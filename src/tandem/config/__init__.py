@@ -2,16 +2,19 @@
 
 cfg = load_config("grpo", ["actor.optim.lr=1e-6", "data.train_files=[train.parquet]"])
 cfg.derived.actor_grad_accum_steps
+
+A config is plain data: build one with `load_config` / `config_from_dict`, check one built in Python with
+`validate_config`, write one with `config_to_dict` / `config_to_yaml`.
 """
 
-from tandem.config.derived import Derived
 from tandem.config.errors import ConfigError
-from tandem.config.loader import list_presets, load_config
+from tandem.config.loader import config_from_dict, config_to_dict, config_to_yaml, list_presets, load_config
 from tandem.config.schema import (
     ActorConfig,
     AlgorithmConfig,
     CriticConfig,
     DataConfig,
+    Derived,
     DynamicSamplingConfig,
     FormatConfig,
     FSDPConfig,
@@ -27,6 +30,7 @@ from tandem.config.schema import (
     TrainerConfig,
     ValRolloutConfig,
 )
+from tandem.config.validate import validate_config
 
 __all__ = [
     "ActorConfig",
@@ -49,6 +53,10 @@ __all__ = [
     "TandemConfig",
     "TrainerConfig",
     "ValRolloutConfig",
+    "config_from_dict",
+    "config_to_dict",
+    "config_to_yaml",
     "list_presets",
     "load_config",
+    "validate_config",
 ]

@@ -1,44 +1,12 @@
 """Batch-size normalisation, done once: every number the runtime derives from the batch settings.
 
 Workers read these instead of recomputing `train_batch_size * n // world_size` themselves.
+The `Derived` dataclass that holds them is plain data in schema.py; validation sets `cfg.derived`.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from tandem.config.schema import TandemConfig
-
-
-@dataclass(frozen=True)
-class Derived:
-    """Sizes computed from a validated config. Units as in the schema: PROMPTS, SAMPLES, RANKS."""
-
-    world_size: int  # RANKS: trainer.nnodes * trainer.workers_per_node
-    dp_size: int  # RANKS the batch is split over: world_size / (model-parallel or sequence-parallel ranks)
-    samples_per_step: int  # SAMPLES per training step, global: data.train_batch_size * rollout.n
-    samples_per_rank: int  # SAMPLES per step on one data-parallel rank
-    gen_prompts_per_round: int  # PROMPTS per generation round; data.train_batch_size unless dynamic sampling
-    actor_mini_batch_samples: int  # SAMPLES per actor optimizer step, global
-    actor_mini_batch_samples_per_rank: int  # SAMPLES per actor optimizer step on one rank
-    actor_grad_accum_steps: int | None  # micro-batches per mini-batch; None with use_dynamic_bsz (varies)
-    actor_mini_batches_per_step: int  # actor mini-batches per training step (one epoch)
-    actor_optimizer_steps_per_step: int  # actor optimizer steps per training step (all epochs)
-    critic_mini_batch_samples: int  # as the actor's; 0 when there is no critic
-    critic_mini_batch_samples_per_rank: int
-    critic_grad_accum_steps: int | None
-    critic_mini_batches_per_step: int
-    critic_optimizer_steps_per_step: int
-    critic_needed: bool  # a critic is built and trained
-    reference_needed: bool  # a reference model is loaded (KL loss or KL in reward)
-    reward_model_needed: bool  # a reward model is loaded
-    reward_baselines_needed: bool  # the estimator needs a baseline reward (ReMax: a greedy sample per prompt)
-    # The actor makes ONE optimizer step on a step's samples (one mini-batch, one epoch) and nothing reads
-    # old log-probs before it (no KL in the reward, no sum pi^2 for OTB, no bypass mode): they equal the update's own log-probs, detached, so
-    # their separate forward pass is skipped (actor.old_log_probs_from_update).
-    old_log_probs_from_update: bool
+from tandem.config.schema import Derived, TandemConfig
 
 
 def data_parallel_size(cfg: TandemConfig) -> tuple[int, int]:

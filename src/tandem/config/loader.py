@@ -50,13 +50,14 @@ def load_config(
     if preset_or_path is not None:
         raw = load_yaml_tree(resolve_ref(str(preset_or_path), Path.cwd()), (), problems.files)
     apply_overrides(raw, overrides, problems)
-    return build(raw, require_data=require_data, problems=problems)
+    return config_from_dict(raw, require_data=require_data, problems=problems)
 
 
-def build(
+def config_from_dict(
     raw: Mapping[str, Any], *, require_data: bool = False, problems: Problems | None = None
 ) -> TandemConfig:
-    """Parse, resolve, validate. Problems caused by a value that failed to parse are not repeated."""
+    """Build and validate a config from nested plain values (as read from YAML): parse, resolve, validate.
+    Problems caused by a value that failed to parse are not repeated."""
     problems = problems if problems is not None else Problems()
     if not isinstance(raw, Mapping):
         raise ConfigError(f"a config must be a mapping of sections, got {type(raw).__name__}")
@@ -74,6 +75,16 @@ def build(
             problems.items.append(problem)
     problems.raise_if_any()
     return cfg
+
+
+def config_to_dict(cfg: TandemConfig) -> dict[str, Any]:
+    """Nested plain values (lists, not tuples), ready for YAML or JSON; `cfg.derived` is left out."""
+    return to_plain(cfg)
+
+
+def config_to_yaml(cfg: TandemConfig) -> str:
+    """YAML text that `load_config` reads back into an equal config."""
+    return yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
 
 
 # --- YAML files and presets -------------------------------------------------------------------

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tandem.config.derived import Derived
+from tandem.config.errors import ConfigError
 
 Truncation = Literal["error", "filter", "left", "right"]
 ChatTemplate = Literal["auto", "plain", "none"]
@@ -494,6 +494,35 @@ class TrainerConfig:
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # torch.profiler traces of chosen steps
 
 
+@dataclass(frozen=True)
+class Derived:
+    """Sizes computed from a validated config. Units as in the schema: PROMPTS, SAMPLES, RANKS."""
+
+    world_size: int  # RANKS: trainer.nnodes * trainer.workers_per_node
+    dp_size: int  # RANKS the batch is split over: world_size / (model-parallel or sequence-parallel ranks)
+    samples_per_step: int  # SAMPLES per training step, global: data.train_batch_size * rollout.n
+    samples_per_rank: int  # SAMPLES per step on one data-parallel rank
+    gen_prompts_per_round: int  # PROMPTS per generation round; data.train_batch_size unless dynamic sampling
+    actor_mini_batch_samples: int  # SAMPLES per actor optimizer step, global
+    actor_mini_batch_samples_per_rank: int  # SAMPLES per actor optimizer step on one rank
+    actor_grad_accum_steps: int | None  # micro-batches per mini-batch; None with use_dynamic_bsz (varies)
+    actor_mini_batches_per_step: int  # actor mini-batches per training step (one epoch)
+    actor_optimizer_steps_per_step: int  # actor optimizer steps per training step (all epochs)
+    critic_mini_batch_samples: int  # as the actor's; 0 when there is no critic
+    critic_mini_batch_samples_per_rank: int
+    critic_grad_accum_steps: int | None
+    critic_mini_batches_per_step: int
+    critic_optimizer_steps_per_step: int
+    critic_needed: bool  # a critic is built and trained
+    reference_needed: bool  # a reference model is loaded (KL loss or KL in reward)
+    reward_model_needed: bool  # a reward model is loaded
+    reward_baselines_needed: bool  # the estimator needs a baseline reward (ReMax: a greedy sample per prompt)
+    # The actor makes ONE optimizer step on a step's samples (one mini-batch, one epoch) and nothing reads
+    # old log-probs before it (no KL in the reward, no sum pi^2 for OTB, no bypass mode): they equal the update's own log-probs, detached, so
+    # their separate forward pass is skipped (actor.old_log_probs_from_update).
+    old_log_probs_from_update: bool
+
+
 @dataclass
 class TandemConfig:
     """A whole run. Build it with `load_config`; `cfg.derived` holds the normalised batch sizes."""
@@ -506,45 +535,14 @@ class TandemConfig:
     reward: RewardConfig = field(default_factory=RewardConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
-    # Computed by validate(); never read from YAML and never written by to_dict().
+    # Computed by validate_config(); never read from YAML and never written by config_to_dict().
     _derived: Derived | None = field(default=None, init=False, repr=False, compare=False)
 
     @property
     def derived(self) -> Derived:
         """World size, samples per step, per-rank mini/micro-batches, which models are needed."""
         if self._derived is None:
-            from tandem.config.errors import ConfigError
-
             raise ConfigError(
-                "cfg.derived is computed by validation: call cfg.validate() (load_config does)."
+                "cfg.derived is computed by validation: call validate_config(cfg) (load_config does)."
             )
         return self._derived
-
-    def validate(self, *, require_data: bool = False) -> TandemConfig:
-        """Fill in inherited values, check every rule, compute `derived`; raise ConfigError listing all."""
-        from tandem.config.errors import Problems
-        from tandem.config.validate import finalize
-
-        problems = Problems()
-        finalize(self, problems, require_data=require_data)
-        problems.raise_if_any()
-        return self
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any], *, require_data: bool = False) -> TandemConfig:
-        """Build and validate a config from nested plain values (as read from YAML)."""
-        from tandem.config.loader import build
-
-        return build(data, require_data=require_data)
-
-    def to_dict(self) -> dict[str, Any]:
-        """Nested plain values (lists, not tuples), ready for YAML or JSON."""
-        from tandem.config.coerce import to_plain
-
-        return to_plain(self)
-
-    def to_yaml(self) -> str:
-        """YAML text that `load_config` reads back into an equal config."""
-        import yaml
-
-        return yaml.safe_dump(self.to_dict(), sort_keys=False, default_flow_style=False)

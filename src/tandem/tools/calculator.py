@@ -14,6 +14,7 @@ import operator
 from typing import Any, ClassVar
 
 from tandem.tools.base import Tool
+from tandem.tools.names import CALCULATOR
 
 MAX_EXPRESSION_CHARS = 200
 MAX_EXPONENT = 100
@@ -119,7 +120,7 @@ def _checked(value: Any) -> int | float:
 class Calculator(Tool):
     """Evaluates an arithmetic expression such as ``910*391`` or ``(2+3)**2/7``."""
 
-    name = "calculator"
+    name = CALCULATOR
     description = (
         "Evaluate an arithmetic expression and return its value. "
         "Supports numbers, + - * / // % ** and parentheses, e.g. (12+3)*4/5."

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tandem.tools.loading import load_module
+from tandem.tools.names import TRY_AGAIN
 
 # A tool call block (closed, or cut off at the end): a request, never an answer.
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.DOTALL)
@@ -43,7 +44,7 @@ class TryAgain(Interaction):
     scorer, the last whole number of the answer must equal the ground truth. A sample without a
     ground truth cannot be judged: the conversation ends. A custom reward file is not consulted."""
 
-    name = "try_again"
+    name = TRY_AGAIN
 
     def __init__(self, message: str = "That is not right. Try again.") -> None:
         self.message = message
@@ -82,7 +83,8 @@ def is_right(answer: str, sample: dict[str, Any]) -> bool:
     return last_integer(_TOOL_CALL_BLOCK.sub(" ", answer)) == target
 
 
-BUILTIN_INTERACTIONS: dict[str, type[Interaction]] = {"try_again": TryAgain}
+# name (tools/names.py BUILTIN_INTERACTION_NAMES) -> class
+BUILTIN_INTERACTIONS: dict[str, type[Interaction]] = {TRY_AGAIN: TryAgain}
 
 
 def build_interaction(

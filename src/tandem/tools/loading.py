@@ -9,13 +9,14 @@ from collections.abc import Callable
 from tandem.tools.base import Tool, ToolSet
 from tandem.tools.calculator import Calculator
 from tandem.tools.functions import FunctionTool
+from tandem.tools.names import CALCULATOR, PYTHON
 from tandem.tools.python_tool import PythonTool
 from tandem.usercode import load_user_module
 
-# name -> factory(timeout_s); keep in step with config/validate.py BUILTIN_TOOLS.
+# name (tools/names.py BUILTIN_TOOL_NAMES) -> factory(timeout_s)
 BUILTIN_TOOLS: dict[str, Callable[[float], Tool]] = {
-    "calculator": lambda timeout_s: Calculator(),
-    "python": lambda timeout_s: PythonTool(timeout_s=timeout_s),
+    CALCULATOR: lambda timeout_s: Calculator(),
+    PYTHON: lambda timeout_s: PythonTool(timeout_s=timeout_s),
 }
 
 

@@ -29,6 +29,7 @@ import tempfile
 from typing import Any, ClassVar
 
 from tandem.tools.base import Tool
+from tandem.tools.names import PYTHON
 
 MAX_CODE_CHARS = 100_000  # the code travels as a command-line argument (Linux caps one at 128 KiB)
 
@@ -61,7 +62,7 @@ class PythonTool(Tool):
     """Runs Python code in a fresh, resource-limited process (see the module docstring for what
     it does not isolate). ``timeout_s`` is the wall-clock limit, enforced by this tool itself."""
 
-    name = "python"
+    name = PYTHON
     description = (
         "Run Python 3 code in a fresh process and return what it prints (stdout, then stderr). "
         "Nothing carries over between calls: print what you need."

@@ -20,12 +20,11 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config.errors import ConfigError
+from tandem.config.loader import config_to_dict, config_to_yaml
 from tandem.config.schema import TandemConfig
 from tandem.data import StatefulSampler
 from tandem.engine.flops import mfu_metrics
-from tandem.models.model_type import VISION_LANGUAGE_TYPES, folder_model_type
 from tandem.roles.layout import WorkerGroups, build_worker_groups
-from tandem.rollout import LATER_ENGINES, resolve_engine
 from tandem.trainer.checkpoint import (
     CheckpointManager,
     checkpoint_step,
@@ -34,6 +33,7 @@ from tandem.trainer.checkpoint import (
 )
 from tandem.trainer.metrics import worker_metrics
 from tandem.trainer.run_lock import RunLock
+from tandem.trainer.start_checks import check_available
 from tandem.trainer.tracking import Tracker
 
 logger = logging.getLogger(__name__)
@@ -43,129 +43,6 @@ def run_dir(cfg: TandemConfig) -> Path:
     """The folder of a run's config, metrics and checkpoints."""
     t = cfg.trainer
     return Path(t.output_dir) / t.project_name / t.experiment_name
-
-
-def check_available(cfg: TandemConfig, purpose: str = "rl") -> None:
-    """Engines the config may name but this release does not have yet: an error before any worker starts.
-    `purpose`: "rl", or "sft" (no rollout, no critic)."""
-    problems = []
-    if cfg.rollout.engine in LATER_ENGINES:
-        problems.append(f"rollout.engine={cfg.rollout.engine} is not available yet; use vllm or hf")
-    if cfg.rollout.engine == "vllm" and resolve_engine("auto") != "vllm":
-        problems.append("rollout.engine=vllm but vllm is not installed; see README (Installing) or use hf")
-    if cfg.rollout.tensor_parallel > 1:
-        problems += rollout_tensor_parallel_problems(cfg)
-    lora = cfg.actor.lora
-    if lora.syncs_adapters and resolve_engine(cfg.rollout.engine) != "vllm":
-        problems.append(
-            "actor.lora.rollout_sync=adapter needs vLLM's LoRA support, and vllm is not installed (the rollout "
-            "engine resolves to hf); use actor.lora.rollout_sync=merged"
-        )
-    if cfg.actor.strategy == "megatron":
-        from tandem.engine.megatron import megatron_available
-
-        if not megatron_available():
-            problems.append("actor.strategy=megatron needs megatron-core: pip install -e '.[megatron]'")
-        problems += megatron_model_problems(cfg)
-    if cfg.actor.strategy == "fsdp" and cfg.actor.fsdp.sequence_parallel > 1:
-        problems += sequence_parallel_problems(cfg)
-    model_type = folder_model_type(cfg.actor.model_path)
-    if model_type in VISION_LANGUAGE_TYPES:
-        problems += vision_language_problems(cfg, model_type, purpose)
-    if problems:
-        raise ConfigError("\n".join(problems))
-
-
-def vision_language_problems(cfg: TandemConfig, model_type: str, purpose: str = "rl") -> list[str]:
-    """What a vision-language actor does not run with yet (README, 'Vision-language models'); SFT asks only
-    about the training engine."""
-    a, r = cfg.actor, cfg.rollout
-    what = f"actor.model_path is a vision-language model ({model_type})"
-    problems = []
-    if a.strategy != "fsdp":
-        problems.append(f"{what}: train it with actor.strategy=fsdp")
-    if a.fsdp.sequence_parallel > 1:
-        problems.append(f"{what}: not yet with actor.fsdp.sequence_parallel > 1")
-    if purpose == "sft":
-        return problems
-    if resolve_engine(r.engine) != "vllm" or r.mode != "sync" or r.layout != "hybrid":
-        problems.append(
-            f"{what}: its images are rolled out by vLLM's batched generate (rollout.engine=vllm, "
-            "rollout.mode=sync, rollout.layout=hybrid)"
-        )
-    if cfg.derived.critic_needed or cfg.derived.reward_model_needed:
-        problems.append(
-            f"{what}: no critic or reward model reads images yet; use a critic-free estimator (grpo, "
-            "rloo, ...) and rule-based rewards"
-        )
-    return problems
-
-
-def rollout_tensor_parallel_problems(cfg: TandemConfig) -> list[str]:
-    """What a vLLM engine spanning rollout.tensor_parallel ranks does not run with yet. Its ranks must issue
-    the same requests in the same engine steps: the synchronous generate call does; the agent loop's
-    asynchronous turns (tool calls finishing at different times on each rank) would not."""
-    r, t, k = cfg.rollout, cfg.trainer, f"rollout.tensor_parallel={cfg.rollout.tensor_parallel}"
-    problems = []
-    if r.mode == "async":
-        problems.append(
-            f"{k} with rollout.mode=async (agent loop) is not available yet; use rollout.mode=sync"
-        )
-    if r.layout == "separate" or t.async_mode != "synchronous":
-        problems.append(
-            f"{k} runs in the hybrid layout only (not yet with rollout.layout=separate or trainer.async_mode); "
-            "set rollout.tensor_parallel=1 there"
-        )
-    return problems
-
-
-def megatron_model_problems(cfg: TandemConfig) -> list[str]:
-    """What megatron cannot build from the configured model folders (architecture, sizes the parallel
-    layout does not divide), read from their config.json alone, before any worker starts."""
-    from tandem.engine.megatron.convert import check_supported
-
-    mp = cfg.actor.megatron
-
-    def check(config: Any) -> None:
-        check_supported(
-            config,
-            mp.tensor_parallel,
-            mp.pipeline_parallel,
-            mp.expert_parallel,
-            mp.sequence_parallel,
-            mp.context_parallel,
-        )
-        chunks = mp.pipeline_parallel * mp.virtual_pipeline
-        if config.num_hidden_layers % chunks:
-            raise ValueError(
-                f"num_hidden_layers={config.num_hidden_layers} is not a multiple of actor.megatron.pipeline_parallel "
-                f"x virtual_pipeline = {chunks} (each model chunk holds the same number of layers)"
-            )
-
-    return model_config_problems(cfg, check)
-
-
-def sequence_parallel_problems(cfg: TandemConfig) -> list[str]:
-    """Models whose attention heads actor.fsdp.sequence_parallel does not split (engine/fsdp/ulysses.py)."""
-    from tandem.engine.fsdp.ulysses import check_heads
-
-    return model_config_problems(cfg, lambda config: check_heads(config, cfg.actor.fsdp.sequence_parallel))
-
-
-def model_config_problems(cfg: TandemConfig, check: Any) -> list[str]:
-    """`check(config)`'s ValueErrors for the actor's and the critic's model folders, naming key and folder."""
-    from tandem.engine import hf_io
-
-    folders = {"actor.model_path": cfg.actor.model_path, "critic.model_path": cfg.critic.model_path}
-    problems = []
-    for key, folder in folders.items():
-        if not folder or not (Path(folder) / "config.json").is_file():
-            continue  # a missing folder is reported where it is read
-        try:
-            check(hf_io.load_config(folder, "lm"))
-        except ValueError as err:
-            problems.append(f"{key}={folder}: {err}")
-    return problems
 
 
 class Trainer(ABC):
@@ -253,7 +130,7 @@ class Trainer(ABC):
                 flush=True,
             )
             return self.history
-        (self.run_dir / "config.yaml").write_text(self.cfg.to_yaml())
+        (self.run_dir / "config.yaml").write_text(config_to_yaml(self.cfg))
         try:
             self.groups = build_worker_groups(
                 self.cfg, self.total_steps, purpose=self.purpose, log_dir=self.log_dir
@@ -264,7 +141,7 @@ class Trainer(ABC):
                 log_dir=self.run_dir,
                 project=t.project_name,
                 experiment=t.experiment_name,
-                config=self.cfg.to_dict(),
+                config=config_to_dict(self.cfg),
                 total_steps=self.total_steps,
                 start_step=self.step,
                 console_keys=self.console_keys,
@@ -335,7 +212,7 @@ class Trainer(ABC):
                 group.save_checkpoint(str(folder))
             state = {"step": self.step, "sampler": self.sampler_state(), "extra": self.extra_state()}
             save_trainer_state(folder, state)
-            (folder / "config.yaml").write_text(self.cfg.to_yaml())
+            (folder / "config.yaml").write_text(config_to_yaml(self.cfg))
         logger.info("saved checkpoint %s", self.checkpoints.root / f"global_step_{self.step}")
         return self.checkpoints.root / f"global_step_{self.step}"
 

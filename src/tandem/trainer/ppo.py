@@ -26,6 +26,7 @@ from tandem.algos.rollout_correction import rollout_diagnostics
 from tandem.batch import Batch
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
+from tandem.config.validate import validate_config
 from tandem.controller import WorkerGroup
 from tandem.data import PromptDataset, collate_prompts
 from tandem.engine.flops import ModelFlops
@@ -59,7 +60,7 @@ class RLTrainer(Trainer):
 
     def __init__(self, cfg: TandemConfig, *, train: bool = True) -> None:
         """train=False: validation only (`evaluate`), no training data needed."""
-        cfg.validate(require_data=train)
+        validate_config(cfg, require_data=train)
         d = cfg.data
         if not train and not (d.val_files and cfg.actor.model_path):
             raise ConfigError("evaluation needs data.val_files and actor.model_path; set both")

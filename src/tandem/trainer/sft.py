@@ -10,6 +10,7 @@ import time
 
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
+from tandem.config.validate import validate_config
 from tandem.data import SFTDataset, collate_sft
 from tandem.rollout.agent import tool_schemas
 from tandem.rollout.base import read_special_ids
@@ -29,7 +30,7 @@ class SFTTrainer(Trainer):
     console_keys = ("sft/loss", "val/loss", "sft/grad_norm", "sft/lr", "timing_s/step")
 
     def __init__(self, cfg: TandemConfig) -> None:
-        cfg.validate(require_data=True)
+        validate_config(cfg, require_data=True)
         d = cfg.data
         if d.truncation not in SFT_TRUNCATION:
             raise ConfigError(

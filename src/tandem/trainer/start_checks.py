@@ -1,6 +1,7 @@
 """Start-up checks of what the config points at, run in the trainers' constructors before any worker
-starts: the model and tokenizer folders, the tokenizer on the run's own prompts, and every row's
-ground truth against the scorer of its data_source. A problem is an error naming the key, folder,
+starts: the engines this install has and what they run with yet (check_available), the model and
+tokenizer folders and what their architectures allow, the tokenizer on the run's own prompts, and every
+row's ground truth against the scorer of its data_source. A problem is an error naming the key, folder,
 file, row or field (exit status 2 through the CLI); a tokenizer that changes the text is a warning.
 """
 
@@ -9,9 +10,11 @@ from __future__ import annotations
 import logging
 import unicodedata
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from tandem.config.errors import ConfigError
+from tandem.config.modes import rollout_tensor_parallel_problems
 from tandem.config.schema import TandemConfig
 from tandem.data.rows import DataError, tokenize
 from tandem.engine.hf_io import (
@@ -21,6 +24,7 @@ from tandem.engine.hf_io import (
     tokenizer_folder_problem,
 )
 from tandem.models.model_type import VISION_LANGUAGE_TYPES, folder_model_type
+from tandem.rollout import LATER_ENGINES, resolve_engine
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +126,114 @@ def check_model_folders(cfg: TandemConfig, purpose: str = "rl") -> None:
             problems.append(f"{key}={folder}: {problem}; {fix}")
     if problems:
         raise ConfigError(problems)
+
+
+# --- engines and model architectures -----------------------------------------------------------------
+
+
+def check_available(cfg: TandemConfig, purpose: str = "rl") -> None:
+    """Engines the config may name but this release does not have yet: an error before any worker starts.
+    `purpose`: "rl", or "sft" (no rollout, no critic)."""
+    problems = []
+    if cfg.rollout.engine in LATER_ENGINES:
+        problems.append(f"rollout.engine={cfg.rollout.engine} is not available yet; use vllm or hf")
+    if cfg.rollout.engine == "vllm" and resolve_engine("auto") != "vllm":
+        problems.append("rollout.engine=vllm but vllm is not installed; see README (Installing) or use hf")
+    if cfg.rollout.tensor_parallel > 1:
+        problems += rollout_tensor_parallel_problems(cfg)
+    lora = cfg.actor.lora
+    if lora.syncs_adapters and resolve_engine(cfg.rollout.engine) != "vllm":
+        problems.append(
+            "actor.lora.rollout_sync=adapter needs vLLM's LoRA support, and vllm is not installed (the rollout "
+            "engine resolves to hf); use actor.lora.rollout_sync=merged"
+        )
+    if cfg.actor.strategy == "megatron":
+        from tandem.engine.megatron import megatron_available
+
+        if not megatron_available():
+            problems.append("actor.strategy=megatron needs megatron-core: pip install -e '.[megatron]'")
+        problems += megatron_model_problems(cfg)
+    if cfg.actor.strategy == "fsdp" and cfg.actor.fsdp.sequence_parallel > 1:
+        problems += sequence_parallel_problems(cfg)
+    model_type = folder_model_type(cfg.actor.model_path)
+    if model_type in VISION_LANGUAGE_TYPES:
+        problems += vision_language_problems(cfg, model_type, purpose)
+    if problems:
+        raise ConfigError("\n".join(problems))
+
+
+def vision_language_problems(cfg: TandemConfig, model_type: str, purpose: str = "rl") -> list[str]:
+    """What a vision-language actor does not run with yet (README, 'Vision-language models'); SFT asks only
+    about the training engine."""
+    a, r = cfg.actor, cfg.rollout
+    what = f"actor.model_path is a vision-language model ({model_type})"
+    problems = []
+    if a.strategy != "fsdp":
+        problems.append(f"{what}: train it with actor.strategy=fsdp")
+    if a.fsdp.sequence_parallel > 1:
+        problems.append(f"{what}: not yet with actor.fsdp.sequence_parallel > 1")
+    if purpose == "sft":
+        return problems
+    if resolve_engine(r.engine) != "vllm" or r.mode != "sync" or r.layout != "hybrid":
+        problems.append(
+            f"{what}: its images are rolled out by vLLM's batched generate (rollout.engine=vllm, "
+            "rollout.mode=sync, rollout.layout=hybrid)"
+        )
+    if cfg.derived.critic_needed or cfg.derived.reward_model_needed:
+        problems.append(
+            f"{what}: no critic or reward model reads images yet; use a critic-free estimator (grpo, "
+            "rloo, ...) and rule-based rewards"
+        )
+    return problems
+
+
+def megatron_model_problems(cfg: TandemConfig) -> list[str]:
+    """What megatron cannot build from the configured model folders (architecture, sizes the parallel
+    layout does not divide), read from their config.json alone, before any worker starts."""
+    from tandem.engine.megatron.convert import check_supported
+
+    mp = cfg.actor.megatron
+
+    def check(config: Any) -> None:
+        check_supported(
+            config,
+            mp.tensor_parallel,
+            mp.pipeline_parallel,
+            mp.expert_parallel,
+            mp.sequence_parallel,
+            mp.context_parallel,
+        )
+        chunks = mp.pipeline_parallel * mp.virtual_pipeline
+        if config.num_hidden_layers % chunks:
+            raise ValueError(
+                f"num_hidden_layers={config.num_hidden_layers} is not a multiple of actor.megatron.pipeline_parallel "
+                f"x virtual_pipeline = {chunks} (each model chunk holds the same number of layers)"
+            )
+
+    return model_config_problems(cfg, check)
+
+
+def sequence_parallel_problems(cfg: TandemConfig) -> list[str]:
+    """Models whose attention heads actor.fsdp.sequence_parallel does not split (engine/fsdp/ulysses.py)."""
+    from tandem.engine.fsdp.ulysses import check_heads
+
+    return model_config_problems(cfg, lambda config: check_heads(config, cfg.actor.fsdp.sequence_parallel))
+
+
+def model_config_problems(cfg: TandemConfig, check: Any) -> list[str]:
+    """`check(config)`'s ValueErrors for the actor's and the critic's model folders, naming key and folder."""
+    from tandem.engine import hf_io
+
+    folders = {"actor.model_path": cfg.actor.model_path, "critic.model_path": cfg.critic.model_path}
+    problems = []
+    for key, folder in folders.items():
+        if not folder or not (Path(folder) / "config.json").is_file():
+            continue  # a missing folder is reported where it is read
+        try:
+            check(hf_io.load_config(folder, "lm"))
+        except ValueError as err:
+            problems.append(f"{key}={folder}: {err}")
+    return problems
 
 
 # --- tokenizers ----------------------------------------------------------------------------------------

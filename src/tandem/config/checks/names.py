@@ -1,0 +1,51 @@
+"""Registry names: estimators, policy losses, KL estimators and controllers, aggregation modes, IS levels."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from tandem.config.errors import Problems, closest
+
+if TYPE_CHECKING:
+    from tandem.algos.registry import Registry
+    from tandem.config.schema import TandemConfig
+
+
+def registries() -> dict[str, Registry]:
+    import tandem.algos  # noqa: F401 - importing registers the built-in names
+    from tandem.algos import registry
+
+    return {
+        "adv": registry.ADV_ESTIMATORS,
+        "loss": registry.POLICY_LOSSES,
+        "kl": registry.KL_ESTIMATORS,
+        "agg": registry.AGG_MODES,
+        "ctrl": registry.KL_CONTROLLERS,
+        "is": registry.IS_LEVELS,
+    }
+
+
+def estimator_info(name: str, regs: dict[str, Registry]) -> dict[str, Any]:
+    return dict(regs["adv"].info(name)) if name in regs["adv"] else {}
+
+
+def check_name(
+    problems: Problems, key: str, value: str, registry: Registry, extra: tuple[str, ...] = ()
+) -> None:
+    known = [*extra, *registry.names()]
+    if value in known:
+        return
+    match = closest(str(value), known)
+    hint = f" Did you mean '{match}'?" if match else ""
+    problems.add(key, f"{key}: '{value}' is not a known {registry.kind}.{hint} Known: {', '.join(known)}.")
+
+
+def check_names(cfg: TandemConfig, problems: Problems, regs: dict[str, Registry]) -> None:
+    check_name(problems, "algorithm.adv_estimator", cfg.algorithm.adv_estimator, regs["adv"])
+    check_name(problems, "actor.policy_loss", cfg.actor.policy_loss, regs["loss"])
+    check_name(problems, "actor.loss_agg_mode", cfg.actor.loss_agg_mode, regs["agg"])
+    check_name(problems, "critic.loss_agg_mode", cfg.critic.loss_agg_mode, regs["agg"])
+    check_name(problems, "actor.kl_loss_type", cfg.actor.kl_loss_type, regs["kl"])
+    check_name(problems, "algorithm.kl_penalty", cfg.algorithm.kl_penalty, regs["kl"])
+    check_name(problems, "algorithm.kl_ctrl.type", cfg.algorithm.kl_ctrl.type, regs["ctrl"])
+    check_name(problems, "rollout.is_correction", cfg.rollout.is_correction, regs["is"], extra=("none",))

@@ -1,0 +1,132 @@
+"""Batch sizes and parallelism: every size must split evenly over the ranks that share it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from tandem.config.derived import data_parallel_size
+from tandem.config.errors import Problems
+
+if TYPE_CHECKING:
+    from tandem.config.schema import TandemConfig
+
+
+def _divisors(n: int) -> str:
+    return ", ".join(str(k) for k in range(1, n + 1) if n % k == 0) if n > 0 else "none"
+
+
+def check_batch_sizes(cfg: TandemConfig, problems: Problems) -> None:
+    world, dp = data_parallel_size(cfg)
+    if dp == 0 or min(cfg.data.train_batch_size, cfg.rollout.n, world) < 1:
+        return  # reported by check_parallel / check_values
+    prompts, n = cfg.data.train_batch_size, cfg.rollout.n
+    ranks = f"{dp} data-parallel ranks (trainer.nnodes x trainer.workers_per_node = {world}"
+    ranks += ")" if dp == world else f", divided by the model-parallel size {world // dp})"
+    if (prompts * n) % dp:
+        problems.add(
+            ("data.train_batch_size", "rollout.n", "trainer.workers_per_node"),
+            f"data.train_batch_size={prompts} prompts x rollout.n={n} = {prompts * n} samples per step "
+            f"does not split evenly over {ranks}. Make train_batch_size * n a multiple of {dp}",
+        )
+    roles = [("actor", cfg.actor.ppo_mini_batch_size, cfg.actor.micro_batch_size_per_rank)]
+    critic = ("critic", cfg.critic.ppo_mini_batch_size, cfg.critic.micro_batch_size_per_rank)
+    if cfg.critic.enable is True and critic[1:] != roles[0][1:]:  # the same sizes break the same rules
+        roles.append(critic)
+    for role, mini, micro in roles:
+        if mini is None or micro is None or mini < 1 or micro < 1:
+            continue
+        if prompts % mini:
+            problems.add(
+                (f"{role}.ppo_mini_batch_size", "data.train_batch_size"),
+                f"{role}.ppo_mini_batch_size={mini} does not divide data.train_batch_size={prompts} "
+                f"(both count prompts), so a step would not split into whole mini-batches. "
+                f"Use one of: {_divisors(prompts)}",
+            )
+            continue
+        if (mini * n) % dp:
+            problems.add(
+                (f"{role}.ppo_mini_batch_size", "rollout.n", "trainer.workers_per_node"),
+                f"{role} mini-batch of {role}.ppo_mini_batch_size={mini} prompts x rollout.n={n} = "
+                f"{mini * n} samples does not split evenly over {ranks}. "
+                f"Make {role}.ppo_mini_batch_size * rollout.n a multiple of {dp}",
+            )
+            continue
+        per_rank = mini * n // dp
+        if not cfg.actor.use_dynamic_bsz and per_rank % micro:
+            problems.add(
+                (f"{role}.micro_batch_size_per_rank", f"{role}.ppo_mini_batch_size"),
+                f"{role}.micro_batch_size_per_rank={micro} does not divide the per-rank mini-batch of "
+                f"{per_rank} samples ({role}.ppo_mini_batch_size={mini} x rollout.n={n} / {dp} ranks). "
+                f"Use one of: {_divisors(per_rank)}, or set actor.use_dynamic_bsz=true",
+            )
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    budget = cfg.actor.max_tokens_per_micro_batch
+    if cfg.actor.use_dynamic_bsz and budget is not None and budget < longest:
+        problems.add(
+            ("actor.max_tokens_per_micro_batch", "data.max_response_length"),
+            f"actor.max_tokens_per_micro_batch={cfg.actor.max_tokens_per_micro_batch} cannot hold one "
+            f"full-length sample (data.max_prompt_length + data.max_response_length = {longest} tokens). "
+            f"Raise it to at least {longest}",
+        )
+
+
+def check_parallel(cfg: TandemConfig, problems: Problems) -> None:
+    world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
+    if world < 1:
+        return
+    a, r = cfg.actor, cfg.rollout
+    if a.strategy == "megatron":
+        mp = a.megatron
+        size = mp.tensor_parallel * mp.pipeline_parallel * mp.context_parallel
+        if size >= 1 and world % size:
+            problems.add(
+                (
+                    "actor.megatron.tensor_parallel",
+                    "actor.megatron.pipeline_parallel",
+                    "actor.megatron.context_parallel",
+                    "trainer.workers_per_node",
+                ),
+                f"actor.megatron tensor_parallel={mp.tensor_parallel} x pipeline_parallel="
+                f"{mp.pipeline_parallel} x context_parallel={mp.context_parallel} = {size} does not "
+                f"divide the world size {world} (trainer.nnodes x trainer.workers_per_node)",
+            )
+        if mp.virtual_pipeline > 1 and mp.pipeline_parallel == 1:
+            problems.add(
+                ("actor.megatron.virtual_pipeline", "actor.megatron.pipeline_parallel"),
+                f"actor.megatron.virtual_pipeline={mp.virtual_pipeline} needs actor.megatron.pipeline_parallel > 1 "
+                "(model chunks interleave over the pipeline stages)",
+            )
+        # experts are not split by TP (expert tensor parallel 1): their ranks are a pipeline stage's
+        expert_pool = world // max(1, mp.pipeline_parallel)
+        if (
+            mp.expert_parallel >= 1
+            and world % max(1, mp.pipeline_parallel) == 0
+            and expert_pool % mp.expert_parallel
+        ):
+            problems.add(
+                ("actor.megatron.expert_parallel", "trainer.workers_per_node"),
+                f"actor.megatron.expert_parallel={mp.expert_parallel} does not divide world size / "
+                f"pipeline_parallel = {expert_pool}",
+            )
+    elif a.fsdp.sequence_parallel >= 1 and world % a.fsdp.sequence_parallel:
+        problems.add(
+            ("actor.fsdp.sequence_parallel", "trainer.workers_per_node"),
+            f"actor.fsdp.sequence_parallel={a.fsdp.sequence_parallel} does not divide the world size "
+            f"{world} (trainer.nnodes x trainer.workers_per_node)",
+        )
+    if r.tensor_parallel >= 1 and world % r.tensor_parallel:
+        problems.add(
+            ("rollout.tensor_parallel", "trainer.workers_per_node"),
+            f"rollout.tensor_parallel={r.tensor_parallel} does not divide the world size {world}: "
+            "each inference engine spans tensor_parallel ranks",
+        )
+    if r.engine == "hf" and r.tensor_parallel != 1:
+        problems.add(
+            ("rollout.tensor_parallel", "rollout.engine"),
+            "rollout.engine=hf generates on each rank alone: set rollout.tensor_parallel=1 or use vllm",
+        )
+    if r.engine == "sglang" and cfg.trainer.device == "cpu":
+        problems.add(
+            ("rollout.engine", "trainer.device"),
+            "rollout.engine=sglang has no CPU path: use rollout.engine=vllm or hf on trainer.device=cpu",
+        )

@@ -1,0 +1,239 @@
+"""Single settings, section by section: ranges, positive counts, files that must exist."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from tandem.config.checks.algorithm import check_policy_loss_keys
+from tandem.config.checks.common import at_least, non_finite, within
+from tandem.config.checks.rollout import check_sampling
+from tandem.config.errors import Problems
+
+if TYPE_CHECKING:
+    from tandem.config.schema import TandemConfig
+
+
+def check_values(cfg: TandemConfig, problems: Problems) -> None:
+    """Every setting on its own (and the few that bound one another within a section)."""
+    for key, value in non_finite(cfg):  # loaded configs cannot hold these; one built in Python can
+        problems.add(key, f"{key}={value}: only finite numbers are allowed")
+    check_counts(cfg, problems)
+    check_trainer_values(cfg, problems)
+    check_sampling(cfg, problems)
+    check_optimizers(cfg, problems)
+    check_model_values(cfg, problems)
+    check_reward_values(cfg, problems)
+
+
+def check_counts(cfg: TandemConfig, problems: Problems) -> None:
+    """Sizes, counts and steps that must be >= 1, in every section."""
+    d, a, r, c, t = cfg.data, cfg.actor, cfg.rollout, cfg.critic, cfg.trainer
+    for key, value in [
+        ("data.max_prompt_length", d.max_prompt_length),
+        ("data.max_response_length", d.max_response_length),
+        ("data.train_batch_size", d.train_batch_size),
+        ("data.val_batch_size", d.val_batch_size),
+        ("data.max_length", d.max_length),
+        ("actor.ppo_mini_batch_size", a.ppo_mini_batch_size),
+        ("actor.micro_batch_size_per_rank", a.micro_batch_size_per_rank),
+        ("actor.max_tokens_per_micro_batch", a.max_tokens_per_micro_batch),
+        ("actor.ppo_epochs", a.ppo_epochs),
+        ("actor.fsdp.sequence_parallel", a.fsdp.sequence_parallel),
+        (
+            "actor.fsdp.lm_head_chunk_tokens",
+            None if a.fsdp.lm_head_chunk_tokens == "auto" else a.fsdp.lm_head_chunk_tokens,
+        ),
+        ("actor.megatron.tensor_parallel", a.megatron.tensor_parallel),
+        ("actor.megatron.pipeline_parallel", a.megatron.pipeline_parallel),
+        ("actor.megatron.virtual_pipeline", a.megatron.virtual_pipeline),
+        ("actor.megatron.context_parallel", a.megatron.context_parallel),
+        ("actor.megatron.expert_parallel", a.megatron.expert_parallel),
+        ("rollout.n", r.n),
+        ("rollout.val.n", r.val.n),
+        ("rollout.tensor_parallel", r.tensor_parallel),
+        ("rollout.log_prob_micro_batch_size_per_rank", r.log_prob_micro_batch_size_per_rank),
+        ("reference.log_prob_micro_batch_size_per_rank", cfg.reference.log_prob_micro_batch_size_per_rank),
+        ("reward.reward_model.micro_batch_size_per_rank", cfg.reward.reward_model.micro_batch_size_per_rank),
+        ("trainer.total_epochs", t.total_epochs),
+        ("trainer.total_training_steps", t.total_training_steps),
+        ("trainer.nnodes", t.nnodes),
+        ("trainer.workers_per_node", t.workers_per_node),
+        ("trainer.max_checkpoints_to_keep", t.max_checkpoints_to_keep),
+        ("rollout.nnodes", r.nnodes),
+        ("rollout.workers_per_node", r.workers_per_node),
+        ("rollout.weight_bucket_mb", r.weight_bucket_mb),
+    ]:
+        at_least(problems, key, value, 1)
+    for name in ("ppo_mini_batch_size", "micro_batch_size_per_rank", "ppo_epochs"):
+        if getattr(c, name) != getattr(a, name):  # an inherited bad value is the actor's problem, said once
+            at_least(problems, f"critic.{name}", getattr(c, name), 1)
+
+
+def check_trainer_values(cfg: TandemConfig, problems: Problems) -> None:
+    """trainer.*: schedules, workers, streaming queue, profiling, resume."""
+    t = cfg.trainer
+    for key, value in [("trainer.save_freq", t.save_freq), ("trainer.test_freq", t.test_freq)]:
+        if value == 0 or value < -1:
+            problems.add(key, f"{key}={value}: use a number of steps >= 1, or -1 for never")
+    at_least(problems, "trainer.critic_warmup", t.critic_warmup, 0)
+    if t.backend == "inprocess" and t.nnodes * t.workers_per_node != 1:
+        problems.add(
+            "trainer.backend",
+            f"trainer.backend=inprocess runs one rank in this process, but trainer.nnodes x "
+            f"trainer.workers_per_node = {t.nnodes * t.workers_per_node}; set trainer.workers_per_node=1 "
+            "and trainer.nnodes=1, or use trainer.backend=ray",
+        )
+    if t.cpus_per_worker <= 0:
+        problems.add("trainer.cpus_per_worker", f"trainer.cpus_per_worker={t.cpus_per_worker} must be > 0")
+    if t.max_staleness < 0:
+        problems.add(
+            "trainer.max_staleness",
+            f"trainer.max_staleness={t.max_staleness} must be >= 0 (0 = train only on samples of the current weights)",
+        )
+    if t.stream_queue_batches < 1:
+        problems.add(
+            "trainer.stream_queue_batches",
+            f"trainer.stream_queue_batches={t.stream_queue_batches} must be >= 1 (2 lets the pool generate the "
+            "next batch while one trains)",
+        )
+    if cfg.trainer.worker_timeout_s <= 0:
+        problems.add(
+            "trainer.worker_timeout_s",
+            f"trainer.worker_timeout_s={cfg.trainer.worker_timeout_s} must be > 0 seconds",
+        )
+    prof = t.profile
+    if any(step < 1 for step in prof.steps) or any(rank < 0 for rank in prof.ranks):
+        problems.add(
+            ("trainer.profile.steps", "trainer.profile.ranks"),
+            f"trainer.profile.steps={prof.steps} must be training steps >= 1 and trainer.profile.ranks="
+            f"{prof.ranks} ranks >= 0 ([] = every rank)",
+        )
+    if prof.steps and not prof.activities:
+        problems.add(
+            "trainer.profile.activities", "trainer.profile.activities is empty: give cpu and/or cuda"
+        )
+    if t.peak_flops is not None and t.peak_flops <= 0:
+        problems.add(
+            "trainer.peak_flops",
+            f"trainer.peak_flops={t.peak_flops} must be > 0 FLOP/s (e.g. 989e12 for an H100 in bf16), or null "
+            "to look it up / measure it",
+        )
+    if t.resume not in ("auto", "disable") and not Path(t.resume).expanduser().exists():
+        problems.add(
+            "trainer.resume",
+            f"trainer.resume='{t.resume}' is not a checkpoint path; use auto, "
+            "disable, or an existing checkpoint folder",
+        )
+
+
+def check_optimizers(cfg: TandemConfig, problems: Problems) -> None:
+    """actor.optim and critic.optim, and the gradient clipping of both."""
+    a, c = cfg.actor, cfg.critic
+    for name, optim in (("actor", a.optim), ("critic", c.optim)):
+        if optim.lr <= 0:
+            problems.add(f"{name}.optim.lr", f"{name}.optim.lr={optim.lr} must be > 0")
+        at_least(problems, f"{name}.optim.weight_decay", optim.weight_decay, 0)
+        for i, beta in enumerate(optim.betas):
+            within(problems, f"{name}.optim.betas[{i}]", beta, 0, 1, "[)")
+        if optim.eps <= 0:
+            problems.add(f"{name}.optim.eps", f"{name}.optim.eps={optim.eps} must be > 0")
+        at_least(problems, f"{name}.optim.warmup_steps", optim.warmup_steps, 0)
+        within(problems, f"{name}.optim.warmup_ratio", optim.warmup_ratio, 0, 1, "[)")
+        within(problems, f"{name}.optim.min_lr_ratio", optim.min_lr_ratio, 0, 1, "[]")
+    for key, clip in (("actor.grad_clip", a.grad_clip), ("critic.grad_clip", c.grad_clip)):
+        if clip is not None and clip <= 0:
+            problems.add(key, f"{key}={clip} must be > 0; use null for no clipping")
+
+
+def check_model_values(cfg: TandemConfig, problems: Problems) -> None:
+    """The actor's and the critic's own settings: LoRA, clip ratios, loss coefficients."""
+    a, c = cfg.actor, cfg.critic
+    at_least(problems, "actor.router_aux_loss_coef", a.router_aux_loss_coef, 0)
+    for role, lora in (("actor", a.lora), ("critic", c.lora)):
+        at_least(problems, f"{role}.lora.rank", lora.rank, 0)
+        if lora.rank <= 0:
+            continue
+        if lora.alpha <= 0:
+            problems.add(f"{role}.lora.alpha", f"{role}.lora.alpha={lora.alpha} must be > 0")
+        within(problems, f"{role}.lora.dropout", lora.dropout, 0, 1, "[)")
+        if not lora.target_modules:
+            problems.add(
+                f"{role}.lora.target_modules", f"{role}.lora.target_modules is empty; use [all-linear]"
+            )
+        if a.strategy == "megatron":
+            problems.add(
+                (f"{role}.lora.rank", "actor.strategy"),
+                f"{role}.lora.rank={lora.rank} with actor.strategy=megatron: LoRA is built on FSDP2 only; "
+                "use actor.strategy=fsdp",
+            )
+    if a.lora.syncs_adapters:
+        if cfg.rollout.engine == "hf":
+            problems.add(
+                ("actor.lora.rollout_sync", "rollout.engine"),
+                "actor.lora.rollout_sync=adapter needs vLLM's LoRA support (rollout.engine=vllm or auto); "
+                "the hf engine takes merged weights: use rollout_sync=merged",
+            )
+        if a.lora.rank > 512:
+            problems.add(
+                "actor.lora.rank",
+                f"actor.lora.rank={a.lora.rank} with rollout_sync=adapter: vLLM serves ranks up to 512",
+            )
+    within(problems, "actor.clip_ratio_low", a.clip_ratio_low, 0, 1, "[)")
+    at_least(problems, "actor.clip_ratio_high", a.clip_ratio_high, 0)
+    if a.clip_ratio_c <= 1:
+        problems.add(
+            "actor.clip_ratio_c",
+            f"actor.clip_ratio_c={a.clip_ratio_c} must be > 1: it bounds the loss "
+            "of negative-advantage tokens at clip_ratio_c * advantage (3.0 is usual)",
+        )
+    for key, tau in (("actor.tau_pos", a.tau_pos), ("actor.tau_neg", a.tau_neg)):
+        if tau <= 0:
+            problems.add(
+                key, f"{key}={tau} must be > 0: it is sapo's gate temperature (1.0 / 1.05 are usual)"
+            )
+    check_policy_loss_keys(cfg, problems)
+    at_least(problems, "actor.kl_loss_coef", a.kl_loss_coef, 0)
+    at_least(problems, "critic.cliprange_value", c.cliprange_value, 0)
+
+
+def check_reward_values(cfg: TandemConfig, problems: Problems) -> None:
+    """reward.*: workers, timeout, the custom scorer file, the reward model, the shaping terms."""
+    at_least(problems, "reward.num_workers", cfg.reward.num_workers, 0)
+    if cfg.reward.timeout_s <= 0:
+        problems.add("reward.timeout_s", f"reward.timeout_s={cfg.reward.timeout_s} must be > 0 seconds")
+    if cfg.reward.custom_reward_file and not Path(cfg.reward.custom_reward_file).expanduser().is_file():
+        problems.add(
+            "reward.custom_reward_file",
+            f"reward.custom_reward_file: '{cfg.reward.custom_reward_file}' "
+            "does not exist (relative paths start at the current folder)",
+        )
+    rm = cfg.reward.reward_model
+    if rm.enable and not rm.model_path:
+        problems.add(
+            ("reward.reward_model.enable", "reward.reward_model.model_path"),
+            "reward.reward_model.enable=true needs reward.reward_model.model_path",
+        )
+    _check_reward_terms(cfg, problems)
+
+
+def _check_reward_terms(cfg: TandemConfig, problems: Problems) -> None:
+    over, fmt = cfg.reward.overlong, cfg.reward.format
+    if over.enable:
+        if not 0 < over.buffer_len < cfg.data.max_response_length:
+            problems.add(
+                ("reward.overlong.buffer_len", "data.max_response_length"),
+                f"reward.overlong.buffer_len={over.buffer_len} must be > 0 and below "
+                f"data.max_response_length={cfg.data.max_response_length}: the penalty ramps over the "
+                "last buffer_len tokens. Lower buffer_len or raise max_response_length",
+            )
+        at_least(problems, "reward.overlong.penalty_factor", over.penalty_factor, 0)
+    if fmt.enable:
+        try:
+            re.compile(fmt.pattern)
+        except re.error as err:
+            problems.add(
+                "reward.format.pattern",
+                f"reward.format.pattern={fmt.pattern!r} is not a valid regular expression: {err}",
+            )
