@@ -64,8 +64,8 @@ from tandem.rollout.agent import (
     Trajectory,
     _turn_seed,  # private: the baseline seeds every turn as the agent loop does
 )
-from tandem.rollout.base import METRICS_KEY
-from tandem.rollout.vllm import VLLMRollout, _request_seed
+from tandem.rollout.base import METRICS_KEY, request_seed
+from tandem.rollout.vllm import VLLMRollout
 
 TEMPERATURE = 1.0
 SEED = 1
@@ -265,7 +265,7 @@ async def _turn_synchronous(
     prompt_ids = prompt_token_lists(prompts)
     samples = [{"extra_info": prompts["extra_info"][row]} for row in range(len(prompts))]
     seeds = [
-        None if sampling.seed is None else _request_seed(sampling.seed, row) for row in range(len(prompts))
+        None if sampling.seed is None else request_seed(sampling.seed, row) for row in range(len(prompts))
     ]
     trajectories = [Trajectory(messages=list(prompts["raw_prompt"][row])) for row in range(len(prompts))]
     active = list(range(len(prompts)))

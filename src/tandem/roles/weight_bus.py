@@ -65,6 +65,22 @@ def free_address() -> str:
     return f"{host}:{port}"
 
 
+def send_from(bus: WeightBus | None, weights: Iterable[tuple[str, Tensor]]) -> dict[str, float]:
+    """One sync on the trainer's side: its rank 0 (`bus`, the source) sends `weights`; its other ranks (`bus`
+    None, not on the bus) iterate theirs and drop them, as the engine's gathers need every rank. Returns the
+    sync's metrics on the source, {} elsewhere."""
+    if bus is None:
+        for _ in weights:
+            pass
+        return {}
+    stats = bus.send(weights)
+    return {
+        "timing_s/weight_sync": stats["weight_sync_s"],
+        "weight_sync/bytes": stats["weight_sync_bytes"],
+        "weight_sync/buckets": stats["weight_sync_buckets"],
+    }
+
+
 def _dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):

@@ -1,7 +1,7 @@
 """The worker that hosts roles: any of actor, rollout, ref, critic, reward_model in one process.
 
-Colocating actor + rollout (+ ref) in one worker is the hybrid engine: the rollout engine is
-refreshed from the actor's training engine before each generation after an update, in process,
+Colocating actor + rollout (+ ref) in one worker is the hybrid engine: the rollout role (roles/rollout.py)
+refreshes its engine from the actor's training engine before each generation after an update, in process,
 one tensor at a time. Other layouts are several worker groups with different roles, on the same
 or on separate resource pools (tandem.controller). With rollout.layout=separate the rollout engines
 are a group of their own; the actor's rank 0 sends them the weights over a WeightBus, a process group
@@ -11,38 +11,28 @@ spanning both groups (join_weight_bus, send_weights / receive_weights).
 from __future__ import annotations
 
 import resource
-import shutil
-import tempfile
-import time
-import weakref
-from collections.abc import Iterator, Sequence
-from dataclasses import replace
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from torch import Tensor
 
 from tandem.batch import Batch
 from tandem.config.schema import OptimConfig, TandemConfig
 from tandem.controller import Dispatch, Worker, WorkerContext, dispatch
 from tandem.engine import build_engine
-from tandem.engine.base import Head, TrainEngine, resolve_param_dtype
+from tandem.engine.base import Head, TrainEngine
 from tandem.engine.flops import peak_flops
-from tandem.engine.fsdp.lora import WithoutAdapter, save_adapter
-from tandem.models.tp_cuts import TensorParallelCuts, loader_input
+from tandem.engine.fsdp.lora import WithoutAdapter
 from tandem.roles.actor import Actor
 from tandem.roles.critic import Critic
 from tandem.roles.profile import PhaseProfiler, profiled
 from tandem.roles.reference import Reference
 from tandem.roles.reward_model import RewardModel
+from tandem.roles.rollout import RolloutRole, check_servable_adapters
 from tandem.roles.sft import SFT
-from tandem.roles.weight_bus import WeightBus, free_address
-from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, SamplingParams, build_rollout, resolve_engine
-from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY, TRAJECTORY_KEY, AgentLoop, AgentSettings
-from tandem.rollout.base import METRICS_KEY
-from tandem.rollout.stream import RolloutStream
+from tandem.roles.weight_bus import WeightBus, free_address, send_from
+from tandem.rollout import SamplingParams
 
 ROLES = ("actor", "rollout", "ref", "critic", "reward_model")
 
@@ -90,40 +80,21 @@ class RoleWorker(Worker):
         if "reward_model" in roles:
             rm = cfg.reward.reward_model
             self.reward_model = RewardModel(self._engine(rm.model_path, "value", None, None), cfg)
-        self.agent: AgentLoop | None = None
         if "rollout" in roles:
-            start = time.perf_counter()
-            # The rollout computes in the actor's dtype (param_dtype=auto may have measured it), or resolves it
-            # the same way in a separate rollout pool.
-            dtype = self.actor.engine.param_dtype if self.actor is not None else None
-            self.rollout = build_rollout(cfg.rollout.engine, **rollout_kwargs(cfg, ctx.torch_device, dtype))
-            if cfg.rollout.mode == "async":
-                self.agent = agent_loop_from_config(cfg, self.rollout)
-            self._rollout_start_s = time.perf_counter() - start
-        # The rollout starts from actor.model_path, as the actor does: in sync until the first update.
-        self._rollout_stale = False
-        self._bus: WeightBus | None = None  # rollout.layout=separate: the weight channel, once joined
-        self._adapter_root: Path | None = None  # actor.lora.rollout_sync=adapter: the adapter folders' home
+            self.rollout = RolloutRole(cfg, ctx, self.actor.engine if self.actor is not None else None)
         if self.actor is not None and cfg.actor.lora.syncs_adapters:
             check_servable_adapters(self.actor.engine.vision_adapters())
-        # the cuts of a shard-only sync into this rank's tensor-parallel engine (None: whole tensors)
-        self._cuts = self._rollout_cuts() if self.actor is not None and self.rollout is not None else None
-        self._stream: RolloutStream | None = None  # trainer.async_mode=streaming: from the first submit
+        self._bus: WeightBus | None = None  # rollout.layout=separate, the actor's rank 0: the bus it sends on
         self._metrics: dict[str, float] = {}
         self._profiler = PhaseProfiler(cfg.trainer.profile, ctx.group_name, ctx.rank)
-        if self.rollout is not None:  # reported with the first step
-            self._metrics["timing_s/rollout_start"] = self._rollout_start_s
         models = (self.actor, self.reference, self.critic, self.reward_model)
         compiled = [s for s in (getattr(r.engine, "compile_seconds", None) for r in models if r) if s]
         if compiled:  # fsdp.torch_compile's warm-ups, paid before the first step
             self._metrics["timing_s/compile"] = sum(compiled)
         # For perf/mfu/*: one device's FLOP/s in the dtype the updates run in (engine/flops.py)
         trained = self.actor if self.actor is not None else self.critic
-        self._peak_flops = (
-            peak_flops(ctx.torch_device, trained.engine.param_dtype, cfg.trainer.peak_flops)
-            if trained
-            else None
-        )
+        dtype = trained.engine.param_dtype if trained else None
+        self._peak_flops = peak_flops(ctx.torch_device, dtype, cfg.trainer.peak_flops) if trained else None
 
     def _engine(
         self,
@@ -164,10 +135,8 @@ class RoleWorker(Worker):
         return engines[0].dispatch_info() if engines else super().dispatch_info()
 
     def replica_info(self) -> tuple[int, int, bool]:
-        """Dispatch.REPLICA layout: the rollout.tensor_parallel ranks of one vLLM engine (consecutive ranks)
-        get the same prompts and run the same requests in step; the first of them answers."""
-        tp = self.cfg.rollout.tensor_parallel if self.rollout is not None else 1
-        return self.ctx.rank // tp, self.ctx.world_size // tp, self.ctx.rank % tp == 0
+        """Dispatch.REPLICA layout: the rollout's (`RolloutRole.replica_info`), else one replica per rank."""
+        return self.rollout.replica_info() if self.rollout is not None else super().replica_info()
 
     def _role(self, name: str) -> Any:
         roles = {
@@ -183,7 +152,12 @@ class RoleWorker(Worker):
             )
         return role
 
-    # ---- rollout (hybrid engine) ---------------------------------------------------------------
+    def _role_rollout(self) -> RolloutRole:
+        if self.rollout is None:
+            raise ValueError(f"worker group {self.ctx.group_name!r} has roles {list(self.roles)}, no rollout")
+        return self.rollout
+
+    # ---- rollout (roles/rollout.py) ------------------------------------------------------------------
 
     @dispatch(Dispatch.REPLICA)
     @profiled
@@ -193,26 +167,12 @@ class RoleWorker(Worker):
 
         Give the prompts a `prompt_index` column (their index in the step) before the call, and seeded
         samples are the same whatever the number of ranks (rollout/base.py)."""
-        rollout = self._role_rollout()
-        rollout.wake()
-        if self._rollout_stale:
-            self._sync_rollout_weights()
-        start = time.perf_counter()
-        if sampling.seed is not None and PROMPT_INDEX not in prompts:
-            # Without step-wide prompt indices, ranks would key their first prompts alike: mix the rank in.
-            sampling = replace(sampling, seed=sampling.seed * 1_000_003 + self.replica_info()[0])
-        if len(prompts) == 0:  # an empty shard: every rank still takes part in the weight sync above
-            out = _empty_rollout(prompts, sampling, agent=self.agent is not None)
-        elif self._stream is not None:  # the engine belongs to the stream's thread (validation)
-            out = self._stream.generate(prompts, sampling)
-        elif self.agent is not None:
-            out = self.agent.generate(rollout.turn_engine, prompts, sampling)
-        else:
-            out = rollout.generate(prompts, sampling)
-        if self.actor is not None:  # hybrid: give the memory back to training (a separate engine keeps it)
-            rollout.sleep()
-        self._record(out, time.perf_counter() - start)
-        return out
+        return self._role_rollout().generate(prompts, sampling)
+
+    @dispatch(Dispatch.ONE_TO_ALL)
+    def sync_rollout_weights(self) -> None:
+        """Copy the actor's current weights into the rollout engine now."""
+        self._role_rollout().sync_now()
 
     # ---- weight sync of the separate layout ----------------------------------------------------
 
@@ -225,45 +185,24 @@ class RoleWorker(Worker):
     def join_weight_bus(self, address: str, world_size: int, bucket_bytes: int, timeout_s: float) -> None:
         """Join the weight bus: the actor's rank 0 as its source (bus rank 0, hosting `address`), every
         rollout-only rank as a receiver (bus rank 1 + its rank); the actor's other ranks stay off it."""
-        if self.actor is not None and self.ctx.rank != 0:
-            return
-        rank = 0 if self.actor is not None else 1 + self.ctx.rank
-        device = str(self.ctx.torch_device)
-        self._bus = WeightBus(
-            address, rank, world_size, device=device, bucket_bytes=bucket_bytes, timeout_s=timeout_s
-        )
+        if self.actor is None:
+            self._role_rollout().join_bus(address, world_size, bucket_bytes, timeout_s)
+        elif self.ctx.rank == 0:
+            device = str(self.ctx.torch_device)
+            self._bus = WeightBus(
+                address, 0, world_size, device=device, bucket_bytes=bucket_bytes, timeout_s=timeout_s
+            )
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def send_weights(self) -> None:
         """The actor's full weights to the rollout group (every actor rank takes part in the gathers)."""
-        weights = self._role("actor").engine.state_dict_iter()
-        if self._bus is None:  # not the source: the collective gathers still need this rank
-            for _ in weights:
-                pass
-            return
-        stats = self._bus.send(weights)
-        self._metrics["timing_s/weight_sync"] = stats["weight_sync_s"]
-        self._metrics["weight_sync/bytes"] = stats["weight_sync_bytes"]
-        self._metrics["weight_sync/buckets"] = stats["weight_sync_buckets"]
+        self._metrics.update(send_from(self._bus, self._role("actor").engine.state_dict_iter()))
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def receive_weights(self, version: int = 0) -> None:
-        """Load the weights the actor sends into this rank's rollout engine, bucket by bucket. With a
-        rollout stream, once the turns in flight have finished (`RolloutStream.update_weights`);
-        ``version`` (the actor's update count) then tags the samples generated with them."""
-        if self._bus is None:
-            raise RuntimeError(
-                f"worker group {self.ctx.group_name!r} rank {self.ctx.rank}: no weight bus joined"
-            )
-        start = time.perf_counter()
-        rollout = self._role_rollout()
-        rollout.wake()
-        if self._stream is not None:
-            times = self._stream.update_weights(lambda: rollout.update_weights(self._bus.receive()), version)
-            self._metrics["timing_s/weight_drain"] = times["drain_s"]
-        else:
-            rollout.update_weights(self._bus.receive())
-        self._metrics["timing_s/weight_receive"] = time.perf_counter() - start
+        """Load the weights the actor sends into this rank's rollout engine, bucket by bucket; ``version`` (the
+        actor's update count) tags what a rollout stream generates with them (`RolloutRole.receive_weights`)."""
+        self._role_rollout().receive_weights(version)
 
     # ---- streaming generation (trainer.async_mode=streaming) ----------------------------------------
 
@@ -272,97 +211,16 @@ class RoleWorker(Worker):
         """Start generating this rank's share of the prompts (rows rank, rank + world size, ...) in the
         background; returns the number of groups it took. Give the prompts a `prompt_index` column first,
         and seeded samples do not depend on the number of ranks."""
-        if self._stream is None:
-            if self.agent is None:
-                raise RuntimeError(
-                    f"worker group {self.ctx.group_name!r}: streaming needs the agent loop (rollout.mode=async)"
-                )
-            self._stream = RolloutStream(self.agent, self._role_rollout().turn_engine())
-        mine = prompts.reorder(torch.arange(self.ctx.rank, len(prompts), self.ctx.world_size))
-        return self._stream.submit(mine, sampling) if len(mine) else 0
+        return self._role_rollout().stream_submit(prompts, sampling)
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def stream_collect(self, min_groups: int, timeout_s: float) -> tuple[list[Batch], dict[str, float]]:
         """This rank's finished groups (waiting up to ``timeout_s`` for ``min_groups``) and its numbers."""
-        if self._stream is None:
-            return [], {"groups_in_flight": 0.0, "idle_s": 0.0}
-        return self._stream.collect(min_groups, timeout_s)
+        return self._role_rollout().stream_collect(min_groups, timeout_s)
 
-    @dispatch(Dispatch.ONE_TO_ALL)
-    def sync_rollout_weights(self) -> None:
-        """Copy the actor's current weights into the rollout engine now."""
-        self._role_rollout().wake()
-        self._sync_rollout_weights()
-
-    def _sync_rollout_weights(self) -> None:
-        """The actor's tensors into this rank's engine; `weight_sync/bytes`: what this rank received. Whole
-        tensors, or into a tensor-parallel vLLM engine only the part of each that this rank's share of the
-        engine keeps (`_rollout_cuts`; `weight_sync/full_gather_bytes` then says what whole ones weigh). Under
-        actor.lora.rollout_sync=adapter, the adapters alone (the engine keeps the base weights it loaded)."""
-        if self.cfg.actor.lora.syncs_adapters:
-            self._sync_rollout_adapter()
-            return
-        start = time.perf_counter()
-        received, whole = [0], [0]
-        cuts = self._cuts
-
-        def counted() -> Iterator[tuple[str, Tensor]]:
-            if cuts is None:
-                for name, tensor in self.actor.engine.state_dict_iter():
-                    received[0] += tensor.numel() * tensor.element_size()
-                    yield name, tensor
-                return
-            for name, piece, cut, shape in self.actor.engine.state_dict_cuts(cuts.cuts):
-                received[0] += piece.numel() * piece.element_size()
-                whole[0] += shape.numel() * piece.element_size()
-                yield name, loader_input(piece, cut, shape)
-
-        self._role_rollout().update_weights(counted())
-        self._metrics["timing_s/weight_sync"] = time.perf_counter() - start
-        self._metrics["weight_sync/bytes"] = received[0]
-        if cuts is not None:  # what a full gather would have delivered, for comparison
-            self._metrics["weight_sync/full_gather_bytes"] = whole[0]
-        self._rollout_stale = False
-
-    def _rollout_cuts(self) -> TensorParallelCuts | None:
-        """The cuts of a shard-only sync into this rank's tensor-parallel vLLM engine (models/tp_cuts.py),
-        or None: whole tensors (one rank per engine, rollout.shard_weight_sync=false, a megatron actor of
-        another tensor-parallel size than the rollout's, LoRA merged into whole weights, an architecture
-        shard-only sync does not know)."""
-        a, r = self.cfg.actor, self.cfg.rollout
-        layout = a.strategy == "fsdp" or a.megatron.tensor_parallel == r.tensor_parallel
-        if not (r.shard_weight_sync and layout and a.lora.rank == 0):
-            return None
-        return TensorParallelCuts.for_model(self.actor.engine.config, r.tensor_parallel, self.ctx.world_size)
-
-    def _sync_rollout_adapter(self) -> None:
-        """actor.lora's adapters, gathered on every rank, into this rank's vLLM engine as a PEFT folder of this
-        worker's own (the one before it is removed once the engine serves the new one)."""
-        start = time.perf_counter()
-        state = self.actor.engine.adapter_state()
-        if self._adapter_root is None:  # removed with the process (weakref.finalize)
-            self._adapter_root = Path(tempfile.mkdtemp(prefix="tandem-adapters-"))
-            weakref.finalize(self, shutil.rmtree, self._adapter_root, True)
-        served = list(self._adapter_root.iterdir())
-        folder = self._adapter_root / f"sync-{time.time_ns()}"
-        save_adapter(folder, self.cfg.actor.lora, state, self.cfg.actor.model_path)
-        self._role_rollout().load_adapter(folder)
-        for old in served:
-            shutil.rmtree(old, ignore_errors=True)
-        self._metrics["timing_s/weight_sync"] = time.perf_counter() - start
-        self._metrics["weight_sync/bytes"] = sum(t.numel() * t.element_size() for t in state.values())
-        self._rollout_stale = False
-
-    def _role_rollout(self) -> Any:
-        if self.rollout is None:
-            raise ValueError(f"worker group {self.ctx.group_name!r} has roles {list(self.roles)}, no rollout")
-        return self.rollout
-
-    def _record(self, out: Batch, seconds: float) -> None:
-        # Rank-specific numbers leave through pop_metrics: merged batches need equal meta on all ranks.
-        for key, value in out.meta.pop(METRICS_KEY, {}).items():
-            self._metrics[f"rollout/{key}"] = value
-        self._metrics["timing_s/generate"] = seconds
+    def _weights_changed(self) -> None:
+        if self.rollout is not None:  # hybrid: synced in process before the next generation
+            self.rollout.weights_changed()
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def profile_step(self, step: int, folder: str) -> None:
@@ -402,7 +260,7 @@ class RoleWorker(Worker):
     def update_actor(self, batch: Batch) -> dict[str, float]:
         """The PPO update of the actor on this rank's share; metrics are global (the same on every rank)."""
         metrics = self._role("actor").update(batch)
-        self._rollout_stale = self.rollout is not None and self.actor is not None  # hybrid: in process
+        self._weights_changed()
         return metrics
 
     @dispatch(Dispatch.MP)
@@ -415,7 +273,7 @@ class RoleWorker(Worker):
     def sft_step(self, batch: Batch) -> dict[str, float]:
         """One supervised optimizer step of the actor (loss on `loss_mask` tokens); metrics are global."""
         metrics = SFT(self._role("actor").engine, self.cfg).update(batch)
-        self._rollout_stale = self.rollout is not None and self.actor is not None  # hybrid: in process
+        self._weights_changed()
         return metrics
 
     @dispatch(Dispatch.MP)
@@ -444,7 +302,7 @@ class RoleWorker(Worker):
             if not folder.exists():
                 raise FileNotFoundError(f"checkpoint {path} has no {name!r} folder (expected {folder})")
             engine.load(folder, weights_only=weights_only)
-        self._rollout_stale = self.rollout is not None and self.actor is not None  # hybrid: in process
+        self._weights_changed()
         return list(self._trainable())
 
     @dispatch(Dispatch.ONE_TO_ALL)
@@ -455,14 +313,14 @@ class RoleWorker(Worker):
     @dispatch(Dispatch.RANK_ZERO)
     def full_weights(self, role: str) -> dict[str, torch.Tensor]:
         """{name: full tensor} of the role's model (gathered on every rank, returned by rank 0); for tests."""
-        return {
-            name: tensor.detach().cpu().clone() for name, tensor in self._role(role).engine.state_dict_iter()
-        }
+        weights = self._role(role).engine.state_dict_iter()
+        return {name: tensor.detach().cpu().clone() for name, tensor in weights}
 
     @dispatch(Dispatch.ONE_TO_ALL)
     def pop_metrics(self) -> dict[str, float]:
         """This rank's timings and rollout numbers since the last call, and its peak memory so far."""
-        metrics, self._metrics = self._metrics, {}
+        rollout = self.rollout.pop_metrics() if self.rollout is not None else {}
+        metrics, self._metrics = {**rollout, **self._metrics}, {}
         if self._peak_flops:
             metrics["perf/peak_flops_per_device"] = self._peak_flops
         # ru_maxrss is in KiB on Linux: the process's peak resident memory since it started.
@@ -471,28 +329,6 @@ class RoleWorker(Worker):
             metrics["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
             metrics["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
         return metrics
-
-
-def _empty_rollout(prompts: Batch, sampling: SamplingParams, *, agent: bool = False) -> Batch:
-    """A 0-row rollout output with the right keys and widths, for a rank that got no prompts
-    (``agent``: with the agent loop's columns too)."""
-    width, length = prompts["input_ids"].shape[1], sampling.max_tokens
-    shapes = {
-        "prompts": (width, torch.long),
-        "responses": (length, torch.long),
-        "response_mask": (length, torch.long),
-        "input_ids": (width + length, torch.long),
-        "attention_mask": (width + length, torch.long),
-        "position_ids": (width + length, torch.long),
-        "rollout_log_probs": (length, torch.float32),
-    }
-    assert set(shapes) == set(ROLLOUT_KEYS)
-    tensors = {key: torch.zeros(0, w, dtype=dtype) for key, (w, dtype) in shapes.items()}
-    non_tensors = {key: np.empty(0, dtype=object) for key in prompts.non_tensors}
-    if agent:
-        tensors.update({key: torch.zeros(0, dtype=torch.float32) for key in AGENT_COUNT_KEYS})
-        non_tensors.update({key: np.empty(0, dtype=object) for key in (AGENT_FINISH_KEY, TRAJECTORY_KEY)})
-    return Batch(tensors, non_tensors, dict(prompts.meta), batch_size=0)
 
 
 # Micro-batch token budgets when actor.max_tokens_per_micro_batch is None: on a CPU a budget past the
@@ -511,76 +347,3 @@ def token_budget(cfg: TandemConfig, device: torch.device) -> int | None:
     return max(
         DEFAULT_TOKEN_BUDGET.get(device.type, DEFAULT_TOKEN_BUDGET["cuda"]), longest, d.max_length or 0
     )
-
-
-def agent_loop_from_config(cfg: TandemConfig, rollout: Any) -> AgentLoop:
-    """The agent loop of rollout.mode=async: rollout.multi_turn's tools and interaction, the rollout
-    engine's stop ids, the actor's tokenizer (to render inserted messages)."""
-    from transformers import AutoTokenizer
-
-    from tandem.rollout.agent import toolset_from_config
-    from tandem.tools import build_interaction
-
-    m = cfg.rollout.multi_turn
-    tokenizer = AutoTokenizer.from_pretrained(cfg.actor.tokenizer_path or cfg.actor.model_path)
-    tools = toolset_from_config(m)
-    settings = AgentSettings(
-        max_assistant_turns=m.max_assistant_turns,
-        max_user_turns=m.max_user_turns,
-        max_parallel_calls=m.max_parallel_calls,
-        tool_call_format=m.format,
-    )
-    return AgentLoop(
-        tokenizer,
-        rollout.eos_token_ids,
-        settings=settings,
-        tools=tools,
-        interaction=build_interaction(m.interaction, m.interaction_file),
-        pad_token_id=rollout.pad_token_id,
-    )
-
-
-def rollout_kwargs(
-    cfg: TandemConfig, device: torch.device, dtype: torch.dtype | None = None
-) -> dict[str, Any]:
-    """The rollout engine's constructor arguments from the config; `dtype`: the actor engine's compute dtype
-    (None: resolved from the actor's param_dtype here)."""
-    kwargs: dict[str, Any] = {
-        "model_path": cfg.actor.model_path,
-        "tokenizer_path": cfg.actor.tokenizer_path,
-        "device": device,
-    }
-    if resolve_engine(cfg.rollout.engine) == "vllm":
-        r, d = cfg.rollout, cfg.data
-        kwargs.update(
-            dtype=dtype or actor_dtype(cfg, device),
-            max_model_len=d.max_prompt_length + d.max_response_length,
-            tensor_parallel=r.tensor_parallel,
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            kv_cache_gib=r.cpu_kv_cache_gib,
-            seed=cfg.trainer.seed,
-        )
-        if cfg.actor.lora.syncs_adapters:
-            kwargs["lora_rank"] = cfg.actor.lora.rank
-    return kwargs
-
-
-def check_servable_adapters(vision_adapters: list[str]) -> None:
-    """vLLM serves LoRA adapters on a vision-language model's language model only: adapters on its vision
-    tower would be skipped without a word (measured on Qwen2-VL: rollout/trainer ratios 1.02-1.04 after the
-    first sync), so the adapter sync refuses them."""
-    if vision_adapters:
-        raise ValueError(
-            f"actor.lora.rollout_sync=adapter: vLLM does not serve LoRA adapters on the vision tower, and "
-            f"actor.lora.target_modules puts {len(vision_adapters)} there ({', '.join(vision_adapters[:3])}, ...); "
-            "name the language model's projections (e.g. [q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,"
-            "down_proj]) or use actor.lora.rollout_sync=merged"
-        )
-
-
-def actor_dtype(cfg: TandemConfig, device: torch.device) -> torch.dtype:
-    """The actor's compute dtype as its engine resolves it (megatron-core: float32 on a CPU)."""
-    a = cfg.actor
-    if a.strategy == "megatron":
-        return resolve_param_dtype(a.megatron.param_dtype, device, "megatron.param_dtype", cpu_probe=False)
-    return resolve_param_dtype(a.fsdp.param_dtype, device)

@@ -33,8 +33,14 @@ import torch
 
 from tandem.batch import Batch
 from tandem.rollout.async_engine import TurnEngine, TurnRequest
-from tandem.rollout.base import SamplingParams, assemble, refuse_images
-from tandem.rollout.hf import check_prompts, sample_keys
+from tandem.rollout.base import (
+    SamplingParams,
+    assemble,
+    check_prompts,
+    refuse_images,
+    request_seed,
+    sample_keys,
+)
 from tandem.rollout.tool_calls import ToolCall, parse_tool_calls
 
 FINISH_REASONS = ("answer", "max_turns", "budget")
@@ -310,8 +316,6 @@ class AgentLoop:
         interactions read of it, and the seeds of its ``sampling.n`` samples. ``prompt_ids`` and
         ``prompt_mask`` are what `check_prompts` returned for ``prompts``. Sample j of a prompt is
         seeded as the synchronous vLLM path seeds it (its request seed + j)."""
-        from tandem.rollout.vllm import _request_seed
-
         n = sampling.n
         keys = sample_keys(prompts, n)[::n]
         raw = prompts.get("raw_prompt")
@@ -323,7 +327,7 @@ class AgentLoop:
                 key: (prompts[key][row] if key in prompts else None)
                 for key in ("ground_truth", "data_source", "extra_info")
             }
-            base = None if sampling.seed is None else _request_seed(sampling.seed, int(keys[row]))
+            base = None if sampling.seed is None else request_seed(sampling.seed, int(keys[row]))
             out.append((ids, messages, sample, [None if base is None else base + j for j in range(n)]))
         return out
 

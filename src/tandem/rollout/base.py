@@ -19,6 +19,9 @@ N x n rows (each prompt's n samples next to each other, non-tensors repeated) ho
 Masks are int64 like `collate_prompts`'; the meta dict is kept. An optional prompt tensor
 `prompt_index` [N] (the prompt's index in the whole step, set before the data-parallel split)
 keys seeded sampling, so that the samples do not depend on how prompts were split over ranks.
+
+Besides the interface, the helpers every engine and the agent loop share: `assemble` (the layout
+above), `check_prompts`, `sample_keys` / `request_seed` (seeding), `refuse_images`, `read_special_ids`.
 """
 
 from __future__ import annotations
@@ -220,3 +223,47 @@ def read_special_ids(
     if pad is None:
         pad = generation_config.get("pad_token_id", getattr(config, "pad_token_id", None))
     return eos_ids, int(eos_ids[0] if pad is None else pad)
+
+
+def check_prompts(prompts: Batch, engine: str) -> tuple[Tensor, Tensor]:
+    """The prompt ids and mask (int64, CPU), after checking they are left-padded and non-empty; `engine`
+    names the caller in the errors."""
+    for key in ("input_ids", "attention_mask"):
+        if key not in prompts:
+            raise KeyError(f"{engine}.generate: the prompt batch has no {key!r} (collate_prompts builds it)")
+    if len(prompts) == 0:
+        raise ValueError(f"{engine}.generate: the prompt batch is empty")
+    ids = prompts["input_ids"].long().cpu()
+    mask = prompts["attention_mask"].long().cpu()
+    if ids.shape != mask.shape or ids.dim() != 2:
+        raise ValueError(
+            f"{engine}.generate: input_ids {tuple(ids.shape)} and attention_mask {tuple(mask.shape)} "
+            "must be the same [N, P] shape"
+        )
+    if not bool(mask[:, -1].all()):
+        bad = (mask[:, -1] == 0).nonzero().flatten()[:5].tolist()
+        raise ValueError(
+            f"{engine}.generate: prompts must be LEFT-padded with at least one token (attention_mask "
+            f"ending in 1); rows {bad} are not. Use collate_prompts or a left-padding tokenizer."
+        )
+    return ids, mask
+
+
+def sample_keys(prompts: Batch, n: int) -> Tensor:
+    """The key of each of the N x n samples that seeds its draws: prompt_index x n + sample number.
+
+    `prompt_index` (int [N], optional) is the prompt's index in the whole step, set by the controller
+    before the data-parallel split, so that seeded samples do not depend on how the prompts were
+    split over ranks. Without it the prompts' positions in this batch (0..N-1) stand in.
+    """
+    if PROMPT_INDEX in prompts:
+        index = prompts[PROMPT_INDEX].long().reshape(-1)
+    else:
+        index = torch.arange(len(prompts))
+    return (index[:, None] * n + torch.arange(n)[None, :]).reshape(-1)
+
+
+def request_seed(seed: int, key: int) -> int:
+    """The seed of one prompt's request: depends on the step's seed and the prompt's global index only
+    (`key`, from `sample_keys`); the vLLM engine and the agent loop seed a prompt's samples from it."""
+    return (seed * 1_000_003 + key) % (2**31 - 1)

@@ -17,7 +17,14 @@ from torch import Tensor
 from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from tandem.batch import Batch
-from tandem.rollout.base import PROMPT_INDEX, RolloutEngine, SamplingParams, assemble, refuse_images
+from tandem.rollout.base import (
+    RolloutEngine,
+    SamplingParams,
+    assemble,
+    check_prompts,
+    refuse_images,
+    sample_keys,
+)
 from tandem.rollout.sampling import choose_tokens, row_generators
 
 logger = logging.getLogger(__name__)
@@ -41,7 +48,7 @@ class HFRollout(RolloutEngine):
     (generated_tokens / seconds).
 
     Seeded sampling draws each row from its own generator seeded by (seed, row key), so the samples
-    depend on the seed, the weights and the prompts only, not on chunking (see `sample_keys`).
+    depend on the seed, the weights and the prompts only, not on chunking (see `rollout.base.sample_keys`).
     The prompts' ``position_ids`` are not read: positions are recomputed from ``attention_mask``.
     """
 
@@ -86,7 +93,7 @@ class HFRollout(RolloutEngine):
             raise RuntimeError("HFRollout.generate called while asleep; call wake() first")
         start = time.perf_counter()
         refuse_images(prompts, "HFRollout")
-        prompt_ids, prompt_mask = check_prompts(prompts)
+        prompt_ids, prompt_mask = check_prompts(prompts, "HFRollout")
         rows = prompts.repeat(sampling.n, interleave=True)
         prompt_ids = prompt_ids.repeat_interleave(sampling.n, dim=0)
         prompt_mask = prompt_mask.repeat_interleave(sampling.n, dim=0)
@@ -214,40 +221,3 @@ class HFRollout(RolloutEngine):
         if self._asleep:
             self.model.to(self.device)
             self._asleep = False
-
-
-def check_prompts(prompts: Batch, engine: str = "HFRollout") -> tuple[Tensor, Tensor]:
-    """The prompt ids and mask (int64, CPU), after checking they are left-padded and non-empty."""
-    for key in ("input_ids", "attention_mask"):
-        if key not in prompts:
-            raise KeyError(f"{engine}.generate: the prompt batch has no {key!r} (collate_prompts builds it)")
-    if len(prompts) == 0:
-        raise ValueError(f"{engine}.generate: the prompt batch is empty")
-    ids = prompts["input_ids"].long().cpu()
-    mask = prompts["attention_mask"].long().cpu()
-    if ids.shape != mask.shape or ids.dim() != 2:
-        raise ValueError(
-            f"{engine}.generate: input_ids {tuple(ids.shape)} and attention_mask {tuple(mask.shape)} "
-            "must be the same [N, P] shape"
-        )
-    if not bool(mask[:, -1].all()):
-        bad = (mask[:, -1] == 0).nonzero().flatten()[:5].tolist()
-        raise ValueError(
-            f"{engine}.generate: prompts must be LEFT-padded with at least one token (attention_mask "
-            f"ending in 1); rows {bad} are not. Use collate_prompts or a left-padding tokenizer."
-        )
-    return ids, mask
-
-
-def sample_keys(prompts: Batch, n: int) -> Tensor:
-    """The key of each of the N x n samples that seeds its draws: prompt_index x n + sample number.
-
-    `prompt_index` (int [N], optional) is the prompt's index in the whole step, set by the controller
-    before the data-parallel split, so that seeded samples do not depend on how the prompts were
-    split over ranks. Without it the prompts' positions in this batch (0..N-1) stand in.
-    """
-    if PROMPT_INDEX in prompts:
-        index = prompts[PROMPT_INDEX].long().reshape(-1)
-    else:
-        index = torch.arange(len(prompts))
-    return (index[:, None] * n + torch.arange(n)[None, :]).reshape(-1)

@@ -29,8 +29,7 @@ import torch
 
 from tandem.batch import Batch
 from tandem.rollout.async_engine import TurnEngine, TurnOutput, TurnRequest
-from tandem.rollout.base import METRICS_KEY, SamplingParams
-from tandem.rollout.hf import check_prompts
+from tandem.rollout.base import METRICS_KEY, SamplingParams, check_prompts
 
 VERSION_KEY = "weight_version"  # per sample: the oldest weight version among its turns
 VERSION_MAX_KEY = "weight_version_max"  # ... and the newest

@@ -48,8 +48,14 @@ from tandem.batch import Batch
 from tandem.models.model_type import VISION_LANGUAGE_TYPES, folder_model_type
 from tandem.models.without_torchvision import adapt_vllm
 from tandem.rollout.async_engine import VLLMTurnEngine, vllm_sampling
-from tandem.rollout.base import RolloutEngine, SamplingParams, assemble
-from tandem.rollout.hf import check_prompts, sample_keys
+from tandem.rollout.base import (
+    RolloutEngine,
+    SamplingParams,
+    assemble,
+    check_prompts,
+    request_seed,
+    sample_keys,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -236,7 +242,7 @@ class VLLMRollout(RolloutEngine):
                     top_k=sampling.top_k,
                     max_tokens=sampling.max_tokens,
                     stop_token_ids=self.eos_token_ids,
-                    seed=None if sampling.seed is None else _request_seed(sampling.seed, int(keys[row])),
+                    seed=None if sampling.seed is None else request_seed(sampling.seed, int(keys[row])),
                 )
             )
         outputs = self.llm.generate(requests, params, use_tqdm=False, lora_request=self._lora)
@@ -410,11 +416,6 @@ def check_widened(outputs: Sequence[Any], prompt_ids: Tensor, prompt_mask: Tenso
                 f"processor, {len(output.prompt_token_ids)} as vLLM widened them; the model folder's processor "
                 "settings (min_pixels / max_pixels) must be the ones the data was prepared with"
             )
-
-
-def _request_seed(seed: int, key: int) -> int:
-    """The seed of one prompt's request: depends on the step's seed and the prompt's global index only."""
-    return (seed * 1_000_003 + key) % (2**31 - 1)
 
 
 # vLLM's process-wide groups (vllm.distributed.parallel_state), built on torch.distributed's group.
