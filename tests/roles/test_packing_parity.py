@@ -218,7 +218,7 @@ def test_packing_turns_itself_off_for_a_model_that_mixes_packed_sequences(
         return inputs, packing
 
     monkeypatch.setattr(fsdp_module, "pack_model_inputs", positions_run_on)
-    with caplog.at_level(logging.WARNING, logger="tandem.engine.fsdp.engine"):
+    with caplog.at_level(logging.WARNING, logger="tandem.engine.fsdp.build"):
         mixed = engine(model_dirs["lm"], "lm", packing=True, trainable=False)
     assert mixed.packing is False
     assert "sequence packing is off for Qwen2ForCausalLM" in caplog.text
