@@ -16,7 +16,7 @@ import torch
 
 from tandem.batch import Batch
 from tandem.config.schema import FSDPConfig, OptimConfig
-from tandem.engine import FSDPEngine
+from tandem.engine import EngineSpec, FSDPEngine
 from tandem.engine.fsdp import engine as fsdp_module
 from tandem.roles.actor import Actor
 from tandem.roles.critic import Critic
@@ -39,15 +39,17 @@ def engine(
     path, head: str, *, packing: bool, budget: int | None = None, trainable: bool = True
 ) -> FSDPEngine:
     return FSDPEngine(
-        model_path=path,
-        head=head,
-        device="cpu",
-        optim=OptimConfig(lr=1e-3, weight_decay=0.0) if trainable else None,
-        fsdp=FSDPConfig(),
-        grad_clip=None,  # gradients compared as computed
-        total_training_steps=10,
-        packing=packing,
-        max_tokens_per_micro_batch=budget,
+        EngineSpec(
+            model_path=path,
+            head=head,
+            device="cpu",
+            optim=OptimConfig(lr=1e-3, weight_decay=0.0) if trainable else None,
+            fsdp=FSDPConfig(),
+            grad_clip=None,  # gradients compared as computed
+            total_training_steps=10,
+            packing=packing,
+            max_tokens_per_micro_batch=budget,
+        )
     )
 
 

@@ -28,7 +28,6 @@ import logging
 import math
 from collections import defaultdict
 from functools import partial
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,12 +37,11 @@ from torch.distributed.tensor import DTensor
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
 from tandem.batch import Batch, Partition
-from tandem.config.schema import FSDPConfig, OptimConfig
 from tandem.data.packing import pack_model_inputs
 from tandem.engine import hf_io, moe
 from tandem.engine.base import (
+    EngineSpec,
     ForwardFn,
-    Head,
     LossFn,
     ModelOutput,
     StepResult,
@@ -75,42 +73,21 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
     """One Hugging Face model (+ AdamW when `optim` is given) sharded with FSDP2.
 
     Master weights, gradients and optimizer state are float32; forward / backward run in the
-    resolved `fsdp.param_dtype`. `optim=None` builds a frozen engine (reference model): forward only.
-
-    model_path: a local Hugging Face folder. head: "lm" (causal LM) or "value" (a 1-label token
-    classifier; its `score` is initialised from `seed` when the folder has none).
-    total_training_steps: needed by cosine / linear decay and by warmup_ratio.
-    activation_checkpointing: recompute each decoder layer in backward (same numbers, less memory).
-    packing: run micro-batches as packed sequences (no padding computed).
-    max_tokens_per_micro_batch: cut micro-batches by this token budget instead of `micro_batch_size`.
+    resolved `spec.fsdp.param_dtype`. `spec.optim=None` builds a frozen engine (reference model): forward
+    only. `spec`: the model, head, optimizer and settings (engine/base.py `EngineSpec`).
     """
 
-    def __init__(
-        self,
-        *,
-        model_path: str | Path,
-        head: Head,
-        device: torch.device | str,
-        optim: OptimConfig | None,
-        fsdp: FSDPConfig,
-        grad_clip: float | None,
-        total_training_steps: int | None,
-        activation_checkpointing: bool = False,
-        seed: int = 1,
-        packing: bool = False,
-        max_tokens_per_micro_batch: int | None = None,
-        router_aux_loss_coef: float | None = None,
-        lora: Any = None,
-    ) -> None:
-        check_engine_args("FSDPEngine", grad_clip, max_tokens_per_micro_batch)
+    def __init__(self, spec: EngineSpec) -> None:
+        check_engine_args("FSDPEngine", spec)
+        fsdp, head, optim = spec.fsdp, spec.head, spec.optim
         # actor.lora / critic.lora with rank > 0: low-rank adapters trained, every other weight frozen but a value
         # model's head (engine/fsdp/lora.py)
-        self.lora = lora if lora is not None and lora.rank > 0 else None
-        self.packing = packing
-        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
-        self.model_path = str(model_path)
+        self.lora = spec.lora if spec.lora is not None and spec.lora.rank > 0 else None
+        self.packing = spec.packing
+        self.max_tokens_per_micro_batch = spec.max_tokens_per_micro_batch
+        self.model_path = str(spec.model_path)
         self.head = head
-        self.device = torch.device(device)
+        self.device = torch.device(spec.device)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
@@ -119,7 +96,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         sp_size = self.sp.size if self.sp else 1
         self.dp_rank = self.rank // sp_size
         self.dp_size = self.world_size // sp_size
-        self.grad_clip = grad_clip
+        self.grad_clip = spec.grad_clip
         self.global_step = 0  # optimizer steps taken (or skipped); for logs and checkpoints
         self._offloaded: list[tuple[dict, str]] = []  # optimizer-state entries moved by offload()
         self._is_offloaded = False
@@ -145,7 +122,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
             config.get_text_config().vocab_size
         )  # a vision-language config keeps it in its text part
         # A mixture-of-experts causal LM: its routers' load-balancing loss joins every training pass (engine/moe.py)
-        self.routing = moe.routing_of(config, router_aux_loss_coef) if head == "lm" else None
+        self.routing = moe.routing_of(config, spec.router_aux_loss_coef) if head == "lm" else None
         if self.routing is not None and self.sp is not None:
             raise ValueError(
                 f"actor.fsdp.sequence_parallel={self.sp.size} with the mixture-of-experts model in "
@@ -161,7 +138,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         offload = self._offload_policy(fsdp.cpu_offload)
         self._cpu_offload = offload is not None
         self.model, self._hf_class, state_keys = self._build_model(
-            fsdp, offload, activation_checkpointing, seed
+            fsdp, offload, spec.activation_checkpointing, spec.seed
         )
         self._state_keys = set(state_keys)  # the HF state_dict's names: what state_dict_iter yields
         # image inputs, and the vision tower on every rank in every forward (engine/fsdp/vision.py)
@@ -180,7 +157,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         if optim is not None:
             # the trained weights only: all of them, or the adapters under actor.lora
             self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], optim)
-            self.scheduler = build_scheduler(self.optimizer, optim, total_training_steps)
+            self.scheduler = build_scheduler(self.optimizer, optim, spec.total_training_steps)
         self.compile_seconds = self._compile_layers() if fsdp.torch_compile else None
 
     # ------------------------------------------------------------------ forward

@@ -37,7 +37,6 @@ import contextlib
 import logging
 import math
 from collections import defaultdict
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -46,11 +45,10 @@ from torch import Tensor, nn
 from torch.nn.utils import clip_grads_with_norm_
 
 from tandem.batch import Batch, Partition
-from tandem.config.schema import MegatronConfig, OptimConfig
 from tandem.engine import hf_io, moe
 from tandem.engine.base import (
+    EngineSpec,
     ForwardFn,
-    Head,
     LossFn,
     ModelOutput,
     StepResult,
@@ -76,34 +74,21 @@ logger = logging.getLogger(__name__)
 class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffload, TrainEngine):
     """One Hugging Face model (+ megatron's optimizer when `optim` is given) on megatron-core.
 
-    Arguments as FSDPEngine's; `megatron` holds the parallel sizes and precision. On the CPU the model
-    runs in float32 over gloo (megatron adapted by cpu_adapter.py); on CUDA in `megatron.param_dtype`
+    `spec` as FSDPEngine's (engine/base.py `EngineSpec`); `spec.megatron` holds the parallel sizes and
+    precision. On the CPU the model runs in float32 over gloo (megatron adapted by cpu_adapter.py); on CUDA
+    in `megatron.param_dtype`
     (bfloat16 by default) with float32 master weights in the optimizer.
     """
 
-    def __init__(
-        self,
-        *,
-        model_path: str | Path,
-        head: Head,
-        device: torch.device | str,
-        optim: OptimConfig | None,
-        megatron: MegatronConfig,
-        grad_clip: float | None,
-        total_training_steps: int | None,
-        activation_checkpointing: bool = False,
-        seed: int = 1,
-        packing: bool = False,
-        max_tokens_per_micro_batch: int | None = None,
-        router_aux_loss_coef: float | None = None,
-        lora: Any = None,
-    ) -> None:
-        if lora is not None and lora.rank > 0:
+    def __init__(self, spec: EngineSpec) -> None:
+        if spec.lora is not None and spec.lora.rank > 0:
             raise ValueError(
-                f"actor.lora.rank={lora.rank}: LoRA is built on FSDP2 only; use actor.strategy=fsdp"
+                f"actor.lora.rank={spec.lora.rank}: LoRA is built on FSDP2 only; use actor.strategy=fsdp"
             )
-        check_engine_args("MegatronEngine", grad_clip, max_tokens_per_micro_batch)
-        self.device = torch.device(device)
+        check_engine_args("MegatronEngine", spec)
+        megatron, head, optim, seed = spec.megatron, spec.head, spec.optim, spec.seed
+        activation_checkpointing = spec.activation_checkpointing
+        self.device = torch.device(spec.device)
         if self.device.type == "cuda" and self.device.index is not None:
             torch.cuda.set_device(self.device)
         from tandem.engine.megatron import cpu_adapter, without_te
@@ -112,11 +97,11 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffl
         if self.device.type == "cpu":
             cpu_adapter.install()
         self._scope = cpu_adapter.CudaLiteralsOnCpu if self.device.type == "cpu" else contextlib.nullcontext
-        self.model_path = str(model_path)
+        self.model_path = str(spec.model_path)
         self.head = head
-        self.packing = packing
-        self.max_tokens_per_micro_batch = max_tokens_per_micro_batch
-        self.grad_clip = grad_clip
+        self.packing = spec.packing
+        self.max_tokens_per_micro_batch = spec.max_tokens_per_micro_batch
+        self.grad_clip = spec.grad_clip
         self.global_step = 0
         self._schedule_step = 0
         self._is_offloaded = False
@@ -193,7 +178,7 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffl
             if optim is not None:
                 self._build_optimizer(optim, megatron.distributed_optimizer)
         # A mixture-of-experts causal LM in training: Tandem's load-balancing term in its routers (experts.py)
-        routing = moe.routing_of(config, router_aux_loss_coef) if head == "lm" else None
+        routing = moe.routing_of(config, spec.router_aux_loss_coef) if head == "lm" else None
         if routing is not None and activation_checkpointing and self.pp_size > 1:
             # Recomputed layers would run their routers' hooks during another micro-batch's turn.
             raise ValueError(
@@ -207,7 +192,7 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffl
             if routing is not None and optim is not None
             else None
         )
-        self._lr = lr_multiplier(optim, total_training_steps) if optim is not None else None
+        self._lr = lr_multiplier(optim, spec.total_training_steps) if optim is not None else None
         self._peak_lr = optim.lr if optim is not None else 0.0
         if optim is not None:
             self._set_lr()
