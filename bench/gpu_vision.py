@@ -90,7 +90,7 @@ def parity(folder: Path, rows_file: Path, device: torch.device) -> dict[str, dic
 
     from tandem.algos import log_probs_from_logits
     from tandem.config.schema import FSDPConfig, OptimConfig
-    from tandem.engine.fsdp.engine import FSDPEngine
+    from tandem.engine import EngineSpec, FSDPEngine
 
     batch = answered_rows(folder, rows_file, 16)
     reference = Qwen2VLForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).to(device).eval()
@@ -102,14 +102,16 @@ def parity(folder: Path, rows_file: Path, device: torch.device) -> dict[str, dic
     out = {}
     for dtype, packing in ((dtype, packing) for dtype in DTYPES for packing in (False, True)):
         engine = FSDPEngine(
-            model_path=folder,
-            head="lm",
-            device=device,
-            optim=OptimConfig(lr=1e-4),
-            fsdp=FSDPConfig(param_dtype=dtype),
-            grad_clip=1.0,
-            total_training_steps=10,
-            packing=packing,
+            EngineSpec(
+                model_path=folder,
+                head="lm",
+                device=device,
+                optim=OptimConfig(lr=1e-4),
+                fsdp=FSDPConfig(param_dtype=dtype),
+                grad_clip=1.0,
+                total_training_steps=10,
+                packing=packing,
+            )
         )
 
         def token_log_probs(output: Any, micro: Any) -> dict[str, torch.Tensor]:

@@ -44,7 +44,7 @@ def child(args: dict) -> dict:
     from tandem.algos import agg_loss
     from tandem.batch import Batch
     from tandem.config.schema import FSDPConfig, OptimConfig
-    from tandem.engine import FSDPEngine
+    from tandem.engine import EngineSpec, FSDPEngine
     from tandem.roles.common import response_log_probs
 
     store = Path(args["folder"]) / f"store-{args['label']}"
@@ -65,14 +65,16 @@ def child(args: dict) -> dict:
         }
     )
     engine = FSDPEngine(
-        model_path=args["model"],
-        head="lm",
-        device=torch.device("cpu"),
-        optim=OptimConfig(lr=1e-6),
-        fsdp=FSDPConfig(lm_head_chunk_tokens=args["chunk"]),
-        grad_clip=1.0,
-        total_training_steps=100,
-        packing=True,
+        EngineSpec(
+            model_path=args["model"],
+            head="lm",
+            device=torch.device("cpu"),
+            optim=OptimConfig(lr=1e-6),
+            fsdp=FSDPConfig(lm_head_chunk_tokens=args["chunk"]),
+            grad_clip=1.0,
+            total_training_steps=100,
+            packing=True,
+        )
     )
     tokens = float(batch["response_mask"].sum())
 

@@ -42,7 +42,7 @@ def child(config: str, folder: str, rank: int) -> dict[str, float]:
     from tandem.algos import agg_loss
     from tandem.batch import Batch
     from tandem.config.schema import FSDPConfig, LoraConfig, OptimConfig
-    from tandem.engine import FSDPEngine
+    from tandem.engine import EngineSpec, FSDPEngine
     from tandem.engine.fsdp.lora import WithoutAdapter
 
     dist.init_process_group("gloo", init_method=f"file://{tempfile.mktemp()}", rank=0, world_size=1)
@@ -51,14 +51,16 @@ def child(config: str, folder: str, rank: int) -> dict[str, float]:
 
     def engine(optim, adapters):
         return FSDPEngine(
-            model_path=folder,
-            head="lm",
-            device="cpu",
-            optim=optim,
-            fsdp=FSDPConfig(param_dtype="float32"),
-            grad_clip=1.0,
-            total_training_steps=10,
-            lora=adapters,
+            EngineSpec(
+                model_path=folder,
+                head="lm",
+                device="cpu",
+                optim=optim,
+                fsdp=FSDPConfig(param_dtype="float32"),
+                grad_clip=1.0,
+                total_training_steps=10,
+                lora=adapters,
+            )
         )
 
     actor = engine(OptimConfig(lr=1e-5), lora)

@@ -21,7 +21,7 @@ import torch.multiprocessing as mp
 from tandem.algos import agg_loss, log_probs_from_logits
 from tandem.batch import Batch
 from tandem.config.schema import FSDPConfig, OptimConfig
-from tandem.engine import FSDPEngine
+from tandem.engine import EngineSpec, FSDPEngine
 
 PROMPT_LEN, RESPONSE_LEN = 5, 6
 # Rows per rank: uneven shards, and micro-batches that do not divide them.
@@ -105,14 +105,16 @@ def make_engine(
     **kwargs,
 ) -> FSDPEngine:
     return FSDPEngine(
-        model_path=model_path,
-        head=head,
-        device=torch.device("cpu"),
-        optim=optim,
-        fsdp=fsdp or FSDPConfig(),
-        grad_clip=grad_clip,
-        total_training_steps=TOTAL_STEPS,
-        **kwargs,
+        EngineSpec(
+            model_path=model_path,
+            head=head,
+            device=torch.device("cpu"),
+            optim=optim,
+            fsdp=fsdp or FSDPConfig(),
+            grad_clip=grad_clip,
+            total_training_steps=TOTAL_STEPS,
+            **kwargs,
+        )
     )
 
 
@@ -267,13 +269,15 @@ def gpu_worker(rank: int, world: int, init_method: str, model_path: str, out_dir
         result: dict = {}
         probe = rollout_batch(5, seed=1)
         engine = FSDPEngine(
-            model_path=model_path,
-            head="lm",
-            device=device,
-            optim=OPTIM,
-            fsdp=FSDPConfig(),  # param_dtype auto: bfloat16 on CUDA
-            grad_clip=GRAD_CLIP,
-            total_training_steps=TOTAL_STEPS,
+            EngineSpec(
+                model_path=model_path,
+                head="lm",
+                device=device,
+                optim=OPTIM,
+                fsdp=FSDPConfig(),  # param_dtype auto: bfloat16 on CUDA
+                grad_clip=GRAD_CLIP,
+                total_training_steps=TOTAL_STEPS,
+            )
         )
         result["logits"] = engine.forward(probe, logits_fn, 2)["logits"]
         result["step1"] = train(engine, "lm", rollout_batch(6, seed=2), world, rank)
@@ -294,13 +298,15 @@ def gpu_worker(rank: int, world: int, init_method: str, model_path: str, out_dir
         result["step2"] = train(engine, "lm", rollout_batch(6, seed=4), world, rank)
 
         offloaded = FSDPEngine(
-            model_path=model_path,
-            head="lm",
-            device=device,
-            optim=OPTIM,
-            fsdp=FSDPConfig(cpu_offload=True),
-            grad_clip=GRAD_CLIP,
-            total_training_steps=TOTAL_STEPS,
+            EngineSpec(
+                model_path=model_path,
+                head="lm",
+                device=device,
+                optim=OPTIM,
+                fsdp=FSDPConfig(cpu_offload=True),
+                grad_clip=GRAD_CLIP,
+                total_training_steps=TOTAL_STEPS,
+            )
         )
         result["cpu_offload_param_devices"] = {p.device.type for p in offloaded.model.parameters()}
         result["cpu_offload_step1"] = train(offloaded, "lm", rollout_batch(6, seed=2), world, rank)

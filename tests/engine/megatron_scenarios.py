@@ -25,7 +25,7 @@ from roles.roles_helpers import rollout_rows  # tests/ is on sys.path (pytest's 
 from tandem.batch import Batch
 from tandem.config import load_config
 from tandem.config.schema import FSDPConfig, MegatronConfig, OptimConfig, TandemConfig
-from tandem.engine import build_engine
+from tandem.engine import EngineSpec, build_engine
 from tandem.models.tp_cuts import TensorParallelCuts
 from tandem.roles.actor import Actor
 from tandem.roles.common import MODEL_INPUTS, global_counts
@@ -72,19 +72,21 @@ def rollout_batch(seed: int = 0) -> Batch:
 
 def make_engine(strategy: str, model_path: str, head: str, parallel: MegatronConfig, optim=OPTIM, **kwargs):
     return build_engine(
-        strategy,
-        model_path=model_path,
-        head=head,
-        device=torch.device("cpu"),
-        optim=optim,
-        fsdp=FSDPConfig(),
-        megatron=parallel,
-        grad_clip=GRAD_CLIP,
-        total_training_steps=TOTAL_STEPS,
-        packing=kwargs.pop("packing", True),
-        max_tokens_per_micro_batch=kwargs.pop("budget", BUDGET),
-        router_aux_loss_coef=0.5,
-        **kwargs,
+        EngineSpec(
+            strategy=strategy,
+            model_path=model_path,
+            head=head,
+            device=torch.device("cpu"),
+            optim=optim,
+            fsdp=FSDPConfig(),
+            megatron=parallel,
+            grad_clip=GRAD_CLIP,
+            total_training_steps=TOTAL_STEPS,
+            packing=kwargs.pop("packing", True),
+            max_tokens_per_micro_batch=kwargs.pop("budget", BUDGET),
+            router_aux_loss_coef=0.5,
+            **kwargs,
+        )
     )
 
 
@@ -240,17 +242,19 @@ def gpu_worker(rank: int, init_method: str, model_path: str, out_dir: str) -> No
     try:
         device = torch.device("cuda", 0)
         engine = build_engine(
-            "megatron",
-            model_path=model_path,
-            head="lm",
-            device=device,
-            optim=OPTIM,
-            fsdp=FSDPConfig(),
-            megatron=MegatronConfig(),
-            grad_clip=GRAD_CLIP,
-            total_training_steps=TOTAL_STEPS,
-            packing=True,
-            max_tokens_per_micro_batch=BUDGET,
+            EngineSpec(
+                strategy="megatron",
+                model_path=model_path,
+                head="lm",
+                device=device,
+                optim=OPTIM,
+                fsdp=FSDPConfig(),
+                megatron=MegatronConfig(),
+                grad_clip=GRAD_CLIP,
+                total_training_steps=TOTAL_STEPS,
+                packing=True,
+                max_tokens_per_micro_batch=BUDGET,
+            )
         )
         batch = rollout_batch()
         logits = full_logits(engine)

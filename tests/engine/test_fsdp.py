@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 
 from tandem.config.schema import FSDPConfig
-from tandem.engine import FSDPEngine, build_engine, hf_io
+from tandem.engine import EngineSpec, FSDPEngine, build_engine, hf_io
 from tandem.models.tiny import save_tiny
 
 from . import fsdp_scenarios as sc
@@ -77,24 +77,26 @@ def test_engine_needs_a_process_group(tiny_path, monkeypatch):
     monkeypatch.setattr(torch.distributed, "is_initialized", lambda: False)  # whatever ran before
     with pytest.raises(RuntimeError, match="torch.distributed"):
         FSDPEngine(
-            model_path=str(tiny_path),
-            head="lm",
-            device=torch.device("cpu"),
-            optim=None,
-            fsdp=FSDPConfig(),
-            grad_clip=None,
-            total_training_steps=None,
+            EngineSpec(
+                model_path=str(tiny_path),
+                head="lm",
+                device=torch.device("cpu"),
+                optim=None,
+                fsdp=FSDPConfig(),
+                grad_clip=None,
+                total_training_steps=None,
+            )
         )
 
 
 def test_build_engine_strategies(monkeypatch):
     with pytest.raises(ValueError, match="unknown engine strategy 'deepspeed'"):
-        build_engine("deepspeed")
+        build_engine(EngineSpec(model_path="unused", head="lm", device="cpu", strategy="deepspeed"))
     import tandem.engine.megatron as megatron_package
 
     monkeypatch.setattr(megatron_package, "megatron_available", lambda: False)
     with pytest.raises(ImportError, match=r"pip install -e '\.\[megatron\]'"):
-        build_engine("megatron")
+        build_engine(EngineSpec(model_path="unused", head="lm", device="cpu", strategy="megatron"))
 
 
 def test_value_head_init_depends_on_seed_only(tiny_path):

@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
 
 from tandem.algos.core import entropy_from_logits, log_probs_from_logits, sum_pi_squared_from_logits
 from tandem.config.schema import FSDPConfig
-from tandem.engine import FSDPEngine
+from tandem.engine import EngineSpec, FSDPEngine
 from tandem.engine.lm_head import ChunkedHead, HeadRows, chunk_tokens, hidden_states_out
 from tandem.models.tiny import save_tiny
 
@@ -198,7 +198,9 @@ def test_a_model_that_post_processes_its_logits_keeps_the_full_head(tmp_path, ca
     try:
         kwargs = dict(model_path=tmp_path / "gemma2", head="lm", device="cpu", optim=None, grad_clip=None)
         with caplog.at_level(logging.WARNING):
-            engine = FSDPEngine(**kwargs, fsdp=FSDPConfig(lm_head_chunk_tokens=8), total_training_steps=None)
+            engine = FSDPEngine(
+                EngineSpec(**kwargs, fsdp=FSDPConfig(lm_head_chunk_tokens=8), total_training_steps=None)
+            )
         assert engine.lm_head_chunk is None
         assert "lm_head_chunk_tokens is ignored for Gemma2ForCausalLM" in caplog.text
     finally:

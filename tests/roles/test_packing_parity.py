@@ -16,7 +16,7 @@ import torch
 
 from tandem.batch import Batch
 from tandem.config.schema import FSDPConfig, OptimConfig
-from tandem.engine import FSDPEngine
+from tandem.engine import EngineSpec, FSDPEngine
 from tandem.engine.fsdp import engine as fsdp_module
 from tandem.roles.actor import Actor
 from tandem.roles.critic import Critic
@@ -39,15 +39,17 @@ def engine(
     path, head: str, *, packing: bool, budget: int | None = None, trainable: bool = True
 ) -> FSDPEngine:
     return FSDPEngine(
-        model_path=path,
-        head=head,
-        device="cpu",
-        optim=OptimConfig(lr=1e-3, weight_decay=0.0) if trainable else None,
-        fsdp=FSDPConfig(),
-        grad_clip=None,  # gradients compared as computed
-        total_training_steps=10,
-        packing=packing,
-        max_tokens_per_micro_batch=budget,
+        EngineSpec(
+            model_path=path,
+            head=head,
+            device="cpu",
+            optim=OptimConfig(lr=1e-3, weight_decay=0.0) if trainable else None,
+            fsdp=FSDPConfig(),
+            grad_clip=None,  # gradients compared as computed
+            total_training_steps=10,
+            packing=packing,
+            max_tokens_per_micro_batch=budget,
+        )
     )
 
 
@@ -218,7 +220,7 @@ def test_packing_turns_itself_off_for_a_model_that_mixes_packed_sequences(
         return inputs, packing
 
     monkeypatch.setattr(fsdp_module, "pack_model_inputs", positions_run_on)
-    with caplog.at_level(logging.WARNING, logger="tandem.engine.fsdp.engine"):
+    with caplog.at_level(logging.WARNING, logger="tandem.engine.fsdp.build"):
         mixed = engine(model_dirs["lm"], "lm", packing=True, trainable=False)
     assert mixed.packing is False
     assert "sequence packing is off for Qwen2ForCausalLM" in caplog.text

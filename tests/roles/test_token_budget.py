@@ -2,7 +2,7 @@
 
 import torch
 
-from tandem.roles.worker import token_budget
+from tandem.roles.engines import token_budget
 
 from .roles_helpers import tiny_config
 

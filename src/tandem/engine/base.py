@@ -29,9 +29,11 @@ import torch.distributed as dist
 from torch import Tensor
 
 from tandem.batch import Batch
+from tandem.config.schema import FSDPConfig, LoraConfig, MegatronConfig, OptimConfig, Strategy
 from tandem.data.packing import Packing
 from tandem.engine.auto_dtype import cpu_auto_dtype
 from tandem.engine.lm_head import ChunkedHead
+from tandem.models.tp_cuts import Cut
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 Head = Literal["lm", "value"]  # causal LM (actor, reference) or a 1-wide token head (critic, reward model)
@@ -125,8 +127,43 @@ def load_engine_state(path: str | Path) -> dict[str, Any]:
     return torch.load(file, weights_only=True)
 
 
-def check_engine_args(engine: str, grad_clip: float | None, max_tokens_per_micro_batch: int | None) -> None:
+@dataclass(frozen=True)
+class EngineSpec:
+    """What builds a training engine (`build_engine(spec)`, or `FSDPEngine(spec)` / `MegatronEngine(spec)`):
+    every engine's settings, and each strategy's own (`fsdp`, `megatron`; the other one is ignored).
+
+    model_path: a local Hugging Face folder. head: "lm" (causal LM) or "value" (a 1-label token
+    classifier; its `score` is initialised from `seed` when the folder has none).
+    optim: None builds a frozen engine (reference model): forward only.
+    grad_clip: the gradient norm clipped to (None: no clipping).
+    total_training_steps: needed by cosine / linear decay and by warmup_ratio.
+    activation_checkpointing: recompute each decoder layer in backward (same numbers, less memory).
+    packing: run micro-batches as packed sequences (no padding computed).
+    max_tokens_per_micro_batch: cut micro-batches by this token budget instead of `micro_batch_size`.
+    router_aux_loss_coef: a mixture-of-experts model's load-balancing weight (None: its own; engine/moe.py).
+    lora: low-rank adapters (rank > 0; FSDP2 only), every other weight frozen but a value model's head.
+    """
+
+    model_path: str | Path
+    head: Head
+    device: torch.device | str
+    optim: OptimConfig | None = None
+    grad_clip: float | None = None
+    total_training_steps: int | None = None
+    strategy: Strategy = "fsdp"
+    fsdp: FSDPConfig = field(default_factory=FSDPConfig)
+    megatron: MegatronConfig = field(default_factory=MegatronConfig)
+    activation_checkpointing: bool = False
+    seed: int = 1
+    packing: bool = False
+    max_tokens_per_micro_batch: int | None = None
+    router_aux_loss_coef: float | None = None
+    lora: LoraConfig | None = None
+
+
+def check_engine_args(engine: str, spec: EngineSpec) -> None:
     """What every engine's constructor checks first: a process group, and sane clipping / token budget."""
+    grad_clip, max_tokens_per_micro_batch = spec.grad_clip, spec.max_tokens_per_micro_batch
     if not (dist.is_available() and dist.is_initialized()):
         raise RuntimeError(
             f"{engine} needs torch.distributed initialised first (the worker group does it: "
@@ -157,6 +194,8 @@ class TrainEngine(ABC):
     dp_rank: int  # this rank's data-parallel index
     dp_size: int  # data-parallel ranks
     param_dtype: torch.dtype  # the forward / backward dtype (the rollout engine computes in it too)
+    config: Any  # the model's Hugging Face config (a tensor-parallel rollout's cuts are read from it)
+    compile_seconds: float | None = None  # fsdp.torch_compile's warm-up, paid at start-up (None: no compile)
     _is_offloaded: bool = False  # set by offload(), cleared by onload()
 
     @abstractmethod
@@ -178,6 +217,25 @@ class TrainEngine(ABC):
     @abstractmethod
     def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
         """Full weights in Hugging Face names, one tensor at a time (every rank must iterate)."""
+
+    @abstractmethod
+    def state_dict_cuts(
+        self, cuts_of: Callable[[str, tuple[int, ...]], list[Cut | None]]
+    ) -> Iterator[tuple[str, Tensor, Cut | None, torch.Size]]:
+        """(HF name, this rank's cut of the tensor, the cut, the whole tensor's shape), one tensor at a time, for
+        a tensor-parallel rollout engine: `cuts_of(name, shape)` is every rank's cut (models/tp_cuts.py).
+        Collective, like `state_dict_iter`."""
+
+    def adapter_state(self) -> dict[str, Tensor]:
+        """The LoRA adapters, full, under the names of a PEFT adapter file (collective)."""
+        raise NotImplementedError(
+            f"adapter_state: {type(self).__name__} trains no LoRA adapters (LoRA is built on FSDP2 only; "
+            "use actor.strategy=fsdp)"
+        )
+
+    def vision_adapters(self) -> list[str]:
+        """The LoRA layers inside a vision-language model's vision tower: none without LoRA adapters."""
+        return []
 
     @abstractmethod
     def save(self, path: str | Path) -> None:

@@ -20,12 +20,12 @@ import torch
 from tandem.batch import Batch
 from tandem.config.schema import OptimConfig, TandemConfig
 from tandem.controller import Dispatch, Worker, WorkerContext, dispatch
-from tandem.engine import build_engine
 from tandem.engine.base import Head, TrainEngine
 from tandem.engine.flops import peak_flops
 from tandem.engine.fsdp.lora import WithoutAdapter
 from tandem.roles.actor import Actor
 from tandem.roles.critic import Critic
+from tandem.roles.engines import role_engine
 from tandem.roles.profile import PhaseProfiler, profiled
 from tandem.roles.reference import Reference
 from tandem.roles.reward_model import RewardModel
@@ -104,26 +104,15 @@ class RoleWorker(Worker):
         grad_clip: float | None,
         lora: Any = None,
     ) -> TrainEngine:
-        if not model_path:
-            raise ValueError(
-                f"worker group {self.ctx.group_name!r}: a role needs a model_path, got {model_path!r}"
-            )
-        a = self.cfg.actor
-        return build_engine(
-            a.strategy,
-            model_path=model_path,
-            head=head,
-            device=self.ctx.torch_device,
-            optim=optim,
-            fsdp=a.fsdp,
-            megatron=a.megatron,
-            grad_clip=grad_clip,
-            total_training_steps=self.total_training_steps,
-            activation_checkpointing=a.activation_checkpointing and optim is not None,
-            seed=self.cfg.trainer.seed,
-            packing=a.sequence_packing,
-            max_tokens_per_micro_batch=token_budget(self.cfg, self.ctx.torch_device),
-            router_aux_loss_coef=a.router_aux_loss_coef,
+        return role_engine(
+            self.cfg,
+            self.ctx.torch_device,
+            model_path,
+            head,
+            optim,
+            grad_clip,
+            self.total_training_steps,
+            self.ctx.group_name,
             lora=lora,
         )
 
@@ -329,21 +318,3 @@ class RoleWorker(Worker):
             metrics["memory/peak_allocated_gib"] = torch.cuda.max_memory_allocated() / 2**30
             metrics["memory/peak_reserved_gib"] = torch.cuda.max_memory_reserved() / 2**30
         return metrics
-
-
-# Micro-batch token budgets when actor.max_tokens_per_micro_batch is None: on a CPU a budget past the
-# caches is slower (bench/README.md: 2048 tokens 1.5x faster than 16384 on W1); a GPU wants large ones.
-DEFAULT_TOKEN_BUDGET = {"cpu": 2048, "cuda": 16384}
-
-
-def token_budget(cfg: TandemConfig, device: torch.device) -> int | None:
-    """Tokens per micro-batch on one rank (None: micro-batches by sample count, use_dynamic_bsz off)."""
-    a, d = cfg.actor, cfg.data
-    if not a.use_dynamic_bsz:
-        return None
-    if a.max_tokens_per_micro_batch is not None:
-        return a.max_tokens_per_micro_batch
-    longest = d.max_prompt_length + d.max_response_length  # SFT rows are at most as long (data.max_length)
-    return max(
-        DEFAULT_TOKEN_BUDGET.get(device.type, DEFAULT_TOKEN_BUDGET["cuda"]), longest, d.max_length or 0
-    )

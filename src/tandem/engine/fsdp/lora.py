@@ -27,6 +27,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from tandem.engine.base import TrainEngine
+
 ADAPTER = "default"  # PEFT's name for the one adapter
 
 
@@ -140,18 +142,69 @@ def adapter_disabled(model: nn.Module) -> Iterator[None]:
             layer.enable_adapters(True)
 
 
-class WithoutAdapter:
+class WithoutAdapter(TrainEngine):
     """An engine's model with its adapters off, as a frozen engine: the reference policy of a LoRA actor.
 
-    Forwards run the actor engine's own sharded weights (no second model); the rest is the actor's engine,
-    except offload / onload, which the actor's phases own."""
+    Forwards run the actor engine's own sharded weights (no second model); its data-parallel layout, dtype,
+    config and collectives are the actor's engine's, except offload / onload, which the actor's phases own.
+    It trains nothing and has no weights of its own to read out or checkpoint: those are the actor's."""
 
-    def __init__(self, engine: Any) -> None:
+    def __init__(self, engine: TrainEngine) -> None:
         self._engine = engine
+
+    @property
+    def dp_rank(self) -> int:
+        return self._engine.dp_rank
+
+    @property
+    def dp_size(self) -> int:
+        return self._engine.dp_size
+
+    @property
+    def param_dtype(self) -> torch.dtype:
+        return self._engine.param_dtype
+
+    @property
+    def config(self) -> Any:
+        return self._engine.config
+
+    @property
+    def compile_seconds(self) -> float | None:
+        return self._engine.compile_seconds
 
     def forward(self, batch: Any, fn: Any, micro_batch_size: int) -> Any:
         with adapter_disabled(self._engine.model):
             return self._engine.forward(batch, fn, micro_batch_size)
+
+    def train_step(self, batch: Any, loss_fn: Any, micro_batch_size: int) -> Any:
+        raise RuntimeError(self._frozen("train_step"))
+
+    def scheduler_step(self) -> float:
+        raise RuntimeError(self._frozen("scheduler_step"))
+
+    def all_reduce_sum(self, value: Tensor) -> Tensor:
+        return self._engine.all_reduce_sum(value)
+
+    def dispatch_info(self) -> tuple[int, int, bool]:
+        return self._engine.dispatch_info()
+
+    def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
+        raise NotImplementedError(self._frozen("state_dict_iter"))
+
+    def state_dict_cuts(self, cuts_of: Any) -> Iterator[Any]:
+        raise NotImplementedError(self._frozen("state_dict_cuts"))
+
+    def adapter_state(self) -> dict[str, Tensor]:
+        raise NotImplementedError(self._frozen("adapter_state"))
+
+    def save(self, path: str | Path) -> None:
+        raise NotImplementedError(self._frozen("save"))
+
+    def load(self, path: str | Path, weights_only: bool = False) -> None:
+        raise NotImplementedError(self._frozen("load"))
+
+    def export_hf(self, path: str | Path) -> None:
+        raise NotImplementedError(self._frozen("export_hf"))
 
     def offload(self) -> None:
         return None
@@ -159,5 +212,9 @@ class WithoutAdapter:
     def onload(self) -> None:
         return None
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._engine, name)
+    @staticmethod
+    def _frozen(what: str) -> str:
+        return (
+            f"{what} on the LoRA actor's reference (the actor's engine with its adapters off, frozen): call it "
+            "on the actor's engine"
+        )

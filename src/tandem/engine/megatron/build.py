@@ -1,0 +1,195 @@
+"""How `MegatronEngine` (engine.py) builds its model: megatron's TransformerConfig from the Hugging Face config,
+this rank's GPTModel chunks (one per virtual pipeline stage) filled with their cuts of the folder's weights
+(convert.py), and megatron's DDP and optimizer around them when trainable.
+
+`ModelBuild` is a part of `MegatronEngine`, kept apart for length: it reads the engine's `config`, `head`,
+`model_path`, parallel sizes and ranks (`tp_*`, `pp_*`, `vp_size`, `ep_*`, `cp_size`), `sequence_parallel`,
+`layers_per_chunk`, `param_dtype`, `device`, `shapes`, `chunks` and `_row_rotaries`."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor, nn
+
+from tandem.config.schema import OptimConfig
+from tandem.engine import hf_io
+from tandem.engine.megatron import convert
+from tandem.engine.megatron.layers import ValueHead, layer_spec
+
+
+class ModelBuild:
+    """The model chunks, their weights and the optimizer of a MegatronEngine."""
+
+    def _transformer_config(self, activation_checkpointing: bool) -> Any:
+        from megatron.core.transformer import TransformerConfig
+
+        extra: dict[str, Any] = {}
+        if activation_checkpointing:
+            extra = {
+                "recompute_granularity": "full",
+                "recompute_method": "uniform",
+                "recompute_num_layers": 1,
+            }
+        return TransformerConfig(
+            **convert.transformer_config_kwargs(self.config),
+            **convert.moe_config_kwargs(self.config, self.ep_size),
+            tensor_model_parallel_size=self.tp_size,
+            pipeline_model_parallel_size=self.pp_size,
+            virtual_pipeline_model_parallel_size=self.vp_size if self.vp_size > 1 else None,
+            sequence_parallel=self.sequence_parallel,
+            context_parallel_size=self.cp_size,
+            params_dtype=self.param_dtype,
+            pipeline_dtype=self.param_dtype,
+            bf16=self.param_dtype == torch.bfloat16,
+            fp16=self.param_dtype == torch.float16,
+            hidden_dropout=0.0,
+            attention_dropout=0.0,
+            use_cpu_initialization=True,
+            # Overwritten from the folder next, but megatron's CPU initialisation is also what marks weights as
+            # tensor-parallel: without it the gradient norm counts rank 0's shards only.
+            perform_initialization=True,
+            # micro-batches differ in shape (token budget, packing); the interleaved schedule pads them to one
+            variable_seq_lengths=self.vp_size == 1,
+            moe_token_dispatcher_type="alltoall",  # megatron asks for it with variable_seq_lengths
+            # The fused kernels are CUDA-only or need Apex / Transformer Engine; the torch paths compute the same.
+            masked_softmax_fusion=False,
+            bias_activation_fusion=False,
+            bias_dropout_fusion=False,
+            apply_rope_fusion=False,
+            gradient_accumulation_fusion=False,
+            persist_layer_norm=False,
+            **extra,
+        )
+
+    def _build(
+        self, activation_checkpointing: bool, seed: int
+    ) -> tuple[list[nn.Module], type, dict[str, tuple]]:
+        """This rank's model chunks (one per virtual stage; one without virtual_pipeline), each filled with its
+        cut of the folder's weights."""
+        from megatron.core.models.gpt import GPTModel
+
+        tied = self.head == "lm" and bool(getattr(self.config, "tie_word_embeddings", False))
+        config = self._transformer_config(activation_checkpointing)  # one object: the schedule reads it
+        hf_model = hf_io.load_pretrained(self.model_path, self.config, self.head, seed)
+        hf_state = hf_model.state_dict()
+        hf_shapes = {name: tuple(t.shape) for name, t in hf_state.items()}
+        chunks = []
+        for chunk in range(self.vp_size):
+            first, last = self._chunk_ends(self.pp_rank, chunk)
+            model = GPTModel(
+                config,
+                layer_spec(
+                    self.sequence_parallel,
+                    self.layers_per_chunk,
+                    convert.num_experts(self.config),
+                    context_parallel=self.cp_size > 1,
+                ),
+                vocab_size=self.config.vocab_size,
+                max_sequence_length=self.config.max_position_embeddings,
+                pre_process=first,
+                post_process=last,
+                share_embeddings_and_output_weights=tied,
+                position_embedding_type="rope",
+                rotary_base=convert.rotary_base(self.config),
+                **({"vp_stage": chunk} if self.vp_size > 1 else {}),
+            )
+            if self.head == "value" and last:
+                model.output_layer = ValueHead(
+                    self.config.hidden_size, self.param_dtype, self.sequence_parallel
+                )
+            if self.cp_size > 1:  # rotary positions of each row's own columns (context_parallel.py)
+                from tandem.engine.megatron.context_parallel import RowRotary
+
+                model.rotary_pos_emb = RowRotary(model.rotary_pos_emb)
+                self._row_rotaries.append(model.rotary_pos_emb)
+            self._fill(model, self._slots(self.pp_rank, chunk), hf_state)
+            # megatron builds its torch norms in float32 whatever params_dtype says (its own training loop
+            # casts the whole model, Float16Module); buffers keep their dtype
+            for param in model.parameters():
+                param.data = param.data.to(self.param_dtype)
+            model.to(self.device)
+            chunks.append(model)
+        hf_class = type(hf_model)
+        del hf_model, hf_state
+        return chunks, hf_class, hf_shapes
+
+    def _fill(self, model: nn.Module, slots: list[convert.Slot], hf_state: dict[str, Tensor]) -> None:
+        filled = set()
+        for slot in slots:
+            param = model.get_parameter(slot.megatron)
+            tp_rank, tp_size = (0, 1) if slot.expert is not None else (self.tp_rank, self.tp_size)
+            shard = convert.to_shard(slot, [hf_state[n] for n in slot.hf], self.shapes, tp_rank, tp_size)
+            if tuple(shard.shape) != tuple(param.shape):
+                raise ValueError(
+                    f"{self.model_path}: {slot.hf} give {slot.megatron} the shape {tuple(shard.shape)}, megatron "
+                    f"built {tuple(param.shape)}"
+                )
+            with torch.no_grad():
+                param.copy_(shard)
+            filled.add(slot.megatron)
+        unfilled = [name for name, _ in model.named_parameters() if name not in filled]
+        if unfilled:
+            raise ValueError(
+                f"megatron parameters with no Hugging Face source (converter incomplete): {unfilled[:5]}"
+            )
+
+    def _build_optimizer(self, optim: OptimConfig, distributed: bool) -> None:
+        from megatron.core.distributed import (
+            DistributedDataParallel,
+            DistributedDataParallelConfig,
+            finalize_model_grads,
+        )
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        # megatron's distributed optimizer takes CUDA tensors only (it checks their type names).
+        distributed = distributed and self.device.type == "cuda"
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed
+        )
+        # One DDP per chunk; only the first buckets its gradients (as megatron's own training loop does).
+        self.models = [
+            DistributedDataParallel(chunk.config, ddp_config, chunk, disable_bucketing=i > 0)
+            for i, chunk in enumerate(self.chunks)
+        ]
+        config = self.chunks[0].config
+        config.finalize_model_grads_func = finalize_model_grads
+        no_sync = [model.no_sync for model in self.models]
+        config.no_sync_func = no_sync if self.vp_size > 1 else no_sync[0]
+        opt_config = OptimizerConfig(
+            optimizer="adam",
+            lr=optim.lr,
+            weight_decay=optim.weight_decay,
+            adam_beta1=optim.betas[0],
+            adam_beta2=optim.betas[1],
+            adam_eps=optim.eps,
+            clip_grad=0.0,  # clipped here, after the non-finite check
+            use_distributed_optimizer=distributed,
+            bf16=self.param_dtype == torch.bfloat16,
+            fp16=self.param_dtype == torch.float16,
+            params_dtype=self.param_dtype,
+        )
+        # config_overrides={}: weight decay on every parameter, as FSDPEngine's AdamW (megatron skips biases
+        # and norms by default).
+        self.optimizer = get_megatron_optimizer(opt_config, self.models, config_overrides={})
+
+    def _chunk_ends(self, stage: int, chunk: int) -> tuple[bool, bool]:
+        """Whether pipeline `stage`'s model `chunk` holds the embedding (the first virtual stage) and the
+        output layer (the last)."""
+        return stage == 0 and chunk == 0, stage == self.pp_size - 1 and chunk == self.vp_size - 1
+
+    def _slots(self, stage: int, chunk: int = 0) -> list[convert.Slot]:
+        """The parameters of pipeline `stage`'s model `chunk`: virtual stage chunk x pp + stage, whose
+        layers follow those of the virtual stage before it (megatron's interleaved order)."""
+        first, last = self._chunk_ends(stage, chunk)
+        return convert.slots(
+            self.config,
+            head=self.head,
+            layer_offset=(chunk * self.pp_size + stage) * self.layers_per_chunk,
+            num_local_layers=self.layers_per_chunk,
+            first_stage=first,
+            last_stage=last,
+            expert_rank=self.ep_rank,
+            expert_parallel=self.ep_size,
+        )

@@ -1,0 +1,181 @@
+"""How `MegatronEngine` (engine.py) runs micro-batches: megatron's pipeline schedule over the model chunks, and
+each micro-batch's GPTModel inputs (packed rows or padded ones, megatron's attention mask, the sequence- and
+context-parallel shares of the columns).
+
+`PipelineSchedule` is a part of `MegatronEngine`, kept apart for length: it reads the engine's `models`,
+`device`, `packing`, parallel sizes and ranks, `sequence_parallel`, `vocab_parallel`, `_balance`,
+`_row_rotaries`, `_cp_group`, `_scope` and calls its `_pad_id` and `_max_over_ranks`."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tandem.batch import Batch
+from tandem.data.packing import pack_model_inputs
+from tandem.engine import moe
+from tandem.engine.base import ModelOutput, pad_micro_batch
+from tandem.engine.megatron.experts import router_rows
+from tandem.engine.micro import real_token_count
+
+
+class PipelineSchedule:
+    """`_schedule` (every micro-batch through the pipeline) and the model inputs of a MegatronEngine."""
+
+    def _schedule(
+        self,
+        micros: list[Batch],
+        on_output: Any,
+        *,
+        forward_only: bool,
+        step_tokens: float = 1.0,
+        balance: bool = True,
+    ) -> None:
+        """Every micro-batch through megatron's pipeline schedule; `on_output(output, micro)` on the last
+        stage returns the micro-batch's loss (forward only: a zero). `step_tokens`: real tokens of the step
+        over the data-parallel ranks (a MoE model's balance term weighs each micro-batch by its share);
+        `balance`: add that term (False for a rank's dummy row)."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        micros = [micro.to(self.device) for micro in micros]
+        filler = None  # a pass that adds nothing, built only where a schedule needs one
+        if self.vp_size > 1 or self.ep_size > 1:
+            filler = pad_micro_batch(self._pad_id(), self.device, tokens=self.tp_size)
+        if self.ep_size > 1:  # the experts' all-to-all needs every rank of an expert group in every pass
+            micros += [filler] * (self._max_over_ranks(len(micros)) - len(micros))
+        prepared = [self._model_inputs(micro) for micro in micros]
+        if self.vp_size > 1:
+            # The interleaved schedule: one activation shape for every micro-batch (megatron's shape exchange
+            # for variable lengths deadlocks there over gloo), and micro-batches in groups of pp, the last
+            # group filled with passes that add nothing.
+            shape = tuple(max(shape[i] for shape in self._whole_shapes(prepared)) for i in (0, 1))
+            prepared = [self._model_inputs(micro, shape) for micro in micros]
+            prepared += [self._model_inputs(filler, shape)] * (-len(prepared) % self.pp_size)
+        count = len(prepared)
+
+        def step(data_iterator: Iterator, model: nn.Module) -> tuple[Tensor, Any]:
+            micro, inputs, make_output, real = next(data_iterator)
+            if self._balance is not None:
+                train = balance and not forward_only and micro is not filler
+                tokens = (
+                    router_rows(real, self.tp_rank, self.tp_size, self.sequence_parallel) if train else None
+                )
+                self._balance.begin(tokens, real_token_count(micro) / step_tokens, self.dp_size)
+            columns_and_order = inputs.get("cp")
+            if columns_and_order is not None:  # the rotary embedding at this rank's columns
+                for rotary in self._row_rotaries:
+                    rotary.columns = columns_and_order[0]
+            output_tensor = model(**{k: v for k, v in inputs.items() if k != "cp"})
+
+            def loss_func(logits: Tensor) -> tuple[Tensor, dict]:
+                if self._cp_group is not None:  # this rank's columns -> whole rows, the same on the CP group
+                    from tandem.engine.megatron.context_parallel import gather_columns
+
+                    logits = gather_columns(logits, self._cp_group, *columns_and_order)
+                if micro is filler:  # a pass that adds nothing (an interleaved group's or an expert group's)
+                    return logits.sum() * 0.0, {}
+                # The schedule divides each micro-batch's loss by their count; the contract sums them.
+                return on_output(make_output(logits), micro) * count, {}
+
+            return output_tensor, loss_func
+
+        widths = self._whole_shapes(prepared)
+        with self._scope():
+            get_forward_backward_func()(
+                forward_step_func=step,
+                # one iterator per model chunk: each chunk takes every micro-batch in turn
+                data_iterator=[iter(prepared) for _ in self.models] if self.vp_size > 1 else iter(prepared),
+                model=self.models,
+                num_microbatches=count,
+                seq_length=max(w[1] for w in widths),
+                micro_batch_size=max(w[0] for w in widths),
+                forward_only=forward_only,
+            )
+
+    def _model_inputs(
+        self, micro: Batch, shape: tuple[int, int] | None = None
+    ) -> tuple[Batch, dict[str, Tensor], Any, Tensor]:
+        """(micro, GPTModel keyword inputs, logits -> ModelOutput, [rows, columns] real tokens of the inputs)
+        for one micro-batch.
+
+        Packed: rows of several sequences with a block-diagonal causal mask. Padded: the batch as it is
+        with a causal mask over its real tokens. megatron's mask is True where attention is NOT allowed.
+        `shape`: (rows, columns) to pad the inputs to (the interleaved schedule's fixed shape); under sequence
+        parallel the columns are padded to a multiple of TP. Padding is attended by nothing. Under context
+        parallel every packed sequence (a padded row: the row) spans a multiple of 2 x CP (x TP) columns, and
+        the inputs hold this rank's chunks of each (`_context_parallel_share`)."""
+        ids = micro["input_ids"]
+        padded_shape = tuple(ids.shape)
+        # the columns are split over the TP ranks (sequence parallel), in 2 chunks per CP rank (context parallel)
+        multiple = (self.tp_size if self.sequence_parallel else 1) * (
+            2 * self.cp_size if self.cp_size > 1 else 1
+        )
+        if self.packing and "attention_mask" in micro:  # under CP every sequence splits alike: aligned
+            inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self._pad_id(), align=multiple)
+            segment = (inputs["position_ids"] == 0).long().cumsum(-1)
+            allowed = segment[:, :, None] == segment[:, None, :]
+            real = moe.real_tokens(None, inputs["input_ids"].shape, packing).view(inputs["input_ids"].shape)
+        else:
+            inputs, packing = {"input_ids": ids, "position_ids": micro["position_ids"]}, None
+            real = (
+                micro["attention_mask"].bool() if "attention_mask" in micro else torch.ones_like(ids).bool()
+            )
+            allowed = real[:, None, :].expand(-1, ids.shape[1], -1)
+        rows, width = inputs["input_ids"].shape
+        to_rows, to_width = shape or (rows, width)
+        to_width = -(-to_width // multiple) * multiple
+        extra_rows, extra = to_rows - rows, to_width - width
+        if extra_rows or extra:
+            inputs = {
+                "input_ids": F.pad(inputs["input_ids"], (0, extra, 0, extra_rows), value=self._pad_id()),
+                "position_ids": F.pad(inputs["position_ids"], (0, extra, 0, extra_rows)),
+            }
+            allowed = F.pad(allowed, (0, extra, 0, extra, 0, extra_rows))
+            real = F.pad(real, (0, extra, 0, extra_rows))
+        causal = torch.ones(to_width, to_width, dtype=torch.bool, device=ids.device).tril()
+        inputs["attention_mask"] = ~(allowed & causal).unsqueeze(1)
+        if self.cp_size > 1:
+            inputs = self._context_parallel_share(inputs, real if packing is not None else None)
+
+        def make_output(logits: Tensor) -> ModelOutput:
+            return ModelOutput(
+                logits[:rows, :width], padded_shape, packing, vocab_parallel=self.vocab_parallel
+            )
+
+        return micro, inputs, make_output, real
+
+    def _context_parallel_share(
+        self, inputs: dict[str, Tensor], packed_real: Tensor | None
+    ) -> dict[str, Tensor]:
+        """This CP rank's columns of the whole-row inputs (context_parallel.py): its chunks of each sequence
+        (`packed_real` [rows, columns]: a packed batch's real tokens, each sequence starting at position 0;
+        None: one sequence per row), the mask of its rows against every rank's columns in gathered order, and
+        under `cp` the columns (for RowRotary and the output gather)."""
+        from tandem.engine.megatron.context_parallel import sequence_columns  # imports megatron
+
+        ids = inputs["input_ids"]
+        starts = torch.zeros_like(ids, dtype=torch.bool)
+        if packed_real is not None:
+            starts = (inputs["position_ids"] == 0) & packed_real
+        every = [sequence_columns(starts, rank, self.cp_size) for rank in range(self.cp_size)]
+        columns, order = every[self.cp_rank], torch.cat(every, dim=1)
+        mask = inputs["attention_mask"]
+        rows = mask.gather(2, columns[:, None, :, None].expand(-1, 1, -1, mask.shape[-1]))
+        return {
+            "input_ids": ids.gather(1, columns),
+            "position_ids": inputs["position_ids"].gather(1, columns),
+            "attention_mask": rows.gather(3, order[:, None, None, :].expand(-1, 1, columns.shape[1], -1)),
+            "cp": (columns, order),
+        }
+
+    @staticmethod
+    def _whole_shapes(prepared: list[tuple]) -> list[tuple[int, int]]:
+        """(rows, columns) of each prepared micro-batch's whole rows (its mask's: a CP rank's inputs hold a
+        share of the columns)."""
+        return [
+            (inputs["input_ids"].shape[0], inputs["attention_mask"].shape[-1]) for _, inputs, *_ in prepared
+        ]

@@ -1,0 +1,131 @@
+"""`MegatronEngine`'s weights out: whole tensors in Hugging Face names (`state_dict_iter`), each rank's cut for
+a tensor-parallel rollout engine (`state_dict_cuts`) and a Hugging Face folder (`export_hf`); each megatron
+parameter's TP shards gathered on its stage (convert.py), then sent from that stage to the others.
+
+`WeightsOut` is a part of `MegatronEngine` (engine.py), kept apart for length: it reads the engine's `chunks`,
+`config`, `shapes`, `_hf_shapes`, `_hf_class`, `_export_config`, `model_path`, parallel sizes, ranks and
+groups, `param_dtype`, `device` and calls its `_slots`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from tandem.engine import hf_io
+from tandem.engine.megatron import convert
+from tandem.engine.megatron.experts import stack_experts
+from tandem.models.tp_cuts import Cut
+
+
+class WeightsOut:
+    """state_dict_iter / state_dict_cuts / export_hf of a MegatronEngine."""
+
+    @torch.no_grad()
+    def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
+        """(HF name, full tensor on the engine's device), one megatron parameter at a time: its TP cuts
+        gathered on its stage, then sent from that stage to the others. Same names as FSDPEngine's (a tied
+        lm_head left out). Collective: every rank must iterate to the end."""
+        for name, tensor, _, _ in self._stream_weights(None):
+            yield name, tensor
+
+    def state_dict_cuts(
+        self, cuts_of: Callable[[str, tuple[int, ...]], list[Cut | None]]
+    ) -> Iterator[tuple[str, Tensor, Cut | None, torch.Size]]:
+        """(HF name, this rank's cut of the tensor, the cut, the whole shape), as FSDPEngine.state_dict_cuts:
+        for a tensor-parallel rollout engine whose rank r is this engine's TP rank r (rollout.tensor_parallel =
+        actor.megatron.tensor_parallel). Where this TP rank's own cut of a parameter is the rollout's (heads,
+        MLP columns and rows, a vocabulary that splits alike), it is taken as it is: no TP gather; other
+        tensors are gathered and cut. Pipeline stages send their cuts to the others (same TP rank)."""
+        if self.tp_rank != dist.get_rank() % self.tp_size:
+            raise RuntimeError(
+                f"state_dict_cuts: rank {dist.get_rank()} is megatron TP rank {self.tp_rank}, not rank "
+                f"{dist.get_rank() % self.tp_size} of a rollout engine over {self.tp_size} consecutive ranks"
+            )
+        yield from self._stream_weights(cuts_of)
+
+    def _stream_weights(
+        self, cuts_of: Callable[[str, tuple[int, ...]], list[Cut | None]] | None
+    ) -> Iterator[tuple[str, Tensor, Cut | None, torch.Size]]:
+        """state_dict_iter (`cuts_of` None: whole tensors) and state_dict_cuts."""
+        yielded = set()
+        experts: dict[str, list[Tensor]] = {}  # a fused MoE tensor: this rank's experts' rows so far
+        local_experts = (convert.num_experts(self.config) or 0) // self.ep_size
+        me = dist.get_rank()
+        for chunk, stage in ((c, s) for c in range(self.vp_size) for s in range(self.pp_size)):
+            for slot in self._slots(stage, chunk):
+                expert = slot.expert is not None  # one row of a fused [E, ...] tensor, whole on this rank
+                shapes = [self._hf_shapes[name][1:] if expert else self._hf_shapes[name] for name in slot.hf]
+                wanted = (
+                    [None] * len(slot.hf)
+                    if cuts_of is None or expert
+                    else [cuts_of(name, tuple(self._hf_shapes[name]))[me] for name in slot.hf]
+                )
+                held = convert.tp_cuts(slot, shapes, self.tp_rank, self.tp_size)
+                if stage == self.pp_rank:
+                    shard = self.chunks[chunk].get_parameter(slot.megatron).detach()
+                    if expert:
+                        full = convert.from_shards(slot, [shard], self.shapes)
+                    elif wanted == held:  # this TP rank's own cut is what is wanted: no gather
+                        full = convert.from_shards(
+                            slot, [shard], convert.local_shapes(self.shapes, self.tp_size)
+                        )
+                    else:
+                        full = [
+                            _narrow(t, cut)
+                            for t, cut in zip(self._gather_tp(slot, shard), wanted, strict=True)
+                        ]
+                else:
+                    full = [
+                        torch.empty(_cut_shape(shape, cut), dtype=self.param_dtype, device=self.device)
+                        for shape, cut in zip(shapes, wanted, strict=True)
+                    ]
+                if self.pp_size > 1:
+                    for tensor in full:
+                        dist.broadcast(tensor, src=self._pp_ranks[stage], group=self._pp_group)
+                if expert:
+                    rows = experts.setdefault(slot.hf[0], [])
+                    rows.append(full[0])
+                    if len(rows) < local_experts:
+                        continue
+                    full = [stack_experts(experts.pop(slot.hf[0]), self._ep_group, self.ep_size)]
+                for name, tensor, cut in zip(slot.hf, full, wanted, strict=True):
+                    if name not in yielded:  # the last stage's copy of a tied embedding
+                        yielded.add(name)
+                        yield name, tensor, cut, torch.Size(self._hf_shapes[name])
+
+    def _gather_tp(self, slot: convert.Slot, shard: Tensor) -> list[Tensor]:
+        if slot.kind == "rep":
+            return [shard]
+        if self.tp_size == 1:
+            return convert.from_shards(slot, [shard], self.shapes)
+        shards = [torch.empty_like(shard) for _ in range(self.tp_size)]
+        dist.all_gather(shards, shard.contiguous(), group=self._tp_group)
+        return convert.from_shards(slot, shards, self.shapes)
+
+    def export_hf(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        """A Hugging Face folder in `path` (global rank 0 writes; every rank must call)."""
+        dtype = dtype or hf_io.export_dtype(self.config)
+        writer = dist.get_rank() == 0
+        state = {
+            name: tensor.to("cpu", dtype=dtype if tensor.is_floating_point() else tensor.dtype)
+            for name, tensor in self.state_dict_iter()
+            if writer
+        }
+        if writer:
+            config = type(self.config).from_dict(self._export_config)
+            hf_io.save_folder(self._hf_class, config, state, path, dtype=dtype, source_path=self.model_path)
+        dist.barrier()
+
+
+def _narrow(tensor: Tensor, cut: Cut | None) -> Tensor:
+    return tensor if cut is None else tensor.narrow(cut.dim, cut.start, cut.length)
+
+
+def _cut_shape(shape: tuple[int, ...], cut: Cut | None) -> tuple[int, ...]:
+    return (
+        tuple(shape) if cut is None else tuple(cut.length if d == cut.dim else n for d, n in enumerate(shape))
+    )

@@ -1,0 +1,67 @@
+"""A role's training engine from the config, in one place: the engine spec (engine/base.py `EngineSpec`) of
+its model (the actor's strategy, parallel sizes, packing and token budget for every role) and the engine
+built from it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from tandem.config.schema import OptimConfig, TandemConfig
+from tandem.engine import build_engine
+from tandem.engine.base import EngineSpec, Head, TrainEngine
+
+# Micro-batch token budgets when actor.max_tokens_per_micro_batch is None: on a CPU a budget past the
+# caches is slower (bench/README.md: 2048 tokens 1.5x faster than 16384 on W1); a GPU wants large ones.
+DEFAULT_TOKEN_BUDGET = {"cpu": 2048, "cuda": 16384}
+
+
+def token_budget(cfg: TandemConfig, device: torch.device) -> int | None:
+    """Tokens per micro-batch on one rank (None: micro-batches by sample count, use_dynamic_bsz off)."""
+    a, d = cfg.actor, cfg.data
+    if not a.use_dynamic_bsz:
+        return None
+    if a.max_tokens_per_micro_batch is not None:
+        return a.max_tokens_per_micro_batch
+    longest = d.max_prompt_length + d.max_response_length  # SFT rows are at most as long (data.max_length)
+    return max(
+        DEFAULT_TOKEN_BUDGET.get(device.type, DEFAULT_TOKEN_BUDGET["cuda"]), longest, d.max_length or 0
+    )
+
+
+def role_engine(
+    cfg: TandemConfig,
+    device: torch.device,
+    model_path: str | None,
+    head: Head,
+    optim: OptimConfig | None,
+    grad_clip: float | None,
+    total_training_steps: int | None,
+    group_name: str,
+    lora: Any = None,
+) -> TrainEngine:
+    """One role's engine (`optim` None: a frozen one, the reference or the reward model); every role shares
+    the actor's strategy and settings. `group_name`: the worker group, named by the error of a role without
+    a model."""
+    if not model_path:
+        raise ValueError(f"worker group {group_name!r}: a role needs a model_path, got {model_path!r}")
+    a = cfg.actor
+    spec = EngineSpec(
+        model_path=model_path,
+        head=head,
+        device=device,
+        optim=optim,
+        grad_clip=grad_clip,
+        total_training_steps=total_training_steps,
+        strategy=a.strategy,
+        fsdp=a.fsdp,
+        megatron=a.megatron,
+        activation_checkpointing=a.activation_checkpointing and optim is not None,
+        seed=cfg.trainer.seed,
+        packing=a.sequence_packing,
+        max_tokens_per_micro_batch=token_budget(cfg, device),
+        router_aux_loss_coef=a.router_aux_loss_coef,
+        lora=lora,
+    )
+    return build_engine(spec)
