@@ -129,6 +129,14 @@ class RolloutEngine(ABC):
             f"{type(self).__name__} has no asynchronous turn engine; rollout.mode=async needs rollout.engine=vllm"
         )
 
+    def load_adapter(self, folder: str | Path) -> None:
+        """Serve the LoRA adapter in a PEFT `folder` from now on, over the base weights it loaded
+        (actor.lora.rollout_sync=adapter)."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not serve LoRA adapters; actor.lora.rollout_sync=adapter needs "
+            "rollout.engine=vllm (or use rollout_sync=merged)"
+        )
+
     def sleep(self) -> None:  # noqa: B027 - a no-op is the right default for engines without memory to free
         """Free accelerator memory (weights and KV cache) while the trainer runs."""
 
