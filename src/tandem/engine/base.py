@@ -161,6 +161,17 @@ class EngineSpec:
     lora: LoraConfig | None = None
 
 
+def strategy_param_dtype(
+    strategy: Strategy, fsdp: FSDPConfig, megatron: MegatronConfig, device: torch.device
+) -> torch.dtype:
+    """The compute dtype an engine of `strategy` resolves its settings to on `device`: the one rule for the
+    engines and for a rollout pool that computes as the actor does (megatron-core never probes the CPU:
+    float32 there). The FSDP2 engine then makes its ranks agree on the CPU probe's answer."""
+    if strategy == "megatron":
+        return resolve_param_dtype(megatron.param_dtype, device, "megatron.param_dtype", cpu_probe=False)
+    return resolve_param_dtype(fsdp.param_dtype, device)
+
+
 def check_engine_args(engine: str, spec: EngineSpec) -> None:
     """What every engine's constructor checks first: a process group, and sane clipping / token budget."""
     grad_clip, max_tokens_per_micro_batch = spec.grad_clip, spec.max_tokens_per_micro_batch

@@ -28,7 +28,7 @@ from torch import Tensor
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
 from tandem.controller import WorkerContext
-from tandem.engine.base import TrainEngine, resolve_param_dtype
+from tandem.engine.base import TrainEngine, strategy_param_dtype
 from tandem.engine.fsdp.lora import save_adapter
 from tandem.models.tp_cuts import TensorParallelCuts, loader_input
 from tandem.roles.weight_bus import WeightBus
@@ -309,14 +309,12 @@ def rollout_dtype(
 ) -> torch.dtype:
     """The rollout computes in the actor's compute dtype. Hybrid: the actor engine's own (param_dtype=auto
     may have measured it, and the FSDP engine's ranks agreed on it). A separate rollout pool: the actor's
-    config resolved by the rule its engine applies (engine/base.py `resolve_param_dtype`; megatron-core:
+    config resolved by the rule its engine applies (engine/base.py `strategy_param_dtype`; megatron-core:
     float32 on a CPU), on this rank alone."""
     if actor_engine is not None:
         return actor_engine.param_dtype
     a = cfg.actor
-    if a.strategy == "megatron":
-        return resolve_param_dtype(a.megatron.param_dtype, device, "megatron.param_dtype", cpu_probe=False)
-    return resolve_param_dtype(a.fsdp.param_dtype, device)
+    return strategy_param_dtype(a.strategy, a.fsdp, a.megatron, device)
 
 
 def check_servable_adapters(vision_adapters: list[str]) -> None:

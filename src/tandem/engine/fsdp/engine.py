@@ -48,7 +48,7 @@ from tandem.engine.base import (
     TrainEngine,
     check_engine_args,
     pad_micro_batch,
-    resolve_param_dtype,
+    strategy_param_dtype,
 )
 from tandem.engine.fsdp.build import ModelBuild
 from tandem.engine.fsdp.state import CheckpointAndOffload
@@ -100,7 +100,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         self.global_step = 0  # optimizer steps taken (or skipped); for logs and checkpoints
         self._offloaded: list[tuple[dict, str]] = []  # optimizer-state entries moved by offload()
         self._is_offloaded = False
-        self.param_dtype = resolve_param_dtype(fsdp.param_dtype, self.device)
+        self.param_dtype = strategy_param_dtype("fsdp", fsdp, spec.megatron, self.device)
         if (
             fsdp.param_dtype == "auto"
             and self.device.type == "cpu"

@@ -55,7 +55,7 @@ from tandem.engine.base import (
     TrainEngine,
     check_engine_args,
     pad_micro_batch,
-    resolve_param_dtype,
+    strategy_param_dtype,
 )
 from tandem.engine.megatron import convert
 from tandem.engine.megatron.build import ModelBuild
@@ -164,9 +164,7 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffl
             )
         # layers of one model chunk: a pipeline rank holds vp_size chunks (virtual stages), interleaved
         self.layers_per_chunk = config.num_hidden_layers // (self.pp_size * self.vp_size)
-        self.param_dtype = resolve_param_dtype(
-            megatron.param_dtype, self.device, "megatron.param_dtype", cpu_probe=False
-        )
+        self.param_dtype = strategy_param_dtype("megatron", spec.fsdp, megatron, self.device)
 
         self._row_rotaries: list[nn.Module] = []  # context parallel: each chunk's RowRotary
         with self._scope():
