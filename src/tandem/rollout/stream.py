@@ -11,7 +11,7 @@ with the weights they started with, then the new weights load and the waiting tu
 turn is sampled by one version of the weights (its tokens' rollout log-probs are that policy's), and
 each group records, per sample, the oldest and newest version its turns used (`weight_version`,
 `weight_version_max`; they differ only for a multi-turn trajectory that spans an update). The
-controller numbers versions by actor updates and drops groups that are too old (trainer/ppo.py).
+controller numbers versions by actor updates and drops groups that are too old (trainer/streaming.py).
 
 Every call into vLLM happens on the stream's thread: the engine steps there, weights load there
 (between steps, once the engine is idle), and validation generates there too (`generate`).
