@@ -208,6 +208,7 @@ class TrainEngine(ABC):
     config: Any  # the model's Hugging Face config (a tensor-parallel rollout's cuts are read from it)
     compile_seconds: float | None = None  # fsdp.torch_compile's warm-up, paid at start-up (None: no compile)
     _is_offloaded: bool = False  # set by offload(), cleared by onload()
+    optimizer: Any = None  # None: a frozen engine (built with optim=None), forward only
 
     @abstractmethod
     def forward(self, batch: Batch, fn: ForwardFn, micro_batch_size: int) -> Batch:
@@ -275,3 +276,11 @@ class TrainEngine(ABC):
     def _check_onloaded(self, what: str) -> None:
         if self._is_offloaded:
             raise RuntimeError(f"{what} on an offloaded engine: call onload() first")
+
+    def _check_trainable(self) -> None:
+        """What every engine's `train_step` checks first: an optimizer, and the state onloaded."""
+        if self.optimizer is None:
+            raise RuntimeError(
+                "train_step on a frozen engine (built with optim=None); give it an OptimConfig"
+            )
+        self._check_onloaded("train_step")

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-IMAGE_PLACEHOLDER = (
-    "<image>"  # where an image goes in a prompt's text (verl's schema; the tiny VLM's template)
-)
+# where an image goes in a prompt's text (verl's schema; the tiny VLM's template)
+IMAGE_PLACEHOLDER = "<image>"
 VISION_LANGUAGE_TYPES = ("qwen2_vl",)  # config.json model_types of the vision-language models Tandem reads
 
 

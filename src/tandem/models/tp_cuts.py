@@ -31,7 +31,6 @@ from torch import Tensor
 logger = logging.getLogger(__name__)
 
 
-# model_type -> decoder families whose vLLM layers shard as above (Llama's module names and layout)
 @dataclass(frozen=True)
 class Cut:
     """The part of a tensor a rank keeps: `length` entries along `dim` from `start`."""
@@ -41,6 +40,7 @@ class Cut:
     length: int
 
 
+# model_type -> decoder families whose vLLM layers shard as above (Llama's module names and layout)
 SHARDED_FAMILIES = frozenset({"llama", "mistral", "qwen2", "qwen3", "mixtral"})
 VOCAB_PADDING = 64  # vLLM's DEFAULT_VOCAB_PADDING_SIZE
 COLUMN = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj")

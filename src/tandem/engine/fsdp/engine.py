@@ -118,9 +118,8 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         hf_io.disable_dropout(config)
         config.use_cache = False
         self.config = config
-        self.vocab_size = (
-            config.get_text_config().vocab_size
-        )  # a vision-language config keeps it in its text part
+        # a vision-language config keeps the vocabulary size in its text part
+        self.vocab_size = config.get_text_config().vocab_size
         # A mixture-of-experts causal LM: its routers' load-balancing loss joins every training pass (engine/moe.py)
         self.routing = moe.routing_of(config, spec.router_aux_loss_coef) if head == "lm" else None
         if self.routing is not None and self.sp is not None:
@@ -190,11 +189,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
 
     # ------------------------------------------------------------------ training
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> StepResult:
-        if self.optimizer is None:
-            raise RuntimeError(
-                "train_step on a frozen engine (built with optim=None); give it an OptimConfig"
-            )
-        self._check_onloaded("train_step")
+        self._check_trainable()
         micros, _ = self._micro_batches(batch, micro_batch_size)
         num_passes = self._max_over_ranks(len(micros))
         self.model.train()  # dropout is 0; train mode switches on activation checkpointing

@@ -222,11 +222,7 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffl
         return merge_outputs(parts, plan)
 
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> StepResult:
-        if self.optimizer is None:
-            raise RuntimeError(
-                "train_step on a frozen engine (built with optim=None); give it an OptimConfig"
-            )
-        self._check_onloaded("train_step")
+        self._check_trainable()
         micros, _ = self._micro_batches(batch, micro_batch_size)
         real = bool(micros)
         if not real:  # an empty shard still joins the gradient all-reduce and the optimizer step
