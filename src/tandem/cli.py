@@ -6,6 +6,11 @@
     tandem eval PRESET|FILE [key=value ...] [--checkpoint DIR]   validation accuracy of a model
     tandem export CHECKPOINT OUT_DIR [--role actor|critic]        a Hugging Face folder from a checkpoint
     tandem config [PRESET|FILE] [key=value ...]     print the resolved, validated config as YAML
+    tandem config --from-verl FILE                  a verl YAML (with its defaults) as a Tandem YAML
+
+verl's keys and Hydra flags are read as Tandem's: `tandem train actor_rollout_ref.model.path=DIR ...`
+or `tandem train --config-path DIR --config-name NAME ...` (the base is then the `verl` preset, verl's
+defaults); the run prints the translation once (tandem/config/verl.py).
     tandem presets                                  list the bundled presets
     tandem data TASK OUT_DIR [--n-train N] [--n-val N] [--seed S]   write a synthetic task
 
@@ -45,7 +50,9 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     train = sub.add_parser("train", help="RL training from a preset or YAML file")
-    train.add_argument("preset", help="preset name (tandem presets) or YAML path")
+    train.add_argument(
+        "preset", nargs="?", default="grpo", help="preset name (tandem presets) or YAML path (default: grpo)"
+    )
     train.add_argument("overrides", nargs="*", help="dotted overrides, e.g. data.train_files=[a.parquet]")
 
     sft = sub.add_parser("sft", help="supervised fine-tuning; exports <run dir>/hf_model")
@@ -65,6 +72,12 @@ def _parser() -> argparse.ArgumentParser:
     config = sub.add_parser("config", help="print the resolved config")
     config.add_argument("preset", nargs="?", default="grpo", help="preset name or YAML path (default: grpo)")
     config.add_argument("overrides", nargs="*")
+    config.add_argument(
+        "--from-verl", metavar="FILE", help="write a verl YAML (with its defaults) as a Tandem YAML"
+    )
+    for command in (train, sft, ev, config):  # verl's Hydra flags: a verl YAML as the config
+        command.add_argument("--config-path", "-cp", help="verl/Hydra: the folder of --config-name")
+        command.add_argument("--config-name", "-cn", help="verl/Hydra: a verl YAML, without .yaml")
 
     sub.add_parser("presets", help="list the bundled presets")
 
@@ -82,7 +95,30 @@ def _preset_and_overrides(args: argparse.Namespace, default: str) -> tuple[str, 
     preset, overrides = args.preset, list(args.overrides)
     if "=" in preset:  # `tandem config a.b=1`: an override, not a preset name
         preset, overrides = default, [preset, *overrides]
+        if any(is_verl_override(o) for o in overrides):  # a verl command line: verl's defaults under it
+            preset = "verl"
+    if getattr(args, "config_name", None):  # verl's --config-path DIR --config-name NAME
+        if preset != default and preset != "verl":
+            overrides = [preset, *overrides] if "=" in preset else overrides
+        name = (
+            args.config_name if args.config_name.endswith((".yaml", ".yml")) else f"{args.config_name}.yaml"
+        )
+        preset = str(Path(args.config_path or ".").expanduser() / name)
     return preset, overrides
+
+
+def is_verl_override(text: str) -> bool:
+    """Whether `key=value` uses one of verl's keys (config/verl_keys.py)."""
+    from tandem.config.verl_keys import is_verl_key
+
+    return is_verl_key(text.partition("=")[0].strip().lstrip("+"))
+
+
+def _print_translation(command: str):
+    def show(translation) -> None:
+        print(translation.summary(command), file=sys.stderr)
+
+    return show
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -99,7 +135,12 @@ def _run(args: argparse.Namespace) -> int:
         from tandem.trainer.base import run_dir
 
         preset, overrides = _preset_and_overrides(args, "sft" if args.command == "sft" else "grpo")
-        cfg = load_config(preset, overrides, require_data=args.command != "eval")
+        cfg = load_config(
+            preset,
+            overrides,
+            require_data=args.command != "eval",
+            on_verl=_print_translation(f"tandem {args.command} {preset}"),
+        )
         args.log_dir = run_dir(cfg) / "logs"
         if args.command == "eval" and cfg.actor.model_path and hf_io.is_adapter_folder(cfg.actor.model_path):
             # a LoRA export's adapter folder: evaluated as its base with the adapters merged in
@@ -118,9 +159,14 @@ def _run(args: argparse.Namespace) -> int:
 
         args.log_dir = Path(args.checkpoint).absolute().parent.parent / "logs"  # the checkpoint's run folder
         print(export_checkpoint(args.checkpoint, args.out_dir, args.role))
+    elif args.command == "config" and args.from_verl:
+        from tandem.config.loader import verl_yaml_to_tandem
+
+        print(verl_yaml_to_tandem(args.from_verl), end="")
     elif args.command == "config":
         preset, overrides = _preset_and_overrides(args, "grpo")
-        print(config_to_yaml(load_config(preset, overrides)), end="")
+        cfg = load_config(preset, overrides, on_verl=_print_translation(f"tandem config {preset}"))
+        print(config_to_yaml(cfg), end="")
     elif args.command == "presets":
         print("\n".join(list_presets()))
     elif args.command == "data":

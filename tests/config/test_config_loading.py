@@ -15,7 +15,7 @@ from tandem.config import (
     validate_config,
 )
 
-PRESETS = ["base", "dapo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce_pp", "remax", "rloo", "sft"]
+PRESETS = ["base", "dapo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce_pp", "remax", "rloo", "sft", "verl"]
 
 
 def test_list_presets():
@@ -26,7 +26,7 @@ def test_list_presets():
 def test_every_preset_loads_and_validates(name):
     cfg = load_config(name)
     assert cfg.derived.samples_per_step == cfg.data.train_batch_size * cfg.rollout.n
-    assert cfg.trainer.device == "cpu"  # every preset builds on the tiny CPU base
+    assert cfg.trainer.device == ("auto" if name == "verl" else "cpu")  # verl: verl's defaults
 
 
 @pytest.mark.parametrize("name", PRESETS)

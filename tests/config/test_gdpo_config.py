@@ -3,7 +3,7 @@ keys and the fix."""
 
 from config_helpers import error_of, load
 
-from tandem.config.foreign_names import foreign_key_hint
+from tandem.config.verl import translate_overrides
 
 GDPO = "algorithm.adv_estimator=gdpo"
 
@@ -51,5 +51,5 @@ def test_what_gdpo_would_ignore_is_refused():
 
 
 def test_verls_gdpo_reward_manager_points_to_the_keys():
-    hint = foreign_key_hint("reward.reward_manager.name", ())
-    assert hint is not None and "algorithm.gdpo_reward_keys" in hint
+    translation = translate_overrides(["reward.reward_manager.name=gdpo"])
+    assert translation.overrides == [] and "algorithm.gdpo_reward_keys" in translation.no_effect[0][1]

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import copy
 import json
+import logging
 import typing
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +25,9 @@ from tandem.config.coerce import (
 from tandem.config.errors import ConfigError, Problems, closest
 from tandem.config.schema import TandemConfig
 from tandem.config.validate import finalize
+from tandem.config.verl import VerlTranslation, translate_overrides, translate_tree
+from tandem.config.verl_yaml import compose, looks_like_verl
+from tandem.config.yaml_io import deep_merge, read_yaml
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -39,18 +42,41 @@ def load_config(
     overrides: Iterable[str] = (),
     *,
     require_data: bool = False,
+    on_verl: Callable[[VerlTranslation], None] | None = None,
 ) -> TandemConfig:
     """A validated config from a preset name or YAML path (None = schema defaults) and `key=value` overrides.
 
+    verl's keys are read as Tandem's (config/verl.py), and a verl YAML file is composed with its
+    `defaults:` over the `verl` preset; `on_verl` then gets the translation (default: logged).
     With `require_data=True` the training files must be given (and exist): use it when about to train.
     Raises ConfigError listing every problem found.
     """
     raw: dict[str, Any] = {}
     problems = Problems()
+    translation = VerlTranslation()
     if preset_or_path is not None:
-        raw = load_yaml_tree(resolve_ref(str(preset_or_path), Path.cwd()), (), problems.files)
-    apply_overrides(raw, overrides, problems)
+        path = resolve_ref(str(preset_or_path), Path.cwd())
+        top = read_yaml(path)
+        if isinstance(top, dict) and looks_like_verl(top):  # a verl (Hydra) YAML: verl's defaults under it
+            raw = load_yaml_tree(PRESET_DIR / "verl.yaml", (), problems.files)
+            notes: list[str] = []
+            translation = translate_tree(compose(path, notes))
+            translation.notes, translation.source = notes, str(path)
+        else:
+            raw = load_yaml_tree(path, (), problems.files)
+    from_file = translation.overrides
+    translation.merge(translate_overrides(overrides))
+    for key, message in translation.problems:
+        problems.notes[key] = "from a verl override"
+        problems.add(key, message)
+    if translation.read_verl:
+        (on_verl or _log_translation)(translation)
+    apply_overrides(raw, [*from_file, *translation.overrides], problems)
     return config_from_dict(raw, require_data=require_data, problems=problems)
+
+
+def _log_translation(translation: VerlTranslation) -> None:
+    logging.getLogger("tandem.config").info("%s", translation.summary())
 
 
 def config_from_dict(
@@ -162,64 +188,6 @@ def _dotted_keys(tree: Mapping[str, Any], prefix: str = "") -> Iterable[str]:
         yield path
         if isinstance(value, Mapping):
             yield from _dotted_keys(value, path)
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML keeps the last of two equal keys; in a config that silently drops a whole section."""
-
-
-def _construct_unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> Any:
-    seen: dict[str, int] = {}
-    for key_node, _ in node.value:
-        if isinstance(key_node, yaml.ScalarNode) and key_node.tag != "tag:yaml.org,2002:merge":
-            if key_node.value in seen:
-                raise yaml.constructor.ConstructorError(
-                    None,
-                    None,
-                    f"key '{key_node.value}' appears twice in one mapping (first at line "
-                    f"{seen[key_node.value] + 1}); the second would silently replace the first. Merge them",
-                    key_node.start_mark,
-                )
-            seen[key_node.value] = key_node.start_mark.line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
-
-
-def read_yaml(path: Path) -> Any:
-    """The parsed file; a syntax error or a repeated key is a ConfigError naming the file and line."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise ConfigError(f"cannot read config file {path}: {err}") from None
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader subclass: no arbitrary objects
-    except yaml.YAMLError as err:
-        raise ConfigError(_yaml_error_message(path, err)) from None
-
-
-def _yaml_error_message(path: Path, err: yaml.YAMLError) -> str:
-    mark = getattr(err, "problem_mark", None)
-    where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
-    message = f"{path} is not valid YAML{where}: {getattr(err, 'problem', None) or err}"
-    context, context_mark = getattr(err, "context", None), getattr(err, "context_mark", None)
-    if context and context_mark is not None:
-        message += f" ({context} at line {context_mark.line + 1})"
-    if "'\\t'" in message:
-        message += ". Indent with spaces: YAML does not allow tabs"
-    return message
-
-
-def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    """`top` over `base`: mappings merge key by key, everything else (lists too) is replaced."""
-    out = copy.deepcopy(dict(base))
-    for key, value in top.items():
-        if isinstance(value, Mapping) and isinstance(out.get(key), Mapping):
-            out[key] = deep_merge(out[key], value)
-        else:
-            out[key] = copy.deepcopy(value)
-    return out
 
 
 # --- dotted overrides ---------------------------------------------------------------------------
@@ -337,3 +305,30 @@ def _is_text_type(tp: Any) -> bool:
     if tp is str:
         return True
     return typing.get_origin(tp) is Literal and all(isinstance(c, str) for c in typing.get_args(tp))
+
+
+# --- verl YAML -> Tandem YAML ---------------------------------------------------------------------
+
+
+def verl_yaml_to_tandem(path: str | Path) -> str:
+    """`tandem config --from-verl FILE`: the verl config at `path` (with its `defaults:`) as a Tandem
+    YAML over the `verl` preset, and a comment for every key dropped, with why. The text loads with
+    load_config; a problem with the translated values is a ConfigError, as for any config."""
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise ConfigError(f"verl config file '{path}' does not exist")
+    notes: list[str] = []
+    translation = translate_tree(compose(path, notes))
+    problems = Problems()
+    raw: dict[str, Any] = {}
+    apply_overrides(raw, translation.overrides, problems)
+    problems.raise_if_any()
+    lines = [
+        f"# Translated from verl config {path} by `tandem config --from-verl`.",
+        "# The base is Tandem's `verl` preset: verl's defaults in Tandem's keys.",
+        *(f"# note: {note}" for note in notes),
+        yaml.safe_dump({"base": "verl", **raw}, sort_keys=False, default_flow_style=False).rstrip(),
+        f"# Dropped: {len(translation.dropped)} keys of the verl config have no Tandem setting:",
+        *(f"#   {key}  -- {why}" for key, why in translation.dropped),
+    ]
+    return "\n".join(lines) + "\n"

@@ -476,6 +476,7 @@ class TrainerConfig:
     test_freq: int = -1  # steps between validations, >= 1; -1 = never
     val_before_train: bool = False  # validate once before the first step
     output_dir: str = "outputs"  # root folder of checkpoints and logs
+    run_dir: str | None = None  # the run folder itself (verl's default_local_dir); None = the nesting above
     resume: str = "auto"  # auto = latest checkpoint of this experiment if any, disable, or a checkpoint path
     max_checkpoints_to_keep: int | None = None  # >= 1: older checkpoints are deleted; None = keep all
     critic_warmup: int = 0  # first steps that train only the critic, >= 0

@@ -42,6 +42,8 @@ logger = logging.getLogger(__name__)
 def run_dir(cfg: TandemConfig) -> Path:
     """The folder of a run's config, metrics and checkpoints."""
     t = cfg.trainer
+    if t.run_dir:
+        return Path(t.run_dir).expanduser()
     return Path(t.output_dir) / t.project_name / t.experiment_name
 
 

@@ -1,0 +1,260 @@
+"""verl's keys read as Tandem's: command-line overrides and whole verl YAML trees, translated.
+
+`translate_overrides` turns a verl command line (`actor_rollout_ref.model.path=...`) into Tandem
+overrides (`actor.model_path=...`) and records every key it read: mapped (verl key -> Tandem key),
+accepted with no effect (and why), or a problem (a verl key Tandem has no meaning for). Keys Tandem
+shares with verl, and keys of neither, pass through untouched for the loader to check.
+`translate_tree` does the same for a verl config tree (`config/verl_yaml.py` composes one from a
+verl YAML and its `defaults:`), where a key Tandem has no meaning for is dropped and named instead.
+The table of keys is `config/verl_keys.py`.
+"""
+
+from __future__ import annotations
+
+import json
+import typing
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+from tandem.config.coerce import field_types, is_section
+from tandem.config.errors import closest
+from tandem.config.schema import TandemConfig
+from tandem.config.verl_keys import (
+    SGLANG_NOTE,
+    VERL_KEYS,
+    Rule,
+    UnsupportedValue,
+    is_verl_key,
+    verl_rule,
+)
+
+# keys of a verl YAML not read: verl writes its own default there, which would not suit Tandem
+_TREE_DROPS = {
+    "trainer.device": "verl's YAML always says cuda; Tandem's verl preset has auto (cuda where there is a GPU)",
+}
+
+# Tandem keys several verl keys map to, combined with `or` (verl's param and optimizer offload)
+_ANY_OF = {"actor.fsdp.cpu_offload"}
+
+
+@dataclass
+class VerlTranslation:
+    """What reading verl's keys did: the Tandem overrides, and a line for every verl key read."""
+
+    overrides: list[str] = field(default_factory=list)  # in Tandem's keys, in the given order
+    mapped: list[tuple[str, str, str]] = field(default_factory=list)  # (verl text, Tandem text, note)
+    no_effect: list[tuple[str, str]] = field(default_factory=list)  # (verl text, why)
+    dropped: list[tuple[str, str]] = field(default_factory=list)  # (verl text, why): tree keys only
+    problems: list[tuple[str, str]] = field(default_factory=list)  # (verl key, message)
+    notes: list[str] = field(default_factory=list)  # what composing a verl YAML could not follow
+    tree_keys: int = 0  # keys of a verl YAML read as Tandem's
+
+    source: str = ""  # the verl YAML file a tree translation came from
+
+    def merge(self, other: VerlTranslation) -> None:
+        """The command line's translation (`other`) after a verl YAML's (this one): `overrides` become
+        the command line's (the YAML's are applied before them)."""
+        self.overrides = other.overrides
+        self.mapped += other.mapped
+        self.no_effect += other.no_effect
+        self.problems += other.problems
+
+    tree_mapped: list[tuple[str, str, str]] = field(default_factory=list)  # a verl YAML's mapped keys
+
+    @property
+    def read_verl(self) -> bool:
+        return bool(self.source or self.mapped or self.no_effect or self.problems)
+
+    def summary(self, command: str = "tandem train verl") -> str:
+        """The printed translation: each verl key -> Tandem key, the keys with no effect and why, and
+        the same run as a Tandem command line."""
+        lines = []
+        if self.source:
+            lines.append(
+                f"tandem: read verl config {self.source} with its defaults: {self.tree_keys} keys as Tandem's, "
+                f"{len(self.dropped)} with no Tandem setting dropped (`tandem config --from-verl "
+                f"{self.source}` writes the Tandem YAML and names each dropped key)"
+            )
+            lines += [f"  note: {note}" for note in self.notes]
+        if self.mapped or self.no_effect:
+            lines.append(f"tandem: read {len(self.mapped) + len(self.no_effect)} verl keys as Tandem's")
+        width = min(max((len(v) for v, _, _ in self.mapped), default=0), 64)
+        for verl, tandem, note in self.mapped:
+            lines.append(f"  {verl:<{width}}  ->  {tandem}" + (f"   ({note})" if note else ""))
+        if self.no_effect:
+            lines.append("  accepted with no effect in Tandem:")
+            lines += [f"    {verl}: {why}" for verl, why in self.no_effect]
+        if not self.source:
+            lines.append("  the same run in Tandem's keys:")
+            lines.append("    " + " ".join([command, *(_shell_quote(o) for o in self.overrides)]))
+        return "\n".join(lines)
+
+
+def translate_overrides(overrides: Iterable[str]) -> VerlTranslation:
+    """verl's `key=value` overrides as Tandem's; other overrides are kept as they are."""
+    out = VerlTranslation()
+    combined: dict[str, int] = {}  # _ANY_OF key -> its index in out.overrides
+    for text in map(str, overrides):
+        key, sep, value_text = text.partition("=")
+        key = key.strip().lstrip("+")
+        if not sep or key.startswith("~") or not _reads_as_verl(key):
+            out.overrides.append(text)
+            continue
+        rule = verl_rule(key, is_tandem_key)
+        if rule is None:
+            out.problems.append((key, _unknown_verl_key_message(key)))
+            continue
+        try:
+            pairs = _apply_rule(key, rule, value_text)
+        except UnsupportedValue as err:
+            out.problems.append((key, f"{key}={value_text.strip()}: {err}"))
+            continue
+        if pairs is None:
+            out.no_effect.append((text.lstrip("+"), rule.note))
+            continue
+        for target, tandem_text in pairs:
+            if target in _ANY_OF and target in combined:  # the second of param / optimizer offload
+                i = combined[target]
+                previous = out.overrides[i].partition("=")[2]
+                if _truthy(tandem_text.partition("=")[2]) or not _truthy(previous):
+                    out.overrides[i] = tandem_text
+                continue
+            combined.setdefault(target, len(out.overrides)) if target in _ANY_OF else None
+            out.overrides.append(tandem_text)
+        note = SGLANG_NOTE if key.endswith("rollout.name") and value_text.strip() == "sglang" else rule.note
+        out.mapped.append((text.lstrip("+"), " ".join(t for _, t in pairs), note))
+    return out
+
+
+def translate_tree(tree: Mapping[str, Any]) -> VerlTranslation:
+    """A composed verl config tree as Tandem overrides. A null value (verl: not set) keeps Tandem's
+    default; a key Tandem has no meaning for is dropped and named, not an error: a verl YAML holds
+    every verl default, most of them for parts Tandem does not have."""
+    out = VerlTranslation()
+    texts: list[str] = []
+    for key, value in _leaves(tree):
+        if key.endswith("._target_") or key == "_target_" or key.startswith("hydra."):
+            continue
+        if key in _TREE_DROPS:
+            out.dropped.append((f"{key}: {_flow(value)}", _TREE_DROPS[key]))
+            continue
+        shown = f"{key}: {_flow(value)}"
+        if value is None or (isinstance(value, str) and "${" in value):
+            continue  # verl's "not set" (or an interpolation verl_yaml could not resolve)
+        if not _reads_as_verl(key):
+            if is_tandem_key(key):
+                texts.append(f"{key}={_override_text(value)}")
+            else:
+                out.dropped.append((shown, "Tandem has no setting for it"))
+            continue
+        rule = verl_rule(key, is_tandem_key)
+        if rule is None:
+            out.dropped.append((shown, "Tandem has no setting for it"))
+        elif rule.effect != "maps":
+            out.dropped.append((shown, rule.note))
+        else:
+            texts.append(f"{key}={_override_text(value)}")
+    translated = translate_overrides(texts)
+    out.overrides, out.tree_keys = translated.overrides, len(translated.overrides)
+    out.tree_mapped = translated.mapped
+    out.dropped += [(f"{k}", message) for k, message in translated.problems]
+    out.dropped += [(verl, why) for verl, why in translated.no_effect]
+    return out
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+
+def is_tandem_key(dotted: str) -> bool:
+    """Whether `dotted` names a key (a field, or a section) of Tandem's schema."""
+    cls: Any = TandemConfig
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        tp = field_types(cls).get(part)
+        if tp is None:
+            return False
+        if i == len(parts) - 1 or typing.get_origin(tp) is dict:  # inside a free mapping: any key
+            return True
+        if not is_section(tp):
+            return False
+        cls = tp
+    return False
+
+
+def _reads_as_verl(key: str) -> bool:
+    """verl's meaning applies: a key in the verl table, or under a verl-only section. A key Tandem
+    has with the same meaning (data.train_batch_size, algorithm.gamma, ...) is Tandem's."""
+    return key in VERL_KEYS or (is_verl_key(key) and not is_tandem_key(key))
+
+
+def _apply_rule(key: str, rule: Rule, value_text: str) -> list[tuple[str, str]] | None:
+    """The Tandem (key, `key=value` text) pairs a verl override becomes; None for a key with no effect.
+    Raises UnsupportedValue for a key or value Tandem has no meaning for."""
+    if rule.effect == "unsupported":
+        raise UnsupportedValue(f"Tandem has no meaning for verl's {key}: {rule.note}")
+    if rule.effect == "none":
+        return None
+    value_text = value_text.strip()
+    if rule.convert is not None:
+        parsed = _parse(value_text)
+        try:
+            value = rule.convert(parsed)
+        except UnsupportedValue:
+            raise
+        except (TypeError, ValueError) as err:
+            raise UnsupportedValue(f"cannot read {parsed!r} as verl's value for it ({err})") from None
+        value_text = _override_text(value)
+    if not rule.target:  # a value checked (e.g. optim.optimizer=AdamW), nothing to set
+        return None
+    return [(target, f"{target}={value_text}") for target in rule.target.split(",")]
+
+
+def _parse(text: str) -> Any:
+    try:
+        return yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        return text
+
+
+def _override_text(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value)
+
+
+def _flow(value: Any) -> str:
+    return json.dumps(value) if not isinstance(value, str) else value
+
+
+def _truthy(text: str) -> bool:
+    return str(_parse(text.strip())).lower() == "true"
+
+
+def _leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            yield from _leaves(value, path + ".")
+        else:
+            yield path, value
+
+
+def _unknown_verl_key_message(key: str) -> str:
+    """A verl key in no table: Tandem has no meaning for it. The nearest verl keys are suggested, never a
+    Tandem key across verl's prefix."""
+    section = key.rsplit(".", 1)[0] + "."
+    near = closest(key, [k for k in VERL_KEYS if k.startswith(section)] or list(VERL_KEYS))
+    hint = f" Did you mean verl's '{near}'?" if near else ""
+    return (
+        f"{key}: a verl key Tandem has no meaning for (it is in none of Tandem's verl tables, "
+        f"tandem/config/verl_keys.py).{hint} Remove it, or find the Tandem setting in `tandem config` output"
+    )
+
+
+def _shell_quote(text: str) -> str:
+    if any(c in text for c in " \"'[]{}$*?;&|<>()"):
+        return "'" + text.replace("'", "'\\''") + "'"
+    return text

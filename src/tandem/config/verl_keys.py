@@ -1,0 +1,552 @@
+"""verl's configuration keys and what each means in Tandem: the table `config/verl.py` reads.
+
+A verl key either *maps* (it is read as a Tandem key, its value converted where the two differ), has
+*no effect* (Tandem accepts it and says why nothing needs it: a GPU-memory knob of a library Tandem
+does not use, or something Tandem always does), or is *unsupported* (it asks for something Tandem
+does not have: an error that says so). A key found in none of these tables but under a verl-only
+section (`actor_rollout_ref.`, `critic.model.`, `reward_model.`, ...) is unknown to Tandem too: an
+error, never a guess at a Tandem key. Keys verl and Tandem share (`data.train_batch_size`,
+`algorithm.gamma`, `trainer.total_epochs`, ...) need no entry.
+
+The names and defaults follow verl's `ppo_trainer.yaml` (verl 0.7, read in 2026-11).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Effect = Literal["maps", "none", "unsupported"]
+
+
+class UnsupportedValue(ValueError):
+    """A verl value Tandem has no meaning for (the key itself may have one)."""
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What one verl key does in Tandem."""
+
+    effect: Effect
+    target: str = ""  # the Tandem key ("maps"); "a,b" sets both
+    note: str = ""  # why (no effect / unsupported), or how the meaning differs (maps)
+    convert: Callable[[Any], Any] | None = None  # verl value -> Tandem value; may raise UnsupportedValue
+
+
+def maps(target: str, note: str = "", convert: Callable[[Any], Any] | None = None) -> Rule:
+    return Rule("maps", target, note, convert)
+
+
+def no_effect(why: str) -> Rule:
+    return Rule("none", note=why)
+
+
+def unsupported(why: str) -> Rule:
+    return Rule("unsupported", note=why)
+
+
+# --- value conversions -----------------------------------------------------------------------------
+
+
+def _as_list(value: Any) -> list:
+    if isinstance(value, str):  # `all-linear`, `console`
+        return [value]
+    return list(value or [])
+
+
+def _rollout_engine(value: Any) -> str:
+    if value in ("vllm", "hf"):
+        return value
+    if value == "sglang":
+        return "auto"  # the note printed with it says what runs instead
+    raise UnsupportedValue(f"Tandem's rollout engines are vllm and hf (Hugging Face generate), not {value!r}")
+
+
+def _strategy(value: Any) -> str:
+    if value in ("fsdp", "fsdp2"):
+        return "fsdp"  # Tandem's FSDP is FSDP2 (fully_shard) either way
+    if value == "megatron":
+        return "megatron"
+    raise UnsupportedValue(f"Tandem's training strategies are fsdp (FSDP2) and megatron, not {value!r}")
+
+
+def _resume_mode(value: Any) -> str:
+    if value in ("auto", "disable"):
+        return value
+    if value == "resume_path":
+        raise UnsupportedValue("give the checkpoint folder itself: trainer.resume_from_path=PATH")
+    raise UnsupportedValue(f"verl's resume modes are auto, disable and resume_path, not {value!r}")
+
+
+def _device(value: Any) -> str:
+    if value in ("cuda", "cpu", "auto"):
+        return value
+    raise UnsupportedValue(f"Tandem runs on cuda or cpu (or auto), not {value!r}")
+
+
+def _profiler_tool(value: Any) -> bool:
+    if value == "torch_memory":
+        return True
+    if value == "torch":
+        return False
+    raise UnsupportedValue(
+        f"Tandem's profiler is torch.profiler (trainer.profile.*); it has no {value!r} hooks. "
+        "Use global_profiler.tool=torch or torch_memory"
+    )
+
+
+def _positive_or_none(value: Any) -> Any:
+    return None if value is not None and value <= 0 else value  # verl's -1 = "not set"
+
+
+def _lr_warmup_steps(value: Any) -> int:
+    return 0 if value is None or value < 0 else value
+
+
+def _hybrid_engine(value: Any) -> str:
+    return "hybrid" if value in (True, "true", "True") else "separate"
+
+
+# --- the table ---------------------------------------------------------------------------------------
+
+SGLANG_NOTE = (
+    "Tandem has no SGLang engine yet: rollout.engine=auto runs vLLM (Hugging Face generate where vLLM "
+    "is not installed), with the same sampling settings"
+)
+_ENGINE_ARG = "a vLLM/SGLang engine argument Tandem does not pass on (the engine's default applies)"
+_SAME_ACTOR_ENGINE = "the reference model is built like the actor (actor.fsdp / actor.megatron)"
+_PACKING = "Tandem packs sequences without padding for every role (actor.sequence_packing, on by default)"
+
+VERL_KEYS: dict[str, Rule] = {
+    # model
+    "actor_rollout_ref.model.path": maps("actor.model_path"),
+    "actor_rollout_ref.model.tokenizer_path": maps("actor.tokenizer_path"),
+    "actor_rollout_ref.model.lora_rank": maps("actor.lora.rank"),
+    "actor_rollout_ref.model.lora_alpha": maps("actor.lora.alpha"),
+    "actor_rollout_ref.model.target_modules": maps("actor.lora.target_modules", convert=_as_list),
+    "actor_rollout_ref.model.enable_gradient_checkpointing": maps("actor.activation_checkpointing"),
+    "actor_rollout_ref.model.use_remove_padding": maps("actor.sequence_packing"),
+    "actor_rollout_ref.model.use_fused_kernels": no_effect(
+        "Tandem always computes log-probs and entropy from the hidden states in chunks "
+        "(actor.fsdp.lm_head_chunk_tokens), without a [tokens, vocab] logits tensor"
+    ),
+    "actor_rollout_ref.model.fused_kernel_options.impl_backend": no_effect(
+        "see actor_rollout_ref.model.use_fused_kernels: Tandem's chunked LM head is plain torch"
+    ),
+    "actor_rollout_ref.model.use_liger": no_effect("Liger kernels are not wired into Tandem yet"),
+    "actor_rollout_ref.model.use_shm": no_effect("Tandem reads the model folder from disk"),
+    "actor_rollout_ref.model.trust_remote_code": no_effect(
+        "Tandem builds models with transformers' own classes; no remote code runs"
+    ),
+    "actor_rollout_ref.model.enable_activation_offload": no_effect(
+        "Tandem has no activation offload; activation checkpointing is actor.activation_checkpointing"
+    ),
+    # actor
+    "actor_rollout_ref.actor.strategy": maps("actor.strategy", convert=_strategy),
+    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": maps("actor.micro_batch_size_per_rank"),
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": maps("actor.max_tokens_per_micro_batch"),
+    "actor_rollout_ref.actor.clip_ratio": maps("actor.clip_ratio_low,actor.clip_ratio_high"),
+    "actor_rollout_ref.actor.policy_loss.loss_mode": maps("actor.policy_loss"),
+    "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": maps("actor.clip_cov_ratio"),
+    "actor_rollout_ref.actor.policy_loss.clip_cov_lb": maps("actor.clip_cov_lb"),
+    "actor_rollout_ref.actor.policy_loss.clip_cov_ub": maps("actor.clip_cov_ub"),
+    "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": maps("actor.kl_cov_ratio"),
+    "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": maps("actor.ppo_kl_coef"),
+    "actor_rollout_ref.actor.policy_loss.dro_beta": maps("actor.dro_beta"),
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size": maps("actor.fsdp.sequence_parallel"),
+    "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": maps(
+        "actor.fsdp.sequence_parallel"
+    ),
+    "actor_rollout_ref.actor.fsdp_config.param_offload": maps(
+        "actor.fsdp.cpu_offload", "one switch: parameters, gradients and optimizer state move together"
+    ),
+    "actor_rollout_ref.actor.fsdp_config.optimizer_offload": maps(
+        "actor.fsdp.cpu_offload", "one switch: parameters, gradients and optimizer state move together"
+    ),
+    "actor_rollout_ref.actor.optim.lr_warmup_steps": maps(
+        "actor.optim.warmup_steps", convert=_lr_warmup_steps
+    ),
+    "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": maps("actor.optim.warmup_ratio"),
+    "actor_rollout_ref.actor.optim.warmup_style": maps("actor.optim.lr_scheduler"),
+    "actor_rollout_ref.actor.optim.lr_scheduler_type": maps("actor.optim.lr_scheduler"),
+    "actor_rollout_ref.actor.optim.clip_grad": maps("actor.grad_clip"),
+    "actor_rollout_ref.actor.optim.total_training_steps": no_effect(
+        "Tandem's schedule spans the run's steps (trainer.total_training_steps or the epochs)"
+    ),
+    "actor_rollout_ref.actor.use_torch_compile": no_effect(
+        "verl compiles only its entropy function; Tandem's actor.fsdp.torch_compile compiles every decoder "
+        "layer and is yours to turn on"
+    ),
+    "actor_rollout_ref.actor.calculate_entropy": no_effect("Tandem logs the entropy of every update"),
+    "actor_rollout_ref.actor.sum_pi_squared_checkpointing": no_effect(
+        "Tandem computes sum pi^2 in the old-log-prob pass, without gradients"
+    ),
+    "actor_rollout_ref.actor.entropy_from_logits_with_chunking": no_effect(
+        "Tandem's entropy is always computed in chunks"
+    ),
+    "actor_rollout_ref.actor.entropy_checkpointing": no_effect(
+        "Tandem's entropy is always computed in chunks"
+    ),
+    "actor_rollout_ref.actor.shuffle": no_effect("Tandem keeps the rollout's order inside a step"),
+    "actor_rollout_ref.actor.data_loader_seed": no_effect("Tandem seeds everything from trainer.seed"),
+    "actor_rollout_ref.actor.use_remove_padding": maps("actor.sequence_packing"),
+    "actor_rollout_ref.actor.checkpoint.async_save": no_effect("Tandem saves synchronously"),
+    "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": maps("actor.megatron.tensor_parallel"),
+    "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": maps("actor.megatron.pipeline_parallel"),
+    "actor_rollout_ref.actor.megatron.context_parallel_size": maps("actor.megatron.context_parallel"),
+    "actor_rollout_ref.actor.megatron.sequence_parallel": maps("actor.megatron.sequence_parallel"),
+    "actor_rollout_ref.actor.megatron.virtual_pipeline_model_parallel_size": maps(
+        "actor.megatron.virtual_pipeline", convert=lambda v: 1 if v is None else v
+    ),
+    "actor_rollout_ref.actor.megatron.expert_model_parallel_size": maps("actor.megatron.expert_parallel"),
+    "actor_rollout_ref.actor.megatron.use_distributed_optimizer": maps(
+        "actor.megatron.distributed_optimizer"
+    ),
+    # reference
+    "actor_rollout_ref.ref.fsdp_config.param_offload": no_effect(_SAME_ACTOR_ENGINE),
+    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": no_effect(
+        "the reference uses the actor's token budget"
+    ),
+    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": no_effect(
+        "the reference uses the actor's token budget"
+    ),
+    "actor_rollout_ref.ref.ulysses_sequence_parallel_size": no_effect(_SAME_ACTOR_ENGINE),
+    "actor_rollout_ref.ref.strategy": no_effect(_SAME_ACTOR_ENGINE),
+    "actor_rollout_ref.ref.use_torch_compile": no_effect(_SAME_ACTOR_ENGINE),
+    # rollout
+    "actor_rollout_ref.rollout.name": maps("rollout.engine", convert=_rollout_engine),
+    "actor_rollout_ref.rollout.mode": no_effect(
+        "verl's async mode serves single-turn sampling too; Tandem's rollout.mode=async is the multi-turn "
+        "agent loop, turned on by rollout.multi_turn.enable=true or a tool config"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.enable": maps(
+        "rollout.mode", convert=lambda v: "async" if v in (True, "true", "True") else "sync"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.tool_config_path": maps("rollout.multi_turn.tool_file"),
+    "actor_rollout_ref.rollout.multi_turn.interaction_config_path": maps(
+        "rollout.multi_turn.interaction_file"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.use_inference_chat_template": no_effect(
+        "Tandem renders every turn with the model's chat template once (data.chat_template)"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.tokenization_sanity_check_mode": no_effect(
+        "Tandem builds the token ids turn by turn and never re-tokenizes the whole conversation"
+    ),
+    "actor_rollout_ref.rollout.tensor_model_parallel_size": maps("rollout.tensor_parallel"),
+    "actor_rollout_ref.rollout.response_length": maps("data.max_response_length"),
+    "actor_rollout_ref.rollout.prompt_length": maps("data.max_prompt_length"),
+    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": no_effect(
+        "log-prob passes use the actor's token budget"
+    ),
+    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": no_effect(
+        "log-prob passes use the actor's token budget"
+    ),
+    "actor_rollout_ref.rollout.calculate_log_probs": no_effect(
+        "Tandem's rollout engines always return the rollout log-probs"
+    ),
+    "actor_rollout_ref.rollout.do_sample": no_effect("sampling follows rollout.temperature (0 = greedy)"),
+    "actor_rollout_ref.rollout.val_kwargs.do_sample": no_effect(
+        "validation follows rollout.val.temperature (0 = greedy)"
+    ),
+    "actor_rollout_ref.rollout.val_kwargs.top_k": no_effect(
+        "validation samples with rollout.val.* and top_k=-1"
+    ),
+    "actor_rollout_ref.rollout.load_format": no_effect(
+        "the trainer sends its weights to the rollout engine before every step, whatever the start format"
+    ),
+    "actor_rollout_ref.rollout.layered_summon": no_effect(
+        "Tandem gathers LoRA weights one bucket at a time (rollout.weight_bucket_mb) already"
+    ),
+    "actor_rollout_ref.rollout.multi_stage_wake_up": no_effect(
+        "Tandem's hybrid engine wakes vLLM's weights before its KV cache already"
+    ),
+    "actor_rollout_ref.rollout.free_cache_engine": no_effect(
+        "the hybrid engine always frees vLLM's KV cache while the trainer works"
+    ),
+    "actor_rollout_ref.rollout.over_sample_rate": no_effect(
+        "verl aborts the slowest requests of a step; Tandem finishes every request (no sample is lost), "
+        "so a long tail makes the step longer"
+    ),
+    "actor_rollout_ref.rollout.update_weights_bucket_megabytes": maps("rollout.weight_bucket_mb"),
+    "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": maps(
+        "rollout.weight_bucket_mb"
+    ),
+    "actor_rollout_ref.rollout.agent.num_workers": no_effect(
+        "the agent loop runs inside each rollout worker, one coroutine per sample"
+    ),
+    "actor_rollout_ref.rollout.agent.default_agent_loop": no_effect(
+        "Tandem picks the agent loop from rollout.mode and each row's agent_name"
+    ),
+    "actor_rollout_ref.hybrid_engine": maps("rollout.layout", convert=_hybrid_engine),
+    "actor_rollout_ref.nccl_timeout": no_effect("every worker call is bounded by trainer.worker_timeout_s"),
+    # critic
+    "critic.model.path": maps("critic.model_path"),
+    "critic.model.tokenizer_path": maps("critic.tokenizer_path"),
+    "critic.model.lora_rank": maps("critic.lora.rank"),
+    "critic.model.lora_alpha": maps("critic.lora.alpha"),
+    "critic.model.target_modules": maps("critic.lora.target_modules", convert=_as_list),
+    "critic.ppo_micro_batch_size_per_gpu": maps("critic.micro_batch_size_per_rank"),
+    "critic.model.use_remove_padding": no_effect(_PACKING),
+    "critic.model.enable_gradient_checkpointing": no_effect(
+        "the critic follows actor.activation_checkpointing"
+    ),
+    "critic.model.fsdp_config.param_offload": no_effect("the critic follows actor.fsdp.cpu_offload"),
+    "critic.model.fsdp_config.optimizer_offload": no_effect("the critic follows actor.fsdp.cpu_offload"),
+    "critic.optim.clip_grad": maps("critic.grad_clip"),
+    "critic.optim.lr_warmup_steps": maps("critic.optim.warmup_steps", convert=_lr_warmup_steps),
+    "critic.optim.lr_warmup_steps_ratio": maps("critic.optim.warmup_ratio"),
+    "critic.optim.warmup_style": maps("critic.optim.lr_scheduler"),
+    "critic.optim.lr_scheduler_type": maps("critic.optim.lr_scheduler"),
+    "critic.ppo_max_token_len_per_gpu": no_effect("the critic uses the actor's token budget"),
+    "critic.forward_max_token_len_per_gpu": no_effect("the critic uses the actor's token budget"),
+    "critic.use_dynamic_bsz": no_effect("the critic follows actor.use_dynamic_bsz"),
+    "critic.ulysses_sequence_parallel_size": no_effect("the critic follows actor.fsdp.sequence_parallel"),
+    "critic.strategy": no_effect("the critic follows actor.strategy"),
+    "critic.shuffle": no_effect("Tandem keeps the rollout's order inside a step"),
+    # reward
+    "reward_model.enable": maps("reward.reward_model.enable"),
+    "reward_model.model.path": maps("reward.reward_model.model_path"),
+    "reward_model.micro_batch_size_per_gpu": maps("reward.reward_model.micro_batch_size_per_rank"),
+    "reward_model.overlong_buffer.enable": maps("reward.overlong.enable"),
+    "reward_model.overlong_buffer.len": maps("reward.overlong.buffer_len"),
+    "reward_model.overlong_buffer.penalty_factor": maps("reward.overlong.penalty_factor"),
+    "reward_model.reward_manager": no_effect(
+        "Tandem has one reward manager; it keeps every field of the scorer's dict (for gdpo name the "
+        "terms in algorithm.gdpo_reward_keys)"
+    ),
+    "reward_model.launch_reward_fn_async": no_effect(
+        "Tandem's rewards are scored by reward.num_workers processes while the step goes on"
+    ),
+    "reward_model.use_reward_loop": no_effect("Tandem has one reward manager"),
+    "reward.reward_manager.name": no_effect(
+        "Tandem has one reward manager; it keeps every field of the scorer's dict (for gdpo name the "
+        "terms in algorithm.gdpo_reward_keys)"
+    ),
+    "custom_reward_function.path": maps("reward.custom_reward_file"),
+    "custom_reward_function.name": maps("reward.custom_reward_function"),
+    "custom_reward_function.reward_kwargs": maps("reward.custom_reward_kwargs"),
+    # algorithm
+    "algorithm.norm_adv_by_std_in_grpo": maps("algorithm.norm_adv_by_std"),
+    "algorithm.filter_groups.enable": maps("algorithm.dynamic_sampling.enable"),
+    "algorithm.filter_groups.metric": maps("algorithm.dynamic_sampling.metric"),
+    "algorithm.filter_groups.max_num_gen_batches": maps("algorithm.dynamic_sampling.max_num_gen_batches"),
+    "algorithm.use_pf_ppo": unsupported("Tandem has no PF-PPO reweighting"),
+    "algorithm.rollout_correction.rollout_token_veto_threshold": unsupported(
+        "verl 0.7's per-token veto is gone in newer verl; algorithm.rollout_correction.rollout_rs=seq_max_k2 "
+        "or seq_max_k3 rejects a sequence for its worst token"
+    ),
+    "algorithm.rollout_correction.rollout_rs_threshold_lower": unsupported(
+        "write the k1 bounds in algorithm.rollout_correction.rollout_rs_threshold as lower_upper, e.g. 0.5_2.0"
+    ),
+    "algorithm.rollout_correction.use_policy_gradient": unsupported(
+        "verl's later name is algorithm.rollout_correction.loss_type=reinforce with bypass_mode=true"
+    ),
+    # data
+    "data.gen_batch_size": maps("algorithm.dynamic_sampling.gen_batch_size"),
+    "data.return_raw_chat": no_effect(
+        "Tandem keeps each row's chat messages and applies the chat template itself"
+    ),
+    "data.return_raw_input_ids": no_effect("Tandem keeps each row's chat messages and tokenizes them itself"),
+    "data.return_full_prompt": no_effect("Tandem keeps each row's chat messages"),
+    "data.filter_overlong_prompts": no_effect(
+        "Tandem checks every prompt's length before training (data.truncation): with 'error' a prompt longer "
+        "than data.max_prompt_length stops the run naming its row, nothing is dropped unseen"
+    ),
+    "data.filter_overlong_prompts_workers": no_effect("see data.filter_overlong_prompts"),
+    "data.dataloader_num_workers": no_effect("Tandem reads the parquet files once, in the controller"),
+    "data.use_shm": no_effect("Tandem reads the data from disk"),
+    "data.reward_fn_key": no_effect("Tandem picks the scorer by each row's data_source (its reward_fn_key)"),
+    "data.return_multi_modal_inputs": no_effect("Tandem builds the image inputs of a row itself"),
+    "data.validation_shuffle": no_effect("Tandem validates on the whole validation set in file order"),
+    "data.tool_config_path": no_effect("Tandem reads the tool config from rollout.multi_turn.tool_file"),
+    # trainer
+    "trainer.n_gpus_per_node": maps("trainer.workers_per_node"),
+    "trainer.logger": maps("trainer.loggers", convert=_as_list),
+    "trainer.default_local_dir": maps(
+        "trainer.run_dir",
+        "Tandem's run folder: checkpoints/global_step_N sit in its checkpoints/ folder beside the metrics",
+    ),
+    "trainer.resume_mode": maps("trainer.resume", convert=_resume_mode),
+    "trainer.resume_from_path": maps("trainer.resume"),
+    "trainer.max_actor_ckpt_to_keep": maps("trainer.max_checkpoints_to_keep"),
+    "trainer.max_critic_ckpt_to_keep": no_effect(
+        "the critic's checkpoint is kept and deleted with the actor's (trainer.max_checkpoints_to_keep)"
+    ),
+    "trainer.device": maps("trainer.device", convert=_device),
+    "trainer.profile_steps": maps("trainer.profile.steps", convert=_as_list),
+    "trainer.balance_batch": no_effect(
+        "Tandem always orders the rows so every data-parallel rank gets as many tokens"
+    ),
+    "trainer.use_legacy_worker_impl": no_effect("Tandem has one worker implementation"),
+    "trainer.log_val_generations": no_effect(
+        "Tandem writes every validation sample to the run's validation files"
+    ),
+    "trainer.ray_wait_register_center_timeout": no_effect(
+        "Tandem's workers start within trainer.worker_timeout_s"
+    ),
+    "trainer.val_only": unsupported("run `tandem eval` with the same config instead"),
+    "trainer.default_hdfs_dir": unsupported("Tandem saves checkpoints to a local folder only"),
+    "trainer.del_local_ckpt_after_load": unsupported("Tandem never deletes a checkpoint it loaded"),
+    "trainer.esi_redundant_time": no_effect(
+        "a checkpoint-before-preemption setting of one cloud; Tandem has none"
+    ),
+    # profiler
+    "global_profiler.tool": maps("trainer.profile.memory", convert=_profiler_tool),
+    "global_profiler.steps": maps("trainer.profile.steps", convert=_as_list),
+    "global_profiler.save_path": maps("trainer.profile.output_dir"),
+    "global_profiler.profile_continuous_steps": no_effect("Tandem profiles each listed step on its own"),
+}
+
+# verl-only sections: a key under one of them that is in no table is an error, never a guess
+VERL_ONLY_PREFIXES = (
+    "actor_rollout_ref.",
+    "critic.model.",
+    "reward_model.",
+    "custom_reward_function.",
+    "global_profiler.",
+    "ray_kwargs.",
+    "transfer_queue.",
+    "reward_manager.",
+)
+
+# verl section -> Tandem section: a verl key not in VERL_KEYS maps to the Tandem key of the same name in
+# the renamed section, when Tandem has that key (`_per_gpu` becomes `_per_rank`). Most specific first.
+VERL_SECTIONS: list[tuple[str, str]] = [
+    ("actor_rollout_ref.ref.", "reference."),
+    ("actor_rollout_ref.rollout.val_kwargs.", "rollout.val."),
+    ("actor_rollout_ref.actor.fsdp_config.", "actor.fsdp."),
+    ("actor_rollout_ref.", ""),
+    ("reward_model.overlong_buffer.", "reward.overlong."),
+    ("reward_model.", "reward.reward_model."),
+    ("algorithm.filter_groups.", "algorithm.dynamic_sampling."),
+]
+
+# whole verl subtrees with no effect in Tandem (glob patterns, first match wins)
+VERL_PATTERNS: list[tuple[str, Rule]] = [
+    ("*.profiler.*", no_effect("verl's per-role profiler; Tandem's profiler is trainer.profile.*")),
+    (
+        "global_profiler.global_tool_config.*",
+        no_effect("Tandem's profiler is torch.profiler (trainer.profile.*)"),
+    ),
+    ("*.fsdp_config.*", no_effect("Tandem's FSDP2 settings are actor.fsdp.*; it shards every decoder layer")),
+    ("*.checkpoint.*", no_effect("Tandem saves model, optimizer and run state in every checkpoint")),
+    ("*.router_replay.*", no_effect("Tandem has no MoE router replay")),
+    ("*.tiled_mlp.*", no_effect("Tandem has no tiled MLP")),
+    ("*.mtp.*", no_effect("Tandem has no multi-token prediction")),
+    ("actor_rollout_ref.model.mtp", no_effect("Tandem has no multi-token prediction")),
+    ("actor_rollout_ref.rollout.mtp", no_effect("Tandem has no multi-token prediction")),
+    (
+        "actor_rollout_ref.rollout.trace.*",
+        no_effect("Tandem writes rollouts to the run folder, no tracing backend"),
+    ),
+    (
+        "actor_rollout_ref.rollout.prometheus.*",
+        no_effect("Tandem logs rollout metrics with the step's metrics"),
+    ),
+    (
+        "actor_rollout_ref.rollout.agent.*",
+        no_effect("Tandem's agent loop is set by rollout.mode and rollout.multi_turn"),
+    ),
+    (
+        "actor_rollout_ref.rollout.checkpoint_engine.*",
+        no_effect("weights reach vLLM by Tandem's weight sync"),
+    ),
+    ("actor_rollout_ref.rollout.engine_kwargs.*", no_effect(_ENGINE_ARG)),
+    ("actor_rollout_ref.rollout.engine_kwargs", no_effect(_ENGINE_ARG)),
+    ("reward_model.rollout.*", no_effect("Tandem's reward model is a scoring model, not a generative judge")),
+    ("reward_model.sandbox_fusion.*", unsupported("Tandem has no Sandbox Fusion client")),
+    ("ray_kwargs.*", no_effect("Tandem starts Ray itself; trainer.ray_address joins a running cluster")),
+    ("transfer_queue.*", no_effect("Tandem moves batches through Ray's object store")),
+    ("reward_manager.*", no_effect("Tandem has one reward manager")),
+]
+
+
+def _optimizer(value: Any) -> None:
+    if str(value).lower() != "adamw":
+        raise UnsupportedValue(f"Tandem's optimizer is AdamW, not {value!r}")
+
+
+# settings with the same meaning in every role that has them
+for _role, _tandem in (("actor_rollout_ref.actor", "actor"), ("critic", "critic")):
+    VERL_KEYS[f"{_role}.optim.optimizer"] = maps("", "Tandem's optimizer is AdamW", convert=_optimizer)
+    VERL_KEYS[f"{_role}.optim.optimizer_impl"] = no_effect(
+        f"Tandem uses torch's AdamW, fused where it runs ({_tandem}.optim.implementation)"
+    )
+    VERL_KEYS[f"{_role}.optim.num_cycles"] = no_effect("Tandem's cosine schedule makes one half cycle")
+    VERL_KEYS[f"{_role}.optim.override_optimizer_config"] = unsupported("set actor.optim.* / critic.optim.*")
+for _role in ("actor_rollout_ref.model", "critic.model", "reward_model.model"):
+    VERL_KEYS.setdefault(f"{_role}.use_shm", no_effect("Tandem reads the model folder from disk"))
+    VERL_KEYS.setdefault(
+        f"{_role}.trust_remote_code", no_effect("Tandem builds models with transformers' own classes")
+    )
+    VERL_KEYS.setdefault(f"{_role}.external_lib", unsupported("Tandem loads models with transformers only"))
+    VERL_KEYS.setdefault(
+        f"{_role}.override_config", unsupported("edit the model folder's config.json instead")
+    )
+    VERL_KEYS.setdefault(f"{_role}.use_remove_padding", no_effect(_PACKING))
+    VERL_KEYS.setdefault(f"{_role}.enable_activation_offload", no_effect("Tandem has no activation offload"))
+# verl's older sizes over all GPUs: Tandem's sizes are per rank, as verl's `_per_gpu` keys are
+for _key in (
+    "actor_rollout_ref.actor.ppo_micro_batch_size",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size",
+    "critic.ppo_micro_batch_size",
+    "critic.forward_micro_batch_size",
+    "reward_model.micro_batch_size",
+):
+    VERL_KEYS[_key] = unsupported(f"verl counts it over all GPUs; give the size on one GPU: {_key}_per_gpu")
+VERL_KEYS["critic.forward_micro_batch_size_per_gpu"] = no_effect(
+    "the critic's forward uses its micro-batch size"
+)
+
+# engine arguments of the rollout: accepted, with the reason above
+for _name in [
+    "dtype",
+    "gpu_memory_utilization_ratio",
+    "ignore_eos",
+    "enforce_eager",
+    "cudagraph_capture_sizes",
+    "data_parallel_size",
+    "expert_parallel_size",
+    "pipeline_model_parallel_size",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "max_num_seqs",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "logprobs_mode",
+    "scheduling_policy",
+    "disable_log_stats",
+    "skip_rollout",
+    "skip_dump_dir",
+    "skip_tokenizer_init",
+    "enable_rollout_routing_replay",
+    "quantization",
+    "quantization_config_file",
+    "limit_images",
+]:
+    VERL_KEYS.setdefault(f"actor_rollout_ref.rollout.{_name}", no_effect(_ENGINE_ARG))
+
+
+def verl_rule(key: str, is_tandem_key: Callable[[str], bool]) -> Rule | None:
+    """The rule for verl key `key`, or None when it is not a verl-only key (a key Tandem shares, or a
+    key of neither). `is_tandem_key` tells whether a dotted key exists in Tandem's schema."""
+    if key in VERL_KEYS:
+        return VERL_KEYS[key]
+    for verl_prefix, prefix in VERL_SECTIONS:
+        if key.startswith(verl_prefix):
+            renamed = prefix + key.removeprefix(verl_prefix).replace("_per_gpu", "_per_rank")
+            if renamed != key and is_tandem_key(renamed):
+                return maps(renamed)
+            break
+    for pattern, rule in VERL_PATTERNS:
+        if fnmatch.fnmatchcase(key, pattern):
+            return rule
+    return None
+
+
+def is_verl_key(key: str) -> bool:
+    """A key verl has and Tandem reads differently or not at all: in the table, or under a verl-only section."""
+    return key.startswith(VERL_ONLY_PREFIXES) or key in VERL_KEYS
