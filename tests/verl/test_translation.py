@@ -1,0 +1,195 @@
+"""verl's keys read as Tandem's: the four example scripts' keys, the printed translation, verl YAML files."""
+
+from __future__ import annotations
+
+import shlex
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tandem.cli import main
+from tandem.config import ConfigError, config_to_dict, load_config
+from tandem.config.loader import verl_yaml_to_tandem
+from tandem.config.verl import translate_overrides, translate_tree
+from tandem.config.verl_yaml import compose
+
+from .scripts import SCRIPTS
+
+DATA = Path(__file__).parent / "data"
+
+
+def test_every_key_of_verls_four_example_scripts_runs_as_it_is():
+    keys = {o.partition("=")[0] for script in SCRIPTS.values() for o in script}
+    assert len(keys) == 60  # the count the issue measured
+    for name, script in SCRIPTS.items():
+        translation = translate_overrides(script)
+        assert translation.problems == [], name
+    no_effect = {v.partition("=")[0] for s in SCRIPTS.values() for v, _ in translate_overrides(s).no_effect}
+    assert no_effect == {  # accepted, each with a reason printed
+        "data.filter_overlong_prompts",
+        "data.return_raw_chat",
+        "actor_rollout_ref.ref.fsdp_config.param_offload",
+        "actor_rollout_ref.rollout.load_format",
+        "actor_rollout_ref.rollout.layered_summon",
+        "actor_rollout_ref.rollout.multi_stage_wake_up",
+        "actor_rollout_ref.rollout.over_sample_rate",
+        "actor_rollout_ref.rollout.mode",
+        "critic.model.use_remove_padding",
+        "critic.model.enable_gradient_checkpointing",
+        "critic.model.fsdp_config.param_offload",
+        "critic.model.fsdp_config.optimizer_offload",
+        "global_profiler.global_tool_config.torch_memory.trace_alloc_max_entries",
+        "global_profiler.global_tool_config.torch_memory.stack_depth",
+        "trainer.use_legacy_worker_impl",
+    }
+
+
+def test_values_that_differ_between_verl_and_tandem_are_converted():
+    t = translate_overrides(
+        [
+            "actor_rollout_ref.actor.clip_ratio=0.25",
+            "actor_rollout_ref.actor.fsdp_config.param_offload=False",
+            "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",  # either one offloads all
+            "actor_rollout_ref.rollout.name=sglang",
+            "actor_rollout_ref.rollout.multi_turn.enable=true",
+            "actor_rollout_ref.model.target_modules=all-linear",
+            'trainer.logger=["console","wandb"]',
+            "trainer.default_local_dir=/ckpt/exp",
+            "data.train_batch_size=16",  # verl and Tandem share it: untouched
+        ]
+    )
+    assert t.overrides == [
+        "actor.clip_ratio_low=0.25",
+        "actor.clip_ratio_high=0.25",
+        "actor.fsdp.cpu_offload=True",
+        "rollout.engine=auto",
+        "rollout.mode=async",
+        'actor.lora.target_modules=["all-linear"]',
+        'trainer.loggers=["console", "wandb"]',
+        "trainer.run_dir=/ckpt/exp",
+        "data.train_batch_size=16",
+    ]
+    sglang = [note for verl, _, note in t.mapped if verl.startswith("actor_rollout_ref.rollout.name")]
+    assert sglang == [
+        "Tandem has no SGLang engine yet: rollout.engine=auto runs vLLM (Hugging Face generate "
+        "where vLLM is not installed), with the same sampling settings"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("override", "message"),
+    [
+        ("actor_rollout_ref.rollout.name=trtllm", "Tandem's rollout engines are vllm and hf"),
+        ("algorithm.use_pf_ppo=true", "Tandem has no meaning for verl's algorithm.use_pf_ppo"),
+        ("global_profiler.tool=nsys", "it has no 'nsys' hooks"),
+        ("actor_rollout_ref.actor.optim.optimizer=SGD", "Tandem's optimizer is AdamW, not 'SGD'"),
+        ("actor_rollout_ref.rollout.made=async", "a verl key Tandem has no meaning for"),
+    ],
+)
+def test_a_verl_key_or_value_tandem_has_no_meaning_for_is_an_error(override, message):
+    with pytest.raises(ConfigError) as info:
+        load_config("verl", [override])
+    assert message in str(info.value) and override.partition("=")[0] in str(info.value)
+
+
+def test_the_printed_tandem_command_gives_the_same_config_as_the_verl_keys(tmp_path, capsys):
+    model = tmp_path / "model"
+    model.mkdir()
+    script = [
+        o for o in SCRIPTS["ppo_deepseek_7b"] if not o.startswith(("data.", "actor_rollout_ref.model.path"))
+    ]
+    script += [f"actor_rollout_ref.model.path={model}", f"critic.model.path={model}"]
+    assert main(["config", *script]) == 0
+    out = capsys.readouterr()
+    printed = out.err.splitlines()
+    command = shlex.split(printed[printed.index("  the same run in Tandem's keys:") + 1])
+    assert command[:3] == ["tandem", "config", "verl"]
+    tandem_cfg = load_config("verl", command[3:])
+    assert config_to_dict(tandem_cfg) == yaml.safe_load(out.out)
+    assert tandem_cfg.critic.model_path == str(model) and tandem_cfg.algorithm.adv_estimator == "gae"
+    assert "    trainer.use_legacy_worker_impl=auto: Tandem has one worker implementation" in printed
+
+
+def test_verls_trainer_yaml_translates_to_a_tandem_config_that_loads_and_names_every_dropped_key(tmp_path):
+    text = verl_yaml_to_tandem(DATA / "ppo_trainer.yaml")
+    path = tmp_path / "from_verl.yaml"
+    path.write_text(text)
+    cfg = load_config(str(path))
+    assert cfg.algorithm.adv_estimator == "gae" and cfg.trainer.total_epochs == 30
+    dropped = [line for line in text.splitlines() if line.startswith("#   ")]
+    translation = translate_tree(compose(DATA / "ppo_trainer.yaml"))
+    assert len(dropped) == len(translation.dropped) > 300
+    assert "#   actor_rollout_ref.rollout.enforce_eager: false  -- a vLLM/SGLang engine argument" in text
+    assert "#   trainer.device: cuda  -- verl's YAML always says cuda" in text
+
+
+def test_the_verl_preset_holds_verls_defaults():
+    """Every verl default with a Tandem meaning, read over the verl preset, changes only the keys whose
+    difference the preset's comments give a reason for (and the paths verl's YAML names)."""
+    translation = translate_tree(compose(DATA / "ppo_trainer.yaml"))
+    preset = config_to_dict(load_config("verl"))
+    composed = config_to_dict(load_config("verl", translation.overrides))
+    changed = {
+        f"{section}.{key}"
+        for section, values in composed.items()
+        for key in values
+        if values[key] != preset[section][key]
+    }
+    assert changed == {
+        "actor.model_path",  # verl's placeholder paths
+        "critic.model_path",
+        "critic.tokenizer_path",
+        "data.train_files",
+        "data.val_files",
+        "reward.reward_model",  # its placeholder model path
+        "rollout.tensor_parallel",  # 2 GPUs per engine in verl; 1 in the preset (comment there)
+        "rollout.weight_bucket_mb",  # verl's 2 GiB buckets; Tandem's 256 MiB suit a laptop too
+        "trainer.loggers",  # wandb
+        "trainer.workers_per_node",  # verl's 8 GPUs
+        "trainer.run_dir",  # verl's default_local_dir: the same folder as the preset's output_dir nesting
+        "trainer.profile",  # verl's profile folder, outputs/profile; nothing is profiled by default
+    }
+
+
+def test_hydra_defaults_are_composed_as_hydra_does(tmp_path, monkeypatch):
+    """`group@package: option` lands at the package relative to the including file's, `../group` is a
+    sibling folder, `_self_` orders the file's own keys, and interpolations resolve after merging."""
+    root = tmp_path / "verl_config"
+    (root / "actor").mkdir(parents=True)
+    (root / "optim").mkdir()
+    (root / "ppo_trainer.yaml").write_text(
+        "defaults:\n  - actor@actor_rollout_ref.actor: dp_actor\n  - _self_\n"
+        "actor_rollout_ref:\n  actor:\n    ppo_mini_batch_size: 64\n"
+        "trainer:\n  project_name: p\n  default_local_dir: ckpt/${trainer.project_name}\n"
+    )
+    (root / "actor" / "dp_actor.yaml").write_text(
+        "defaults:\n  - ../optim@optim: fsdp\n  - actor\n  - _self_\nppo_mini_batch_size: 32\n"
+        "use_remove_padding: ${oc.select:actor_rollout_ref.model.use_remove_padding,false}\n"
+        "ppo_max_token_len_per_gpu: ${oc.env:TANDEM_TEST_TOKENS,100}\n"
+    )
+    (root / "actor" / "actor.yaml").write_text(
+        "ppo_mini_batch_size: 16\nclip_ratio: 0.2\nloss: ${.clip_ratio}\n"
+    )
+    (root / "optim" / "fsdp.yaml").write_text("lr: 1e-6\n")
+    examples = tmp_path / "examples"
+    examples.mkdir()
+    (examples / "mine.yaml").write_text(
+        "hydra:\n  searchpath:\n    - file://verl_config\n"
+        "defaults:\n  - ppo_trainer\n  - missing_part\n  - _self_\n"
+        "actor_rollout_ref:\n  actor:\n    optim:\n      lr: 3e-6\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TANDEM_TEST_TOKENS", "4096")
+    notes: list[str] = []
+    tree = compose(examples / "mine.yaml", notes)
+    actor = tree["actor_rollout_ref"]["actor"]
+    assert actor["ppo_mini_batch_size"] == 64  # ppo_trainer's own keys come after its defaults
+    assert actor["optim"] == {"lr": "3e-6"}  # the including file wins; PyYAML reads 3e-6 as text
+    assert actor["use_remove_padding"] is False and actor["ppo_max_token_len_per_gpu"] == "4096"
+    assert actor["loss"] == 0.2
+    assert tree["trainer"]["default_local_dir"] == "ckpt/p"
+    assert len(notes) == 1 and "'missing_part' not found" in notes[0]
+    cfg = load_config(str(examples / "mine.yaml"))  # a verl YAML given as the config file
+    assert cfg.actor.ppo_mini_batch_size == 64 and cfg.actor.optim.lr == 3e-6
+    assert cfg.actor.max_tokens_per_micro_batch == 4096 and cfg.trainer.run_dir == "ckpt/p"
