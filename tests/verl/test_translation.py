@@ -27,7 +27,6 @@ def test_every_key_of_verls_four_example_scripts_runs_as_it_is():
         assert translation.problems == [], name
     no_effect = {v.partition("=")[0] for s in SCRIPTS.values() for v, _ in translate_overrides(s).no_effect}
     assert no_effect == {  # accepted, each with a reason printed
-        "data.filter_overlong_prompts",
         "data.return_raw_chat",
         "actor_rollout_ref.ref.fsdp_config.param_offload",
         "actor_rollout_ref.rollout.load_format",
@@ -57,6 +56,8 @@ def test_values_that_differ_between_verl_and_tandem_are_converted():
             'trainer.logger=["console","wandb"]',
             "trainer.default_local_dir=/ckpt/exp",
             "data.train_batch_size=16",  # verl and Tandem share it: untouched
+            "data.filter_overlong_prompts=True",
+            "data.truncation=error",  # verl filters first: Tandem's filter wins
         ]
     )
     assert t.overrides == [
@@ -69,6 +70,7 @@ def test_values_that_differ_between_verl_and_tandem_are_converted():
         'trainer.loggers=["console", "wandb"]',
         "trainer.run_dir=/ckpt/exp",
         "data.train_batch_size=16",
+        "data.truncation=filter",
     ]
     sglang = [note for verl, _, note in t.mapped if verl.startswith("actor_rollout_ref.rollout.name")]
     assert sglang == [

@@ -97,6 +97,7 @@ def translate_overrides(overrides: Iterable[str]) -> VerlTranslation:
     """verl's `key=value` overrides as Tandem's; other overrides are kept as they are."""
     out = VerlTranslation()
     combined: dict[str, int] = {}  # _ANY_OF key -> its index in out.overrides
+    filter_overlong = False  # verl's data.filter_overlong_prompts wins over data.truncation
     for text in map(str, overrides):
         key, sep, value_text = text.partition("=")
         key = key.strip().lstrip("+")
@@ -115,6 +116,10 @@ def translate_overrides(overrides: Iterable[str]) -> VerlTranslation:
         if pairs is None:
             out.no_effect.append((text.lstrip("+"), rule.note))
             continue
+        if key == "data.filter_overlong_prompts":  # applied after the loop, over any data.truncation
+            filter_overlong = pairs[0][1] == "data.truncation=filter"
+            out.mapped.append((text.lstrip("+"), pairs[0][1] if filter_overlong else "(nothing)", rule.note))
+            continue
         for target, tandem_text in pairs:
             if target in _ANY_OF and target in combined:  # the second of param / optimizer offload
                 i = combined[target]
@@ -126,6 +131,9 @@ def translate_overrides(overrides: Iterable[str]) -> VerlTranslation:
             out.overrides.append(tandem_text)
         note = SGLANG_NOTE if key.endswith("rollout.name") and value_text.strip() == "sglang" else rule.note
         out.mapped.append((text.lstrip("+"), " ".join(t for _, t in pairs), note))
+    if filter_overlong:
+        out.overrides = [o for o in out.overrides if not o.startswith("data.truncation=")]
+        out.overrides.append("data.truncation=filter")
     return out
 
 

@@ -350,9 +350,10 @@ VERL_KEYS: dict[str, Rule] = {
     ),
     "data.return_raw_input_ids": no_effect("Tandem keeps each row's chat messages and tokenizes them itself"),
     "data.return_full_prompt": no_effect("Tandem keeps each row's chat messages"),
-    "data.filter_overlong_prompts": no_effect(
-        "Tandem checks every prompt's length before training (data.truncation): with 'error' a prompt longer "
-        "than data.max_prompt_length stops the run naming its row, nothing is dropped unseen"
+    "data.filter_overlong_prompts": maps(
+        "data.truncation",
+        "verl drops them before its data.truncation applies; Tandem's filter drops them and warns, naming rows",
+        convert=lambda v: "filter" if v in (True, "true", "True") else None,
     ),
     "data.filter_overlong_prompts_workers": no_effect("see data.filter_overlong_prompts"),
     "data.dataloader_num_workers": no_effect("Tandem reads the parquet files once, in the controller"),
