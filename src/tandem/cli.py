@@ -60,7 +60,7 @@ def _parser() -> argparse.ArgumentParser:
     sft.add_argument("overrides", nargs="*")
 
     ev = sub.add_parser("eval", help="validation metrics of actor.model_path (or a checkpoint)")
-    ev.add_argument("preset", help="preset name or YAML path")
+    ev.add_argument("preset", nargs="?", default="grpo", help="preset name or YAML path (default: grpo)")
     ev.add_argument("overrides", nargs="*")
     ev.add_argument("--checkpoint", help="a global_step_N checkpoint folder, or auto (this run's newest)")
 
@@ -98,8 +98,13 @@ def _preset_and_overrides(args: argparse.Namespace, default: str) -> tuple[str, 
         if any(is_verl_override(o) for o in overrides):  # a verl command line: verl's defaults under it
             preset = "verl"
     if getattr(args, "config_name", None):  # verl's --config-path DIR --config-name NAME
-        if preset != default and preset != "verl":
-            overrides = [preset, *overrides] if "=" in preset else overrides
+        if "=" not in args.preset and args.preset != default:
+            from tandem.config import ConfigError
+
+            raise ConfigError(
+                f"give the config once: the preset or YAML '{args.preset}', or --config-name "
+                f"{args.config_name}, not both"
+            )
         name = (
             args.config_name if args.config_name.endswith((".yaml", ".yml")) else f"{args.config_name}.yaml"
         )

@@ -71,7 +71,10 @@ def load_config(
         problems.add(key, message)
     if translation.read_verl:
         (on_verl or _log_translation)(translation)
-    apply_overrides(raw, [*from_file, *translation.overrides], problems)
+    apply_overrides(raw, from_file, problems)
+    for text in from_file:
+        problems.notes[text.partition("=")[0]] = f"from verl config {translation.source}"
+    apply_overrides(raw, translation.overrides, problems)
     return config_from_dict(raw, require_data=require_data, problems=problems)
 
 
