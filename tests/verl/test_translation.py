@@ -14,7 +14,7 @@ from tandem.config.loader import verl_yaml_to_tandem
 from tandem.config.verl import translate_overrides, translate_tree
 from tandem.config.verl_yaml import compose
 
-from .scripts import SCRIPTS
+from .scripts import MULTITURN_GSM8K_CONFIG, SCRIPTS
 
 DATA = Path(__file__).parent / "data"
 
@@ -195,3 +195,36 @@ def test_hydra_defaults_are_composed_as_hydra_does(tmp_path, monkeypatch):
     cfg = load_config(str(examples / "mine.yaml"))  # a verl YAML given as the config file
     assert cfg.actor.ppo_mini_batch_size == 64 and cfg.actor.optim.lr == 3e-6
     assert cfg.actor.max_tokens_per_micro_batch == 4096 and cfg.trainer.run_dir == "ckpt/p"
+
+
+def write_multiturn_config(root: Path) -> Path:
+    """verl's examples/sglang_multiturn/config/gsm8k_multiturn_grpo.yaml beside a verl config folder holding
+    ppo_trainer.yaml (the composed one from data/), as in a verl checkout; returns its folder."""
+    verl_config = root / "verl" / "trainer" / "config"
+    verl_config.mkdir(parents=True)
+    (verl_config / "ppo_trainer.yaml").write_text((DATA / "ppo_trainer.yaml").read_text())
+    examples = root / "examples" / "sglang_multiturn" / "config"
+    examples.mkdir(parents=True)
+    (examples / "gsm8k_multiturn_grpo.yaml").write_text(
+        yaml.safe_dump(MULTITURN_GSM8K_CONFIG, sort_keys=False)
+    )
+    return examples
+
+
+def test_hydra_flags_on_the_command_line(tmp_path, monkeypatch, capsys):
+    examples = write_multiturn_config(tmp_path)
+    monkeypatch.chdir(tmp_path)  # hydra.searchpath file://verl/trainer/config is relative to it
+    argv = ["config", f"--config-path={examples}", "--config-name=gsm8k_multiturn_grpo"]
+    assert main([*argv, "data.train_batch_size=256", "actor_rollout_ref.actor.ppo_mini_batch_size=64"]) == 0
+    out = capsys.readouterr()
+    cfg = yaml.safe_load(out.out)
+    assert cfg["actor"]["ppo_mini_batch_size"] == 64 and cfg["data"]["max_prompt_length"] == 1024
+    assert cfg["rollout"]["mode"] == "async" and cfg["rollout"]["engine"] == "auto"  # sglang: vLLM runs
+    assert cfg["rollout"]["multi_turn"]["max_assistant_turns"] == 5
+    assert "tandem: read verl config " in out.err and "gsm8k_multiturn_grpo.yaml with its defaults" in out.err
+    assert main(["config", "ppo", *argv[1:]]) == 2
+    assert "give the config once: the preset or YAML 'ppo', or --config-name" in capsys.readouterr().err
+    assert main(["config", "--from-verl", str(examples / "gsm8k_multiturn_grpo.yaml")]) == 0
+    assert (
+        "#   data.return_raw_chat: true  -- Tandem keeps each row's chat messages" in capsys.readouterr().out
+    )
