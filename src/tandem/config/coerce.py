@@ -17,6 +17,7 @@ from typing import Any, Literal, Union
 
 from tandem.config.errors import Problems, closest
 from tandem.config.foreign_names import foreign_key_hint
+from tandem.config.schema import TandemConfig
 
 _BAD = object()  # "could not coerce"; None is a legitimate value
 _TRUE = {"true", "yes", "on", "1", "y", "t"}
@@ -347,3 +348,21 @@ def to_plain(obj: Any) -> Any:
     if isinstance(obj, dict):
         return {k: to_plain(v) for k, v in obj.items()}
     return obj
+
+
+def type_at(dotted: str) -> Any:
+    """The annotation a dotted key leads to (inside a dict field: Any), or None if there is no such key."""
+    cls: Any = TandemConfig
+    parts = dotted.split(".")
+    for i, part in enumerate(parts):
+        tp = field_types(cls).get(part)
+        if tp is None:
+            return None
+        if i == len(parts) - 1:
+            return tp
+        if typing.get_origin(tp) is dict:
+            return Any
+        if not is_section(tp):
+            return None
+        cls = tp
+    return None

@@ -14,12 +14,12 @@ import yaml
 from tandem.config.coerce import (
     RESERVED,
     describe,
-    field_types,
     is_section,
     parse_into,
     section_message,
     strip_optional,
     to_plain,
+    type_at,
     unknown_key_message,
 )
 from tandem.config.errors import ConfigError, Problems, closest
@@ -225,7 +225,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Iterable[str], problems: Pro
         if parts[0] in RESERVED:
             problems.add(key, f"{key}: {parts[0]} {RESERVED[parts[0]]}")
             continue
-        tp = _type_at(key)
+        tp = type_at(key)
         if tp is None:
             problems.add(key, unknown_key_message(key, TandemConfig))
             continue
@@ -265,24 +265,6 @@ def _missing_value_problem(key: str, tp: Any, value: Any) -> str | None:
     example = json.dumps(to_plain(default))
     text_hint = f"; for empty text write {key}=''" if tp is str else ""
     return f"{key} needs a value ({describe(tp)}), e.g. {key}={example}{text_hint}"
-
-
-def _type_at(dotted: str) -> Any:
-    """The annotation a dotted key leads to (inside a dict field: Any), or None if there is no such key."""
-    cls: Any = TandemConfig
-    parts = dotted.split(".")
-    for i, part in enumerate(parts):
-        tp = field_types(cls).get(part)
-        if tp is None:
-            return None
-        if i == len(parts) - 1:
-            return tp
-        if typing.get_origin(tp) is dict:
-            return Any
-        if not is_section(tp):
-            return None
-        cls = tp
-    return None
 
 
 def parse_override_value(text: str, tp: Any) -> Any:

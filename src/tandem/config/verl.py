@@ -12,16 +12,14 @@ The table of keys is `config/verl_keys.py`.
 from __future__ import annotations
 
 import json
-import typing
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
 
-from tandem.config.coerce import field_types, is_section
+from tandem.config.coerce import type_at
 from tandem.config.errors import closest
-from tandem.config.schema import TandemConfig
 from tandem.config.verl_keys import (
     SGLANG_NOTE,
     VERL_KEYS,
@@ -178,18 +176,7 @@ def translate_tree(tree: Mapping[str, Any]) -> VerlTranslation:
 
 def is_tandem_key(dotted: str) -> bool:
     """Whether `dotted` names a key (a field, or a section) of Tandem's schema."""
-    cls: Any = TandemConfig
-    parts = dotted.split(".")
-    for i, part in enumerate(parts):
-        tp = field_types(cls).get(part)
-        if tp is None:
-            return False
-        if i == len(parts) - 1 or typing.get_origin(tp) is dict:  # inside a free mapping: any key
-            return True
-        if not is_section(tp):
-            return False
-        cls = tp
-    return False
+    return type_at(dotted) is not None
 
 
 def _reads_as_verl(key: str) -> bool:

@@ -257,7 +257,7 @@ VERL_KEYS: dict[str, Rule] = {
         "the trainer sends its weights to the rollout engine before every step, whatever the start format"
     ),
     "actor_rollout_ref.rollout.layered_summon": no_effect(
-        "Tandem gathers LoRA weights one bucket at a time (rollout.weight_bucket_mb) already"
+        "Tandem's weight sync hands the actor's tensors to vLLM one at a time already"
     ),
     "actor_rollout_ref.rollout.multi_stage_wake_up": no_effect(
         "Tandem's hybrid engine wakes vLLM's weights before its KV cache already"
@@ -381,9 +381,7 @@ VERL_KEYS: dict[str, Rule] = {
         "Tandem always orders the rows so every data-parallel rank gets as many tokens"
     ),
     "trainer.use_legacy_worker_impl": no_effect("Tandem has one worker implementation"),
-    "trainer.log_val_generations": no_effect(
-        "Tandem writes every validation sample to the run's validation files"
-    ),
+    "trainer.log_val_generations": no_effect("Tandem logs validation metrics, not sample texts"),
     "trainer.ray_wait_register_center_timeout": no_effect(
         "Tandem's workers start within trainer.worker_timeout_s"
     ),

@@ -1,7 +1,7 @@
 """What the RL and SFT trainers share: the run folder, the data order, the loop with its
 validation and checkpoint schedule, resume, and the trackers.
 
-    <trainer.output_dir>/<project_name>/<experiment_name>/
+    <trainer.output_dir>/<project_name>/<experiment_name>/   (or trainer.run_dir, verl's default_local_dir)
         config.yaml       the resolved config of the run
         metrics.jsonl     with trainer.loggers=[...,jsonl]: one line per step (step 0: validation before training)
         tensorboard/      with tensorboard in trainer.loggers (wandb/, mlruns/ likewise)
