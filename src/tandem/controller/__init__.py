@@ -38,7 +38,9 @@ __all__ = [
 def init_ray(num_cpus: int | None = None, address: str | None = None, **ray_init_kwargs) -> None:
     """Start Ray for this process once (later calls do nothing); no dashboard, RAY_AUTH_MODE=disabled by default.
 
-    `address=None` starts a local single-node Ray with `num_cpus` logical CPUs (default: all cores).
+    `address=None` starts a local single-node Ray of this run's own with `num_cpus` logical CPUs (default:
+    all cores), even when another job's Ray runs on the machine (Ray's own None joins the newest one);
+    only a RAY_ADDRESS in the environment (set by `ray job submit`, or by you) is joined instead.
     `address="auto"` joins the cluster this machine is part of, started beforehand with
     `ray start --head` (and `ray start --address=HEAD:6379` on the other machines); `num_cpus` must
     then be None, as each node's `ray start` said what it offers. Other keywords go to `ray.init`.
@@ -54,4 +56,6 @@ def init_ray(num_cpus: int | None = None, address: str | None = None, **ray_init
     if ray.is_initialized():
         return
     ray_init_kwargs.setdefault("include_dashboard", False)
+    if address is None and not os.environ.get("RAY_ADDRESS"):
+        address = "local"  # a new instance: Ray's None would join any Ray already running here
     ray.init(address=address, num_cpus=num_cpus, **ray_init_kwargs)
