@@ -4,6 +4,7 @@ This host has no GPU: the cuda branch is checked through `choose_device` with th
 the line's text for cuda through `device_line` with the device named (no CUDA call is made for either)."""
 
 import pytest
+import torch
 
 from tandem.config import load_config
 from tandem.config.derived import choose_device
@@ -17,19 +18,27 @@ from tandem.trainer.device_line import device_line
         ("auto", 0, "found", ("cpu", "auto: no GPU found")),
         ("auto", 1, "found", ("cuda", "auto: 1 GPU found")),
         ("auto", 8, "in the Ray cluster", ("cuda", "auto: 8 GPUs in the Ray cluster")),
-        ("cpu", 8, "found", ("cpu", "trainer.device")),  # an explicit choice wins over the GPUs there are
-        ("cuda", 0, "found", ("cuda", "trainer.device")),
+        (
+            "cpu",
+            8,
+            "found",
+            ("cpu", "set by trainer.device"),
+        ),  # an explicit choice wins over the GPUs there are
+        ("cuda", 0, "found", ("cuda", "set by trainer.device")),
     ],
 )
 def test_choose_device(setting, gpus, where, expected):
     assert choose_device(setting, gpus, where) == expected
 
 
-def test_auto_picks_the_cpu_on_this_host():
+def test_auto_picks_the_cpu_where_torch_sees_no_gpu():
     cfg = load_config("grpo", ["trainer.backend=inprocess", "trainer.workers_per_node=1"])
     assert cfg.trainer.device == "auto"
-    assert device_choice(cfg) == ("cpu", "auto: no GPU found")
-    assert device_choice(load_config("grpo", ["trainer.device=cpu"])) == ("cpu", "trainer.device")
+    gpus = torch.cuda.device_count()
+    assert device_choice(cfg) == choose_device("auto", gpus)
+    if gpus == 0:  # this project's CPU machines
+        assert device_choice(cfg) == ("cpu", "auto: no GPU found")
+    assert device_choice(load_config("grpo", ["trainer.device=cpu"])) == ("cpu", "set by trainer.device")
 
 
 def test_the_line_on_cuda_names_every_role_of_the_run():
@@ -39,8 +48,8 @@ def test_the_line_on_cuda_names_every_role_of_the_run():
         "reference bf16 compute; critic bf16 compute, fp32 master"
     )
     grpo = load_config("grpo", ["rollout.engine=hf", "actor.fsdp.param_dtype=float16"])
-    assert device_line(grpo, "cuda", "trainer.device") == (
-        "device: cuda (trainer.device); actor fp16 compute, fp32 master; rollout hf fp32; reference fp16 compute"
+    assert device_line(grpo, "cuda", "set by trainer.device") == (
+        "device: cuda (set by trainer.device); actor fp16 compute, fp32 master; rollout hf fp32; reference fp16 compute"
     )
 
 

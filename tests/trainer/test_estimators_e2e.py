@@ -33,7 +33,9 @@ def test_preset_runs_a_step(assets, tmp_path, preset, capsys):
     (metrics,) = RLTrainer(cfg).fit()
     assert metrics["step"] == 1 and metrics["perf/samples"] == 16
     (line,) = [out for out in capsys.readouterr().out.splitlines() if out.startswith("[tandem] device:")]
-    assert line.startswith("[tandem] device: cpu (trainer.device); actor fp32 compute, fp32 master; rollout ")
+    assert line.startswith(
+        "[tandem] device: cpu (set by trainer.device); actor fp32 compute, fp32 master; rollout "
+    )
     assert "actor/pg_loss" in metrics and "advantages/mean" in metrics
     if preset in ("rloo", "dr_grpo", "gspo"):  # group baselines: advantages sum to 0 within each group
         assert metrics["advantages/max"] >= 0 >= metrics["advantages/min"]

@@ -28,7 +28,7 @@ def choose_device(setting: str, gpus: int, where: str = "found") -> tuple[str, s
     were counted, e.g. "in the Ray cluster"): auto = cuda when there is one, else cpu. The caller counts
     the GPUs, so the choice is testable without one."""
     if setting != "auto":
-        return setting, "trainer.device"
+        return setting, "set by trainer.device"
     if gpus > 0:
         return "cuda", f"auto: {gpus} GPU{'s' if gpus > 1 else ''} {where}"
     return "cpu", f"auto: no GPU {where}"

@@ -97,9 +97,10 @@ def _micro_batch_keys(cfg: TandemConfig) -> dict[str, int | None]:
 
 
 def unused_micro_batch_warning(cfg: TandemConfig, problems: Problems) -> str | None:
-    """With actor.use_dynamic_bsz on, the micro-batch sizes the user set (by an override or their own YAML
-    file, as `problems` recorded; a preset's are not the user's) are not used: a warning naming them, else
-    None. verl's use_dynamic_bsz is off by default, so a verl script's micro-batch sizes land here."""
+    """With actor.use_dynamic_bsz on, the micro-batch sizes the user set are not used: a warning naming them,
+    else None. "Set" is what `problems` noted: the overrides (config_from_dict passes their notes to the
+    checks; a key of the user's own YAML file is not seen here, nor a preset's). verl's use_dynamic_bsz is
+    off by default, so a verl script's micro-batch sizes land here."""
     if not cfg.actor.use_dynamic_bsz:
         return None
     set_here = []
