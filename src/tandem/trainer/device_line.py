@@ -1,11 +1,11 @@
-"""The one start-up line that says where a run computes and in which dtypes, e.g.
-`device: cuda (auto: 1 GPU found); actor bf16 compute, fp32 master; rollout vllm bf16; reference bf16 compute`.
+"""The one start-up line that says where a run computes and in which dtypes, e.g. `device: cuda (auto: 1
+GPU found); actor bf16 compute, fp32 master; rollout vllm bf16; reference bf16 compute`.
 
 The dtypes come from the rules the workers apply (engine/base.py `strategy_param_dtype`, roles/rollout.py
 `rollout_dtype`), resolved here for the chosen device (on a CPU, param_dtype=auto is this process's probe;
-the FSDP2 engine's ranks probe their own and take bf16 only if all chose it). Every trained or frozen engine keeps float32 weights
-(engine/hf_io.py loads them so) and computes in its compute dtype; the hf rollout engine is built in float32
-(only vLLM is given the actor's compute dtype).
+the FSDP2 engine's ranks probe their own and take bf16 only if all chose it). Every trained or frozen engine
+keeps float32 weights (engine/hf_io.py loads them so) and computes in its compute dtype; the hf rollout
+engine is built in float32 (only vLLM is given the actor's compute dtype).
 """
 
 from __future__ import annotations

@@ -78,7 +78,7 @@ def check_batch_sizes(cfg: TandemConfig, problems: Problems) -> None:
 
 
 def _micro_batch_keys(cfg: TandemConfig) -> dict[str, int | None]:
-    """The sample-count micro-batch sizes of the roles this config runs (every one a token budget replaces)."""
+    """The sample-count micro-batch sizes of the roles this config runs (a token budget replaces each)."""
     keys = {
         "actor.micro_batch_size_per_rank": cfg.actor.micro_batch_size_per_rank,
         "rollout.log_prob_micro_batch_size_per_rank": cfg.rollout.log_prob_micro_batch_size_per_rank,
@@ -115,8 +115,8 @@ def unused_micro_batch_warning(cfg: TandemConfig, problems: Problems) -> str | N
     return (
         f"{', '.join(set_here)} {'is' if len(set_here) == 1 else 'are'} not used: actor.use_dynamic_bsz=true "
         f"(Tandem's default; verl's is false) cuts every role's micro-batches by a token budget per rank "
-        f"(actor.max_tokens_per_micro_batch={budget_text}), and the token budget wins. To cut micro-batches by "
-        "these sample counts instead, set actor.use_dynamic_bsz=false"
+        f"(actor.max_tokens_per_micro_batch={budget_text}), and the token budget wins. To cut "
+        "micro-batches by these sample counts instead, set actor.use_dynamic_bsz=false"
     )
 
 

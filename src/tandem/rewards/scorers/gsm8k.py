@@ -82,7 +82,11 @@ def _truth_text(ground_truth: Any) -> str:
     number (72 or 72.0) as "72", other text as written (surrounding spaces dropped; "1,234" stays, as in
     verl, where only "1,234" under flexible equals it)."""
     if isinstance(ground_truth, numbers.Real):
-        value = Fraction(str(ground_truth)) if isinstance(ground_truth, float) else Fraction(ground_truth)
+        value = (
+            Fraction(int(ground_truth))
+            if isinstance(ground_truth, numbers.Integral)
+            else Fraction(str(ground_truth))
+        )
         return str(value.numerator) if value.denominator == 1 else str(ground_truth)
     text = str(ground_truth)
     return str(extract_gsm8k_answer(text)) if "####" in text else text.strip()
