@@ -26,7 +26,7 @@ def test_list_presets():
 def test_every_preset_loads_and_validates(name):
     cfg = load_config(name)
     assert cfg.derived.samples_per_step == cfg.data.train_batch_size * cfg.rollout.n
-    assert cfg.trainer.device == ("auto" if name == "verl" else "cpu")  # verl: verl's defaults
+    assert cfg.trainer.device == "auto"  # every preset builds on base: cuda where there are GPUs, else cpu
 
 
 @pytest.mark.parametrize("name", PRESETS)
@@ -57,7 +57,7 @@ def test_base_inheritance_from_a_relative_file(tmp_path):
     assert (cfg.rollout.n, cfg.rollout.temperature) == (8, 0.7)  # mappings merge key by key
     assert cfg.actor.optim.lr == 2e-6 and cfg.actor.optim.weight_decay == 0.01
     assert cfg.actor.use_kl_loss  # from grpo
-    assert cfg.trainer.device == "cpu"  # from base, through grpo
+    assert cfg.trainer.device == "auto"  # from base, through grpo
     assert cfg.trainer.loggers == ["jsonl"]  # lists are replaced, not appended
     assert cfg.trainer.experiment_name == "x"  # overrides win over every file
 

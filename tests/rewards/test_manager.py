@@ -371,7 +371,7 @@ def test_pool_with_spawn_and_no_fork():
         outcomes = pool.run(tasks, {key: gsm8k_score}, chunk_size=2)
     finally:
         pool.close()
-    assert [o.score for o in outcomes] == [1.0, 0.0, 1.0]
+    assert [o.score for o in outcomes] == [1.0, 0.0, 0.0]  # gsm8k is strict: "3" has no "#### 3"
     assert pool.pids == [None]
     with pytest.raises(ValueError, match="fork"):
         ScorerPool(1, timeout_s=1.0, start_method="fork")

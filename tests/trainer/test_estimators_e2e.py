@@ -19,7 +19,7 @@ def assets(tmp_path_factory):
 
 
 @pytest.mark.parametrize("preset", ["rloo", "reinforce_pp", "remax", "dr_grpo", "gspo"])
-def test_preset_runs_a_step(assets, tmp_path, preset):
+def test_preset_runs_a_step(assets, tmp_path, preset, capsys):
     cfg = run_config(
         assets,
         tmp_path,
@@ -32,6 +32,10 @@ def test_preset_runs_a_step(assets, tmp_path, preset):
     )
     (metrics,) = RLTrainer(cfg).fit()
     assert metrics["step"] == 1 and metrics["perf/samples"] == 16
+    (line,) = [out for out in capsys.readouterr().out.splitlines() if out.startswith("[tandem] device:")]
+    assert line.startswith(
+        "[tandem] device: cpu (set by trainer.device); actor fp32 compute, fp32 master; rollout "
+    )
     assert "actor/pg_loss" in metrics and "advantages/mean" in metrics
     if preset in ("rloo", "dr_grpo", "gspo"):  # group baselines: advantages sum to 0 within each group
         assert metrics["advantages/max"] >= 0 >= metrics["advantages/min"]

@@ -1,6 +1,7 @@
-"""Batch-size normalisation, done once: every number the runtime derives from the batch settings.
+"""What the runtime derives from the settings, decided once: the batch sizes (`compute_derived`) and the
+device that trainer.device=auto means (`choose_device`).
 
-Workers read these instead of recomputing `train_batch_size * n // world_size` themselves.
+Workers read the sizes instead of recomputing `train_batch_size * n // world_size` themselves.
 The `Derived` dataclass that holds them is plain data in schema.py; validation sets `cfg.derived`.
 """
 
@@ -20,6 +21,17 @@ def data_parallel_size(cfg: TandemConfig) -> tuple[int, int]:
     if model_parallel <= 0 or world % model_parallel:
         return world, 0
     return world, world // model_parallel
+
+
+def choose_device(setting: str, gpus: int, where: str = "found") -> tuple[str, str]:
+    """(device, why) for trainer.device=`setting` when the workers can see `gpus` GPUs (`where`: how they
+    were counted, e.g. "in the Ray cluster"): auto = cuda when there is one, else cpu. The caller counts
+    the GPUs, so the choice is testable without one."""
+    if setting != "auto":
+        return setting, "set by trainer.device"
+    if gpus > 0:
+        return "cuda", f"auto: {gpus} GPU{'s' if gpus > 1 else ''} {where}"
+    return "cpu", f"auto: no GPU {where}"
 
 
 def gen_prompts_per_round(cfg: TandemConfig) -> int:

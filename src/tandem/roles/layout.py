@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tandem.config.derived import choose_device
 from tandem.config.schema import TandemConfig
 from tandem.controller import ResourcePool, WorkerGroup, init_ray
 from tandem.roles.worker import RoleWorker
@@ -59,17 +60,23 @@ class WorkerGroups:
             pool.remove()
 
 
-def resolve_device(cfg: TandemConfig) -> str:
-    """trainer.device, with auto = cuda when the workers will have GPUs (the cluster's, for Ray)."""
+def device_choice(cfg: TandemConfig) -> tuple[str, str]:
+    """(device, why) for trainer.device (config/derived.py `choose_device`): auto = cuda when the workers
+    will have GPUs (this machine's for the in-process backend, the cluster's for Ray)."""
     if cfg.trainer.device != "auto":
-        return cfg.trainer.device
+        return choose_device(cfg.trainer.device, 0)
     if cfg.trainer.backend == "inprocess":
         import torch
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
+        return choose_device("auto", torch.cuda.device_count())
     import ray
 
-    return "cuda" if ray.cluster_resources().get("GPU", 0) > 0 else "cpu"
+    return choose_device("auto", int(ray.cluster_resources().get("GPU", 0)), "in the Ray cluster")
+
+
+def resolve_device(cfg: TandemConfig) -> str:
+    """trainer.device, with auto resolved (see `device_choice`)."""
+    return device_choice(cfg)[0]
 
 
 PURPOSES = ("rl", "sft", "eval")

@@ -24,13 +24,14 @@ from tandem.config.loader import config_to_dict, config_to_yaml
 from tandem.config.schema import TandemConfig
 from tandem.data import StatefulSampler
 from tandem.engine.flops import mfu_metrics
-from tandem.roles.layout import WorkerGroups, build_worker_groups
+from tandem.roles.layout import WorkerGroups, build_worker_groups, device_choice
 from tandem.trainer.checkpoint import (
     CheckpointManager,
     checkpoint_step,
     load_trainer_state,
     save_trainer_state,
 )
+from tandem.trainer.device_line import device_line
 from tandem.trainer.metrics import worker_metrics
 from tandem.trainer.run_lock import RunLock
 from tandem.trainer.start_checks import check_available
@@ -137,6 +138,7 @@ class Trainer(ABC):
             self.groups = build_worker_groups(
                 self.cfg, self.total_steps, purpose=self.purpose, log_dir=self.log_dir
             )
+            self.announce_devices(self.purpose)
             self.resume(resume_from)
             with Tracker(
                 t.loggers,
@@ -181,6 +183,10 @@ class Trainer(ABC):
                 self.groups.shutdown()
                 self.groups = None
         return self.history
+
+    def announce_devices(self, purpose: str) -> None:
+        """Print, once per start of the workers, the device and the dtypes each role computes in."""
+        print(f"[tandem] {device_line(self.cfg, *device_choice(self.cfg), purpose)}", flush=True)
 
     def worker_metrics(self) -> dict[str, float]:
         """What every worker of every group reported since the last call (timings, peak memory), merged

@@ -371,6 +371,7 @@ class RLTrainer(Trainer):
         try:
             path = self.checkpoints.resolve(checkpoint) if checkpoint is not None else None  # before workers
             self.groups = build_worker_groups(self.cfg, purpose="eval", log_dir=self.log_dir)
+            self.announce_devices("eval")
             if path is not None:
                 self.groups.actor.load_checkpoint(str(path))
             return self.validate()

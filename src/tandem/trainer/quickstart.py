@@ -63,7 +63,6 @@ COMMON = [
 SFT = [
     "data.train_batch_size=32",
     "actor.ppo_mini_batch_size=32",
-    "actor.micro_batch_size_per_rank=16",
     "actor.optim.lr=1e-3",
     "actor.optim.lr_scheduler=constant",
     "actor.optim.warmup_steps=25",
@@ -76,10 +75,7 @@ GRPO = [
     "data.train_batch_size=32",
     "rollout.n=8",
     "actor.ppo_mini_batch_size=8",
-    "actor.micro_batch_size_per_rank=32",
     "actor.optim.lr=1e-4",
-    "rollout.log_prob_micro_batch_size_per_rank=64",
-    "reference.log_prob_micro_batch_size_per_rank=64",
     "trainer.total_training_steps=50",
     "trainer.test_freq=10",
     "trainer.val_before_train=true",
@@ -118,7 +114,6 @@ CALCULATOR = Recipe(
         *SFT,
         "data.train_batch_size=16",
         "actor.ppo_mini_batch_size=16",
-        "actor.micro_batch_size_per_rank=8",
     ],
     grpo=[
         *(

@@ -1,7 +1,9 @@
-"""Batch sizes and parallelism: every size must split evenly over the ranks that share it."""
+"""Batch sizes and parallelism: every size must split evenly over the ranks that share it; micro-batch
+sizes set where a token budget replaces them are a warning."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING
 
 from tandem.config.derived import data_parallel_size
@@ -9,6 +11,8 @@ from tandem.config.errors import Problems
 
 if TYPE_CHECKING:
     from tandem.config.schema import TandemConfig
+
+logger = logging.getLogger(__name__)
 
 
 def _divisors(n: int) -> str:
@@ -68,6 +72,52 @@ def check_batch_sizes(cfg: TandemConfig, problems: Problems) -> None:
             f"full-length sample (data.max_prompt_length + data.max_response_length = {longest} tokens). "
             f"Raise it to at least {longest}",
         )
+    warning = unused_micro_batch_warning(cfg, problems)
+    if warning is not None:
+        logger.warning("%s", warning)
+
+
+def _micro_batch_keys(cfg: TandemConfig) -> dict[str, int | None]:
+    """The sample-count micro-batch sizes of the roles this config runs (a token budget replaces each)."""
+    keys = {
+        "actor.micro_batch_size_per_rank": cfg.actor.micro_batch_size_per_rank,
+        "rollout.log_prob_micro_batch_size_per_rank": cfg.rollout.log_prob_micro_batch_size_per_rank,
+    }
+    if cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward:
+        keys["reference.log_prob_micro_batch_size_per_rank"] = (
+            cfg.reference.log_prob_micro_batch_size_per_rank
+        )
+    if cfg.critic.enable is True:
+        keys["critic.micro_batch_size_per_rank"] = cfg.critic.micro_batch_size_per_rank
+    if cfg.reward.reward_model.enable:
+        keys["reward.reward_model.micro_batch_size_per_rank"] = (
+            cfg.reward.reward_model.micro_batch_size_per_rank
+        )
+    return keys
+
+
+def unused_micro_batch_warning(cfg: TandemConfig, problems: Problems) -> str | None:
+    """With actor.use_dynamic_bsz on, the micro-batch sizes the user set are not used: a warning naming them,
+    else None. "Set" is what `problems` noted: the overrides (config_from_dict passes their notes to the
+    checks; a key of the user's own YAML file is not seen here, nor a preset's). verl's use_dynamic_bsz is
+    off by default, so a verl script's micro-batch sizes land here."""
+    if not cfg.actor.use_dynamic_bsz:
+        return None
+    set_here = []
+    for key, value in _micro_batch_keys(cfg).items():
+        note = problems.note_for(key)
+        if note is not None and not note.startswith("in preset"):
+            set_here.append(f"{key}={value} ({note})")
+    if not set_here:
+        return None
+    budget = cfg.actor.max_tokens_per_micro_batch
+    budget_text = f"{budget} tokens" if budget is not None else "null: the default for the device"
+    return (
+        f"{', '.join(set_here)} {'is' if len(set_here) == 1 else 'are'} not used: actor.use_dynamic_bsz=true "
+        f"(Tandem's default; verl's is false) cuts every role's micro-batches by a token budget per rank "
+        f"(actor.max_tokens_per_micro_batch={budget_text}), and the token budget wins. To cut "
+        "micro-batches by these sample counts instead, set actor.use_dynamic_bsz=false"
+    )
 
 
 def check_parallel(cfg: TandemConfig, problems: Problems) -> None:

@@ -1,0 +1,41 @@
+"""The one start-up line that says where a run computes and in which dtypes, e.g. `device: cuda (auto: 1
+GPU found); actor bf16 compute, fp32 master; rollout vllm bf16; reference bf16 compute`.
+
+The dtypes come from the rules the workers apply (engine/base.py `strategy_param_dtype`, roles/rollout.py
+`rollout_dtype`), resolved here for the chosen device (on a CPU, param_dtype=auto is this process's probe;
+the FSDP2 engine's ranks probe their own and take bf16 only if all chose it). Every trained or frozen engine
+keeps float32 weights (engine/hf_io.py loads them so) and computes in its compute dtype; the hf rollout
+engine is built in float32 (only vLLM is given the actor's compute dtype).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from tandem.config.schema import TandemConfig
+from tandem.engine.base import strategy_param_dtype
+from tandem.roles.rollout import rollout_dtype
+from tandem.rollout import resolve_engine
+
+SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
+
+
+def device_line(cfg: TandemConfig, device: str, why: str, purpose: str = "rl") -> str:
+    """The line for a run of `purpose` (rl, sft, eval: as build_worker_groups) on `device`, chosen because
+    `why` (roles/layout.py `device_choice`); only the roles that run appear."""
+    where = torch.device(device)
+    a, d = cfg.actor, cfg.derived
+    compute = SHORT[strategy_param_dtype(a.strategy, a.fsdp, a.megatron, where)]  # every role shares it
+    parts = [f"actor {compute} compute, fp32 master"]
+    if purpose != "sft":
+        engine = resolve_engine(cfg.rollout.engine)
+        dtype = rollout_dtype(cfg, where) if engine == "vllm" else torch.float32
+        parts.append(f"rollout {engine} {SHORT[dtype]}")
+    if purpose == "rl":
+        if d.reference_needed:
+            parts.append(f"reference {compute} compute")
+        if d.critic_needed:
+            parts.append(f"critic {compute} compute, fp32 master")
+        if d.reward_model_needed:
+            parts.append(f"reward model {compute} compute")
+    return f"device: {device} ({why}); " + "; ".join(parts)
