@@ -3,6 +3,9 @@ and verl's latest_checkpointed_iteration.txt names the newest step: a real run o
 
 from __future__ import annotations
 
+import json
+from types import SimpleNamespace
+
 import pytest
 import torch
 from safetensors.torch import load_file
@@ -11,7 +14,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 from tandem.engine.hf_io import merge_adapter
 from tandem.trainer import RLTrainer
 from tandem.trainer.checkpoint import LATEST_ITERATION, CheckpointManager, verify
-from tandem.trainer.export import export_checkpoint, hf_folder
+from tandem.trainer.export import export_checkpoint, hf_folder, write_checkpoint_hf
 
 from .trainer_helpers import custom_reward, make_assets, run_config
 
@@ -121,3 +124,20 @@ def test_a_lora_checkpoint_holds_the_merged_model_and_the_adapter_folder_as_tand
     assert adapter and all("lora_A" in name or "lora_B" in name for name in adapter)
     merged = merge_adapter(hf / "lora_adapter", tmp_path / "merged")  # the base model + the adapters
     torch.testing.assert_close(logits(merged), logits(hf), rtol=1e-5, atol=1e-5)
+
+
+def test_a_tokenizer_folder_of_its_own_is_the_one_the_checkpoint_holds(assets, tmp_path):
+    tokenizer = tmp_path / "tokenizer"
+    tokenizer.mkdir()
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (tokenizer / name).write_bytes((assets["model"] / name).read_bytes())
+    settings = json.loads((tokenizer / "tokenizer_config.json").read_text())
+    (tokenizer / "tokenizer_config.json").write_text(json.dumps({**settings, "model_max_length": 77}))
+    cfg = SimpleNamespace(
+        trainer=SimpleNamespace(save_hf_model=False),
+        actor=SimpleNamespace(model_path=str(assets["model"]), tokenizer_path=str(tokenizer)),
+    )
+    hf = write_checkpoint_hf(cfg, None, tmp_path / "global_step_1")
+    assert hf == tmp_path / "global_step_1" / "actor" / "huggingface"
+    assert AutoTokenizer.from_pretrained(hf).model_max_length == 77  # actor.tokenizer_path's, not the model's
+    assert (hf / "config.json").read_bytes() == (assets["model"] / "config.json").read_bytes()
