@@ -119,14 +119,14 @@ class CheckpointManager:
         return path
 
     def remove_partial(self) -> None:
-        """Delete folders left by writes that never finished."""
+        """Delete folders (and iteration files) left by writes that never finished."""
         if not self.root.is_dir():
             return
         for path in self.root.glob(f"{PARTIAL}*"):
-            logger.warning("removing the unfinished checkpoint %s (a write was interrupted)", path)
             if path.is_dir():
+                logger.warning("removing the unfinished checkpoint %s (a write was interrupted)", path)
                 shutil.rmtree(path, ignore_errors=True)
-            else:  # an iteration file never renamed into place
+            else:  # an iteration file never renamed into place: the one in place is whole
                 path.unlink(missing_ok=True)
 
     @contextmanager
