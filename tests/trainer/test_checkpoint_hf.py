@@ -98,8 +98,9 @@ def test_without_the_weights_the_folder_holds_config_and_tokenizer_and_export_fi
     )
     assert (hf / "tokenizer.json").read_bytes() == (assets["model"] / "tokenizer.json").read_bytes()
 
-    # `tandem export CHECKPOINT CHECKPOINT/actor/huggingface`: the weights added in place, the checkpoint still intact
-    export_checkpoint(checkpoint, hf)
+    # `tandem export CHECKPOINT CHECKPOINT/actor/huggingface` (out_dir None: that folder): the weights added in
+    # place, the checkpoint still intact
+    assert export_checkpoint(checkpoint) == hf
     torch.testing.assert_close(
         logits(hf), logits(assets["model"], trainer.final_weights), rtol=1e-6, atol=1e-6
     )

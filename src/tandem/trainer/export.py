@@ -68,14 +68,16 @@ def _copy_tokenizer(cfg: TandemConfig, out: Path) -> None:
         copy_side_files(a.tokenizer_path, out)
 
 
-def export_checkpoint(checkpoint: str | Path, out_dir: str | Path, role: str = "actor") -> Path:
+def export_checkpoint(checkpoint: str | Path, out_dir: str | Path | None = None, role: str = "actor") -> Path:
     """Write checkpoint/<role> as a Hugging Face folder at out_dir; returns out_dir. An out_dir that is the
-    checkpoint's own `<role>/huggingface` is replaced whole and the checkpoint's manifest rewritten."""
+    checkpoint's own `<role>/huggingface` (None: that one) is replaced whole and the checkpoint's manifest
+    rewritten."""
     if role not in EXPORTABLE:
         raise ValueError(f"tandem export: role must be one of {EXPORTABLE}, got {role!r}")
     folder = CheckpointManager(Path(checkpoint).parent).resolve(str(checkpoint))
     if not (folder / role).is_dir():
         raise FileNotFoundError(f"checkpoint {folder} holds no {role!r} (it has no {role}/ folder)")
+    out_dir = hf_folder(folder, role) if out_dir is None else out_dir
     in_place = Path(out_dir).resolve() == hf_folder(folder, role).resolve()
     target = hf_folder(folder, role).with_name(PARTIAL + HF_FOLDER) if in_place else Path(out_dir)
     if in_place:
