@@ -797,12 +797,16 @@ def check_rejection(report: Report, seeds: range) -> None:
 METRIC_CONFIGS = [
     ("token", 0.4, dict(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="token_k1,seq_mean_k3", rollout_rs_threshold="0.7_1.5,0.04")),
     ("sequence", 0.15, dict(rollout_is="sequence", rollout_is_threshold=2.0, rollout_rs="seq_sum_k2", rollout_rs_threshold=0.3)),
+    # every rejection option at once: its rollout_rs_<option>_* statistics
+    ("token", 0.3, dict(rollout_is=None, rollout_is_threshold=2.0, rollout_rs=",".join(RS_THRESHOLDS), rollout_rs_threshold=",".join(map(str, RS_THRESHOLDS.values())))),
 ]  # fmt: skip
 
 
 def tandem_definition(name: str, level: str, raw: torch.Tensor, weights: torch.Tensor, mask: torch.Tensor):
     """What Tandem's metric `name` is, computed here from verl's applied weights and the raw ratio r
     (None where the definitions agree and there is nothing to recompute)."""
+    if weights is None:  # rejection alone: no IS metric to recompute
+        return None
     valid = mask != 0
     has_token = valid.any(-1)
     if level == "sequence":

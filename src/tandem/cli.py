@@ -4,7 +4,7 @@
     tandem train PRESET|FILE [key=value ...]        RL training (grpo, ppo, dapo, rloo, remax, ...)
     tandem sft [PRESET|FILE] [key=value ...]        supervised fine-tuning (default preset: sft)
     tandem eval PRESET|FILE [key=value ...] [--checkpoint DIR]   validation accuracy of a model
-    tandem export CHECKPOINT OUT_DIR [--role actor|critic]        a Hugging Face folder from a checkpoint
+    tandem export CHECKPOINT [OUT_DIR] [--role actor|critic]      a Hugging Face folder from a checkpoint
     tandem config [PRESET|FILE] [key=value ...]     print the resolved, validated config as YAML
     tandem config --from-verl FILE                  a verl YAML (with its defaults) as a Tandem YAML
 
@@ -66,7 +66,9 @@ def _parser() -> argparse.ArgumentParser:
 
     export = sub.add_parser("export", help="write a Hugging Face folder from a checkpoint")
     export.add_argument("checkpoint", help="a checkpoints/global_step_N folder")
-    export.add_argument("out_dir")
+    export.add_argument(
+        "out_dir", nargs="?", help="default: the checkpoint's own <role>/huggingface folder (verl's place)"
+    )
     export.add_argument("--role", default="actor", choices=["actor", "critic"])
 
     config = sub.add_parser("config", help="print the resolved config")

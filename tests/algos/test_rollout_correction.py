@@ -240,3 +240,93 @@ def test_rollout_correction_normalises_over_the_kept_tokens():
     assert float(weights[loss_mask.bool()].mean()) == pytest.approx(1.0)
     assert m["rollout_is_mean"] == pytest.approx((E(0.5) + E(-0.5) + 2.0 + E(0.1)) / 4)  # before normalising
     assert m["rollout_rs_masked_fraction"] == pytest.approx(1 / 4) and "chi2_seq" in m
+
+
+# ---- verl's per-option statistics of the rejection statistic (rollout_rs_<option>_*) ----------------
+# Row 0 has log r = (0.5, -0.5, 2.0), row 1 has 0.1 (OLD, ROLLOUT above).
+
+
+def _pop_std(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values))
+
+
+def _rs_stats(option: str, threshold) -> dict[str, float]:
+    old, rollout = OLD.double(), ROLLOUT.double()  # float64: k3 of a small log r loses digits in float32
+    _, _, m = rollout_correction(old, rollout, MASK, rollout_rs=option, rollout_rs_threshold=threshold)
+    prefix = f"rollout_rs_{option}_"
+    return {k.removeprefix(prefix): v for k, v in m.items() if k.startswith(prefix)}
+
+
+def test_rs_statistics_of_token_k1_over_tokens_in_log_space():
+    m = _rs_stats("token_k1", "0.5_2.0")  # s = -log r: -0.5, 0.5, -2.0 | -0.1; bounds +-log 2 = +-0.693
+    assert m["mean"] == pytest.approx(-2.1 / 4)
+    assert (m["max"], m["min"]) == (pytest.approx(0.5), pytest.approx(-2.0))
+    assert (m["fraction_high"], m["fraction_low"]) == (0.0, pytest.approx(1 / 4))  # -2.0 < -0.693
+    assert m["std"] == pytest.approx(_pop_std([-0.5, 0.5, -math.log(2), -0.1]))  # clamped to the bounds
+    seq = [-2 / 3, -0.1]  # per sequence, the mean of its tokens' s
+    assert m["seq_mean"] == pytest.approx(sum(seq) / 2)
+    assert m["seq_std"] == pytest.approx((seq[1] - seq[0]) / math.sqrt(2))  # unbiased
+    assert (m["seq_max"], m["seq_min"]) == (pytest.approx(-0.1), pytest.approx(-2 / 3))
+    assert m["seq_max_deviation"] == pytest.approx(2 / 3)
+    assert (m["seq_fraction_high"], m["seq_fraction_low"]) == (0.0, 0.0)  # -2/3 > -0.693
+    assert m["masked_fraction"] == pytest.approx(1 / 4) and m["seq_masked_fraction"] == pytest.approx(1 / 2)
+    assert len(m) == 13 + 2  # verl's 13 for a k1 option, and the two rejected shares
+
+
+def test_rs_statistics_of_token_k3_count_tokens_above_the_bound():
+    k3 = [E(0.5) - 1.5, E(-0.5) + 0.5 - 1, E(2.0) - 3, E(0.1) - 1.1]  # r - 1 - log r
+    m = _rs_stats("token_k3", 0.12)
+    assert m["mean"] == pytest.approx(sum(k3) / 4)
+    assert (m["max"], m["min"]) == (pytest.approx(k3[2]), pytest.approx(k3[3]))
+    assert (m["fraction_high"], m["fraction_low"]) == (pytest.approx(2 / 4), 0.0)  # 0.149, 4.39 > 0.12
+    assert m["std"] == pytest.approx(_pop_std([0.12, k3[1], 0.12, k3[3]]))  # clamped to [0, 0.12]
+    seq = [sum(k3[:3]) / 3, k3[3]]
+    assert m["seq_mean"] == pytest.approx(sum(seq) / 2) and m["seq_max_deviation"] == pytest.approx(seq[0])
+    assert m["seq_fraction_high"] == pytest.approx(1 / 2)
+    assert "seq_fraction_low" not in m and len(m) == 12 + 2  # no lower bound: verl logs 12
+
+
+def test_rs_statistics_of_a_sequence_option_count_sequences_and_weigh_tokens():
+    m = _rs_stats("seq_sum_k2", 2.0)  # s = sum (log r)^2 / 2: 2.25 (3 tokens) and 0.005 (1 token)
+    assert m["mean"] == pytest.approx((3 * 2.25 + 0.005) / 4)  # each token carries its sequence's s
+    assert (m["max"], m["min"]) == (pytest.approx(2.25), pytest.approx(0.005))  # over sequences
+    assert (m["fraction_high"], m["fraction_low"]) == (pytest.approx(1 / 2), 0.0)  # of sequences
+    assert m["std"] == pytest.approx(_pop_std([2.0, 2.0, 2.0, 0.005]))  # tokens, clamped at 2.0
+    assert m["seq_mean"] == pytest.approx((2.25 + 0.005) / 2)
+    assert m["seq_std"] == pytest.approx((2.25 - 0.005) / math.sqrt(2))
+    assert (m["seq_max"], m["seq_min"], m["seq_max_deviation"]) == pytest.approx((2.25, 0.005, 2.25))
+    assert m["seq_fraction_high"] == pytest.approx(1 / 2)
+    assert m["masked_fraction"] == pytest.approx(3 / 4)
+
+
+@pytest.mark.parametrize(
+    ("option", "threshold", "seq", "fraction_high"),
+    [
+        ("seq_mean_k1", "0.5_2.0", [-2 / 3, -0.1], 0.0),  # mean of -log r
+        ("seq_mean_k2", 0.7, [0.75, 0.005], 0.5),
+        ("seq_sum_k3", 4.6, [E(0.5) + E(-0.5) + E(2.0) - 5, E(0.1) - 1.1], 0.5),  # 4.645
+        ("seq_max_k3", 4.4, [E(2.0) - 3, E(0.1) - 1.1], 0.0),
+    ],
+)
+def test_rs_statistics_of_each_sequence_option(option, threshold, seq, fraction_high):
+    m = _rs_stats(option, threshold)
+    assert m["seq_mean"] == pytest.approx(sum(seq) / 2) and m["mean"] == pytest.approx(
+        (3 * seq[0] + seq[1]) / 4
+    )
+    assert (m["max"], m["min"]) == (pytest.approx(max(seq)), pytest.approx(min(seq)))
+    assert m["fraction_high"] == m["seq_fraction_high"] == pytest.approx(fraction_high)
+    assert ("seq_fraction_low" in m) == option.endswith("k1")
+
+
+def test_rs_statistics_are_logged_for_every_option_and_not_without_metrics():
+    _, _, m = rollout_correction(
+        OLD, ROLLOUT, MASK, rollout_rs="token_k2,seq_sum_k1", rollout_rs_threshold="0.2,0.5_2.0"
+    )
+    assert m["rollout_rs_token_k2_max"] == pytest.approx(2.0) and m[
+        "rollout_rs_seq_sum_k1_min"
+    ] == pytest.approx(-2.0)
+    _, _, m = rollout_correction(
+        OLD, ROLLOUT, MASK, rollout_rs="token_k2", rollout_rs_threshold=0.2, with_metrics=False
+    )
+    assert m == {}

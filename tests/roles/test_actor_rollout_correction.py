@@ -6,6 +6,8 @@ log-probs, and its rollout_corr/* equal those of a separate old-log-prob pass. R
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -71,6 +73,16 @@ def test_bypass_reinforce_weights_by_the_truncated_ratio_to_the_rollout_and_reje
     )
     log_ratio = (current - rollout) * mask
     assert metrics["rollout_mismatch/kl"] == pytest.approx(float(-log_ratio.sum() / mask.sum()), rel=1e-4)
+    # verl's statistics of the option over the rows the update saw: s = log(pi_rollout / pi_theta) per token
+    stat = -log_ratio
+    assert metrics["rollout_corr/rollout_rs_token_k1_mean"] == pytest.approx(
+        float(stat.sum() / mask.sum()), rel=1e-4
+    )
+    high = float(((stat > math.log(HIGH)) * mask).sum() / mask.sum())
+    low = float(((stat < math.log(LOW)) * mask).sum() / mask.sum())
+    assert metrics["rollout_corr/rollout_rs_token_k1_fraction_high"] == pytest.approx(high, abs=1e-6)
+    assert metrics["rollout_corr/rollout_rs_token_k1_fraction_low"] == pytest.approx(low, abs=1e-6)
+    assert metrics["rollout_corr/rollout_rs_token_k1_masked_fraction"] == pytest.approx(rejected, rel=1e-5)
     assert metrics["actor/grad_norm"] > 0
 
 

@@ -9,6 +9,7 @@ import torch
 
 from tandem.trainer.checkpoint import (
     COMPLETE,
+    LATEST_ITERATION,
     MANIFEST,
     TRAINER_STATE,
     CheckpointError,
@@ -149,3 +150,52 @@ def test_a_checkpoint_from_before_manifests_still_loads(tmp_path):
     (tmp_path / "global_step_2" / MANIFEST).unlink()
     assert manager.resolve("auto") == tmp_path / "global_step_2"
     assert checkpoint_step(tmp_path / "global_step_2") == 2
+
+
+# ---- verl's latest_checkpointed_iteration.txt beside the global_step_N folders ---------------------------
+
+
+def latest_iteration(root) -> str:
+    return (root / LATEST_ITERATION).read_text()
+
+
+def test_the_iteration_file_names_the_newest_checkpoint_after_saves_and_deletions(tmp_path):
+    manager = CheckpointManager(tmp_path, keep=2)
+    write(manager, 2)
+    assert latest_iteration(tmp_path) == "2"  # the step alone, as verl writes it
+    for step in (4, 6):
+        write(manager, step)
+    assert [s for s, _ in manager.checkpoints()] == [4, 6] and latest_iteration(tmp_path) == "6"
+    with pytest.raises(KeyboardInterrupt):
+        write(manager, 8, crash=True)
+    assert latest_iteration(tmp_path) == "6"  # a write that never finished changes nothing
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["global_step_4", "global_step_6", LATEST_ITERATION]
+
+
+def test_the_iteration_file_follows_resume_auto_past_a_damaged_checkpoint(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    for step in (2, 4):
+        write(manager, step)
+    (tmp_path / "global_step_4" / "actor" / "shard").unlink()
+    assert manager.resolve("auto") == tmp_path / "global_step_2" and latest_iteration(tmp_path) == "2"
+    # the resumed run saves step 3: the damaged step 4 is not the latest
+    write(manager, 3)
+    assert latest_iteration(tmp_path) == "3"
+    write(manager, 4)  # and replaces it
+    assert latest_iteration(tmp_path) == "4"
+
+
+def test_a_newer_intact_checkpoint_stays_the_latest_after_an_older_one_is_saved(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    write(manager, 6)
+    write(manager, 2)  # resumed explicitly from an older checkpoint (trainer.resume=PATH)
+    assert latest_iteration(tmp_path) == "6" and manager.resolve("auto") == tmp_path / "global_step_6"
+
+
+def test_a_stale_iteration_file_is_removed_when_no_checkpoint_is_left_and_a_partial_one_is_cleaned(tmp_path):
+    manager = CheckpointManager(tmp_path)
+    (tmp_path / LATEST_ITERATION).write_text("9")  # its checkpoints deleted by hand
+    (tmp_path / f".partial-{LATEST_ITERATION}").write_text("1")  # a write killed before its rename
+    manager.remove_partial()
+    assert manager.resolve("auto") is None
+    assert list(tmp_path.iterdir()) == []

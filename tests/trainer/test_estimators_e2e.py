@@ -118,10 +118,17 @@ def test_loss_or_estimator_trains_two_steps(assets, tmp_path, override):
         if "bypass_mode" in override:  # no old-log-prob pass: the update compares with the rollout
             assert math.isfinite(metrics["rollout_mismatch/kl"]) and metrics["actor/entropy"] > 0
             assert "timing_s/old_log_probs" not in metrics and "timing_s/update_actor" in metrics
+            if "rollout_rs" in override:  # verl's statistics of the option, from the update's log-probs
+                assert math.isfinite(metrics["rollout_corr/rollout_rs_token_k3_std"])
         elif "rollout_correction" in override:  # the diagnostics of the step, all finite
             corr = {k: v for k, v in metrics.items() if k.startswith("rollout_corr/")}
             assert {"rollout_corr/rollout_is_eff_sample_size", "rollout_corr/chi2_seq"} <= corr.keys()
             assert all(math.isfinite(v) for v in corr.values()), corr
+            if "rollout_rs" in override:  # verl's statistics of each option (13 for k1, 12 for k3)
+                assert (
+                    len([k for k in corr if k.startswith("rollout_corr/rollout_rs_seq_mean_k1_")]) == 13 + 2
+                )
+                assert len([k for k in corr if k.startswith("rollout_corr/rollout_rs_token_k3_")]) == 12 + 2
         elif "gdpo" in override:  # each term's batch mean is logged; advantages are whitened over tokens
             assert all(0 <= metrics[f"reward/gdpo/{key}_mean"] <= 1 for key in ("correct", "format"))
             assert abs(metrics["advantages/mean"]) < 1e-4

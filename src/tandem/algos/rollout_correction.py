@@ -222,6 +222,27 @@ def parse_rollout_is_threshold(
     return band[1], band
 
 
+def _rejections(
+    old_log_probs: Tensor,
+    rollout_log_probs: Tensor,
+    valid: Tensor,
+    rollout_rs: str,
+    threshold: float | str | None,
+) -> list[tuple[str, float | None, float, Tensor, Tensor]]:
+    """(option, lower, upper, statistic, keep-mask) per option of `rollout_rs` (see `rejection_masks`)."""
+    log_ratio = zero_padding((upcast(old_log_probs) - upcast(rollout_log_probs)).detach(), valid)
+    out = []
+    for option, lower, upper in parse_rollout_rs(rollout_rs, threshold):
+        stat = ROLLOUT_RS.get(option)(log_ratio, valid)
+        if lower is not None:
+            ok = (stat >= math.log(lower)) & (stat <= math.log(upper))
+        else:
+            ok = stat <= upper
+        ok = (ok if ok.dim() == 2 else ok.unsqueeze(-1).expand_as(valid)) & valid
+        out.append((option, lower, upper, stat, ok))
+    return out
+
+
 @torch.no_grad()
 def rejection_masks(
     old_log_probs: Tensor,
@@ -237,19 +258,14 @@ def rejection_masks(
     (bounds in log space: log lower <= log(pi_rollout / pi_old) <= log upper), s <= upper for k2 / k3.
     """
     valid = mask != 0
-    log_ratio = zero_padding((upcast(old_log_probs) - upcast(rollout_log_probs)).detach(), valid)
-    keep: dict[str, Tensor] = {}
-    combined = valid.clone()
-    for option, lower, upper in parse_rollout_rs(rollout_rs, threshold):
-        stat = ROLLOUT_RS.get(option)(log_ratio, valid)
-        if lower is not None:
-            ok = (stat >= math.log(lower)) & (stat <= math.log(upper))
-        else:
-            ok = stat <= upper
-        ok = (ok if ok.dim() == 2 else ok.unsqueeze(-1).expand_as(valid)) & valid
-        keep[option] = ok
-        combined &= ok
-    keep["all"] = combined
+    return _keep_masks(valid, _rejections(old_log_probs, rollout_log_probs, valid, rollout_rs, threshold))
+
+
+def _keep_masks(
+    valid: Tensor, rejections: list[tuple[str, float | None, float, Tensor, Tensor]]
+) -> dict[str, Tensor]:
+    keep = {option: ok for option, _, _, _, ok in rejections}
+    keep["all"] = torch.stack([valid, *keep.values()]).all(dim=0)
     return keep
 
 
@@ -341,6 +357,53 @@ def rs_metrics(mask: Tensor, keep: dict[str, Tensor]) -> dict[str, float]:
 
 
 @torch.no_grad()
+def rs_statistics(
+    option: str, stat: Tensor, valid: Tensor, lower: float | None, upper: float
+) -> dict[str, float]:
+    """verl's statistics of one rejection option's statistic s (`_rejections`), as rollout_rs_<option>_*.
+
+    Bounds as the mask uses them: (log lower, log upper) for k1, (0, upper) for k2 / k3. A unit is a
+    valid token (token_*) or a sequence with one (seq_*, whose s every token of it carries):
+    _mean of s over valid tokens; _max, _min, _fraction_high (s > upper) and _fraction_low (s < lower;
+    0 without a lower bound) over units; _std (population) of s clamped to the bounds, over valid tokens.
+    Per sequence, v = s (seq_*) or the mean of s over its tokens (token_*): _seq_{mean,std (unbiased),
+    max,min}, _seq_max_deviation (max |v|, the distance from the ideal 0), _seq_fraction_high (v > upper)
+    and, for k1, _seq_fraction_low. Definitions of verl (rollout_corr_helper.compute_rs_metrics).
+    """
+    has_token = valid.any(dim=-1)
+    stat = stat.double()
+    per_token = stat if stat.dim() == 2 else stat.unsqueeze(-1).expand(valid.shape)
+    seq = masked_mean(per_token, valid, dim=-1)[has_token] if stat.dim() == 2 else stat[has_token]
+    units = per_token[valid] if stat.dim() == 2 else seq
+    low, high = (math.log(lower), math.log(upper)) if lower is not None else (0.0, upper)
+    p = f"rollout_rs_{option}"
+    clamped = per_token[valid].clamp(low, high)
+    metrics = {
+        f"{p}_mean": float(per_token[valid].mean()) if units.numel() else 0.0,
+        f"{p}_max": float(units.max()) if units.numel() else 0.0,
+        f"{p}_min": float(units.min()) if units.numel() else 0.0,
+        f"{p}_fraction_high": float((units > high).double().mean()) if units.numel() else 0.0,
+        f"{p}_fraction_low": float((units < low).double().mean())
+        if units.numel() and lower is not None
+        else 0.0,
+        f"{p}_std": float(clamped.std(unbiased=False)) if clamped.numel() > 1 else 0.0,
+    }
+    stats = {"mean": 0.0, "std": 0.0, "max": 0.0, "min": 0.0, "max_deviation": 0.0, "fraction_high": 0.0}
+    if seq.numel():
+        stats = {
+            "mean": float(seq.mean()),
+            "std": float(seq.std()) if seq.numel() > 1 else 0.0,
+            "max": float(seq.max()),
+            "min": float(seq.min()),
+            "max_deviation": float(seq.abs().max()),
+            "fraction_high": float((seq > high).double().mean()),
+        }
+    if lower is not None:
+        stats["fraction_low"] = float((seq < low).double().mean()) if seq.numel() else 0.0
+    return metrics | {f"{p}_seq_{k}": v for k, v in stats.items()}
+
+
+@torch.no_grad()
 def offpolicy_metrics(old_log_probs: Tensor, rollout_log_probs: Tensor, mask: Tensor) -> dict[str, float]:
     """Training (pi_old) vs rollout perplexity and chi-square divergence, over sequences with a valid token.
 
@@ -399,9 +462,13 @@ def rollout_correction(
     metrics = offpolicy_metrics(old_log_probs, rollout_log_probs, mask) if with_metrics else {}
     loss_mask = mask
     if rollout_rs is not None:
-        keep = rejection_masks(old_log_probs, rollout_log_probs, mask, rollout_rs, rollout_rs_threshold)
+        valid = mask != 0
+        rejections = _rejections(old_log_probs, rollout_log_probs, valid, rollout_rs, rollout_rs_threshold)
+        keep = _keep_masks(valid, rejections)
         if with_metrics:
             metrics |= rs_metrics(mask, keep)
+            for option, lower, upper, stat, _ in rejections:
+                metrics |= rs_statistics(option, stat, valid, lower, upper)
         loss_mask = keep["all"].to(mask.dtype)
     weights = None
     if rollout_is is not None:
@@ -440,7 +507,7 @@ def rollout_diagnostics(
 
     The trainer calls it after the old-log-prob pass; the actor after an update that gave the old
     log-probs itself (roles/actor.py). rollout_corr/kl and k3_kl are verl's names for
-    rollout_mismatch/kl and k3."""
+    rollout_mismatch/kl and k3; with rollout_rs, rollout_corr/rollout_rs_<option>_* (`rs_statistics`)."""
     metrics = {
         f"rollout_mismatch/{k.removeprefix('mismatch_')}": v
         for k, v in mismatch_metrics(old_log_probs, rollout_log_probs, mask).items()

@@ -479,6 +479,10 @@ class TrainerConfig:
     run_dir: str | None = None  # the run folder itself (verl's default_local_dir); None = the nesting above
     resume: str = "auto"  # auto = latest checkpoint of this experiment if any, disable, or a checkpoint path
     max_checkpoints_to_keep: int | None = None  # >= 1: older checkpoints are deleted; None = keep all
+    # each checkpoint's global_step_N/actor/huggingface holds the actor's config, tokenizer and generation files;
+    # true: its weights too (safetensors; LoRA: merged, and the adapters in lora_adapter/). verl's key:
+    # actor_rollout_ref.actor.checkpoint.save_contents holding 'hf_model'
+    save_hf_model: bool = False
     critic_warmup: int = 0  # first steps that train only the critic, >= 0
     # synchronous: generate, then train; one_step_off (rollout.layout=separate): batch k+1 is generated
     # with the weights of step k-1 while step k trains, token-level truncated IS on unless rollout_is is set;

@@ -193,6 +193,13 @@ VERL_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.actor.data_loader_seed": no_effect("Tandem seeds everything from trainer.seed"),
     "actor_rollout_ref.actor.use_remove_padding": maps("actor.sequence_packing"),
     "actor_rollout_ref.actor.checkpoint.async_save": no_effect("Tandem saves synchronously"),
+    "actor_rollout_ref.actor.checkpoint.save_contents": maps(
+        "trainer.save_hf_model",
+        "Tandem's checkpoints always hold model, optimizer and run state; 'hf_model' also writes the weights "
+        "into global_step_N/actor/huggingface",
+        convert=lambda v: "hf_model" in _as_list(v),
+    ),
+    "actor_rollout_ref.actor.checkpoint.load_contents": no_effect("Tandem loads the whole checkpoint"),
     "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": maps("actor.megatron.tensor_parallel"),
     "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": maps("actor.megatron.pipeline_parallel"),
     "actor_rollout_ref.actor.megatron.context_parallel_size": maps("actor.megatron.context_parallel"),

@@ -41,6 +41,9 @@ from tandem.roles.common import (
 UPDATE_KEYS = ("responses", "response_mask", "advantages")
 # Bypass mode's rollout-vs-trainer numbers, which add up over micro-batches (token means; max / min do not).
 MISMATCH_MEANS = ("mismatch_kl", "mismatch_k3", "mismatch_abs_diff_mean")
+RS_KEYS = (
+    "rollout_corr/rollout_rs_"  # rejection numbers: the rejected shares and verl's per-option statistics
+)
 
 
 class Actor:
@@ -89,7 +92,10 @@ class Actor:
             batch = self._correct(batch)
         # Same on every rank (the same keys): the diagnostics' collectives run on all or none.
         from_update = "old_log_probs" not in batch and "rollout_log_probs" in batch
-        self._seen = [] if from_update else None
+        # bypass mode rejects per micro-batch without statistics (no host sync there): verl's per-option ones
+        # come from the rows the update saw, as the update's diagnostics do
+        rs_from_update = rc.bypass_mode and rc.rollout_rs is not None and not from_update
+        self._seen = [] if from_update or rs_from_update else None
         metrics = run_update(
             self.engine,
             batch,
@@ -101,6 +107,9 @@ class Actor:
         )
         if from_update:
             metrics.update(self._diagnostics_from_update(batch["responses"].shape[1]))
+        elif rs_from_update:  # the micro-batches' own numbers (rejected share, mismatch means) stay
+            diagnostics = self._diagnostics_from_update(batch["responses"].shape[1])
+            metrics |= {k: v for k, v in diagnostics.items() if k.startswith(RS_KEYS) and k not in metrics}
         return metrics
 
     def _diagnostics_from_update(self, width: int) -> dict[str, float]:

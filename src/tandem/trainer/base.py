@@ -32,6 +32,7 @@ from tandem.trainer.checkpoint import (
     save_trainer_state,
 )
 from tandem.trainer.device_line import device_line
+from tandem.trainer.export import write_checkpoint_hf
 from tandem.trainer.metrics import worker_metrics
 from tandem.trainer.run_lock import RunLock
 from tandem.trainer.start_checks import check_available
@@ -218,6 +219,8 @@ class Trainer(ABC):
         with self.checkpoints.writing(self.step) as folder:
             for group in self.groups.unique():
                 group.save_checkpoint(str(folder))
+            if (folder / "actor").is_dir():
+                write_checkpoint_hf(self.cfg, self.groups.actor, folder)
             state = {"step": self.step, "sampler": self.sampler_state(), "extra": self.extra_state()}
             save_trainer_state(folder, state)
             (folder / "config.yaml").write_text(config_to_yaml(self.cfg))

@@ -6,6 +6,13 @@
         config.yaml                  the run's config
         MANIFEST.json                every file above with its size (and a checksum for small files)
     <root>/.partial-global_step_6/   a checkpoint being written (or left by a crash): never read
+    <root>/latest_checkpointed_iteration.txt   the step of the newest complete checkpoint (verl's file)
+
+`actor/huggingface/` holds the actor's Hugging Face folder (trainer/export.py), where verl's tools look.
+verl's `trainer.default_local_dir` is the folder `<root>` is here. Tandem itself never reads the iteration
+file: resume trusts the COMPLETE markers and the manifests (below); the file is kept equal to what
+`resume=auto` picks, written atomically after each checkpoint is complete and after old ones are deleted,
+and rewritten when `resume=auto` falls back past a damaged newest checkpoint.
 
 A checkpoint is written under a `.partial-` name and renamed when complete, so a crash mid-write
 leaves the previous checkpoint as the newest complete one. The manifest is written last, before the
@@ -39,6 +46,7 @@ PARTIAL = ".partial-"
 COMPLETE = "COMPLETE"
 TRAINER_STATE = "trainer_state.pt"
 MANIFEST = "MANIFEST.json"
+LATEST_ITERATION = "latest_checkpointed_iteration.txt"  # verl's name; holds the step, as verl writes it
 CHECKSUM_MAX_BYTES = 64 << 20  # files up to this size get a sha256 in the manifest (shards: size only)
 _STEP_DIR = re.compile(rf"^{PREFIX}(\d+)$")
 
@@ -91,6 +99,10 @@ class CheckpointManager:
                     f"every checkpoint under {self.root} is damaged (see the warnings above); "
                     "use trainer.resume=disable to train afresh, or restore one from a backup"
                 )
+            try:  # verl's tools then read the checkpoint this resumes from
+                self.record_latest(None if latest is None else checkpoint_step(latest))
+            except OSError as err:  # a read-only copy of a run folder (tandem eval) still resolves
+                logger.warning("could not update %s: %s", self.root / LATEST_ITERATION, err)
             return latest
         path = Path(resume).expanduser()
         if not (path / COMPLETE).is_file() or not (path / TRAINER_STATE).is_file():
@@ -107,17 +119,21 @@ class CheckpointManager:
         return path
 
     def remove_partial(self) -> None:
-        """Delete folders left by writes that never finished."""
+        """Delete folders (and iteration files) left by writes that never finished."""
         if not self.root.is_dir():
             return
         for path in self.root.glob(f"{PARTIAL}*"):
-            logger.warning("removing the unfinished checkpoint %s (a write was interrupted)", path)
-            shutil.rmtree(path, ignore_errors=True)
+            if path.is_dir():
+                logger.warning("removing the unfinished checkpoint %s (a write was interrupted)", path)
+                shutil.rmtree(path, ignore_errors=True)
+            else:  # an iteration file never renamed into place: the one in place is whole
+                path.unlink(missing_ok=True)
 
     @contextmanager
     def writing(self, step: int) -> Iterator[Path]:
         """Yield an empty folder to fill; on success it becomes `global_step_<step>` (replacing an older
-        one of that step) and old checkpoints beyond `keep` are deleted. On error it is removed."""
+        one of that step), old checkpoints beyond `keep` are deleted and the iteration file names the
+        newest. On error it is removed."""
         final = self.root / f"{PREFIX}{step}"
         partial = self.root / f"{PARTIAL}{final.name}"
         shutil.rmtree(partial, ignore_errors=True)
@@ -135,6 +151,9 @@ class CheckpointManager:
         os.replace(partial, final)
         _fsync_dir(self.root)
         self.prune()
+        # Newer checkpoints exist only after a resume from an older one: the newest intact one stays the latest.
+        newer = [s for s, path in self.checkpoints() if s > step and not verify(path)]
+        self.record_latest(newer[-1] if newer else step)
 
     def prune(self) -> None:
         """Delete the oldest complete checkpoints beyond `keep`."""
@@ -142,6 +161,22 @@ class CheckpointManager:
             return
         for _, path in self.checkpoints()[: -self.keep]:
             shutil.rmtree(path, ignore_errors=True)
+
+    def record_latest(self, step: int | None) -> None:
+        """latest_checkpointed_iteration.txt := `step` (written whole or not at all); None removes it."""
+        tracker = self.root / LATEST_ITERATION
+        if step is None:
+            tracker.unlink(missing_ok=True)
+            return
+        if tracker.is_file() and tracker.read_text().strip() == str(step):
+            return
+        temporary = tracker.with_name(f"{PARTIAL}{LATEST_ITERATION}")
+        with temporary.open("w") as f:
+            f.write(str(step))  # no newline, as verl writes it (its reader takes int() of the whole file)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(temporary, tracker)
+        _fsync_dir(self.root)
 
 
 def checkpoint_step(folder: Path) -> int:
