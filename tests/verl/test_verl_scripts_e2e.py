@@ -97,4 +97,9 @@ def test_verl_example_script_trains_two_steps(name, assets, ray_local, tmp_path,
         assert "actor/kl_loss" in steps[0] and "use_kl_loss: true" in config
     if name == "lora_grpo_qwen25_3b":
         assert "rank: 8" in config
-    assert (out / "checkpoints" / "global_step_2").is_dir()
+    checkpoint = out / "checkpoints" / "global_step_2"
+    assert (out / "checkpoints" / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert (checkpoint / "actor" / "huggingface" / "config.json").is_file()  # where verl's tools look
+    if name == "lora_grpo_qwen25_3b":  # the weights filled in afterwards, by `tandem export CHECKPOINT`
+        assert main(["export", str(checkpoint)]) == 0
+        assert (checkpoint / "actor" / "huggingface" / "model.safetensors").is_file()
