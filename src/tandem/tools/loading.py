@@ -1,4 +1,5 @@
-"""Tools by name (the built-ins) and from a user's Python file (rollout.multi_turn.tool_file)."""
+"""Tools by name (the built-ins) and from a user's file (rollout.multi_turn.tool_file): a Python file,
+or verl's tool YAML (tools/verl_config.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ import os
 import types
 from collections.abc import Callable
 
-from tandem.tools.base import Tool, ToolSet
+from tandem.tools.base import Tool, ToolConfigError, ToolSet
 from tandem.tools.calculator import Calculator
 from tandem.tools.functions import FunctionTool
 from tandem.tools.names import CALCULATOR, PYTHON
@@ -26,10 +27,39 @@ def load_module(path: str | os.PathLike, setting: str) -> types.ModuleType:
     return load_user_module(path, where=f"{setting} '{path}'", setting=setting, prefix="tandem_user_tools_")
 
 
+PYTHON_SUFFIX = ".py"
+
+
+def file_kind(path: str | os.PathLike, setting: str) -> str:
+    """ "python" or "yaml" by the file's suffix; a `ToolConfigError` for any other file."""
+    from tandem.tools.verl_config import YAML_SUFFIXES
+
+    suffix = os.path.splitext(os.fspath(path))[1].lower()
+    if suffix == PYTHON_SUFFIX:
+        return "python"  # tandem/usercode.py names a missing file
+    if not os.path.isfile(path):
+        raise FileNotFoundError(
+            f"{setting} '{path}': the file does not exist ({setting} is {os.path.abspath(path)})"
+        )
+    if suffix in YAML_SUFFIXES:
+        return "yaml"
+    raise ToolConfigError(
+        f"{setting} '{path}': neither a Python file (.py) nor verl's YAML config (.yaml, .yml); "
+        f"point {setting} at one of those (rename the file if it is one)"
+    )
+
+
 def load_tools(path: str | os.PathLike, setting: str = "rollout.multi_turn.tool_file") -> list[Tool]:
-    """The tools a file defines: its ``TOOLS`` list if it has one, else its ``@tool`` functions."""
-    module = load_module(path, setting)
+    """The tools a file defines: verl's tool YAML (tools/verl_config.py), or a Python file's ``TOOLS``
+    list if it has one, else its ``@tool`` functions."""
     where = f"{setting} '{path}'"
+    if file_kind(path, setting) == "yaml":
+        from tandem.tools.verl_config import load_tool_yaml
+
+        tools = load_tool_yaml(path, setting)
+        _check_builtin_names(tools, where)
+        return tools
+    module = load_module(path, setting)
     if hasattr(module, "TOOLS"):
         tools = module.TOOLS
         bad = [t for t in tools if not isinstance(t, Tool)] if isinstance(tools, list | tuple) else None
@@ -47,13 +77,17 @@ def load_tools(path: str | os.PathLike, setting: str = "rollout.multi_turn.tool_
             f"{where} defines no tools: decorate functions with @tandem.tools.tool, or define "
             "TOOLS = [...] (a list of tandem.tools.Tool instances)"
         )
+    _check_builtin_names(tools, where)
+    return tools
+
+
+def _check_builtin_names(tools: list[Tool], where: str) -> None:
     for t in tools:
         if t.name in BUILTIN_TOOLS:
             raise ValueError(
-                f"{where}: tool '{t.name}' has the name of a built-in tool; rename it (name= in @tool), "
-                "or list the built-in in rollout.multi_turn.tools instead"
+                f"{where}: tool '{t.name}' has the name of a built-in tool; rename it (name= in @tool, or "
+                "tool_schema.function.name in a YAML), or list the built-in in rollout.multi_turn.tools instead"
             )
-    return tools
 
 
 def build_toolset(
