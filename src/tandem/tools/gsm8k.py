@@ -35,6 +35,19 @@ GSM8K_TOOL_SCHEMA = {
         },
     },
 }
+# The schema when the YAML entry gives none (the name verl's example YAML gives).
+GSM8K_TOOL_SCHEMA = {
+    "type": "function",
+    "function": {
+        "name": "calc_gsm8k_reward",
+        "description": "Scores a GSM8K answer: 1.0 if it is correct, else 0.0.",
+        "parameters": {
+            "type": "object",
+            "properties": {"answer": {"type": "string", "description": "The final answer, a number"}},
+            "required": ["answer"],
+        },
+    },
+}
 NOT_IMPROVED_PENALTY = -0.05  # verl's step reward for an answer that scores no better than the last one
 INCORRECT_REPLY = "Your response is incorrect! You need to reflect on your answer and try again."
 
@@ -65,18 +78,10 @@ class Gsm8kTool(StatefulTool):
 
     ``create_kwargs``: ``ground_truth`` (the row's tools_kwargs[name]["create_kwargs"])."""
 
-    name = "calc_gsm8k_reward"
-    description = "Scores a GSM8K answer: 1.0 if it is correct, else 0.0."
-    parameters = {
-        "type": "object",
-        "properties": {"answer": {"type": "string", "description": "The final answer, a number"}},
-        "required": ["answer"],
-    }
-
     def __init__(
         self, config: dict[str, Any] | None = None, tool_schema: dict[str, Any] | None = None
     ) -> None:
-        super().__init__(config, tool_schema)
+        super().__init__(config, tool_schema or GSM8K_TOOL_SCHEMA)
         self.instances: dict[str, dict[str, Any]] = {}
 
     async def create(self, instance_id: str, ground_truth: Any = None, **create_kwargs: Any) -> None:
