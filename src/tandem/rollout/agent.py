@@ -51,6 +51,7 @@ from tandem.rollout.base import (
     sample_keys,
 )
 from tandem.rollout.tool_calls import ToolCall, parse_tool_calls
+from tandem.tools.names import SINGLE_TURN_AGENT
 from tandem.tools.stateful import ToolSession, maybe_await
 
 FINISH_REASONS = ("answer", "max_turns", "budget")
@@ -67,9 +68,7 @@ AGENT_COUNT_KEYS = (
 )
 AGENT_FINISH_KEY = "agent_finish"
 TRAJECTORY_KEY = "trajectory"
-# verl's agent_name values a row may carry (verl's agent loop registry); Tandem runs both.
-TOOL_AGENT, SINGLE_TURN_AGENT = "tool_agent", "single_turn_agent"
-AGENT_NAMES = (TOOL_AGENT, SINGLE_TURN_AGENT)
+
 PROBE_USER, PROBE_ASSISTANT = "ping", "pong"
 
 
