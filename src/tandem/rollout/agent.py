@@ -453,19 +453,40 @@ def _turn_seed(seed: int, turn: int) -> int:
     return (seed * 1_000_003 + 7919 * turn) % (2**31 - 1)
 
 
+# What loading a tool or interaction file raises for the file's own faults (each message names the file).
+TOOL_FILE_ERRORS = (ValueError, TypeError, ImportError, AttributeError, OSError)
+
+
 def toolset_from_config(m: Any) -> Any:
-    """The `tandem.tools.ToolSet` of ``rollout.multi_turn`` (``m``), or None when it names no tools."""
+    """The `tandem.tools.ToolSet` of ``rollout.multi_turn`` (``m``), or None when it names no tools; a file
+    that cannot be used is a ConfigError naming it."""
     if not (m.tools or m.tool_file):
         return None
+    from tandem.config.errors import ConfigError
     from tandem.tools import build_toolset
 
-    return build_toolset(
-        m.tools,
-        m.tool_file,
-        timeout_s=m.tool_timeout_s,
-        max_result_chars=m.max_tool_response_length,
-        truncate_side=m.tool_response_truncate_side,
-    )
+    try:
+        return build_toolset(
+            m.tools,
+            m.tool_file,
+            timeout_s=m.tool_timeout_s,
+            max_result_chars=m.max_tool_response_length,
+            truncate_side=m.tool_response_truncate_side,
+        )
+    except TOOL_FILE_ERRORS as error:
+        raise ConfigError(str(error)) from None
+
+
+def interaction_from_config(m: Any) -> Any:
+    """The `tandem.tools.Interaction` of ``rollout.multi_turn`` (``m``), or None; a file that cannot be used
+    is a ConfigError naming it."""
+    from tandem.config.errors import ConfigError
+    from tandem.tools import build_interaction
+
+    try:
+        return build_interaction(m.interaction, m.interaction_file)
+    except TOOL_FILE_ERRORS as error:
+        raise ConfigError(str(error)) from None
 
 
 def tool_schemas(m: Any) -> list[dict] | None:

@@ -12,15 +12,19 @@ from tandem.tools.base import ERRORS, Tool, ToolConfigError, ToolResult, ToolSet
 from tandem.tools.calculator import Calculator, evaluate
 from tandem.tools.functions import FunctionTool, tool
 from tandem.tools.interaction import (
-    BUILTIN_INTERACTIONS,
     ForeignInteraction,
     Interaction,
     InteractionReply,
     InteractionRouter,
     TryAgain,
-    build_interaction,
 )
-from tandem.tools.loading import BUILTIN_TOOLS, build_toolset, load_tools
+from tandem.tools.loading import (
+    BUILTIN_INTERACTIONS,
+    BUILTIN_TOOLS,
+    build_interaction,
+    build_toolset,
+    load_tools,
+)
 from tandem.tools.python_tool import PythonTool
 from tandem.tools.stateful import ForeignTool, StatefulTool, ToolSession
 

@@ -10,14 +10,11 @@ without state implements ``respond`` alone."""
 from __future__ import annotations
 
 import asyncio
-import inspect
-import os
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.tools.loading import file_kind, load_module
 from tandem.tools.names import TRY_AGAIN
 from tandem.tools.stateful import maybe_await
 
@@ -157,55 +154,3 @@ class InteractionRouter(Interaction):
         chosen = self._chosen.pop(instance_id, None)
         if chosen is not None:
             await chosen.finish(instance_id)
-
-
-# name (tools/names.py BUILTIN_INTERACTION_NAMES) -> class
-BUILTIN_INTERACTIONS: dict[str, type[Interaction]] = {TRY_AGAIN: TryAgain}
-
-
-def build_interaction(
-    name: str | None, interaction_file: str | os.PathLike | None = None
-) -> Interaction | None:
-    """The interaction of rollout.multi_turn: built-in `name`, the interactions of verl's interaction
-    YAML `interaction_file` (tools/verl_config.py), or the ``INTERACTION`` of the Python file
-    `interaction_file` (whose name must then be `name`, if given); None when neither is set."""
-    if not interaction_file:
-        if not name:
-            return None
-        if name not in BUILTIN_INTERACTIONS:
-            raise ValueError(
-                f"interaction '{name}' is not built in ({', '.join(BUILTIN_INTERACTIONS)}); define it in a "
-                "Python file (INTERACTION = ...) and set rollout.multi_turn.interaction_file"
-            )
-        return BUILTIN_INTERACTIONS[name]()
-    setting = "rollout.multi_turn.interaction_file"
-    where = f"{setting} '{interaction_file}'"
-    if file_kind(interaction_file, setting) == "yaml":
-        from tandem.tools.verl_config import load_interaction_yaml
-
-        return load_interaction_yaml(interaction_file, name, setting)
-    module = load_module(interaction_file, setting)
-    found = getattr(module, "INTERACTION", None)
-    if found is None:
-        raise AttributeError(
-            f"{where} has no INTERACTION: define INTERACTION = MyInteraction() (a tandem.tools.Interaction)"
-        )
-    if inspect.isclass(found) and issubclass(found, Interaction):
-        try:
-            found = found()
-        except TypeError as error:
-            raise TypeError(
-                f"{where}: INTERACTION is a class that cannot be built without arguments ({error}); "
-                "set INTERACTION to an instance"
-            ) from error
-    if not isinstance(found, Interaction):
-        raise TypeError(
-            f"{where}: INTERACTION must be a tandem.tools.Interaction (an instance or a subclass), "
-            f"got {found!r}"
-        )
-    if name and found.name != name:
-        raise ValueError(
-            f"{where} defines interaction '{found.name}', but rollout.multi_turn.interaction is '{name}': "
-            f"set it to '{found.name}' or leave it empty"
-        )
-    return found
