@@ -172,9 +172,14 @@ class PromptDataset:
 
     def _note_unread(self, location: str, row: dict[str, Any], read: tuple[str, ...]) -> None:
         reward_model = row.get("reward_model")
-        fields = [key for key in row if key not in read]
+        # null: a parquet column that other rows fill, absent from this one
+        fields = [key for key, value in row.items() if key not in read and value is not None]
         if isinstance(reward_model, dict):
-            fields += [f"reward_model.{key}" for key in reward_model if key not in READ_REWARD_MODEL_FIELDS]
+            fields += [
+                f"reward_model.{key}"
+                for key, value in reward_model.items()
+                if key not in READ_REWARD_MODEL_FIELDS and value is not None
+            ]
         for field in fields:
             count, first = self.unread_fields.get(field, (0, location))
             self.unread_fields[field] = (count + 1, first)
