@@ -64,7 +64,7 @@ def test_tools_kwargs_and_interaction_kwargs_reach_the_tool_and_the_user_and_the
     assert trajectory["turn_scores"] == [0.0, 1.0]
     roles = [m["role"] for m in trajectory["messages"]]
     assert roles == ["user", "assistant", "tool", "assistant", "tool", "assistant", "user", "assistant"]
-    assert trajectory["messages"][2]["content"] == "Current parsed answer='5' reward=0.0"
+    assert trajectory["messages"][2]["content"] == "parsed answer '5': reward 0.0"
     assert trajectory["final_answer"] == "So #### 3" and out["agent_finish"][0] == "answer"
     assert tools[TOOL_NAME].instances == {} and interaction.interactions["gsm8k"].instances == {}  # released
 

@@ -2,10 +2,10 @@
 interaction_kwargs, agent_name) and verl's tool YAML, GRPO with rollout.mode=async on vLLM for 2 steps.
 
 The random tiny model never writes a tool call, so it is first fitted (plain PyTorch, seconds) to
-answer every prompt with one fixed call, ``calc_gsm8k_reward(answer="3")``. Each trajectory then calls
-the tool on every turn: the GSM8K tool's step rewards are 0.0 or -0.05 per call, never positive, and
-a repeated answer is -0.05. The reward function scores 0, so a step's score is its tool reward alone:
-reward/score_mean must equal reward/tool_reward_mean, which must be below 0."""
+answer every prompt with one fixed call, ``calc_gsm8k_reward(answer="3")``. The GSM8K tool's step
+rewards are 0.0 or -0.05 per call, never positive, and -0.05 for every row whose answer is not 3 (7 of
+the 8). The reward function scores 0, so a step's score is its tool reward alone: reward/score_mean
+must equal reward/tool_reward_mean, which must be below 0 (measured: -0.01875 = -0.05 x 3 / 8)."""
 
 from __future__ import annotations
 
@@ -104,7 +104,7 @@ def test_grpo_on_verl_rows_and_verls_tool_yaml_puts_the_tools_step_rewards_in_th
     assert len(steps) == 2
     for m in steps:
         assert m["agent/tool_calls_per_sample"] > 0
-        # every call is 0.0 or -0.05; a second call repeats the first answer (-0.05): below 0
+        # every call is 0.0 or -0.05, and -0.05 where the row's answer is not 3: below 0
         assert m["reward/tool_reward_mean"] <= -0.05 / 8 + 1e-9
         assert m["reward/score_mean"] == pytest.approx(m["reward/tool_reward_mean"], abs=1e-6)
         # the score is what the advantages saw: the step's sequence scores average to the same number

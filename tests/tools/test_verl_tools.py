@@ -47,8 +47,8 @@ def test_gsm8k_step_rewards_follow_verls_rule():
     # scores 0, 1, 1, 0, 1: a step scores 0.0 only when it beats the previous answer (the first beats 0.0)
     assert [r.reward for r in results] == [NOT_IMPROVED_PENALTY, 0.0, -0.05, -0.05, 0.0]
     assert [r.error for r in results] == [None] * 5
-    assert results[0].text == "Current parsed answer='5' reward=0.0"
-    assert results[1].text == "Current parsed answer='72' reward=1.0"
+    assert results[0].text == "parsed answer '5': reward 0.0"
+    assert results[1].text == "parsed answer '72': reward 1.0"
     assert final == {TOOL_NAME: 1.0}  # calc_reward: the last answer's score
 
 
@@ -56,11 +56,11 @@ def test_the_gsm8k_tool_reads_the_last_number_leniently():
     tools = build_toolset([], TOOL_YAML)
     calls = [(TOOL_NAME, {"answer": a}) for a in ("it is 3, no: 72", "1,234", "72.0")]
     results, _ = session_calls(tools, {TOOL_NAME: {"create_kwargs": {"ground_truth": "72"}}}, calls[:1])
-    assert results[0].text.endswith("reward=1.0")
+    assert results[0].text.endswith("reward 1.0")
     results, _ = session_calls(tools, {TOOL_NAME: {"create_kwargs": {"ground_truth": "1234"}}}, calls[1:2])
-    assert results[0].text.endswith("reward=1.0")
+    assert results[0].text.endswith("reward 1.0")
     results, _ = session_calls(tools, {TOOL_NAME: {"create_kwargs": {"ground_truth": "72"}}}, calls[2:])
-    assert results[0].text.endswith("reward=1.0")  # verl compares strings ("72.0" != "72"); Tandem numbers
+    assert results[0].text.endswith("reward 1.0")  # verl compares strings ("72.0" != "72"); Tandem numbers
 
 
 RECORDER = '''
@@ -221,7 +221,7 @@ def test_plain_tools_ignore_tools_kwargs_and_stateful_ones_run_alone_outside_a_s
     assert (results[0].text, results[0].reward, final) == ("42", None, {})
     # ToolSet.run outside a trajectory: one instance for the call (no ground truth: scores 0)
     alone = asyncio.run(tools.run(TOOL_NAME, {"answer": "3"}))
-    assert alone.text == "Current parsed answer='3' reward=0.0" and alone.error is None
+    assert alone.text == "parsed answer '3': reward 0.0" and alone.error is None
 
 
 def test_a_tool_file_of_both_kinds_loads_by_suffix(tmp_path):

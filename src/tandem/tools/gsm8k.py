@@ -1,7 +1,8 @@
 """Tandem's ports of verl's GSM8K tool and interaction, which verl's YAML files name by class
 (``verl.tools.gsm8k_tool.Gsm8kTool``, ``verl.interactions.gsm8k_interaction.Gsm8kInteraction``).
 
-Same names, schema (from the YAML), observation text, answer checks and rewards as verl's; the
+Same names, schema (from the YAML), answer checks and rewards as verl's (the texts the model reads
+are Tandem's own words, with the same facts: the parsed answer and its reward); the
 answer is read by Tandem's GSM8K scorer (tandem/rewards/scorers/gsm8k.py) in the mode verl uses
 for each, spelt out here rather than left to the scorer's default:
 
@@ -35,21 +36,8 @@ GSM8K_TOOL_SCHEMA = {
         },
     },
 }
-# The schema when the YAML entry gives none (the name verl's example YAML gives).
-GSM8K_TOOL_SCHEMA = {
-    "type": "function",
-    "function": {
-        "name": "calc_gsm8k_reward",
-        "description": "Scores a GSM8K answer: 1.0 if it is correct, else 0.0.",
-        "parameters": {
-            "type": "object",
-            "properties": {"answer": {"type": "string", "description": "The final answer, a number"}},
-            "required": ["answer"],
-        },
-    },
-}
 NOT_IMPROVED_PENALTY = -0.05  # verl's step reward for an answer that scores no better than the last one
-INCORRECT_REPLY = "Your response is incorrect! You need to reflect on your answer and try again."
+INCORRECT_REPLY = "That answer is wrong. Check your work and answer again."
 
 
 def gsm8k_answer_score(text: str, ground_truth: Any, *, strict: bool) -> float:
@@ -96,7 +84,7 @@ class Gsm8kTool(StatefulTool):
         reward = await self.calc_reward(instance_id)
         step_reward = 0.0 if reward > state["reward"] else NOT_IMPROVED_PENALTY
         state["reward"] = reward
-        return f"Current parsed answer={answer!r} reward={reward}", step_reward, {}
+        return f"parsed answer {answer!r}: reward {reward}", step_reward, {}
 
     async def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> float:
         state = self.instances[instance_id]
