@@ -207,3 +207,35 @@ def test_a_row_naming_an_interaction_the_file_lacks_is_a_data_error(tmp_path, to
     ):
         check_multi_turn(cfg, [data])
     assert data[1]["data_source"] == DATA_SOURCE
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            ENTRY.format(cls="no_such_pkg_xyz.tools.Tool", name="t"),
+            "cannot import module 'no_such_pkg_xyz.tools'",
+        ),
+        ("def f(:\n", "SyntaxError: invalid syntax at line 1"),
+    ],
+)
+def test_tandem_train_with_a_bad_tool_file_exits_2_before_any_worker_starts(tmp_path, capsys, text, expected):
+    from tandem.cli import main
+    from tandem.models.tiny import save_tiny
+
+    model = save_tiny(tmp_path / "model", hidden_size=32, intermediate_size=64, num_layers=1)
+    train = write_parquet(tmp_path / "train.parquet", gsm8k_rows(4))
+    tool_file = tmp_path / ("tools.yaml" if text.startswith("tools:") else "tools.py")
+    tool_file.write_text(text)
+    overrides = [
+        f"actor.model_path={model}",
+        f"data.train_files=[{train}]",
+        "rollout.mode=async",
+        f"rollout.multi_turn.tool_file={tool_file}",
+        f"trainer.output_dir={tmp_path / 'out'}",
+    ]
+    capsys.readouterr()  # what building the model printed
+    assert main(["train", "grpo", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("tandem train: config error\n") and expected in err and str(tool_file) in err
+    assert "frozen importlib" not in err

@@ -137,7 +137,8 @@ def test_a_dotted_class_gets_its_config_and_the_rows_kwargs_at_each_step(recorde
     assert final == {"recorder": 2.0}
     instance = log[0][1]
     assert log == [
-        ("create", instance, {"ground_truth": "7"}),  # once per trajectory
+        # once per trajectory; verl's agent loop passes them as one dict too, so a class of either kind reads them
+        ("create", instance, {"ground_truth": "7", "create_kwargs": {"ground_truth": "7"}}),
         ("execute", instance, {"x": "a"}, {"mode": "fast"}),
         ("execute", instance, {"x": "b"}, {"mode": "fast"}),
         ("calc_reward", instance, {"scale": 2}),

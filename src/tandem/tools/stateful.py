@@ -89,8 +89,14 @@ class ForeignTool(StatefulTool):
         self.target = target
 
     async def create(self, instance_id: str, **create_kwargs: Any) -> Any:
-        if hasattr(self.target, "create"):
-            return await maybe_await(self.target.create(instance_id, **create_kwargs))
+        if not hasattr(self.target, "create"):
+            return None
+        extra = {}
+        if "create_kwargs" not in create_kwargs and _takes_any_keyword(self.target.create):
+            # verl's agent loop passes them as one dict (create(create_kwargs={...})): a class written
+            # for it reads them there, one written for verl's BaseTool as keywords; both get them
+            extra["create_kwargs"] = dict(create_kwargs)
+        return await maybe_await(self.target.create(instance_id, **create_kwargs, **extra))
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **execute_kwargs: Any) -> Any:
         return await maybe_await(self.target.execute(instance_id, parameters, **execute_kwargs))
@@ -110,6 +116,15 @@ class ForeignTool(StatefulTool):
 
 class BadToolResult(TypeError):
     """``execute`` returned something other than (text, step reward, metrics)."""
+
+
+def _takes_any_keyword(method: Any) -> bool:
+    """Whether `method` has a ``**kwargs`` parameter."""
+    try:
+        parameters = inspect.signature(method).parameters.values()
+    except (TypeError, ValueError):  # no signature to read (a builtin)
+        return False
+    return any(p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def unpack_execute(value: Any, name: str) -> tuple[str, float | None, dict[str, Any]]:
