@@ -163,7 +163,6 @@ class ToolSession:
         self.tools_kwargs = tools_kwargs if isinstance(tools_kwargs, dict) else {}
         self.instances: dict[str, str] = {}  # tool name -> instance id, in creation order
         self.rewards: dict[str, float] = {}  # tool name -> calc_reward at close
-        self.release_errors = 0
         self._creating: dict[str, asyncio.Lock] = {}
 
     def _kwargs(self, name: str, part: str) -> dict[str, Any]:
@@ -210,7 +209,7 @@ class ToolSession:
 
     async def close(self) -> dict[str, float]:
         """Each instance's ``calc_reward``, then its ``release`` (always, each under the toolset's time
-        limit); the rewards by tool name. Failures are logged and counted (``release_errors``)."""
+        limit); the rewards by tool name. A failure is logged; the next instance goes on."""
         instances, self.instances = list(self.instances.items()), {}
         try:
             for name, instance_id in instances:
@@ -241,7 +240,6 @@ class ToolSession:
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
         except BaseException as error:
-            self.release_errors += 1
             logger.warning(
                 "tool '%s': release of instance %s failed (%s)", tool.name, instance_id, describe(error)
             )
