@@ -40,6 +40,11 @@ ENTRY = "tools:\n  - class_name: {cls}\n    config: {{type: native}}\n    tool_s
         ("empty.py", "x = 1\n", "defines no tools: decorate functions with @tandem.tools.tool"),
         ("not_tools.yaml", "foo: 1\n", "not verl's tool config: expected a top-level 'tools:' list"),
         (
+            "no_tools.yaml",
+            "tools: []\n",
+            "'tools:' lists nothing; add an entry or leave rollout.multi_turn.tool_file",
+        ),
+        (
             "swapped.yaml",
             INTERACTION_YAML.read_text(),
             "it holds 'interaction': it belongs in rollout.multi_turn.interaction_file",

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import importlib
 import os
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -56,8 +57,8 @@ def read_entries(path: str | os.PathLike, setting: str, key: str) -> list[tuple[
     """The entries of the YAML file's top-level list `key`, each with its line number."""
     where = f"{setting} '{path}'"
     try:
-        text = open(path, encoding="utf-8").read()  # noqa: SIM115 - read at once
-    except OSError as error:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as error:
         raise ToolConfigError(f"{where}: cannot be read ({error}); check {setting}") from None
     try:
         data = yaml.safe_load(text)
@@ -68,6 +69,8 @@ def read_entries(path: str | os.PathLike, setting: str, key: str) -> list[tuple[
         problem = getattr(error, "problem", None) or str(error).splitlines()[0]
         raise ToolConfigError(f"{where}: not valid YAML{at} ({problem}); fix the file") from None
     other = {"tools": "interaction", "interaction": "tools"}[key]
+    if isinstance(data, dict) and data.get(key) == []:
+        raise ToolConfigError(f"{where}: '{key}:' lists nothing; add an entry or leave {setting} unset")
     if not isinstance(data, dict) or not isinstance(data.get(key), list) or not data[key]:
         hint = (
             f"; it holds {other!r}: it belongs in rollout.multi_turn.{'interaction_file' if other == 'interaction' else 'tool_file'}"
