@@ -102,7 +102,8 @@ def resolve_class(class_name: Any, where: str) -> type:
         )
     if class_name in NOT_PORTED or (class_name.startswith("verl.") and class_name not in PORTS):
         instead = NOT_PORTED.get(class_name, "write the class yourself")
-        ported = ", ".join(PORTS)
+        package = class_name.split(".")[1] if class_name.count(".") > 1 else ""
+        ported = ", ".join(p for p in PORTS if p.split(".")[1] == package) or "none of this kind"
         raise ToolConfigError(
             f"{where}: {class_name} is verl's own class, and Tandem has no port of it (ported: {ported}); "
             f"{instead}, and name your class by its dotted path in class_name"
