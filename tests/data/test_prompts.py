@@ -30,6 +30,7 @@ def test_chat_rendering_gives_exact_ids_and_fields(tmp_path, tokenizer):
         "ground_truth": "3",
         "extra_info": {"index": 7, "split": "train"},
         "index": 7,
+        "agent_name": None,  # verl's per-row agent loop; the row names none
     }
     assert len(chat_ids("1+2=")) == 23
 

@@ -357,6 +357,9 @@ class RewardConfig:
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
     format: FormatConfig = field(default_factory=FormatConfig)
+    # Agent loop: add the sum of a trajectory's tool step rewards to its score (reward term "tool_reward",
+    # rewards/terms.py). false: verl's way, the step rewards only reach your function as extra_info["tool_rewards"]
+    tool_rewards: bool = True
 
 
 @dataclass

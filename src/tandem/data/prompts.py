@@ -23,6 +23,7 @@ from tandem.data.rows import (
     resolve_mode,
     tokenize,
 )
+from tandem.tools.names import AGENT_NAMES
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +31,12 @@ TRUNCATION_MODES = ("error", "filter", "left", "right")
 MAX_LOGGED_ROWS = 3  # filtered / truncated rows named in the log, as examples
 SAMPLE_ROWS = 8  # rendered prompts kept (`sample_texts`) for the start-up tokenizer round-trip check
 NON_TENSOR_KEYS = ("raw_prompt", "data_source", "ground_truth", "extra_info", "index")
+AGENT_NAME_KEY = "agent_name"  # verl's per-row agent loop (tools/names.py AGENT_NAMES), None when absent
+# Fields of a row that Tandem reads besides data.prompt_key and data.image_key; any other is reported.
+READ_FIELDS = ("data_source", "reward_model", "extra_info", AGENT_NAME_KEY)
+# reward_model.style is verl's "rule" / "model" marker, which Tandem's own rows carry too: the config
+# decides what scores a row, so the marker says nothing worth a warning.
+READ_REWARD_MODEL_FIELDS = ("ground_truth", "style")
 # a vision-language model's prompts (a processor given): images, their model inputs, the unwidened ids
 MULTIMODAL_KEYS = ("raw_prompt_ids", "multi_modal_data", "multi_modal_inputs")
 
@@ -75,9 +82,12 @@ class PromptDataset:
         self.max_prompt_length = max_prompt_length
 
         rows, locations, texts, absent = [], [], [], set()
+        # field -> (rows carrying it, the first one's location), for fields Tandem reads nowhere
+        self.unread_fields: dict[str, tuple[int, str]] = {}
         for path in self.files:
             for location, row in iter_rows(path):
                 row = check_row(location, row)
+                self._note_unread(location, row, (prompt_key, image_key, *READ_FIELDS))
                 rows.append(_parse_row(location, row, prompt_key, mode, position=len(rows)))
                 if "ground_truth" not in (row.get("reward_model") or {}):  # a dict: _parse_row checked
                     absent.add(len(rows) - 1)
@@ -89,6 +99,16 @@ class PromptDataset:
                     )
                 texts.append(render_prompt(messages, tokenizer, mode, location, tools=tools))
         self.sample_texts: list[tuple[str, str]] = list(zip(locations, texts))[:SAMPLE_ROWS]
+        if self.unread_fields:
+            listed = ", ".join(
+                f"'{field}' ({count} rows, first {first})"
+                for field, (count, first) in self.unread_fields.items()
+            )
+            logger.warning(
+                "fields that Tandem reads nowhere, dropped: %s. Reward functions get data_source, the response, "
+                "reward_model.ground_truth and extra_info: move into extra_info what yours needs",
+                listed,
+            )
 
         keep_at_end = generation_prompt_ids(tokenizer, mode) if truncation == "right" else []
         self._items: list[dict[str, Any]] = []
@@ -150,6 +170,20 @@ class PromptDataset:
                 f"to left or right"
             )
 
+    def _note_unread(self, location: str, row: dict[str, Any], read: tuple[str, ...]) -> None:
+        reward_model = row.get("reward_model")
+        # null: a parquet column that other rows fill, absent from this one
+        fields = [key for key, value in row.items() if key not in read and value is not None]
+        if isinstance(reward_model, dict):
+            fields += [
+                f"reward_model.{key}"
+                for key, value in reward_model.items()
+                if key not in READ_REWARD_MODEL_FIELDS and value is not None
+            ]
+        for field in fields:
+            count, first = self.unread_fields.get(field, (0, location))
+            self.unread_fields[field] = (count + 1, first)
+
     def __len__(self) -> int:
         return len(self._items)
 
@@ -174,12 +208,20 @@ def _parse_row(
     reward_model = optional_dict(location, row, "reward_model") or {}
     extra_info = optional_dict(location, row, "extra_info") or {}
     index = extra_info.get("index")
+    agent_name = row.get(AGENT_NAME_KEY)
+    if agent_name is not None and agent_name not in AGENT_NAMES:
+        raise DataError(
+            f"{location}: field {AGENT_NAME_KEY!r} is {agent_name!r}; Tandem runs verl's {' and '.join(AGENT_NAMES)} "
+            "(the agent loop with rollout.multi_turn's tools, or one turn without them): use one of those or "
+            "leave the field out"
+        )
     return {
         "raw_prompt": prompt,
         "data_source": data_source,
         "ground_truth": reward_model.get("ground_truth"),
         "extra_info": extra_info,
         "index": position if index is None else index,
+        AGENT_NAME_KEY: agent_name,
     }
 
 
@@ -235,4 +277,6 @@ def collate_prompts(items: Sequence[dict[str, Any]], pad_token_id: int) -> Batch
     }
     keys = NON_TENSOR_KEYS + (MULTIMODAL_KEYS if "raw_prompt_ids" in items[0] else ())
     non_tensors = {key: [item[key] for item in items] for key in keys}
+    if AGENT_NAME_KEY in items[0]:  # PromptDataset's items carry it (None where the row has none)
+        non_tensors[AGENT_NAME_KEY] = [item.get(AGENT_NAME_KEY) for item in items]
     return Batch.from_dict(tensors, non_tensors)

@@ -21,7 +21,14 @@ from tandem.rewards.scorers import (
     gsm8k_score,
     math_score,
 )
-from tandem.rewards.terms import FormatTerm, LengthTerm, Term, TermInput, soft_overlong_penalty
+from tandem.rewards.terms import (
+    FormatTerm,
+    LengthTerm,
+    Term,
+    TermInput,
+    ToolRewardTerm,
+    soft_overlong_penalty,
+)
 
 __all__ = [
     "DATA_SOURCES",
@@ -36,6 +43,7 @@ __all__ = [
     "ScorerPool",
     "Term",
     "TermInput",
+    "ToolRewardTerm",
     "UnknownDataSourceError",
     "addition_score",
     "countdown_score",

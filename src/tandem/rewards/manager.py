@@ -26,13 +26,16 @@ from tandem.rewards.registry import (
     unknown_data_source_message,
 )
 from tandem.rewards.scoring import Outcome, ScorerSpec, Task, resolve, score_tasks, spec_key
-from tandem.rewards.terms import FormatTerm, LengthTerm, Term, TermInput, check_terms
+from tandem.rewards.terms import FormatTerm, LengthTerm, Term, TermInput, ToolRewardTerm, check_terms
 
 logger = logging.getLogger(__name__)
 
 # The per-sample column the agent loop adds (rollout/agent.py): messages, tool calls, final answer.
 # A scorer reads it as extra_info["trajectory"]; solution_str is the final answer alone.
 TRAJECTORY_KEY = "trajectory"
+# Parts of a trajectory a scorer also finds at the top of extra_info, where verl's reward functions read
+# them: the tools' step rewards and the interaction's turn scores.
+TRAJECTORY_TO_EXTRA_INFO = ("tool_rewards", "turn_scores")
 
 RESERVED_EXTRA = ("score", "scorer_score", "error")
 
@@ -243,7 +246,11 @@ class RewardManager:
             trajectories = list(batch[TRAJECTORY_KEY])
             texts = [str(t.get("final_answer", "")) for t in trajectories]
             extra_infos = [
-                {**(info if isinstance(info, dict) else {}), TRAJECTORY_KEY: t}
+                {
+                    **(info if isinstance(info, dict) else {}),
+                    TRAJECTORY_KEY: t,
+                    **{key: list(t.get(key) or []) for key in TRAJECTORY_TO_EXTRA_INFO},
+                }
                 for info, t in zip(extra_infos, trajectories, strict=True)
             ]
         lengths = mask.sum(-1).tolist()
@@ -425,6 +432,9 @@ def reward_manager_from_config(cfg: Any, tokenizer: Any) -> RewardManager:
                 max_response_length=cfg.data.max_response_length,
             )
         )
+    m = cfg.rollout.multi_turn
+    if reward.tool_rewards and (m.tools or m.tool_file):
+        terms.append(ToolRewardTerm())
     return RewardManager(
         tokenizer,
         custom_reward_file=reward.custom_reward_file,

@@ -10,6 +10,9 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+# Where the agent loop's per-call step rewards reach reward functions and terms (verl's name).
+TOOL_REWARDS_KEY = "tool_rewards"
+
 
 @dataclass(frozen=True)
 class TermInput:
@@ -94,6 +97,24 @@ class LengthTerm:
         return soft_overlong_penalty(
             sample.response_length, self.max_response_length, self.overlong_buffer, self.penalty_factor
         )
+
+
+@dataclass(frozen=True)
+class ToolRewardTerm:
+    """The sum of the step rewards a trajectory's tool calls gave (the agent loop's
+    ``extra_info["tool_rewards"]``); 0 for a sample of no trajectory or no such rewards.
+
+    verl hands these step rewards to the reward function in ``extra_info["tool_rewards"]`` and its
+    built-in scorers ignore them, so a tool's step reward counts only where a custom function adds it.
+    Tandem adds their sum to the score by default (reward.tool_rewards): a tool that returns a step
+    reward means it to count, and a reward left out without a word is a silent drop. A reward function
+    that adds them itself, as some verl ones do, wants reward.tool_rewards=false."""
+
+    name: str = "tool_reward"
+
+    def __call__(self, sample: TermInput) -> float:
+        rewards = (sample.extra_info or {}).get(TOOL_REWARDS_KEY) or []
+        return float(sum(float(r) for r in rewards))
 
 
 def check_terms(terms: Any, max_response_length: int | None) -> tuple[Term, ...]:

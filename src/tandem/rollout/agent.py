@@ -6,6 +6,14 @@ by the model's chat template, and generate again; stop at an answer, ``max_assis
 response token budget. An optional `Interaction` (a simulated user) may answer an answer and ask
 for another turn.
 
+Per trajectory, the row's ``extra_info.tools_kwargs`` go to its tools (a `ToolSession`: stateful
+tools are created on their first call with their ``create_kwargs`` and released when the trajectory
+ends, on every path) and ``extra_info.interaction_kwargs`` to the interaction's ``start``. The tools'
+step rewards and the interaction's turn scores are kept in the trajectory (``tool_rewards``,
+``turn_scores``: verl's names), where the reward manager finds them. A row whose ``agent_name`` is
+verl's ``single_turn_agent`` gets one turn without tools or interaction; ``tool_agent`` (or none)
+the loop above.
+
 The trajectory is the exact concatenation of what the model generated (its token ids, never
 decoded and re-encoded) and what the environment inserted (tokenized once). ``response_mask`` is
 1 on the model's tokens and 0 on inserted ones; ``attention_mask`` is 1 on both: the model reads
@@ -24,6 +32,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +51,8 @@ from tandem.rollout.base import (
     sample_keys,
 )
 from tandem.rollout.tool_calls import ToolCall, parse_tool_calls
+from tandem.tools.names import SINGLE_TURN_AGENT
+from tandem.tools.stateful import ToolSession, maybe_await
 
 FINISH_REASONS = ("answer", "max_turns", "budget")
 # Per-sample count columns the controller reduces into agent/* metrics (trainer/metrics.py).
@@ -57,6 +68,7 @@ AGENT_COUNT_KEYS = (
 )
 AGENT_FINISH_KEY = "agent_finish"
 TRAJECTORY_KEY = "trajectory"
+
 PROBE_USER, PROBE_ASSISTANT = "ping", "pong"
 
 
@@ -86,6 +98,9 @@ class Trajectory:
     tool_seconds: float = 0.0
     finish: str = "answer"
     final_answer: str = ""
+    tool_rewards: list[float] = field(default_factory=list)  # step rewards of the calls, in order
+    turn_scores: list[float] = field(default_factory=list)  # the interaction's score of each answer
+    tool_scores: dict[str, float] = field(default_factory=dict)  # calc_reward of each stateful tool
 
     def add(self, ids: Sequence[int], *, model: bool, log_probs: Sequence[float] | None = None) -> None:
         self.token_ids.extend(ids)
@@ -103,6 +118,9 @@ class Trajectory:
             "num_tool_timeouts": self.tool_timeouts,
             "finish": self.finish,
             "final_answer": self.final_answer,
+            "tool_rewards": self.tool_rewards,
+            "turn_scores": self.turn_scores,
+            "tool_scores": self.tool_scores,
         }
 
 
@@ -196,9 +214,46 @@ class AgentLoop:
         sampling: SamplingParams,
         seed: int | None,
     ) -> Trajectory:
-        """One trajectory of at most ``sampling.max_tokens`` tokens after the prompt."""
-        budget = sampling.max_tokens
+        """One trajectory of at most ``sampling.max_tokens`` tokens after the prompt; the row's tools_kwargs
+        and interaction_kwargs (``sample["extra_info"]``) go to its tools and interaction."""
         traj = Trajectory(messages=[dict(m) for m in prompt_messages])
+        extra_info = sample.get("extra_info") if isinstance(sample.get("extra_info"), dict) else {}
+        single_turn = sample.get("agent_name") == SINGLE_TURN_AGENT
+        session = (
+            None
+            if self.tools is None or single_turn
+            else ToolSession(self.tools, extra_info.get("tools_kwargs"))
+        )
+        interaction = None if single_turn else self.interaction
+        kwargs = extra_info.get("interaction_kwargs")
+        kwargs = dict(kwargs) if isinstance(kwargs, dict) else {}
+        sample = {**sample, "instance_id": uuid.uuid4().hex, "interaction_kwargs": kwargs}
+        try:
+            if hasattr(interaction, "start"):  # an interaction of respond() alone works too
+                await maybe_await(interaction.start(sample["instance_id"], **kwargs))
+            await self._turns(engine, prompt_ids, traj, session, interaction, sample, sampling, seed)
+        finally:  # answered, failed or cancelled: the tools' and the interaction's state is released
+            try:
+                if session is not None:
+                    traj.tool_scores = await session.close()
+            finally:
+                if hasattr(interaction, "finish"):
+                    await maybe_await(interaction.finish(sample["instance_id"]))
+        return traj
+
+    async def _turns(
+        self,
+        engine: TurnEngine,
+        prompt_ids: list[int],
+        traj: Trajectory,
+        session: ToolSession | None,
+        interaction: Any,
+        sample: dict[str, Any],
+        sampling: SamplingParams,
+        seed: int | None,
+    ) -> None:
+        """Generate, run tools, ask the interaction, until the trajectory ends (see the module docstring)."""
+        budget = sampling.max_tokens
         while True:
             remaining = budget - len(traj.token_ids)
             if remaining <= 0:
@@ -218,7 +273,7 @@ class AgentLoop:
             traj.turns += 1
             traj.add(out.token_ids, model=True, log_probs=out.log_probs)
             text = self.tokenizer.decode(out.token_ids, skip_special_tokens=True)
-            calls = parse_tool_calls(text, self.settings.tool_call_format) if self.tools is not None else []
+            calls = parse_tool_calls(text, self.settings.tool_call_format) if session is not None else []
             message: dict[str, Any] = {"role": "assistant", "content": text}
             if calls:
                 message["tool_calls"] = [c.as_message_entry() for c in calls if c.error is None]
@@ -231,10 +286,10 @@ class AgentLoop:
                 if traj.turns >= self.settings.max_assistant_turns:
                     traj.finish = "max_turns"
                     break
-                inserted = await self._run_tools(calls, traj)
+                inserted = await self._run_tools(calls, traj, session)
             else:
                 traj.final_answer = text
-                reply = await self._ask_interaction(traj, sample)
+                reply = await self._ask_interaction(traj, interaction, sample)
                 if reply is None:
                     traj.finish = "answer"
                     break
@@ -250,13 +305,14 @@ class AgentLoop:
                 break
             traj.add(ids, model=False)
             traj.user_turns += not calls
-        return traj
 
-    async def _run_tools(self, calls: list[ToolCall], traj: Trajectory) -> list[dict[str, Any]]:
+    async def _run_tools(
+        self, calls: list[ToolCall], traj: Trajectory, session: ToolSession
+    ) -> list[dict[str, Any]]:
         """Run the turn's calls concurrently; every call gets a tool message, errors included."""
         limit = self.settings.max_parallel_calls
         runnable = [c for c in calls[:limit] if c.error is None]
-        results = iter(await asyncio.gather(*(self.tools.run(c.name, c.arguments) for c in runnable)))
+        results = iter(await asyncio.gather(*(session.run(c.name, c.arguments) for c in runnable)))
         messages = []
         for i, call in enumerate(calls):
             traj.tool_calls += 1
@@ -271,6 +327,8 @@ class AgentLoop:
             else:
                 result = next(results)
                 text, error, seconds = result.text, result.error, result.seconds
+                if result.reward is not None:
+                    traj.tool_rewards.append(result.reward)
             traj.tool_errors += error is not None
             traj.tool_timeouts += error == "timeout"
             traj.tool_seconds += seconds
@@ -280,11 +338,16 @@ class AgentLoop:
             messages.append(message)
         return messages
 
-    async def _ask_interaction(self, traj: Trajectory, sample: dict[str, Any]) -> str | None:
+    async def _ask_interaction(
+        self, traj: Trajectory, interaction: Any, sample: dict[str, Any]
+    ) -> str | None:
         """The interaction's next user message, or None when the conversation ends here."""
-        if self.interaction is None or traj.user_turns >= self.settings.max_user_turns:
+        if interaction is None or traj.user_turns >= self.settings.max_user_turns:
             return None
-        reply = await self.interaction.respond(traj.messages, sample)
+        reply = await interaction.respond(traj.messages, sample)
+        score = getattr(reply, "score", None)
+        if score is not None:
+            traj.turn_scores.append(float(score))
         return None if reply.done or reply.text is None else reply.text
 
     # ---------------------------------------------------------------- a batch
@@ -325,7 +388,7 @@ class AgentLoop:
             messages = list(raw[row]) if raw is not None and isinstance(raw[row], list | np.ndarray) else []
             sample = {
                 key: (prompts[key][row] if key in prompts else None)
-                for key in ("ground_truth", "data_source", "extra_info")
+                for key in ("ground_truth", "data_source", "extra_info", "agent_name")
             }
             base = None if sampling.seed is None else request_seed(sampling.seed, int(keys[row]))
             out.append((ids, messages, sample, [None if base is None else base + j for j in range(n)]))
@@ -390,19 +453,40 @@ def _turn_seed(seed: int, turn: int) -> int:
     return (seed * 1_000_003 + 7919 * turn) % (2**31 - 1)
 
 
+# What loading a tool or interaction file raises for the file's own faults (each message names the file).
+TOOL_FILE_ERRORS = (ValueError, TypeError, ImportError, AttributeError, OSError)
+
+
 def toolset_from_config(m: Any) -> Any:
-    """The `tandem.tools.ToolSet` of ``rollout.multi_turn`` (``m``), or None when it names no tools."""
+    """The `tandem.tools.ToolSet` of ``rollout.multi_turn`` (``m``), or None when it names no tools; a file
+    that cannot be used is a ConfigError naming it."""
     if not (m.tools or m.tool_file):
         return None
+    from tandem.config.errors import ConfigError
     from tandem.tools import build_toolset
 
-    return build_toolset(
-        m.tools,
-        m.tool_file,
-        timeout_s=m.tool_timeout_s,
-        max_result_chars=m.max_tool_response_length,
-        truncate_side=m.tool_response_truncate_side,
-    )
+    try:
+        return build_toolset(
+            m.tools,
+            m.tool_file,
+            timeout_s=m.tool_timeout_s,
+            max_result_chars=m.max_tool_response_length,
+            truncate_side=m.tool_response_truncate_side,
+        )
+    except TOOL_FILE_ERRORS as error:
+        raise ConfigError(str(error)) from None
+
+
+def interaction_from_config(m: Any) -> Any:
+    """The `tandem.tools.Interaction` of ``rollout.multi_turn`` (``m``), or None; a file that cannot be used
+    is a ConfigError naming it."""
+    from tandem.config.errors import ConfigError
+    from tandem.tools import build_interaction
+
+    try:
+        return build_interaction(m.interaction, m.interaction_file)
+    except TOOL_FILE_ERRORS as error:
+        raise ConfigError(str(error)) from None
 
 
 def tool_schemas(m: Any) -> list[dict] | None:

@@ -27,6 +27,10 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
 }
 
 
+class ToolConfigError(ValueError):
+    """A tool or interaction file that cannot be used; the message names the file, the line and the fix."""
+
+
 @dataclass(frozen=True)
 class ToolResult:
     """What one tool call gave: the text the model reads and, on failure, which kind (`ERRORS`)."""
@@ -35,6 +39,7 @@ class ToolResult:
     error: str | None  # None on success
     seconds: float  # wall time of the call
     truncated: bool = False  # the text was cut to the toolset's max_result_chars
+    reward: float | None = None  # a stateful tool's step reward (tools/stateful.py); None: it gave none
 
 
 class Tool(ABC):
@@ -181,6 +186,9 @@ class ToolSet:
     def __getitem__(self, name: str) -> Tool:
         return self._tools[name]
 
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
     def schemas(self) -> list[dict[str, Any]]:
         """The tools' OpenAI function-calling entries, in order."""
         return [tool.schema() for tool in self._tools.values()]
@@ -191,30 +199,44 @@ class ToolSet:
         tool = self._tools.get(name)
         if tool is None:
             available = ", ".join(self._tools) or "none"
-            return self._result(
+            return self.failure(
                 f"error: unknown tool {name!r}; available tools: {available}", "unknown_tool", start
             )
         problem = check_arguments(tool, arguments)
         if problem is not None:
-            return self._result(f"error: {problem}", "bad_arguments", start)
-        limit = tool.timeout_s if tool.timeout_s is not None else self.timeout_s
+            return self.failure(f"error: {problem}", "bad_arguments", start)
+        limit = self.limit(tool)
         try:
             value = await asyncio.wait_for(tool.call(**arguments), limit)
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
         except TimeoutError:  # asyncio.TimeoutError is TimeoutError since Python 3.11
-            return self._result(f"error: the tool did not answer within {limit:g} s", "timeout", start)
+            return self.failure(f"error: the tool did not answer within {limit:g} s", "timeout", start)
         except BaseException as error:  # SystemExit too: a tool must not end the rollout
-            return self._result(f"error: {describe(error)}", "raised", start)
+            return self.failure(f"error: {describe(error)}", "raised", start)
         if not isinstance(value, str):
-            return self._result(
+            return self.failure(
                 f"error: tool '{name}' returned {type(value).__name__}, not str", "bad_result", start
             )
-        return self._result(value, None, start)
+        return self.success(value, start)
 
-    def _result(self, text: str, error: str | None, start: float) -> ToolResult:
+    def limit(self, tool: Tool) -> float:
+        """The wall-clock limit of a call of `tool`: its own ``timeout_s``, else the toolset's."""
+        return tool.timeout_s if tool.timeout_s is not None else self.timeout_s
+
+    def success(self, text: str, start: float, reward: float | None = None) -> ToolResult:
+        """The result of a call that began at `start` (perf_counter) and gave `text`."""
+        return self._result(text, None, start, reward)
+
+    def failure(self, text: str, error: str, start: float) -> ToolResult:
+        """The error result (`ERRORS` kind `error`) of a call that began at `start`."""
+        return self._result(text, error, start, None)
+
+    def _result(self, text: str, error: str | None, start: float, reward: float | None) -> ToolResult:
         cut = truncate(text, self.max_result_chars, self.truncate_side)
-        return ToolResult(cut, error, time.perf_counter() - start, truncated=len(cut) < len(text))
+        return ToolResult(
+            cut, error, time.perf_counter() - start, truncated=len(cut) < len(text), reward=reward
+        )
 
 
 def describe(error: BaseException) -> str:

@@ -1,17 +1,22 @@
-"""Interactions: a simulated user that reads the model's answer and may ask for another turn."""
+"""Interactions: a simulated user that reads the model's answer and may ask for another turn.
+
+The agent loop calls ``start`` when a trajectory begins (with the row's
+``extra_info.interaction_kwargs``, verl's ``start_interaction``), ``respond`` after each answer, and
+``finish`` when the trajectory ends, on every path (verl's ``finalize_interaction``). The sample that
+``respond`` gets carries the trajectory's ``instance_id`` and ``interaction_kwargs``, so one object
+can hold many trajectories' state. ``start`` and ``finish`` do nothing by default: an interaction
+without state implements ``respond`` alone."""
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-import os
 import re
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.tools.loading import load_module
 from tandem.tools.names import TRY_AGAIN
+from tandem.tools.stateful import maybe_await
 
 # A tool call block (closed, or cut off at the end): a request, never an answer.
 _TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.DOTALL)
@@ -19,21 +24,30 @@ _TOOL_CALL_BLOCK = re.compile(r"<tool_call>.*?(?:</tool_call>|$)", re.DOTALL)
 
 @dataclass(frozen=True)
 class InteractionReply:
-    """The user's next message (``text``), or ``done=True`` when the conversation ends here."""
+    """The user's next message (``text``), or ``done=True`` when the conversation ends here; ``score``
+    is the turn's score (verl's ``generate_response`` reward), kept as the trajectory's turn_scores."""
 
     text: str | None
     done: bool
+    score: float | None = None
 
 
 class Interaction(ABC):
     """A simulated user. ``respond`` gets the conversation so far (OpenAI-style messages, the
-    model's answer last) and the sample's fields (``ground_truth``, ``data_source``, ``extra_info``)."""
+    model's answer last) and the sample's fields (``ground_truth``, ``data_source``, ``extra_info``,
+    ``instance_id``, ``interaction_kwargs``)."""
 
     name: str = ""
+
+    async def start(self, instance_id: str, **interaction_kwargs: Any) -> None:  # noqa: B027 - optional hook
+        """A trajectory begins (`interaction_kwargs`: the row's extra_info.interaction_kwargs)."""
 
     @abstractmethod
     async def respond(self, messages: list[dict[str, Any]], sample: dict[str, Any]) -> InteractionReply:
         """The reply to the model's last answer."""
+
+    async def finish(self, instance_id: str) -> None:  # noqa: B027 - optional hook
+        """The trajectory ended (answered, cut, failed or cancelled): drop its state."""
 
 
 class TryAgain(Interaction):
@@ -83,48 +97,60 @@ def is_right(answer: str, sample: dict[str, Any]) -> bool:
     return last_integer(_TOOL_CALL_BLOCK.sub(" ", answer)) == target
 
 
-# name (tools/names.py BUILTIN_INTERACTION_NAMES) -> class
-BUILTIN_INTERACTIONS: dict[str, type[Interaction]] = {TRY_AGAIN: TryAgain}
+class ForeignInteraction(Interaction):
+    """An object of another class with verl's interaction methods (``start_interaction``,
+    ``generate_response`` -> (done, text, score, metrics), ``finalize_interaction``) as an `Interaction`."""
+
+    def __init__(self, target: Any, name: str) -> None:
+        self.target, self.name = target, name
+
+    async def start(self, instance_id: str, **interaction_kwargs: Any) -> None:
+        if hasattr(self.target, "start_interaction"):
+            await maybe_await(self.target.start_interaction(instance_id, **interaction_kwargs))
+
+    async def respond(self, messages: list[dict[str, Any]], sample: dict[str, Any]) -> InteractionReply:
+        kwargs = sample.get("interaction_kwargs") or {}
+        done, text, score, _ = await maybe_await(
+            self.target.generate_response(sample.get("instance_id"), messages, **kwargs)
+        )
+        return InteractionReply(None if text is None else str(text), bool(done), score)
+
+    async def finish(self, instance_id: str) -> None:
+        if hasattr(self.target, "finalize_interaction"):
+            await maybe_await(self.target.finalize_interaction(instance_id))
 
 
-def build_interaction(
-    name: str | None, interaction_file: str | os.PathLike | None = None
-) -> Interaction | None:
-    """The interaction of rollout.multi_turn: built-in `name`, or the ``INTERACTION`` of
-    `interaction_file` (whose name must then be `name`, if given); None when neither is set."""
-    if not interaction_file:
-        if not name:
-            return None
-        if name not in BUILTIN_INTERACTIONS:
+class InteractionRouter(Interaction):
+    """The interactions of a verl interaction YAML by name: a trajectory gets the one its row's
+    ``interaction_kwargs["name"]`` names (verl's rule), else ``default``."""
+
+    def __init__(self, interactions: dict[str, Interaction], default: str | None) -> None:
+        self.interactions, self.default = interactions, default
+        self.name = default or ""
+        self._chosen: dict[str, Interaction] = {}
+
+    def pick(self, interaction_kwargs: dict[str, Any]) -> Interaction:
+        """The interaction a row's interaction_kwargs name; a ValueError naming the known ones if none."""
+        name = interaction_kwargs.get("name", self.default)
+        if name not in self.interactions:
+            known = ", ".join(self.interactions)
             raise ValueError(
-                f"interaction '{name}' is not built in ({', '.join(BUILTIN_INTERACTIONS)}); define it in a "
-                "Python file (INTERACTION = ...) and set rollout.multi_turn.interaction_file"
+                f"interaction_kwargs name the interaction {name!r}, which the interaction file does not "
+                f"define ({known}); set the rows' extra_info.interaction_kwargs.name to one of those"
             )
-        return BUILTIN_INTERACTIONS[name]()
-    setting = "rollout.multi_turn.interaction_file"
-    where = f"{setting} '{interaction_file}'"
-    module = load_module(interaction_file, setting)
-    found = getattr(module, "INTERACTION", None)
-    if found is None:
-        raise AttributeError(
-            f"{where} has no INTERACTION: define INTERACTION = MyInteraction() (a tandem.tools.Interaction)"
+        return self.interactions[name]
+
+    async def start(self, instance_id: str, **interaction_kwargs: Any) -> None:
+        chosen = self._chosen[instance_id] = self.pick(interaction_kwargs)
+        await chosen.start(instance_id, **interaction_kwargs)
+
+    async def respond(self, messages: list[dict[str, Any]], sample: dict[str, Any]) -> InteractionReply:
+        chosen = self._chosen.get(sample.get("instance_id")) or self.pick(
+            sample.get("interaction_kwargs") or {}
         )
-    if inspect.isclass(found) and issubclass(found, Interaction):
-        try:
-            found = found()
-        except TypeError as error:
-            raise TypeError(
-                f"{where}: INTERACTION is a class that cannot be built without arguments ({error}); "
-                "set INTERACTION to an instance"
-            ) from error
-    if not isinstance(found, Interaction):
-        raise TypeError(
-            f"{where}: INTERACTION must be a tandem.tools.Interaction (an instance or a subclass), "
-            f"got {found!r}"
-        )
-    if name and found.name != name:
-        raise ValueError(
-            f"{where} defines interaction '{found.name}', but rollout.multi_turn.interaction is '{name}': "
-            f"set it to '{found.name}' or leave it empty"
-        )
-    return found
+        return await chosen.respond(messages, sample)
+
+    async def finish(self, instance_id: str) -> None:
+        chosen = self._chosen.pop(instance_id, None)
+        if chosen is not None:
+            await chosen.finish(instance_id)

@@ -8,3 +8,8 @@ TRY_AGAIN = "try_again"
 
 BUILTIN_TOOL_NAMES = (CALCULATOR, PYTHON)
 BUILTIN_INTERACTION_NAMES = (TRY_AGAIN,)
+
+# verl's agent_name values a data row may carry: the agent loop with tools, or one turn without them.
+TOOL_AGENT = "tool_agent"
+SINGLE_TURN_AGENT = "single_turn_agent"
+AGENT_NAMES = (TOOL_AGENT, SINGLE_TURN_AGENT)

@@ -43,6 +43,7 @@ from tandem.trainer.rollout_source import RolloutSource
 from tandem.trainer.start_checks import (
     check_ground_truths,
     check_model_folders,
+    check_multi_turn,
     check_tokenizers,
     load_actor_tokenizer,
     load_image_processor,
@@ -71,6 +72,7 @@ class RLTrainer(Trainer):
         self.train_data = self._prompts(d.train_files, cfg) if train else None
         self.val_data = self._prompts(d.val_files, cfg) if d.val_files else None
         check_tokenizers(cfg, self.tokenizer, [self.train_data, self.val_data], "rl" if train else "eval")
+        check_multi_turn(cfg, [self.train_data, self.val_data])
         self.rewards = reward_manager_from_config(cfg, self.tokenizer)
         self.rewards.check_data_sources(self._data_sources())
         check_ground_truths(self.rewards, [self.train_data, self.val_data])

@@ -1,7 +1,8 @@
 """Start-up checks of what the config points at, run in the trainers' constructors before any worker
 starts: the engines this install has and what they run with yet (check_available), the model and
-tokenizer folders and what their architectures allow, the tokenizer on the run's own prompts, and every
-row's ground truth against the scorer of its data_source. A problem is an error naming the key, folder,
+tokenizer folders and what their architectures allow, the tokenizer on the run's own prompts, every
+row's ground truth against the scorer of its data_source, and the agent loop's tool and interaction files
+with the rows' verl fields for them (tools_kwargs, interaction_kwargs, agent_name). A problem is an error naming the key, folder,
 file, row or field (exit status 2 through the CLI); a tokenizer that changes the text is a warning.
 """
 
@@ -25,6 +26,9 @@ from tandem.engine.hf_io import (
 )
 from tandem.models.model_type import VISION_LANGUAGE_TYPES, folder_model_type
 from tandem.rollout import LATER_ENGINES, resolve_engine
+from tandem.rollout.agent import interaction_from_config, toolset_from_config
+from tandem.tools import InteractionRouter, StatefulTool
+from tandem.tools.names import TOOL_AGENT
 
 logger = logging.getLogger(__name__)
 
@@ -361,3 +365,88 @@ def check_ground_truths(rewards: Any, datasets: Iterable[Any]) -> None:
         f"sample):\n{listed}{more}\nFix the rows' {GROUND_TRUTH_FIELD}, or give the data_source a scorer that "
         "reads it (reward.custom_reward_file)"
     )
+
+
+# --- the agent loop's files and the rows' fields for them ---------------------------------------------
+
+
+def check_multi_turn(cfg: TandemConfig, datasets: Iterable[Any]) -> None:
+    """Load rollout.multi_turn's tool and interaction files here, before any worker starts (a file that
+    cannot be used is a ConfigError naming it, its line and the fix), then check the rows' verl fields
+    for them: an interaction name no interaction has is a DataError naming the rows; tools_kwargs,
+    interaction_kwargs or agent_name that this config would not use are a warning each."""
+    m = cfg.rollout.multi_turn
+    tools = toolset_from_config(m)
+    interaction = interaction_from_config(m)
+    agent = cfg.rollout.mode == "async"
+    stateful = {t for t in (tools.names if tools is not None else []) if isinstance(tools[t], StatefulTool)}
+    notes: dict[str, list[str]] = {}  # warning -> rows (locations)
+    problems = []
+    for data in datasets:
+        if data is None:
+            continue
+        for i in range(len(data)):
+            item, location = data[i], data.locations[i]
+            for note in _row_notes(item, agent, tools, stateful, interaction):
+                notes.setdefault(note, []).append(location)
+            problem = _interaction_name_problem(item, interaction)
+            if problem is not None:
+                problems.append(f"{location}: {problem}")
+    if problems:
+        listed = "\n".join(f"  - {p}" for p in problems[:MAX_LISTED_ROWS])
+        more = (
+            f"\n  ... and {len(problems) - MAX_LISTED_ROWS} more" if len(problems) > MAX_LISTED_ROWS else ""
+        )
+        raise DataError(
+            f"{len(problems)} row(s) name an interaction rollout.multi_turn.interaction_file lacks:\n{listed}{more}"
+        )
+    for note, locations in notes.items():
+        logger.warning("%s (%d rows, first %s)", note, len(locations), locations[0])
+
+
+def _row_notes(
+    item: dict[str, Any], agent: bool, tools: Any, stateful: set[str], interaction: Any
+) -> list[str]:
+    """What this config would not do with a row's verl fields for the agent loop, one line each."""
+    extra = item["extra_info"]
+    notes = []
+    tools_kwargs = extra.get("tools_kwargs")
+    if tools_kwargs and not (agent and tools is not None):
+        notes.append(
+            "extra_info.tools_kwargs: no tool reads them (they go to the tools of rollout.multi_turn.tool_file "
+            "with rollout.mode=async); reward functions still see them in extra_info"
+        )
+    elif isinstance(tools_kwargs, dict):
+        for name in sorted(set(tools_kwargs) - stateful):
+            why = (
+                "no tool has this name"
+                if name not in tools
+                else "it has no state (only verl-style tools read them)"
+            )
+            notes.append(f"extra_info.tools_kwargs['{name}']: not read, {why}")
+    if extra.get("need_tools_kwargs") and not tools_kwargs:
+        notes.append(
+            "extra_info.need_tools_kwargs is true but tools_kwargs is empty: the tools get no create_kwargs"
+        )
+    if extra.get("interaction_kwargs") and not (agent and interaction is not None):
+        notes.append(
+            "extra_info.interaction_kwargs: no interaction reads them (set rollout.multi_turn.interaction_file "
+            "and rollout.mode=async); reward functions still see them in extra_info"
+        )
+    if item.get("agent_name") == TOOL_AGENT and not agent:
+        notes.append(
+            "agent_name=tool_agent: rollout.mode=sync generates one turn without tools; set rollout.mode=async "
+            "and rollout.multi_turn.tool_file to run verl's tool agent loop"
+        )
+    return notes
+
+
+def _interaction_name_problem(item: dict[str, Any], interaction: Any) -> str | None:
+    kwargs = item["extra_info"].get("interaction_kwargs")
+    if not isinstance(interaction, InteractionRouter) or not isinstance(kwargs, dict):
+        return None
+    try:
+        interaction.pick(kwargs)
+    except ValueError as error:
+        return str(error)
+    return None
