@@ -62,7 +62,7 @@ def check_modes(cfg: TandemConfig, problems: Problems, info: dict[str, Any]) -> 
             f"trainer.async_mode={t.async_mode} does not prefetch yet: use trainer.async_mode=synchronous",
         )
     # the agent loop runs on vLLM, and only in async mode
-    uses_agent = bool(m.tools or m.tool_file or m.interaction)
+    uses_agent = bool(m.tools or m.tool_file or m.interaction or m.interaction_file)
     if uses_agent and r.mode != "async":
         problems.add(
             "rollout.mode",

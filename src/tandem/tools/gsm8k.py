@@ -16,7 +16,6 @@ A number is right when it equals the ground truth's as a number (verl compares t
 from __future__ import annotations
 
 import asyncio
-from fractions import Fraction
 from typing import Any
 
 from tandem.tools.interaction import Interaction, InteractionReply
@@ -40,23 +39,14 @@ NOT_IMPROVED_PENALTY = -0.05  # verl's step reward for an answer that scores no 
 INCORRECT_REPLY = "That answer is wrong. Check your work and answer again."
 
 
-def gsm8k_answer_score(text: str, ground_truth: Any, *, strict: bool) -> float:
-    """1.0 when the answer in `text` equals `ground_truth`, else 0.0. ``strict``: the answer is the
-    number after the last ``####`` (none there: 0.0); lenient: the last number of the text."""
-    from tandem.rewards.scorers.gsm8k import extract_gsm8k_answer
+def gsm8k_answer_score(text: str, ground_truth: Any, *, method: str) -> float:
+    """1.0 when the answer in `text` equals `ground_truth` by the GSM8K scorer's `method` (verl's tool reads
+    ``flexible``, its interaction ``strict``), else 0.0; no ground truth: 0.0."""
+    from tandem.rewards.scorers.gsm8k import extract_gsm8k_answer, gsm8k_score
 
-    if ground_truth is None:
+    if ground_truth is None or extract_gsm8k_answer(str(ground_truth)) is None:
         return 0.0
-    if strict and ANSWER_MARK not in text:
-        return 0.0
-    pred = extract_gsm8k_answer(text if strict else text.replace(ANSWER_MARK, " "))
-    gold = extract_gsm8k_answer(str(ground_truth))
-    if pred is None or gold is None:
-        return 0.0
-    try:
-        return float(Fraction(pred) == Fraction(gold))
-    except (ValueError, ZeroDivisionError):
-        return 0.0
+    return gsm8k_score("openai/gsm8k", text, ground_truth, method=method)["score"]
 
 
 class Gsm8kTool(StatefulTool):
@@ -88,7 +78,7 @@ class Gsm8kTool(StatefulTool):
 
     async def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> float:
         state = self.instances[instance_id]
-        return gsm8k_answer_score(state["response"], state["ground_truth"], strict=False)
+        return gsm8k_answer_score(state["response"], state["ground_truth"], method="flexible")
 
     async def release(self, instance_id: str, **release_kwargs: Any) -> None:
         self.instances.pop(instance_id, None)
@@ -115,7 +105,7 @@ class Gsm8kInteraction(Interaction):
             (m.get("content") or "" for m in reversed(messages) if m.get("role") == "assistant"), ""
         )
         ground_truth = self.instances.get(sample.get("instance_id"))
-        score = await asyncio.to_thread(gsm8k_answer_score, str(answer), ground_truth, strict=True)
+        score = await asyncio.to_thread(gsm8k_answer_score, str(answer), ground_truth, method="strict")
         if score == 1.0:
             return InteractionReply(None, True, score)
         return InteractionReply(INCORRECT_REPLY, False, score)
