@@ -12,6 +12,10 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+import torch
+
+from tandem.models.tiny import IM_END
+from tandem.tools import build_toolset
 
 FILES = Path(__file__).parent / "verl_files"
 TOOL_YAML = FILES / "gsm8k_tool_config.yaml"
@@ -74,3 +78,43 @@ def write_parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
     """The rows as a parquet file, as verl's preprocessing writes them."""
     pq.write_table(pa.Table.from_pylist(rows), path)
     return path
+
+
+# the one answer fit_to_call teaches a tiny model: a call of verl's GSM8K tool
+CALL = f'<tool_call>{{"name": "{TOOL_NAME}", "arguments": {{"answer": "3"}}}}</tool_call>'
+
+
+def fit_to_call(folder: Path, prompts: list[list[dict]]) -> None:
+    """Train the model in `folder` until it answers each prompt with CALL, then save it there."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    schemas = build_toolset([], TOOL_YAML).schemas()
+    answer = tokenizer(CALL, add_special_tokens=False)["input_ids"] + [
+        tokenizer.convert_tokens_to_ids(IM_END)
+    ]
+    rows, starts = [], []
+    for messages in prompts:
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, tools=schemas
+        )
+        prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
+        rows.append(prompt + answer)
+        starts.append(len(prompt))
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])
+    labels = ids.clone()
+    for i, (row, start) in enumerate(zip(rows, starts)):
+        labels[i, :start] = -100
+        labels[i, len(row) :] = -100
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    for _ in range(300):  # ~140 steps to a loss of 0.01 (right padding: no position reads a pad)
+        loss = model(input_ids=ids, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if loss.item() < 0.01:
+            break
+    assert loss.item() < 0.05, f"the tiny model did not learn the call (loss {loss.item():.3f})"
+    model.save_pretrained(folder)

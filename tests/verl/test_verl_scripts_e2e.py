@@ -7,6 +7,7 @@ changes in `cpu_changes` below: the model and data paths, and the sizes 2 CPU co
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
@@ -16,11 +17,16 @@ from tandem.data.synthetic import write_rows
 from tandem.models.tiny import save_tiny
 
 from .scripts import SCRIPTS
+from .test_translation import write_multiturn_config
+
+sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the shared verl-format fixtures
+from rollout.test_vllm import TINY_VLLM
+from tools.verl_rows import TOOL_YAML, fit_to_call, gsm8k_rows, write_parquet
 
 INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 
 
-def gsm8k_rows(split: str, n: int) -> list[dict]:
+def single_turn_rows(split: str, n: int) -> list[dict]:
     """Rows as verl's examples/data_preprocess/gsm8k.py writes them (short made-up problems)."""
     rows = []
     for i in range(n):
@@ -72,8 +78,8 @@ def cpu_changes(script: list[str], model: Path, train: Path, val: Path, out: Pat
 def assets(tmp_path_factory):
     root = tmp_path_factory.mktemp("verl_scripts")
     model = save_tiny(root / "model")
-    train = write_rows(gsm8k_rows("train", 8), root / "gsm8k" / "train.parquet")
-    val = write_rows(gsm8k_rows("test", 4), root / "gsm8k" / "test.parquet")
+    train = write_rows(single_turn_rows("train", 8), root / "gsm8k" / "train.parquet")
+    val = write_rows(single_turn_rows("test", 4), root / "gsm8k" / "test.parquet")
     return model, train, val
 
 
@@ -103,3 +109,49 @@ def test_verl_example_script_trains_two_steps(name, assets, ray_local, tmp_path,
     if name == "lora_grpo_qwen25_3b":  # the weights filled in afterwards, by `tandem export CHECKPOINT`
         assert main(["export", str(checkpoint)]) == 0
         assert (checkpoint / "actor" / "huggingface" / "model.safetensors").is_file()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_verl_multiturn_gsm8k_tool_script_puts_the_tools_step_rewards_in_the_score(
+    ray_local, tmp_path, monkeypatch, capsys
+):
+    """verl's multi-turn GSM8K script (its Hydra config, its tool YAML, rows carrying tools_kwargs): GRPO
+    with the agent loop on vLLM (verl's script names SGLang) for 2 steps.
+
+    The random tiny model never writes a tool call, so it is first fitted (plain PyTorch, seconds) to
+    answer every prompt with one call, ``calc_gsm8k_reward(answer="3")``. The GSM8K tool's step rewards are
+    0.0 or -0.05 per call, never positive, and -0.05 for each row whose answer is not 3 (7 of the 8). The
+    final answer holds no "#### N", so verl's strict GSM8K scorer gives 0 and a step's score is its tool
+    reward alone: reward/score_mean equals reward/tool_reward_mean, below 0 (measured: -0.05 x 3 / 8)."""
+    rows = gsm8k_rows(8, interaction=False)
+    train = write_parquet(tmp_path / "train.parquet", rows)
+    val = write_parquet(tmp_path / "test.parquet", gsm8k_rows(4, interaction=False, split="test"))
+    model = save_tiny(tmp_path / "model", stop_at_im_end=True, **TINY_VLLM)
+    fit_to_call(model, [row["prompt"] for row in rows])
+    examples = write_multiturn_config(tmp_path / "verl")
+    monkeypatch.chdir(tmp_path / "verl")  # the config's hydra.searchpath is relative to verl's checkout
+    out = tmp_path / "run"
+    script = cpu_changes(SCRIPTS["multiturn_gsm8k_tool"], model, train, val, out)
+    script = [
+        f"actor_rollout_ref.rollout.multi_turn.tool_config_path={TOOL_YAML}"
+        if o.startswith("actor_rollout_ref.rollout.multi_turn.tool_config_path=")
+        else "data.max_response_length=400"  # room for 3 turns on a tiny model, not 1024 tokens a sample
+        if o.startswith("data.max_response_length=")
+        else o
+        for o in script
+    ]
+    argv = ["train", f"--config-path={examples}", "--config-name=gsm8k_multiturn_grpo", *script]
+    assert main(argv) == 0
+    printed = capsys.readouterr().err
+    assert "rollout.engine=auto   (Tandem has no SGLang engine yet" in printed
+    assert "read verl config " in printed and "gsm8k_multiturn_grpo.yaml with its defaults" in printed
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    steps = [m for m in metrics if "reward/tool_reward_mean" in m and m["step"] > 0]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["agent/tool_calls_per_sample"] > 0
+        # every call is 0.0 or -0.05, and -0.05 where the row's answer is not 3: below 0
+        assert m["reward/tool_reward_mean"] <= -0.05 / 8 + 1e-9
+        assert m["reward/score_mean"] == pytest.approx(m["reward/tool_reward_mean"], abs=1e-6)
+        assert m["score/mean"] == pytest.approx(m["reward/tool_reward_mean"], abs=1e-5)
