@@ -201,7 +201,9 @@ class AgentLoop:
         if settings.max_assistant_turns < 1:
             raise ValueError(f"max_assistant_turns must be >= 1, got {settings.max_assistant_turns}")
         if settings.trajectory_timeout_s is not None and not settings.trajectory_timeout_s > 0:
-            raise ValueError(f"trajectory_timeout_s must be > 0 (or None), got {settings.trajectory_timeout_s}")
+            raise ValueError(
+                f"trajectory_timeout_s must be > 0 (or None), got {settings.trajectory_timeout_s}"
+            )
         self.tokenizer = tokenizer
         self.settings = settings
         self.tools = tools
