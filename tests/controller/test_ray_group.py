@@ -167,10 +167,16 @@ def test_a_dying_rank_fails_the_call_while_the_other_blocks_in_a_collective(spar
 
 
 def test_call_timeout_names_the_ranks_still_running(spare_pool):
-    group = WorkerGroup.ray(ToyWorker, spare_pool, name="sleeper", call_timeout_s=1.0)
+    group = WorkerGroup.ray(
+        ToyWorker,
+        spare_pool,
+        name="sleeper",
+        call_timeout_s=1.0,
+        call_timeout_name="trainer.worker_timeout_s",
+    )
     pids = [i["pid"] for i in group.info()]
-    with pytest.raises(
-        WorkerTimeoutError, match=r"ToyWorker.sleep\(\) did not finish within call_timeout_s=1 s"
+    with pytest.raises(  # the message names the key the user sets, not an internal name
+        WorkerTimeoutError, match=r"ToyWorker.sleep\(\) did not finish within trainer.worker_timeout_s=1 s"
     ) as info:
         group.sleep(60)
     assert isinstance(info.value, TimeoutError) and "ranks still running: [0, 1]" in str(info.value)

@@ -233,3 +233,21 @@ def test_multi_turn_log_probs_of_model_tokens_equal_the_trainer_forward(engine, 
     assert float(diff) < 1e-5
     turns = out["agent_turns"]
     assert turns.max() >= 2 and out["agent_user_turns"].tolist() == (turns - 1).tolist()
+
+
+def test_a_trajectory_cut_at_its_time_limit_aborts_its_turn_in_vllm(engine, tokenizer):
+    """The limit lands while every first turn is in vLLM's engine: each trajectory ends empty with finish
+    time_limit, its request is aborted (vLLM holds none afterwards), and the engine serves the next batch."""
+    sampling = SamplingParams(max_tokens=48, n=2, temperature=0.8, seed=3)
+    cut = AgentLoop(
+        tokenizer,
+        engine.eos_token_ids,
+        settings=AgentSettings(trajectory_timeout_s=1e-6),
+        pad_token_id=tokenizer.pad_token_id,
+    ).generate(engine.turn_engine, make_prompts(tokenizer), sampling)
+    assert list(cut["agent_finish"]) == ["time_limit"] * len(cut)
+    assert cut["response_mask"].sum() == 0 and cut["agent_turns"].sum() == 0
+    assert not engine.llm.llm_engine.has_unfinished_requests()  # the cut turns are gone from vLLM
+    loop = AgentLoop(tokenizer, engine.eos_token_ids, pad_token_id=tokenizer.pad_token_id)
+    again = loop.generate(engine.turn_engine, make_prompts(tokenizer), sampling)
+    assert set(again["agent_finish"]) <= {"answer", "budget"} and again["response_mask"].sum() > 0

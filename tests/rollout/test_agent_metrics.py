@@ -11,8 +11,8 @@ from tandem.trainer.metrics import agent_metrics
 
 from .test_agent import CALL, ScriptedModel, one_prompt, tool_loop
 
-# Four trajectories: an answer without tools, two tool turns with a timeout, one call then the
-# budget ran out, and six calls cut by max_turns.
+# Four trajectories: an answer without tools, two tool turns with a timeout then cut at the
+# trajectory's time limit, one call then the budget ran out, and six calls cut by max_turns.
 COUNTS = {
     "agent_turns": [1, 3, 2, 5],
     "agent_user_turns": [0, 1, 0, 0],
@@ -23,7 +23,7 @@ COUNTS = {
     "agent_generated_tokens": [10, 30, 20, 50],
     "agent_inserted_tokens": [0, 12, 6, 40],
 }
-FINISH = ["answer", "answer", "budget", "max_turns"]
+FINISH = ["answer", "time_limit", "budget", "max_turns"]
 
 
 def counts_batch(counts=COUNTS, finish=FINISH) -> Batch:
@@ -45,6 +45,7 @@ def test_agent_metrics_equal_hand_computed_values():
         "agent/tool_seconds": 1.75,
         "agent/finish_max_turns_ratio": 1 / 4,
         "agent/finish_budget_ratio": 1 / 4,
+        "agent/finish_time_limit_ratio": 1 / 4,
         "agent/generated_tokens/mean": 110 / 4,
         "agent/inserted_tokens/mean": 58 / 4,
     }

@@ -84,23 +84,29 @@ def write_parquet(path: Path, rows: list[dict[str, Any]]) -> Path:
 CALL = f'<tool_call>{{"name": "{TOOL_NAME}", "arguments": {{"answer": "3"}}}}</tool_call>'
 
 
-def fit_to_call(folder: Path, prompts: list[list[dict]]) -> None:
-    """Train the model in `folder` until it answers each prompt with CALL, then save it there."""
+def fit_to_call(
+    folder: Path,
+    prompts: list[list[dict]],
+    calls: list[str] | None = None,
+    schemas: list[dict] | None = None,
+) -> None:
+    """Train the model in `folder` until it answers prompt i with ``calls[i]`` (default: CALL for every
+    prompt), then save it there. ``schemas``: the tools the prompts are rendered with, as the run renders
+    them (default: those of verl's GSM8K tool YAML)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    schemas = build_toolset([], TOOL_YAML).schemas()
-    answer = tokenizer(CALL, add_special_tokens=False)["input_ids"] + [
-        tokenizer.convert_tokens_to_ids(IM_END)
-    ]
+    schemas = schemas if schemas is not None else build_toolset([], TOOL_YAML).schemas()
+    calls = calls if calls is not None else [CALL] * len(prompts)
+    end = [tokenizer.convert_tokens_to_ids(IM_END)]
     rows, starts = [], []
-    for messages in prompts:
+    for messages, call in zip(prompts, calls, strict=True):
         text = tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, tools=schemas
         )
         prompt = tokenizer(text, add_special_tokens=False)["input_ids"]
-        rows.append(prompt + answer)
+        rows.append(prompt + tokenizer(call, add_special_tokens=False)["input_ids"] + end)
         starts.append(len(prompt))
     width = max(map(len, rows))
     ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])

@@ -252,6 +252,9 @@ class MultiTurnConfig:
     max_tool_response_length: int = 256  # >= 1: CHARACTERS of a tool result the model reads
     tool_response_truncate_side: TruncateSide = "middle"  # where a long result is cut: left, right, middle
     tool_timeout_s: float = 10.0  # > 0: wall-clock seconds per tool call; a timeout is an error result
+    # > 0: wall-clock seconds per trajectory (turns, tools, interaction); one over it ends with the tokens it
+    # has (a turn being generated is dropped), finish "time_limit" (agent/finish_time_limit_ratio), no error
+    trajectory_timeout_s: float = 600.0
     format: ToolCallFormat = "hermes"  # tool call syntax: hermes = <tool_call>{json}</tool_call> (Qwen)
 
 

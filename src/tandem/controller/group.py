@@ -130,6 +130,7 @@ class WorkerGroup:
         share: float = 1.0,
         num_threads: int | None = None,
         call_timeout_s: float | None = None,
+        call_timeout_name: str = "call_timeout_s",
         setup_timeout_s: float | None = 1800.0,
         env: dict[str, str] | None = None,
         log_dir: str | None = None,
@@ -138,7 +139,8 @@ class WorkerGroup:
 
         `share`: the fraction of every bundle this group takes (colocation, see ResourcePool).
         `num_threads`: torch threads per rank (default: the CPUs of its share, at least 1).
-        `call_timeout_s`: the longest one method call may take (None: no limit). `setup_timeout_s`:
+        `call_timeout_s`: the longest one method call may take (None: no limit); `call_timeout_name`: the
+        setting a timeout's message tells the user to raise (the config key). `setup_timeout_s`:
         the longest building the group may take (actors, rendezvous, the workers' constructors).
         torch.distributed's own timeout is 30 min. `env`: extra environment variables for the workers.
         `log_dir`: each rank's stdout and stderr go to `<log_dir>/<name>_rank<r>.log` instead of the
@@ -155,6 +157,7 @@ class WorkerGroup:
             share=share,
             num_threads=num_threads,
             call_timeout_s=call_timeout_s,
+            call_timeout_name=call_timeout_name,
             setup_timeout_s=setup_timeout_s,
             env=env,
             log_dir=log_dir,

@@ -47,6 +47,7 @@ class RayBackend:
         self.group = group
         self.worker_name = worker_name
         self.call_timeout_s = call_timeout_s
+        self.call_timeout_name = "call_timeout_s"  # the setting a timeout's message names
         self.device = "cpu"
 
     @property
@@ -66,6 +67,7 @@ class RayBackend:
         num_threads: int | None,
         call_timeout_s: float | None,
         setup_timeout_s: float | None,
+        call_timeout_name: str = "call_timeout_s",
         env: dict[str, str] | None,
         log_dir: str | None = None,
     ) -> RayBackend:
@@ -84,6 +86,7 @@ class RayBackend:
 
         hosts: list[Any] = []
         backend = cls(hosts, name, worker_cls.__name__, call_timeout_s)
+        backend.call_timeout_name = call_timeout_name
         backend.device = pool.device
         try:
             for rank in range(pool.world_size):
@@ -141,7 +144,8 @@ class RayBackend:
         refs = [
             host.execute.remote(method, a, k) for host, (a, k) in zip(self.hosts, rank_calls, strict=True)
         ]
-        return RayCall(self, refs, f"{self.worker_name}.{method}()", self.call_timeout_s)
+        label = f"{self.worker_name}.{method}()"
+        return RayCall(self, refs, label, self.call_timeout_s, self.call_timeout_name)
 
     def kill(self) -> None:
         """Kill every rank's actor now (idempotent; ignores actors that are already gone)."""

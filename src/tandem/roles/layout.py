@@ -121,7 +121,11 @@ def build_worker_groups(
         )
 
     init_ray(address=t.ray_address)
-    logs = {"log_dir": None if log_dir is None else str(log_dir)}
+    # every group: its ranks' log files, and the key a call's timeout message names
+    logs = {
+        "log_dir": None if log_dir is None else str(log_dir),
+        "call_timeout_name": "trainer.worker_timeout_s",
+    }
     gpus = 1 if resolve_device(cfg) == "cuda" else 0
 
     def pool(name: str) -> ResourcePool:

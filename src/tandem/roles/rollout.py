@@ -268,6 +268,7 @@ def agent_loop_from_config(cfg: TandemConfig, rollout: Any) -> AgentLoop:
         max_user_turns=m.max_user_turns,
         max_parallel_calls=m.max_parallel_calls,
         tool_call_format=m.format,
+        trajectory_timeout_s=m.trajectory_timeout_s,
     )
     return AgentLoop(
         tokenizer,

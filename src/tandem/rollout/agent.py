@@ -14,6 +14,11 @@ step rewards and the interaction's turn scores are kept in the trajectory (``too
 verl's ``single_turn_agent`` gets one turn without tools or interaction; ``tool_agent`` (or none)
 the loop above.
 
+A trajectory has a wall-clock limit (``trajectory_timeout_s``): one over it ends with the tokens it
+has -- a turn still being generated is dropped (its vLLM request aborted), tool calls still running
+are cancelled -- with finish reason ``time_limit``; it is a sample like any other, not an error. So
+no tool, chain of tools or slow interaction holds a training step longer than that.
+
 The trajectory is the exact concatenation of what the model generated (its token ids, never
 decoded and re-encoded) and what the environment inserted (tokenized once). ``response_mask`` is
 1 on the model's tokens and 0 on inserted ones; ``attention_mask`` is 1 on both: the model reads
@@ -54,7 +59,7 @@ from tandem.rollout.tool_calls import ToolCall, parse_tool_calls
 from tandem.tools.names import SINGLE_TURN_AGENT
 from tandem.tools.stateful import ToolSession, maybe_await
 
-FINISH_REASONS = ("answer", "max_turns", "budget")
+FINISH_REASONS = ("answer", "max_turns", "budget", "time_limit")
 # Per-sample count columns the controller reduces into agent/* metrics (trainer/metrics.py).
 AGENT_COUNT_KEYS = (
     "agent_turns",
@@ -80,6 +85,7 @@ class AgentSettings:
     max_user_turns: int = 0  # interaction replies per trajectory (0: the interaction is not asked)
     max_parallel_calls: int = 1  # tool calls run per turn; further calls in the turn get an error result
     tool_call_format: str = "hermes"
+    trajectory_timeout_s: float | None = None  # wall-clock seconds per trajectory (None: no limit)
 
 
 @dataclass
@@ -194,6 +200,10 @@ class AgentLoop:
     ) -> None:
         if settings.max_assistant_turns < 1:
             raise ValueError(f"max_assistant_turns must be >= 1, got {settings.max_assistant_turns}")
+        if settings.trajectory_timeout_s is not None and not settings.trajectory_timeout_s > 0:
+            raise ValueError(
+                f"trajectory_timeout_s must be > 0 (or None), got {settings.trajectory_timeout_s}"
+            )
         self.tokenizer = tokenizer
         self.settings = settings
         self.tools = tools
@@ -231,7 +241,14 @@ class AgentLoop:
         try:
             if hasattr(interaction, "start"):  # an interaction of respond() alone works too
                 await maybe_await(interaction.start(sample["instance_id"], **kwargs))
-            await self._turns(engine, prompt_ids, traj, session, interaction, sample, sampling, seed)
+            deadline = asyncio.timeout(self.settings.trajectory_timeout_s)
+            try:
+                async with deadline:
+                    await self._turns(engine, prompt_ids, traj, session, interaction, sample, sampling, seed)
+            except TimeoutError:
+                if not deadline.expired():  # not the trajectory's limit
+                    raise
+                traj.finish = "time_limit"
         finally:  # answered, failed or cancelled: the tools' and the interaction's state is released
             try:
                 if session is not None:

@@ -119,7 +119,12 @@ class VLLMTurnEngine(TurnEngine):
         self.max_in_flight = max(self.max_in_flight, len(self._pending))
         if self._pump is None or self._pump.done():
             self._pump = asyncio.get_running_loop().create_task(self._run())
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:  # its trajectory ended (a time limit): vLLM stops generating it
+            if self._pending.pop(request_id, None) is not None:
+                self._engine.abort_request([request_id])
+            raise
 
     async def _run(self) -> None:
         """Step the engine while requests are in flight, handing each finished one to its awaiter."""

@@ -1,8 +1,10 @@
 """Tools the model calls in the agent loop, and the set that runs them.
 
 `ToolSet.run` never raises for anything a tool or the model's call does wrong: an unknown name,
-bad arguments, an exception, a timeout or a non-text result each become a `ToolResult` whose text
-the model reads (``error: ...``) and whose ``error`` field the agent loop counts.
+bad arguments, an exception (SystemExit too), a timeout or a non-text result each become a
+`ToolResult` whose text the model reads (``error: ...``) and whose ``error`` field the agent loop
+counts. The time limit holds for every kind of tool: a coroutine is cancelled at it; synchronous code
+runs in a thread that is left behind at it (tools/threads.py says what happens to that thread).
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import Any
+
+from tandem.tools.threads import ToolExit, ToolOverdue, contained
 
 TRUNCATE_SIDES = ("left", "right", "middle")
 ERRORS = ("unknown_tool", "bad_arguments", "raised", "timeout", "bad_result")
@@ -207,12 +211,14 @@ class ToolSet:
             return self.failure(f"error: {problem}", "bad_arguments", start)
         limit = self.limit(tool)
         try:
-            value = await asyncio.wait_for(tool.call(**arguments), limit)
-        except (asyncio.CancelledError, KeyboardInterrupt):
+            value = await asyncio.wait_for(contained(tool.call(**arguments)), limit)
+        except (asyncio.CancelledError, KeyboardInterrupt):  # the rollout is stopped: not the tool's fault
             raise
+        except ToolOverdue as error:
+            return self.failure(f"error: {error}", "timeout", start)
         except TimeoutError:  # asyncio.TimeoutError is TimeoutError since Python 3.11
-            return self.failure(f"error: the tool did not answer within {limit:g} s", "timeout", start)
-        except BaseException as error:  # SystemExit too: a tool must not end the rollout
+            return self.timed_out(limit, start)
+        except BaseException as error:  # SystemExit too (as a ToolExit): a tool must not end the rollout
             return self.failure(f"error: {describe(error)}", "raised", start)
         if not isinstance(value, str):
             return self.failure(
@@ -223,6 +229,10 @@ class ToolSet:
     def limit(self, tool: Tool) -> float:
         """The wall-clock limit of a call of `tool`: its own ``timeout_s``, else the toolset's."""
         return tool.timeout_s if tool.timeout_s is not None else self.timeout_s
+
+    def timed_out(self, limit: float, start: float) -> ToolResult:
+        """The result of a call cut at its time limit of `limit` seconds."""
+        return self.failure(f"error: the tool did not answer within {limit:g} s", "timeout", start)
 
     def success(self, text: str, start: float, reward: float | None = None) -> ToolResult:
         """The result of a call that began at `start` (perf_counter) and gave `text`."""
@@ -240,6 +250,9 @@ class ToolSet:
 
 
 def describe(error: BaseException) -> str:
-    """ "ValueError: first line of the message" ("ValueError" when there is none)."""
+    """ "ValueError: first line of the message" ("ValueError" when there is none); a `ToolExit` is
+    described as what the tool raised ("SystemExit: 2")."""
+    if isinstance(error, ToolExit):
+        error = error.original
     lines = str(error).strip().splitlines()
     return f"{type(error).__name__}: {lines[0]}" if lines else type(error).__name__

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import inspect
 import types
 import typing
@@ -10,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from tandem.tools.base import Tool
+from tandem.tools.threads import ToolThreads
 
 # Python annotation -> JSON schema type of an argument.
 _SCHEMA_TYPES: dict[Any, str] = {
@@ -23,8 +23,9 @@ _SCHEMA_TYPES: dict[Any, str] = {
 
 
 class FunctionTool(Tool):
-    """A function as a tool. A sync function runs in a thread, so it does not block the event loop
-    (a thread cannot be killed: one that outlives its timeout finishes in the background)."""
+    """A function as a tool. A sync function runs in a daemon thread of its own per call, so it does not
+    block the event loop; at the time limit the model gets the timeout result and the thread runs on in
+    the background, a bounded number of them per tool (tools/threads.py: why a thread, what is bounded)."""
 
     def __init__(
         self,
@@ -51,11 +52,12 @@ class FunctionTool(Tool):
             raise ValueError(f"{where}: timeout_s must be > 0, got {timeout_s}")
         self.timeout_s = timeout_s
         self.is_async = inspect.iscoroutinefunction(fn)
+        self.threads = ToolThreads(self.name)
 
     async def call(self, **arguments: Any) -> str:
         if self.is_async:
             return await self.fn(**arguments)
-        return await asyncio.to_thread(self.fn, **arguments)
+        return await self.threads.run(self.fn, **arguments)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """The decorated function still works as a function (in the user's own tests, say)."""

@@ -4,6 +4,9 @@ A `StatefulTool` is created once per trajectory, on its first call there, with t
 ``extra_info.tools_kwargs[tool_name]["create_kwargs"]``; each call is ``execute``, which returns the
 text the model reads, a step reward and metrics; when the trajectory ends the session asks
 ``calc_reward`` and ``release``s the instance, on every path (answer, error, timeout, cancelled).
+Each method, ``async`` or plain, runs under the toolset's time limit as a plain tool's call does: a
+coroutine is cancelled at it, a plain method runs in a thread of the tool's own that is left behind at
+it (tools/threads.py); a SystemExit it raises is an error result, not the end of the rollout.
 
 verl's ``ToolAgentLoop`` creates and releases an instance around every single call; verl's
 ``BaseTool`` says an instance lives for a trajectory, and its GSM8K tool compares each answer with
@@ -25,6 +28,7 @@ import uuid
 from typing import Any
 
 from tandem.tools.base import Tool, ToolResult, ToolSet, check_arguments, describe
+from tandem.tools.threads import ToolOverdue, ToolThreads, call_tool_code, contained
 
 logger = logging.getLogger(__name__)
 
@@ -69,15 +73,27 @@ class StatefulTool(Tool):
     async def release(self, instance_id: str, **release_kwargs: Any) -> None:
         """Drop the instance's state."""
 
+    @property
+    def threads(self) -> ToolThreads:
+        """Where this tool's plain (not ``async``) methods run; made on first use (a subclass may skip
+        ``__init__``)."""
+        if "_threads" not in self.__dict__:
+            self.__dict__["_threads"] = ToolThreads(self.name)
+        return self.__dict__["_threads"]
+
+    async def invoke(self, method: Any, /, *args: Any, **kwargs: Any) -> Any:
+        """``method(*args, **kwargs)`` awaited: in the event loop if ``async``, else in a thread of `threads`."""
+        return await call_tool_code(self.threads, method, *args, **kwargs)
+
     async def call(self, **arguments: Any) -> str:
         """One call in an instance of its own (`ToolSet.run` outside a trajectory): create, execute, release."""
         instance_id = uuid.uuid4().hex
-        await maybe_await(self.create(instance_id))
+        await self.invoke(self.create, instance_id)
         try:
-            text, _, _ = unpack_execute(await maybe_await(self.execute(instance_id, arguments)), self.name)
+            text, _, _ = unpack_execute(await self.invoke(self.execute, instance_id, arguments), self.name)
             return text
         finally:
-            await maybe_await(self.release(instance_id))
+            await self.invoke(self.release, instance_id)
 
 
 class ForeignTool(StatefulTool):
@@ -96,19 +112,19 @@ class ForeignTool(StatefulTool):
             # verl's agent loop passes them as one dict (create(create_kwargs={...})): a class written
             # for it reads them there, one written for verl's BaseTool as keywords; both get them
             extra["create_kwargs"] = dict(create_kwargs)
-        return await maybe_await(self.target.create(instance_id, **create_kwargs, **extra))
+        return await self.invoke(self.target.create, instance_id, **create_kwargs, **extra)
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **execute_kwargs: Any) -> Any:
-        return await maybe_await(self.target.execute(instance_id, parameters, **execute_kwargs))
+        return await self.invoke(self.target.execute, instance_id, parameters, **execute_kwargs)
 
     async def calc_reward(self, instance_id: str, **calc_reward_kwargs: Any) -> float:
         if hasattr(self.target, "calc_reward"):
-            return await maybe_await(self.target.calc_reward(instance_id, **calc_reward_kwargs))
+            return await self.invoke(self.target.calc_reward, instance_id, **calc_reward_kwargs)
         return 0.0
 
     async def release(self, instance_id: str, **release_kwargs: Any) -> None:
         if hasattr(self.target, "release"):
-            await maybe_await(self.target.release(instance_id, **release_kwargs))
+            await self.invoke(self.target.release, instance_id, **release_kwargs)
 
     def __repr__(self) -> str:
         return f"ForeignTool({self.name!r}, {type(self.target).__qualname__})"
@@ -181,16 +197,16 @@ class ToolSession:
             return self.toolset.failure(f"error: {problem}", "bad_arguments", start)
         limit = self.toolset.limit(tool)
         try:
-            text, reward, _ = await asyncio.wait_for(self._execute(tool, arguments), limit)
-        except (asyncio.CancelledError, KeyboardInterrupt):
+            text, reward, _ = await asyncio.wait_for(contained(self._execute(tool, arguments)), limit)
+        except (asyncio.CancelledError, KeyboardInterrupt):  # the rollout is stopped: not the tool's fault
             raise
+        except ToolOverdue as error:
+            return self.toolset.failure(f"error: {error}", "timeout", start)
         except TimeoutError:
-            return self.toolset.failure(
-                f"error: the tool did not answer within {limit:g} s", "timeout", start
-            )
+            return self.toolset.timed_out(limit, start)
         except BadToolResult as error:
             return self.toolset.failure(f"error: {error}", "bad_result", start)
-        except BaseException as error:  # SystemExit too: a tool must not end the rollout
+        except BaseException as error:  # SystemExit too (as a ToolExit): a tool must not end the rollout
             return self.toolset.failure(f"error: {describe(error)}", "raised", start)
         return self.toolset.success(text, start, reward)
 
@@ -200,10 +216,10 @@ class ToolSession:
             if tool.name not in self.instances:
                 instance_id = uuid.uuid4().hex
                 self.instances[tool.name] = instance_id  # before create: a failed create is released too
-                await maybe_await(tool.create(instance_id, **self._kwargs(tool.name, "create_kwargs")))
+                await tool.invoke(tool.create, instance_id, **self._kwargs(tool.name, "create_kwargs"))
         instance_id = self.instances[tool.name]
-        value = await maybe_await(
-            tool.execute(instance_id, arguments, **self._kwargs(tool.name, "execute_kwargs"))
+        value = await tool.invoke(
+            tool.execute, instance_id, arguments, **self._kwargs(tool.name, "execute_kwargs")
         )
         return unpack_execute(value, tool.name)
 
@@ -223,7 +239,7 @@ class ToolSession:
         kwargs = self._kwargs(tool.name, "calc_reward_kwargs")
         try:
             reward = await asyncio.wait_for(
-                maybe_await(tool.calc_reward(instance_id, **kwargs)), self.toolset.limit(tool)
+                contained(tool.invoke(tool.calc_reward, instance_id, **kwargs)), self.toolset.limit(tool)
             )
             self.rewards[tool.name] = float(reward)
         except (asyncio.CancelledError, KeyboardInterrupt):
@@ -236,7 +252,9 @@ class ToolSession:
     async def _release(self, tool: StatefulTool, instance_id: str) -> None:
         kwargs = self._kwargs(tool.name, "release_kwargs")
         try:
-            await asyncio.wait_for(maybe_await(tool.release(instance_id, **kwargs)), self.toolset.limit(tool))
+            await asyncio.wait_for(
+                contained(tool.invoke(tool.release, instance_id, **kwargs)), self.toolset.limit(tool)
+            )
         except (asyncio.CancelledError, KeyboardInterrupt):
             raise
         except BaseException as error:

@@ -87,6 +87,7 @@ def agent_metrics(batch: Batch, prefix: str = "agent") -> dict[str, float]:
         f"{prefix}/tool_seconds": float(batch["agent_tool_seconds"].sum()),
         f"{prefix}/finish_max_turns_ratio": sum(f == "max_turns" for f in finish) / samples,
         f"{prefix}/finish_budget_ratio": sum(f == "budget" for f in finish) / samples,
+        f"{prefix}/finish_time_limit_ratio": sum(f == "time_limit" for f in finish) / samples,
         f"{prefix}/generated_tokens/mean": float(batch["agent_generated_tokens"].double().mean()),
         f"{prefix}/inserted_tokens/mean": float(batch["agent_inserted_tokens"].double().mean()),
     }

@@ -53,11 +53,11 @@ def check_multi_turn(cfg: TandemConfig, problems: Problems) -> None:
     ]:
         at_least(problems, key, value, 1)
     at_least(problems, "rollout.multi_turn.max_user_turns", m.max_user_turns, 0)
-    if m.tool_timeout_s <= 0:
-        problems.add(
-            "rollout.multi_turn.tool_timeout_s",
-            f"rollout.multi_turn.tool_timeout_s={m.tool_timeout_s} must be > 0",
-        )
+    for key in ("tool_timeout_s", "trajectory_timeout_s"):
+        if getattr(m, key) <= 0:
+            problems.add(
+                f"rollout.multi_turn.{key}", f"rollout.multi_turn.{key}={getattr(m, key)} must be > 0"
+            )
     unknown = [name for name in m.tools if name not in BUILTIN_TOOL_NAMES]
     if unknown:
         problems.add(
