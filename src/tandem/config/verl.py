@@ -16,8 +16,6 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import yaml
-
 from tandem.config.coerce import type_at
 from tandem.config.errors import closest
 from tandem.config.verl_keys import (
@@ -28,6 +26,7 @@ from tandem.config.verl_keys import (
     is_verl_key,
     verl_rule,
 )
+from tandem.config.yaml_io import parse_scalar
 
 # keys of a verl YAML not read: verl writes its own default there, which would not suit Tandem
 _TREE_DROPS = {
@@ -59,8 +58,6 @@ class VerlTranslation:
         self.mapped += other.mapped
         self.no_effect += other.no_effect
         self.problems += other.problems
-
-    tree_mapped: list[tuple[str, str, str]] = field(default_factory=list)  # a verl YAML's mapped keys
 
     @property
     def read_verl(self) -> bool:
@@ -125,7 +122,8 @@ def translate_overrides(overrides: Iterable[str]) -> VerlTranslation:
                 if _truthy(tandem_text.partition("=")[2]) or not _truthy(previous):
                     out.overrides[i] = tandem_text
                 continue
-            combined.setdefault(target, len(out.overrides)) if target in _ANY_OF else None
+            if target in _ANY_OF:
+                combined[target] = len(out.overrides)
             out.overrides.append(tandem_text)
         note = SGLANG_NOTE if key.endswith("rollout.name") and value_text.strip() == "sglang" else rule.note
         out.mapped.append((text.lstrip("+"), " ".join(t for _, t in pairs), note))
@@ -144,10 +142,10 @@ def translate_tree(tree: Mapping[str, Any]) -> VerlTranslation:
     for key, value in _leaves(tree):
         if key.endswith("._target_") or key == "_target_" or key.startswith("hydra."):
             continue
+        shown = f"{key}: {_override_text(value)}"
         if key in _TREE_DROPS:
-            out.dropped.append((f"{key}: {_flow(value)}", _TREE_DROPS[key]))
+            out.dropped.append((shown, _TREE_DROPS[key]))
             continue
-        shown = f"{key}: {_flow(value)}"
         if value is None or (isinstance(value, str) and "${" in value):
             continue  # verl's "not set" (or an interpolation verl_yaml could not resolve)
         if not _reads_as_verl(key):
@@ -165,7 +163,6 @@ def translate_tree(tree: Mapping[str, Any]) -> VerlTranslation:
             texts.append(f"{key}={_override_text(value)}")
     translated = translate_overrides(texts)
     out.overrides, out.tree_keys = translated.overrides, len(translated.overrides)
-    out.tree_mapped = translated.mapped
     out.dropped += [(f"{k}", message) for k, message in translated.problems]
     out.dropped += [(verl, why) for verl, why in translated.no_effect]
     return out
@@ -194,7 +191,7 @@ def _apply_rule(key: str, rule: Rule, value_text: str) -> list[tuple[str, str]] 
         return None
     value_text = value_text.strip()
     if rule.convert is not None:
-        parsed = _parse(value_text)
+        parsed = parse_scalar(value_text)
         try:
             value = rule.convert(parsed)
         except UnsupportedValue:
@@ -207,25 +204,14 @@ def _apply_rule(key: str, rule: Rule, value_text: str) -> list[tuple[str, str]] 
     return [(target, f"{target}={value_text}") for target in rule.target.split(",")]
 
 
-def _parse(text: str) -> Any:
-    try:
-        return yaml.safe_load(text) if text else None
-    except yaml.YAMLError:
-        return text
-
-
 def _override_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value)
 
 
-def _flow(value: Any) -> str:
-    return json.dumps(value) if not isinstance(value, str) else value
-
-
 def _truthy(text: str) -> bool:
-    return str(_parse(text.strip())).lower() == "true"
+    return str(parse_scalar(text.strip())).lower() == "true"
 
 
 def _leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:

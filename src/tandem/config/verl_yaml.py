@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config.errors import ConfigError
-from tandem.config.yaml_io import deep_merge, read_yaml
+from tandem.config.yaml_io import deep_merge, parse_scalar, read_yaml
 
 # top-level sections only a verl config has: a YAML holding one is read as verl's
 VERL_SECTIONS = (
@@ -169,7 +169,7 @@ def _lookup(expr: str, parent: tuple[str, ...], tree: dict[str, Any], notes: lis
         return os.environ.get(name.strip(), fallback.strip() or None)
     if expr.startswith("oc.select:"):
         expr, _, fallback = expr.removeprefix("oc.select:").partition(",")
-        expr, default = expr.strip(), _scalar(fallback.strip())
+        expr, default = expr.strip(), parse_scalar(fallback.strip())
     elif ":" in expr:
         notes.append(f"interpolation ${{{expr}}} is not one Tandem resolves; the key is left unset")
         return None
@@ -186,12 +186,3 @@ def _lookup(expr: str, parent: tuple[str, ...], tree: dict[str, Any], notes: lis
     if isinstance(node, str) and "${" in node and depth < 8:
         return _interpolate(node, keys[:-1], tree, notes, depth + 1)
     return node
-
-
-def _scalar(text: str) -> Any:
-    import yaml
-
-    try:
-        return yaml.safe_load(text) if text else None
-    except yaml.YAMLError:
-        return text

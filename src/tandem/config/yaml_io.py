@@ -68,3 +68,12 @@ def deep_merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any
         else:
             out[key] = copy.deepcopy(value)
     return out
+
+
+def parse_scalar(text: str) -> Any:
+    """A value written on a command line or after an interpolation's comma, read as YAML (text that is not
+    valid YAML stays text; nothing is None)."""
+    try:
+        return yaml.safe_load(text) if text else None
+    except yaml.YAMLError:
+        return text
