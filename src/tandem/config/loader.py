@@ -60,7 +60,7 @@ def load_config(
         if isinstance(top, dict) and looks_like_verl(top):  # a verl (Hydra) YAML: verl's defaults under it
             raw = load_yaml_tree(PRESET_DIR / "verl.yaml", (), problems.files)
             notes: list[str] = []
-            translation = translate_tree(compose(path, notes))
+            translation = translate_tree(compose(path, notes, top))
             translation.notes, translation.source = notes, str(path)
         else:
             raw = load_yaml_tree(path, (), problems.files)

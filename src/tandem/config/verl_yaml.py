@@ -38,10 +38,11 @@ def looks_like_verl(tree: Mapping[str, Any]) -> bool:
     return any(section in tree for section in VERL_SECTIONS)
 
 
-def compose(path: Path, notes: list[str] | None = None) -> dict[str, Any]:
-    """The verl config at `path` with its `defaults:` merged in and its interpolations resolved."""
+def compose(path: Path, notes: list[str] | None = None, top: Any = None) -> dict[str, Any]:
+    """The verl config at `path` with its `defaults:` merged in and its interpolations resolved; `top`: the
+    file already parsed (None: read here)."""
     notes = notes if notes is not None else []
-    top = read_yaml(path) or {}
+    top = (read_yaml(path) if top is None else top) or {}
     if not isinstance(top, dict):
         raise ConfigError(f"{path} must hold a mapping of verl's sections, not a {type(top).__name__}")
     roots = [path.parent, *_search_path(top, path)]
