@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import time
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,6 +45,11 @@ class ToolResult:
     seconds: float  # wall time of the call
     truncated: bool = False  # the text was cut to the toolset's max_result_chars
     reward: float | None = None  # a stateful tool's step reward (tools/stateful.py); None: it gave none
+
+
+class BadToolResult(TypeError):
+    """A tool gave something other than what its kind returns (a stateful tool's ``execute``: (text, step
+    reward, metrics))."""
 
 
 class Tool(ABC):
@@ -209,22 +215,34 @@ class ToolSet:
         problem = check_arguments(tool, arguments)
         if problem is not None:
             return self.failure(f"error: {problem}", "bad_arguments", start)
-        limit = self.limit(tool)
-        try:
-            value = await asyncio.wait_for(contained(tool.call(**arguments)), limit)
-        except (asyncio.CancelledError, KeyboardInterrupt):  # the rollout is stopped: not the tool's fault
-            raise
-        except ToolOverdue as error:
-            return self.failure(f"error: {error}", "timeout", start)
-        except TimeoutError:  # asyncio.TimeoutError is TimeoutError since Python 3.11
-            return self.timed_out(limit, start)
-        except BaseException as error:  # SystemExit too (as a ToolExit): a tool must not end the rollout
-            return self.failure(f"error: {describe(error)}", "raised", start)
+        value, failed = await self.attempt(tool, lambda: tool.call(**arguments), start)
+        if failed is not None:
+            return failed
         if not isinstance(value, str):
             return self.failure(
                 f"error: tool '{name}' returned {type(value).__name__}, not str", "bad_result", start
             )
         return self.success(value, start)
+
+    async def attempt(
+        self, tool: Tool, call: Callable[[], Awaitable[Any]], start: float
+    ) -> tuple[Any, ToolResult | None]:
+        """(what `call()` gave, None), or (None, the error result) when it raised, timed out at the tool's
+        limit or was refused; the one place a tool's fault becomes a result. A cancelled rollout or a
+        Ctrl-C is not the tool's fault: it propagates."""
+        limit = self.limit(tool)
+        try:
+            return await asyncio.wait_for(contained(call()), limit), None
+        except (asyncio.CancelledError, KeyboardInterrupt):  # the rollout is stopped: not the tool's fault
+            raise
+        except ToolOverdue as error:
+            return None, self.failure(f"error: {error}", "timeout", start)
+        except TimeoutError:  # asyncio.TimeoutError is TimeoutError since Python 3.11
+            return None, self.timed_out(limit, start)
+        except BadToolResult as error:
+            return None, self.failure(f"error: {error}", "bad_result", start)
+        except BaseException as error:  # SystemExit too (as a ToolExit): a tool must not end the rollout
+            return None, self.failure(f"error: {describe(error)}", "raised", start)
 
     def limit(self, tool: Tool) -> float:
         """The wall-clock limit of a call of `tool`: its own ``timeout_s``, else the toolset's."""

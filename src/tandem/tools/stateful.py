@@ -27,8 +27,8 @@ import time
 import uuid
 from typing import Any
 
-from tandem.tools.base import Tool, ToolResult, ToolSet, check_arguments, describe
-from tandem.tools.threads import ToolOverdue, ToolThreads, call_tool_code, contained
+from tandem.tools.base import BadToolResult, Tool, ToolResult, ToolSet, check_arguments, describe
+from tandem.tools.threads import ToolThreads, call_tool_code, contained
 
 logger = logging.getLogger(__name__)
 
@@ -130,10 +130,6 @@ class ForeignTool(StatefulTool):
         return f"ForeignTool({self.name!r}, {type(self.target).__qualname__})"
 
 
-class BadToolResult(TypeError):
-    """``execute`` returned something other than (text, step reward, metrics)."""
-
-
 def _takes_any_keyword(method: Any) -> bool:
     """Whether `method` has a ``**kwargs`` parameter."""
     try:
@@ -195,19 +191,10 @@ class ToolSession:
         problem = check_arguments(tool, arguments)
         if problem is not None:
             return self.toolset.failure(f"error: {problem}", "bad_arguments", start)
-        limit = self.toolset.limit(tool)
-        try:
-            text, reward, _ = await asyncio.wait_for(contained(self._execute(tool, arguments)), limit)
-        except (asyncio.CancelledError, KeyboardInterrupt):  # the rollout is stopped: not the tool's fault
-            raise
-        except ToolOverdue as error:
-            return self.toolset.failure(f"error: {error}", "timeout", start)
-        except TimeoutError:
-            return self.toolset.timed_out(limit, start)
-        except BadToolResult as error:
-            return self.toolset.failure(f"error: {error}", "bad_result", start)
-        except BaseException as error:  # SystemExit too (as a ToolExit): a tool must not end the rollout
-            return self.toolset.failure(f"error: {describe(error)}", "raised", start)
+        value, failed = await self.toolset.attempt(tool, lambda: self._execute(tool, arguments), start)
+        if failed is not None:
+            return failed
+        text, reward, _ = value
         return self.toolset.success(text, start, reward)
 
     async def _execute(self, tool: StatefulTool, arguments: dict[str, Any]) -> tuple[str, float | None, dict]:
