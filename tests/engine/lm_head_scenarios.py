@@ -1,6 +1,7 @@
 """What each spawned rank does in the chunked-LM-head tests (test_lm_head.py): the same engine calls with
 the plain head and with `fsdp.lm_head_chunk_tokens`, on 1 and 2 ranks, and on 2 ranks with compiled decoder
-layers (`fsdp.torch_compile`); the parent compares the results.
+layers (`fsdp.torch_compile`); the chunked head with `fsdp.attn_implementation=sdpa_split` on 1 and 2 ranks
+(test_attention.py); the parent compares the results.
 
 The numbers are the roles' own: roles/common.response_log_probs (log-probs and entropy at a temperature)
 and roles/sft.next_token_log_probs, in a forward pass and in a loss whose gradient reaches the head.
@@ -25,6 +26,7 @@ from .fsdp_scenarios import PROMPT_LEN, gather_state, make_engine, rollout_batch
 TEMPERATURE = 0.7
 CHUNK = 4  # tokens per chunk: micro-batches of 2-3 rows x 6 response tokens cut into several chunks
 SHARDS = {1: [6], 2: [4, 2]}
+SDPA_SPLIT = "sdpa_split"  # the case run with actor.fsdp.attn_implementation=sdpa_split
 EMPTY = {1: [1], 2: [1, 0]}  # rank 1 picks no rows: the head's gradient reduction must still match
 # Adam's first step moves every element by about lr; an element whose gradient is float noise moves by an
 # amount that depends on the summation order, so lr is kept small enough for that to stay under 1e-5.
@@ -54,14 +56,21 @@ def make_loss_fn(global_tokens):
 
 
 def run_case(
-    model_path: str, chunk: int | None, packing: bool, compiled: bool, world: int, rank: int
+    model_path: str,
+    chunk: int | None,
+    packing: bool,
+    compiled: bool,
+    world: int,
+    rank: int,
+    attention: str = "auto",
 ) -> dict:
-    fsdp = FSDPConfig(lm_head_chunk_tokens=chunk, torch_compile=compiled)
+    fsdp = FSDPConfig(lm_head_chunk_tokens=chunk, torch_compile=compiled, attn_implementation=attention)
     engine = make_engine(model_path, "lm", optim=OPTIM, fsdp=fsdp, grad_clip=1.0, packing=packing)
     result: dict = {
         "chunk": engine.lm_head_chunk,
         "packing": engine.packing,
         "compiled": engine.compile_seconds,
+        "attention": engine.config._attn_implementation,
     }
     result["state0"] = gather_state(engine)
     batch = rollout_batch(6, seed=5)
@@ -89,6 +98,8 @@ def worker(rank: int, world: int, init_method: str, model_path: str, out_dir: st
             else [(CHUNK, True, False), (CHUNK, True, True)]
         )
         results = {case: run_case(model_path, *case, world, rank) for case in cases}
+        # test_attention.py: packed in one row, attention a sequence at a time (engine/attention.py)
+        results[SDPA_SPLIT] = run_case(model_path, CHUNK, True, False, world, rank, attention="sdpa_split")
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

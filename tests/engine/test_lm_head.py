@@ -88,15 +88,8 @@ def test_hidden_states_out_gives_what_the_head_reads(tmp_path):
 
 # ---------------------------------------------------------------------------- through the FSDP2 engine
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("lm_head")
-    tied = save_tiny(root / "tied")
-    untied = save_tiny(root / "untied", tie_word_embeddings=False)
-    return {
-        "one": sc.run(1, tied, root / "one")[0],
-        "two": sc.run(2, tied, root / "two"),
-        "untied": sc.run(1, untied, root / "untied-one")[0],
-    }
+def runs(lm_head_runs):
+    return lm_head_runs
 
 
 def assert_step_close(got, expected):

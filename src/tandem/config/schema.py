@@ -114,10 +114,14 @@ class FSDPConfig:
     # compile each decoder layer with torch.compile (dynamic shapes, inductor): the first passes pay the compile
     # (timed and logged at start-up, as the engine warms up), the later ones run the compiled code
     torch_compile: bool = False
-    # attention kernel of the trained models (transformers' attn_implementation): auto = flash_attention_2 on
-    # CUDA where the flash-attn package is installed (packed sequences then run as variable-length attention,
-    # no mask), else sdpa; sdpa, eager, flash_attention_2 (CUDA + flash-attn) force one
-    attn_implementation: Literal["auto", "sdpa", "eager", "flash_attention_2"] = "auto"
+    # attention kernel of the trained models (engine/attention.py). Packed sequences run as one row, each
+    # attending only inside itself, with flash_attention_2 (CUDA + the flash-attn package), varlen (CUDA,
+    # torch's own flash kernel), flex_attention (torch's, document block mask; trains on CUDA only) or
+    # sdpa_split (sdpa a sequence at a time, any device); sdpa and eager mask each row's width^2 scores.
+    # auto: on CUDA the first of flash_attention_2, varlen, flex_attention that runs; on the CPU sdpa
+    attn_implementation: Literal[
+        "auto", "sdpa", "eager", "flash_attention_2", "varlen", "flex_attention", "sdpa_split"
+    ] = "auto"
 
 
 @dataclass

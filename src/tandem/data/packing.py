@@ -114,11 +114,13 @@ def plan_packing(attention_mask: Tensor, width: int | None = None, align: int = 
 
 
 def pack_model_inputs(
-    input_ids: Tensor, attention_mask: Tensor, pad_id: int, align: int = 1
+    input_ids: Tensor, attention_mask: Tensor, pad_id: int, align: int = 1, one_row: bool = False
 ) -> tuple[dict[str, Tensor], Packing]:
     """Packed `input_ids` and `position_ids` [rows, width] (no attention mask) and their layout (`align`: as
-    `plan_packing`'s)."""
-    packing = plan_packing(attention_mask, align=align)
+    `plan_packing`'s). `one_row`: every sequence in a single row (for attention kernels that cost the sum of
+    the sequences' n^2, not the row's width^2)."""
+    width = int(attention_mask.sum()) if one_row else None
+    packing = plan_packing(attention_mask, width=width, align=align)
     ids = packing.pack(input_ids, fill=pad_id)
     real_positions = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     # Free slots count 0, 1, ... from where they start: a sequence of their own that nothing attends to.

@@ -100,25 +100,6 @@ def auto_class(head: str, config: PretrainedConfig | None = None) -> type:
     raise ValueError(f"head must be 'lm' or 'value', got {head!r}")
 
 
-def attention_implementation(
-    choice: str, device: torch.device, key: str = "actor.fsdp.attn_implementation"
-) -> str:
-    """transformers' attn_implementation for `choice`: auto = flash_attention_2 on CUDA where flash-attn is
-    installed, else sdpa. flash_attention_2 asked for where it cannot run is an error naming `key`."""
-    from transformers.utils import is_flash_attn_2_available
-
-    flash = device.type == "cuda" and is_flash_attn_2_available()
-    if choice == "auto":
-        return "flash_attention_2" if flash else "sdpa"
-    if choice == "flash_attention_2" and not flash:
-        raise ValueError(
-            f"{key}=flash_attention_2 needs a CUDA device and the flash-attn package (device here: "
-            f"{device.type}, flash-attn importable: {is_flash_attn_2_available()}); install flash-attn on a GPU "
-            f"machine, or set {key}=sdpa"
-        )
-    return choice
-
-
 def load_config(
     model_path: str | Path, head: str, attn_implementation: str | None = None
 ) -> PretrainedConfig:

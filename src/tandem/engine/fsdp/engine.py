@@ -38,6 +38,7 @@ from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
 from tandem.batch import Batch, Partition
 from tandem.data.packing import pack_model_inputs
+from tandem.engine import attention as packed_attention
 from tandem.engine import hf_io, moe
 from tandem.engine.base import (
     EngineSpec,
@@ -108,9 +109,17 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         ):
             self.param_dtype = torch.float32  # a CPU probe's choice, made per rank: bf16 only if all chose it
 
-        attention = hf_io.attention_implementation(fsdp.attn_implementation, self.device)
+        # fsdp.attn_implementation: the kernel, and whether packed rows go to it as one row with their bounds
+        attention = packed_attention.resolve(fsdp.attn_implementation, self.device)
+        if optim is not None:
+            packed_attention.check_trainable(attention, self.device, "actor.fsdp.attn_implementation")
         if self.sp is not None:
             attention = sp_attention(fsdp, attention)
+        self.varlen = attention in packed_attention.VARLEN_KERNELS
+        if self.rank == 0:
+            logger.info(
+                "attention: %s (actor.fsdp.attn_implementation=%s)", attention, fsdp.attn_implementation
+            )
         config = hf_io.load_config(self.model_path, head, attention)
         if self.sp is not None:
             check_heads(config, self.sp.size)
@@ -312,8 +321,13 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         if self._vision is not None:
             inputs, packing = self._vision.model_inputs(micro, self.device, self._pad_id() if pack else None)
         elif pack:
-            # No attention mask: transformers separates the sequences by their restarting position ids.
-            inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self._pad_id())
+            # No attention mask: transformers separates the sequences by their restarting position ids; a
+            # varlen kernel takes all of them as one row and their bounds (engine/attention.py).
+            inputs, packing = pack_model_inputs(
+                ids, micro["attention_mask"], self._pad_id(), one_row=self.varlen
+            )
+            if self.varlen:
+                inputs.update(packed_attention.varlen_kwargs(inputs["position_ids"]))
         else:
             inputs = {
                 key: micro[key] for key in ("input_ids", "attention_mask", "position_ids") if key in micro
