@@ -28,9 +28,10 @@ CHUNK = 4  # tokens per chunk: micro-batches of 2-3 rows x 6 response tokens cut
 SHARDS = {1: [6], 2: [4, 2]}
 SDPA_SPLIT = "sdpa_split"  # the case run with actor.fsdp.attn_implementation=sdpa_split
 EMPTY = {1: [1], 2: [1, 0]}  # rank 1 picks no rows: the head's gradient reduction must still match
-# Adam's first step moves every element by about lr; an element whose gradient is float noise moves by an
-# amount that depends on the summation order, so lr is kept small enough for that to stay under 1e-5.
-OPTIM = OptimConfig(lr=1e-4, weight_decay=0.01)
+# Adam's first step moves every element by about lr * g / (|g| + eps): an element whose gradient is float noise
+# (~1e-9, e.g. an input embedding's) moves by an amount that depends on the summation order. lr is kept small
+# and eps at 1e-6 (Adam's 1e-8 would turn noise of 1e-9 into a step of lr / 10) so that stays under 1e-5.
+OPTIM = OptimConfig(lr=1e-4, weight_decay=0.01, eps=1e-6)
 
 
 def stats_fn(output, micro):

@@ -61,6 +61,25 @@ def test_head_rows_equal_full_logits_values_and_gradients(chunk, with_bias):
         torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6 * float(e.abs().max()))
 
 
+@pytest.mark.parametrize("asked", [("log_probs",), ("log_probs", "entropy"), ("log_probs", "sum_pi_squared")])
+def test_head_rows_frozen_head_and_some_numbers_only(asked):
+    """The fused backward with a frozen head (LoRA: only the hidden states want a gradient) and with only some
+    of the numbers asked for equals autograd through the full logits."""
+    gen = torch.Generator().manual_seed(len(asked))
+    hidden = torch.randn(9, 16, generator=gen, requires_grad=True)
+    weight = torch.randn(40, 16, generator=gen)
+    labels = torch.randint(0, 40, (9,), generator=gen)
+    expected = full_stats(hidden, weight, None, labels, 1.3)
+    got = HeadRows(hidden, ChunkedHead(weight, None, 4), 1.3).stats(
+        labels, entropy="entropy" in asked, sum_pi_squared="sum_pi_squared" in asked
+    )
+    assert tuple(got) == asked
+    upstream = {k: torch.randn(9, generator=gen) for k in asked}
+    (g,) = torch.autograd.grad(sum((got[k] * upstream[k]).sum() for k in asked), [hidden])
+    (e,) = torch.autograd.grad(sum((expected[k] * upstream[k]).sum() for k in asked), [hidden])
+    torch.testing.assert_close(g, e, rtol=1e-5, atol=1e-6 * float(e.abs().max()))
+
+
 def test_head_rows_only_what_is_asked_and_no_rows():
     weight = torch.randn(10, 4, requires_grad=True)
     rows = HeadRows(torch.randn(3, 4), ChunkedHead(weight, None, 2), 1.0)

@@ -8,10 +8,11 @@ its gradient in backward, is a step's memory peak.
 
 Chunked, the model stops at h (its output embedding hands back its input during that forward: see
 `hidden_states_out`), the roles pick the rows they need (`ModelOutput.at`), and `HeadRows` makes z for
-`chunk` rows at a time, reduces each chunk to the per-token numbers and drops it. In training each chunk
-is checkpointed: backward makes that chunk's z again instead of keeping it, so the update pays one more
-head matmul per response token and holds at most one chunk's [chunk, V] at a time. The numbers are the
-plain path's up to float32 rounding (the matmul's blocking differs with its shape); tests compare both.
+`chunk` rows at a time, reduces each chunk to the per-token numbers and drops it. In training, backward
+makes a chunk's z again instead of keeping it and forms its gradient in place from closed forms
+(`_FusedHeadStats`), so the update pays one more head matmul per response token and holds at most one
+chunk's [chunk, V] float32 at a time. The numbers are the plain path's up to float32 rounding (the
+matmul's blocking differs with its shape); tests compare both, values and gradients.
 
 Only for models whose logits are exactly `output_embeddings(h)`: the engine checks that on a probe at
 start-up and keeps the plain path, with a warning, for any model that post-processes its logits
@@ -27,7 +28,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.utils.checkpoint import checkpoint
 
 from tandem.algos.core import entropy_from_logits, log_probs_from_logits, sum_pi_squared_from_logits
 
@@ -81,11 +81,8 @@ class ChunkedHead:
         return term + self.bias.sum() * 0.0 if self.bias is not None else term
 
 
-def _chunk_stats(
-    hidden: Tensor, weight: Tensor, bias: Tensor | None, labels: Tensor, scale: float, want: tuple[str, ...]
-) -> Tensor:
-    """[len(want), rows] of one chunk: the logits made, reduced and dropped here."""
-    logits = F.linear(hidden, weight, bias).float() / scale
+def _chunk_stats(logits: Tensor, labels: Tensor, want: tuple[str, ...]) -> Tensor:
+    """[len(want), rows] of one chunk's float32 logits / scale."""
     out = []
     for name in want:
         if name == "log_probs":
@@ -95,6 +92,71 @@ def _chunk_stats(
         else:
             out.append(sum_pi_squared_from_logits(logits))
     return torch.stack(out)
+
+
+class _FusedHeadStats(torch.autograd.Function):
+    """The per-token numbers of softmax(W h + b) / scale, a chunk of rows at a time, with a backward of its own.
+
+    Forward makes each chunk's logits, reduces them and drops them, keeping only logsumexp per row. Backward
+    makes a chunk's logits once more and turns them in place into the gradient with respect to the logits,
+    from the closed forms (p = softmax(z), z the logits / scale, g the upstream gradient of each number):
+      d log p_y / dz = onehot(y) - p;   d H / dz = -p (log p + H);   d sum p^2 / dz = 2 p (p - sum p^2),
+    then multiplies it into the hidden states' and the head's gradients. Against autograd through a
+    checkpoint (what this replaced), one [chunk, V] float32 buffer is live in backward instead of the
+    several autograd keeps (the float copy, the scaled logits, the softmax, the log-softmax), and the
+    elementwise work is one pass over it."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, labels, scale, chunk, want):
+        rows = hidden.shape[0]
+        out = hidden.new_empty((len(want), rows), dtype=torch.float32)
+        lse = hidden.new_empty(rows, dtype=torch.float32)
+        for start in range(0, rows, chunk):
+            part = slice(start, start + chunk)
+            logits = F.linear(hidden[part], weight, bias).float().div_(scale)
+            lse[part] = torch.logsumexp(logits, dim=-1)
+            out[:, part] = _chunk_stats(logits, labels[part], want)
+        ctx.save_for_backward(hidden, weight, bias, labels, lse, out)
+        ctx.scale, ctx.chunk, ctx.want = scale, chunk, want
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        hidden, weight, bias, labels, lse, out = ctx.saved_tensors
+        scale, want = ctx.scale, ctx.want
+        upstream = dict(zip(want, grad_out.float()))
+        value = dict(zip(want, out))
+        need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
+        grad_hidden = torch.empty_like(hidden) if need_hidden else None
+        grad_weight = torch.zeros_like(weight) if need_weight else None
+        grad_bias = torch.zeros_like(bias) if bias is not None and need_bias else None
+        for start in range(0, hidden.shape[0], ctx.chunk):
+            part = slice(start, start + ctx.chunk)
+            h = hidden[part]
+            # the chunk's log-softmax, which becomes d(numbers)/dz in place
+            grad = F.linear(h, weight, bias).float().div_(scale).sub_(lse[part, None])
+            p = grad.exp()
+            if "entropy" in want:
+                grad.add_(value["entropy"][part, None]).mul_(-upstream["entropy"][part, None])
+            else:
+                grad.zero_()
+            if "log_probs" in want:
+                grad.sub_(upstream["log_probs"][part, None])
+            if "sum_pi_squared" in want:
+                factor = 2 * upstream["sum_pi_squared"][part, None]
+                grad.add_((p - value["sum_pi_squared"][part, None]).mul_(factor))
+            grad.mul_(p)
+            del p
+            if "log_probs" in want:
+                grad.scatter_add_(1, labels[part, None], upstream["log_probs"][part, None])
+            grad = grad.div_(scale).to(weight.dtype)  # d(numbers) / d(W h + b)
+            if grad_hidden is not None:
+                grad_hidden[part] = grad @ weight
+            if grad_weight is not None:
+                grad_weight.addmm_(grad.T, h)
+            if grad_bias is not None:
+                grad_bias += grad.sum(0)
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 
 @dataclass
@@ -111,17 +173,8 @@ class HeadRows:
         """log_probs of `labels` [M] (and the entropy, sum_v pi_v^2 when asked) of softmax(logits / scale),
         each [M] float32, computed `head.chunk` rows at a time."""
         want = tuple(n for n, on in zip(STATS, (True, entropy, sum_pi_squared)) if on)
-        w, b = self.head.weight, self.head.bias
-        grad = torch.is_grad_enabled() and (self.hidden.requires_grad or w.requires_grad)
-        parts = []
-        for start in range(0, self.hidden.shape[0], self.head.chunk):
-            rows = slice(start, start + self.head.chunk)
-            args = (self.hidden[rows], w, b, labels[rows].long(), self.scale, want)
-            # Checkpointed: backward remakes the chunk's logits instead of keeping them alive.
-            parts.append(
-                checkpoint(_chunk_stats, *args, use_reentrant=False) if grad else _chunk_stats(*args)
-            )
-        stacked = (
-            torch.cat(parts, dim=1) if parts else self.hidden.new_zeros(len(want), 0, dtype=torch.float32)
+        head = self.head
+        stacked = _FusedHeadStats.apply(
+            self.hidden, head.weight, head.bias, labels.long(), self.scale, head.chunk, want
         )
         return dict(zip(want, stacked))
