@@ -8,7 +8,7 @@ BENCH_README = Path(__file__).resolve().parent.parent / "bench" / "README.md"
 PLACEHOLDER = "<!-- bench/README.md -->"
 
 
-def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ANN001 (MkDocs' hook signature)
+def on_page_markdown(markdown: str, page, config, files) -> str:
     """Put bench/README.md where docs/benchmarks.md holds the placeholder, its links made relative to docs/."""
     if PLACEHOLDER not in markdown:
         return markdown
