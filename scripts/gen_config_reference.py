@@ -257,7 +257,7 @@ def render() -> str:
         for key in section.keys:
             block = [f"### `{key.dotted}` {{ #{key.dotted} }}\n"]
             block.append(
-                f"{key.type_text}, default `{value_text(key.default)}`. {prose(key.comment)}".rstrip()
+                f"_{key.type_text}_, default `{value_text(key.default)}`. {prose(key.comment)}".rstrip()
             )
             extra = []
             if presets_line := preset_text(key, presets):

@@ -61,7 +61,7 @@ def _entry(page: str, key: str) -> str:
 
 def test_a_key_shows_type_default_comment_presets_and_foreign_names(page):
     entry = _entry(page, "data.max_prompt_length")
-    assert entry.startswith("int, default `512`. TOKENS per prompt at most")
+    assert entry.startswith("_int_, default `512`. TOKENS per prompt at most")
     assert "`128` (base," in entry  # base sets 128 and every preset built on it inherits it
     assert "**verl:** `actor_rollout_ref.rollout.prompt_length`" in entry
     assert "**TRL:** `max_prompt_length`" in entry
@@ -69,7 +69,7 @@ def test_a_key_shows_type_default_comment_presets_and_foreign_names(page):
 
 def test_a_key_set_by_one_preset_and_two_verl_names(page):
     entry = _entry(page, "actor.clip_ratio_low")
-    assert entry.startswith("float, default `0.2`.")
+    assert entry.startswith("_float_, default `0.2`.")
     assert "**Presets:** `0.0003` (gspo)" in entry
     # verl's clip_ratio sets both bounds; clip_ratio_low is also read by its own name
     assert "`actor_rollout_ref.actor.clip_ratio`, `actor_rollout_ref.actor.clip_ratio_low`" in entry
@@ -78,7 +78,7 @@ def test_a_key_set_by_one_preset_and_two_verl_names(page):
 def test_literal_types_list_their_choices_and_comment_lines_above_a_field_are_read(page):
     entry = _entry(page, "actor.fsdp.attn_implementation")
     assert entry.startswith(
-        "one of `auto`, `sdpa`, `eager`, `flash_attention_2`, default `auto`. attention kernel"
+        "_one of `auto`, `sdpa`, `eager`, `flash_attention_2`_, default `auto`. attention kernel"
     )
     entry = _entry(page, "actor.fsdp.lm_head_chunk_tokens")
-    assert entry.startswith("int, `auto` or null, default `auto`. TOKENS per chunk of the LM head")
+    assert entry.startswith("_int, `auto` or null_, default `auto`. TOKENS per chunk of the LM head")
