@@ -31,12 +31,13 @@ test: $(STAMP)
 
 # The site, strict: a warning (a broken link or anchor, a page left out of the nav) fails the build;
 # then the search index is checked to find the troubleshooting page for the errors users meet.
+# (NO_MKDOCS_2_WARNING hushes a banner Material prints about its successor; it is not a build warning.)
 docs: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 PYTHONPATH=src $(BIN)/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
 	$(BIN)/python scripts/check_docs_search.py site
 
 docs-serve: $(STAMP)
-	NO_MKDOCS_2_WARNING=1 PYTHONPATH=src $(BIN)/mkdocs serve --strict
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
 
 # docs/config-reference.md from src/tandem/config/ (tests/docs/test_config_reference.py fails when it is stale)
 config-reference: $(STAMP)
