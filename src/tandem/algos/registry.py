@@ -23,6 +23,8 @@ class Registry:
         self._entries: dict[str, Entry] = {}
 
     def register(self, name: str, **info: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """Decorator: register the function under `name` (an error if taken), with `info` as its metadata."""
+
         def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
             if name in self._entries:
                 raise ValueError(f"{self.kind} '{name}' is registered twice")
@@ -38,9 +40,11 @@ class Registry:
             raise KeyError(self.unknown_message(name)) from None
 
     def get(self, name: str) -> Callable[..., Any]:
+        """The function registered as `name`; a KeyError naming the closest known name otherwise."""
         return self.entry(name).fn
 
     def info(self, name: str) -> dict[str, Any]:
+        """The metadata `name` was registered with."""
         return self.entry(name).info
 
     def unknown_message(self, name: str) -> str:
@@ -49,6 +53,7 @@ class Registry:
         return f"unknown {self.kind} '{name}'.{hint} Known: {', '.join(self.names())}."
 
     def names(self) -> list[str]:
+        """Every registered name, sorted."""
         return sorted(self._entries)
 
     def __contains__(self, name: object) -> bool:

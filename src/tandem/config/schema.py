@@ -204,7 +204,7 @@ class ActorConfig:
     old_log_probs_from_update: bool = True  # one optimizer step per step: no old-log-prob pass (derived)
     ppo_epochs: int = 1  # passes over each step's samples, >= 1
     calculate_sum_pi_squared: bool = False  # old-log-prob pass adds sum_v pi_v^2 per token (for OTB)
-    policy_loss: str = "vanilla"  # vanilla (PPO clip) or another of README's policy losses: gspo, dro, ...
+    policy_loss: str = "vanilla"  # vanilla (PPO clip) or another of docs/algorithms.md's: gspo, dro, ...
     tau_pos: float = 1.0  # > 0: sapo's gate temperature where the advantage is positive (verl's default)
     tau_neg: float = 1.05  # > 0: ... and where it is not
     clip_cov_ratio: float = 0.0002  # in (0, 1]: clip_cov drops this share of the valid tokens (at least 1)
@@ -426,7 +426,7 @@ class AlgorithmConfig:
 
     # gae (needs the critic); grpo, dr_grpo, rloo, opo, gpg (groups of rollout.n >= 2);
     # remax (a greedy baseline sample); reinforce_plus_plus, reinforce_plus_plus_baseline;
-    # gdpo (several reward terms, each group-normalised: gdpo_reward_keys); README lists them all
+    # gdpo (several reward terms, each group-normalised: gdpo_reward_keys); docs/algorithms.md lists them all
     adv_estimator: str = "grpo"
     gamma: float = 1.0  # in [0, 1]: discount per token
     lam: float = 1.0  # in [0, 1]: GAE lambda

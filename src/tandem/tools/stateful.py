@@ -60,7 +60,7 @@ class StatefulTool(Tool):
             self.parameters = function.get("parameters") or {"type": "object", "properties": {}}
 
     async def create(self, instance_id: str, **create_kwargs: Any) -> Any:
-        """Start the state of one trajectory (`create_kwargs`: the row's tools_kwargs[name]["create_kwargs"])."""
+        """Start the state of one trajectory (`create_kwargs`: the row's `tools_kwargs[name]["create_kwargs"]`)."""
 
     async def execute(self, instance_id: str, parameters: dict[str, Any], **execute_kwargs: Any) -> Any:
         """One call: ``(text, step_reward, metrics)``; text may be an object with a ``.text`` (verl's ToolResponse)."""

@@ -363,6 +363,8 @@ class RLTrainer(Trainer):
             self.source.load_state_dict(state["stream"])
 
     def fit(self, until_step: int | None = None) -> list[dict[str, float]]:
+        """Train to trainer.total_training_steps (or stop after `until_step`); returns the logged metrics,
+        one dict per logged step. The reward processes are closed at the end, however it ends."""
         try:
             return super().fit(until_step)
         finally:

@@ -26,6 +26,9 @@ SFT_TRUNCATION = ("error", "right")
 
 
 class SFTTrainer(Trainer):
+    """Reads and checks the SFT rows; `fit()` trains the actor's model on them and exports it to
+    `<run dir>/hf_model`."""
+
     purpose = "sft"
     console_keys = ("sft/loss", "val/loss", "sft/grad_norm", "sft/lr", "timing_s/step")
 
