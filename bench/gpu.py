@@ -1,6 +1,7 @@
 """GPU paths of W1: a GRPO step on one CUDA device, in process (no Ray, no vLLM), every engine and dtype.
 
     python bench/gpu.py [--steps 3] [--json gpu.json]
+    python bench/gpu.py train [--sizes 0.5B,1.5B,3B] ...   (one update's throughput: bench/gpu_train.py)
 
 Written for the lent GPU machine, which has torch and transformers but neither Ray nor vLLM (DESIGN.md):
 the trainer runs with `trainer.backend=inprocess trainer.device=cuda rollout.engine=hf`. Each configuration
@@ -21,6 +22,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+import gpu_train
 from grpo_w1 import SIZES, VARIANTS, Workload, model_numbers, prepare, say, summarise
 
 CUDA = ["trainer.backend=inprocess", "trainer.device=cuda", "rollout.engine=hf", "trainer.cpus_per_worker=4"]
@@ -82,12 +84,15 @@ def main() -> None:
     moe_folder = save_tiny(workdir / "moe-model", **MOE_MODEL)
     big = next(size for size in SIZES if size.startswith("100M"))
     big_folder = save_tiny(workdir / "model-100M", **SIZES[big])
+    # W1's step on Qwen2.5-0.5B's shape (random weights, the real vocabulary): the update's share of a step
+    qwen_folder = save_tiny(workdir / "model-0.5B", vocab_size=gpu_train.VOCAB, **gpu_train.SHAPES["0.5B"])
     plan = [(label, runner.folder, extra) for label, extra in DENSE.items()]
     plan += [(label, moe_folder, extra) for label, extra in MOE.items()]
     plan += [
         (f"{big}, fsdp2 {dtype}", big_folder, [f"actor.fsdp.param_dtype={dtype}"])
         for dtype in ("float32", "bfloat16")
     ]
+    plan.append(("Qwen2.5-0.5B shape, fsdp2 bf16", qwen_folder, BF16))
     if args.only:
         plan = [p for p in plan if any(part in p[0] for part in args.only.split(","))]
     rows: dict[str, dict[str, float]] = {}
@@ -125,4 +130,10 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:2] == ["train"]:  # the training-throughput section: bench/gpu_train.py, its own arguments
+        sys.argv.pop(1)
+        import gpu_train
+
+        gpu_train.main()
+    else:
+        main()
