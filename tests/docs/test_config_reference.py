@@ -78,7 +78,8 @@ def test_a_key_set_by_one_preset_and_two_verl_names(page):
 def test_literal_types_list_their_choices_and_comment_lines_above_a_field_are_read(page):
     entry = _entry(page, "actor.fsdp.attn_implementation")
     assert entry.startswith(
-        "_one of `auto`, `sdpa`, `eager`, `flash_attention_2`_, default `auto`. attention kernel"
+        "_one of `auto`, `sdpa`, `eager`, `flash_attention_2`, `varlen`, `flex_attention`, `sdpa_split`_, "
+        "default `auto`. attention kernel"
     )
     entry = _entry(page, "actor.fsdp.lm_head_chunk_tokens")
     assert entry.startswith("_int, `auto` or null_, default `auto`. TOKENS per chunk of the LM head")

@@ -111,6 +111,11 @@ class FSDPConfig:
     # states a chunk at a time, never the [tokens, vocab] logits (engine/lm_head.py); null = the model's full
     # logits; auto = chunks of about 32 M logits (2^25 / vocab tokens) for a vocabulary of >= 32768, else null
     lm_head_chunk_tokens: int | Literal["auto"] | None = "auto"
+    # free each decoder layer's gathered weights (in param_dtype) after its forward and gather them again for
+    # its backward (verl's fsdp_config.reshard_after_forward); auto = true over several ranks, false on one:
+    # that rank holds every weight anyway, and keeping the gathered copy until backward saves a second gather
+    # and cast per layer and micro-batch, for param_dtype bytes x parameters of memory
+    reshard_after_forward: bool | Literal["auto"] = "auto"
     # compile each decoder layer with torch.compile (dynamic shapes, inductor): the first passes pay the compile
     # (timed and logged at start-up, as the engine warms up), the later ones run the compiled code
     torch_compile: bool = False

@@ -56,9 +56,11 @@ class ModelBuild:
             hf_io.enable_activation_checkpointing(model)
 
         mp_policy = MixedPrecisionPolicy(param_dtype=self.param_dtype, reduce_dtype=DTYPES[fsdp.reduce_dtype])
+        reshard = fsdp.reshard_after_forward
         shard_kwargs: dict[str, Any] = {
             "mesh": init_device_mesh(self.device.type, (self.world_size,)),  # sharded over every rank
             "mp_policy": mp_policy,
+            "reshard_after_forward": self.world_size > 1 if reshard == "auto" else reshard,
         }
         if offload is not None:
             shard_kwargs["offload_policy"] = offload
