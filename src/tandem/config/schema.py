@@ -111,6 +111,9 @@ class FSDPConfig:
     # states a chunk at a time, never the [tokens, vocab] logits (engine/lm_head.py); null = the model's full
     # logits; auto = chunks of about 32 M logits (2^25 / vocab tokens) for a vocabulary of >= 32768, else null
     lm_head_chunk_tokens: int | Literal["auto"] | None = "auto"
+    # fused RMSNorm, RoPE and SwiGLU kernels from the liger-kernel package (CUDA; verl's use_liger): the
+    # decoder layers' elementwise work in fewer passes; parameter names unchanged (engine/kernels.py)
+    liger: bool = False
     # free each decoder layer's gathered weights (in param_dtype) after its forward and gather them again for
     # its backward (verl's fsdp_config.reshard_after_forward); auto = true over several ranks, false on one:
     # that rank holds every weight anyway, and keeping the gathered copy until backward saves a second gather

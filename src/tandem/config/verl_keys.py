@@ -135,7 +135,7 @@ VERL_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.model.fused_kernel_options.impl_backend": no_effect(
         "see actor_rollout_ref.model.use_fused_kernels: Tandem's chunked LM head is plain torch"
     ),
-    "actor_rollout_ref.model.use_liger": no_effect("Liger kernels are not wired into Tandem yet"),
+    "actor_rollout_ref.model.use_liger": maps("actor.fsdp.liger"),
     "actor_rollout_ref.model.use_shm": no_effect("Tandem reads the model folder from disk"),
     "actor_rollout_ref.model.trust_remote_code": no_effect(
         "Tandem builds models with transformers' own classes; no remote code runs"

@@ -23,7 +23,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully
 
 from tandem.batch import Batch
 from tandem.config.schema import FSDPConfig
-from tandem.engine import hf_io
+from tandem.engine import hf_io, kernels
 from tandem.engine.base import DTYPES
 from tandem.engine.fsdp import lora as lora_layers
 
@@ -47,6 +47,8 @@ class ModelBuild:
             model = hf_io.build_on_meta(self.config, self.head)
             full_state = {}
         hf_class = type(model)  # fully_shard swaps in a subclass; export writes the original
+        if fsdp.liger:  # fused elementwise kernels, in place; parameter names unchanged (engine/kernels.py)
+            kernels.apply_liger(model)
         if self.lora is not None:  # adapters in place, before the state is taken and the layers are sharded
             lora_layers.inject(model, self.lora, seed, whole=VALUE_HEAD if self.head == "value" else ())
             if is_source:

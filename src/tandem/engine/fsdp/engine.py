@@ -39,7 +39,7 @@ from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 from tandem.batch import Batch, Partition
 from tandem.data.packing import pack_model_inputs
 from tandem.engine import attention as packed_attention
-from tandem.engine import hf_io, moe
+from tandem.engine import hf_io, kernels, moe
 from tandem.engine.base import (
     EngineSpec,
     ForwardFn,
@@ -113,6 +113,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         attention = packed_attention.resolve(fsdp.attn_implementation, self.device)
         if optim is not None:
             packed_attention.check_trainable(attention, self.device, "actor.fsdp.attn_implementation")
+        kernels.check_liger(fsdp.liger, self.device)
         if self.sp is not None:
             attention = sp_attention(fsdp, attention)
         self.varlen = attention in packed_attention.VARLEN_KERNELS
