@@ -25,6 +25,7 @@ the numbers, move between runs; bench/gpu.py times each of them. On the CPU `aut
 
 from __future__ import annotations
 
+import inspect
 import itertools
 import logging
 from collections.abc import Callable
@@ -114,10 +115,31 @@ def _varlen(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scale: fl
 
     b, h, s, d = q.shape
     flat = [t.transpose(1, 2).reshape(b * s, t.shape[1], d) for t in (q, k, v)]
-    out = varlen_attn(
-        *flat, cu, cu, longest, longest, scale=scale, window_size=(-1, 0), enable_gqa=k.shape[1] != h
-    )
-    return out.view(b, s, h, d)
+    accepted = _parameters(varlen_attn)
+    # torch 2.9-2.11 name causality is_causal and take as many key / value heads as query heads; 2.12 on
+    # take a window (-1, 0) and enable_gqa
+    options: dict = {"window_size": (-1, 0)} if "window_size" in accepted else {"is_causal": True}
+    if k.shape[1] != h:
+        if "enable_gqa" in accepted:
+            options["enable_gqa"] = True
+        else:
+            flat[1:] = [t.repeat_interleave(h // k.shape[1], dim=1) for t in flat[1:]]
+    if scale is not None and "scale" in accepted:
+        options["scale"] = scale
+    elif scale is not None and abs(scale - d**-0.5) > 1e-6 * scale:
+        raise ValueError(
+            f"this torch's varlen_attn takes no scale; the model asks for {scale} (not 1/sqrt({d}))"
+        )
+    return varlen_attn(*flat, cu, cu, longest, longest, **options).view(b, s, h, d)
+
+
+_signatures: dict[Callable, frozenset[str]] = {}
+
+
+def _parameters(function: Callable) -> frozenset[str]:
+    if function not in _signatures:
+        _signatures[function] = frozenset(inspect.signature(function).parameters)
+    return _signatures[function]
 
 
 def _one_row(t: Tensor) -> Tensor:
