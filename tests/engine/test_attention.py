@@ -65,6 +65,18 @@ def test_sdpa_split_equals_each_sequence_alone_values_and_gradients(rows, length
     )
 
 
+def test_bounds_made_once_per_forward_are_remade_for_the_next():
+    """The layers of one forward share the bounds on the host; the next forward's (same total, other
+    sequences) are its own, even where its bounds tensor reuses the freed one's memory."""
+    q, k, v = random_qkv(1, 12)
+    for lengths in ([4, 8], [9, 3], [4, 8]):
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32)
+        for _layer in range(2):
+            got = attention._split(q, k, v, cu, max(lengths), None)
+            torch.testing.assert_close(got, per_sequence(q, k, v, lengths), rtol=0, atol=1e-6)
+        del cu
+
+
 def test_flex_attention_forward_equals_each_sequence_alone_on_cpu():
     """flex_attention has no backward on the CPU (torch 2.13): its forward is checked here, the rest on a GPU."""
     lengths = [5, 9, 1, 7, 130]  # a sequence longer than flex's 128-token block

@@ -156,16 +156,16 @@ def _from_one_row(out: Tensor, b: int, s: int) -> Tensor:
 
 class _LastBounds:
     """What a forward's layers share: every layer gets the same `cu` tensor, so the block mask and the
-    bounds on the host are made once per forward (by the first layer) and kept until another `cu` comes."""
+    bounds on the host are made once per forward (by the first layer) and kept until another `cu` comes.
+    The cache holds that `cu` itself: a freed one's id and memory could be reused by the next forward's."""
 
     def __init__(self) -> None:
-        self.key: tuple[int, int, int, str] | None = None
+        self.cu: Tensor | None = None
         self.value: object = None
 
-    def get(self, cu: Tensor, total: int, make: Callable[[], object]) -> object:
-        key = (id(cu), cu.data_ptr(), total, str(cu.device))
-        if key != self.key:
-            self.key, self.value = key, make()
+    def get(self, cu: Tensor, make: Callable[[], object]) -> object:
+        if cu is not self.cu:
+            self.cu, self.value = cu, make()
         return self.value
 
 
@@ -196,7 +196,7 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scale: floa
     from torch.nn.attention.flex_attention import flex_attention
 
     b, h, s, _ = q.shape
-    mask = _block_masks.get(cu, b * s, lambda: _document_mask(cu, b * s))
+    mask = _block_masks.get(cu, lambda: _document_mask(cu, b * s))
     run = flex_attention
     if q.device.type == "cuda":  # eager flex materialises the scores; compiled it is a fused kernel
         if _compiled_flex is None:
@@ -208,7 +208,7 @@ def _flex(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scale: floa
 
 def _split(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scale: float | None) -> Tensor:
     b, h, s, _ = q.shape
-    bounds = _host_bounds.get(cu, b * s, cu.tolist)
+    bounds = _host_bounds.get(cu, cu.tolist)
     q, k, v = (_one_row(t) for t in (q, k, v))
     gqa = k.shape[1] != h
     parts = [
