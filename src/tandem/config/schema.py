@@ -114,11 +114,6 @@ class FSDPConfig:
     # fused RMSNorm, RoPE and SwiGLU kernels from the liger-kernel package (CUDA; verl's use_liger): the
     # decoder layers' elementwise work in fewer passes; parameter names unchanged (engine/kernels.py)
     liger: bool = False
-    # free each decoder layer's gathered weights (in param_dtype) after its forward and gather them again for
-    # its backward (verl's fsdp_config.reshard_after_forward); auto = true over several ranks, false on one:
-    # that rank holds every weight anyway, and keeping the gathered copy until backward saves a second gather
-    # and cast per layer and micro-batch, for param_dtype bytes x parameters of memory
-    reshard_after_forward: bool | Literal["auto"] = "auto"
     # compile each decoder layer with torch.compile (dynamic shapes, inductor): the first passes pay the compile
     # (timed and logged at start-up, as the engine warms up), the later ones run the compiled code
     torch_compile: bool = False

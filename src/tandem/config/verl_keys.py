@@ -136,6 +136,9 @@ VERL_KEYS: dict[str, Rule] = {
         "see actor_rollout_ref.model.use_fused_kernels: Tandem's chunked LM head is plain torch"
     ),
     "actor_rollout_ref.model.use_liger": maps("actor.fsdp.liger"),
+    "actor_rollout_ref.actor.fsdp_config.reshard_after_forward": no_effect(
+        "Tandem's FSDP2 reshards each layer after its forward, as verl's default true does"
+    ),
     "actor_rollout_ref.model.use_shm": no_effect("Tandem reads the model folder from disk"),
     "actor_rollout_ref.model.trust_remote_code": no_effect(
         "Tandem builds models with transformers' own classes; no remote code runs"
