@@ -213,8 +213,8 @@ def test_packing_turns_itself_off_for_a_model_that_mixes_packed_sequences(
     # so the sequences sharing a row attend to each other. The engine's start-up probe must notice.
     real = fsdp_module.pack_model_inputs
 
-    def positions_run_on(input_ids, attention_mask, pad_id):
-        inputs, packing = real(input_ids, attention_mask, pad_id)
+    def positions_run_on(input_ids, attention_mask, pad_id, one_row=False):
+        inputs, packing = real(input_ids, attention_mask, pad_id, one_row=one_row)
         rows, width = packing.packed_shape
         inputs["position_ids"] = torch.arange(width).expand(rows, width).clone()
         return inputs, packing
