@@ -25,6 +25,7 @@ the numbers, move between runs; bench/gpu.py times each of them. On the CPU `aut
 
 from __future__ import annotations
 
+import functools
 import inspect
 import itertools
 import logging
@@ -133,13 +134,9 @@ def _varlen(q: Tensor, k: Tensor, v: Tensor, cu: Tensor, longest: int, scale: fl
     return varlen_attn(*flat, cu, cu, longest, longest, **options).view(b, s, h, d)
 
 
-_signatures: dict[Callable, frozenset[str]] = {}
-
-
+@functools.cache
 def _parameters(function: Callable) -> frozenset[str]:
-    if function not in _signatures:
-        _signatures[function] = frozenset(inspect.signature(function).parameters)
-    return _signatures[function]
+    return frozenset(inspect.signature(function).parameters)
 
 
 def _one_row(t: Tensor) -> Tensor:
@@ -286,9 +283,11 @@ def _register() -> None:
     _registered = True
 
 
+@functools.cache
 def _runs(kernel: str, device: torch.device) -> bool:
     """Whether `kernel` runs on `device` and agrees with sdpa on two short sequences (forward and, on CUDA,
-    backward). A failure is logged with its reason and the kernel is passed over."""
+    backward). A failure is logged with its reason and the kernel is passed over. Once per process: the
+    engines a worker builds (actor, reference, critic) share the answer."""
     generator = torch.Generator().manual_seed(0)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     q, k, v = (torch.randn(1, 4, 24, 64, generator=generator).to(device, dtype) for _ in range(3))

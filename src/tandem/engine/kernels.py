@@ -54,9 +54,8 @@ def apply_liger(model: nn.Module, key: str = "actor.fsdp.liger") -> None:
         parts["fused_linear_cross_entropy"] = False
     names = [name for name, _ in model.named_parameters()]
     apply(model=model, **parts)
-    if [
-        name for name, _ in model.named_parameters()
-    ] != names:  # Liger's promise, kept here for export and sync
+    # Liger's promise, checked here: export and weight sync read the parameters by name
+    if [name for name, _ in model.named_parameters()] != names:
         raise RuntimeError(f"{key}=true changed the parameter names of {type(model).__name__}")
     logger.info(
         "actor.fsdp.liger: %s kernels on %s", ", ".join(n for n, on in parts.items() if on), model_type

@@ -29,7 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tandem.algos.core import entropy_from_logits, log_probs_from_logits, sum_pi_squared_from_logits
+from tandem.algos.core import entropy_from_logits, sum_pi_squared_from_logits
 
 STATS = ("log_probs", "entropy", "sum_pi_squared")
 AUTO_MIN_VOCAB = 32768  # "auto" chunks the head of vocabularies this large (real LLMs), not tiny test models
@@ -81,12 +81,12 @@ class ChunkedHead:
         return term + self.bias.sum() * 0.0 if self.bias is not None else term
 
 
-def _chunk_stats(logits: Tensor, labels: Tensor, want: tuple[str, ...]) -> Tensor:
-    """[len(want), rows] of one chunk's float32 logits / scale."""
+def _chunk_stats(logits: Tensor, lse: Tensor, labels: Tensor, want: tuple[str, ...]) -> Tensor:
+    """[len(want), rows] of one chunk's float32 logits / scale and their logsumexp `lse`."""
     out = []
     for name in want:
-        if name == "log_probs":
-            out.append(log_probs_from_logits(logits, labels))
+        if name == "log_probs":  # log_probs_from_logits' own arithmetic, on the logsumexp made once
+            out.append(logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse)
         elif name == "entropy":
             out.append(entropy_from_logits(logits))
         else:
@@ -115,7 +115,7 @@ class _FusedHeadStats(torch.autograd.Function):
             part = slice(start, start + chunk)
             logits = F.linear(hidden[part], weight, bias).float().div_(scale)
             lse[part] = torch.logsumexp(logits, dim=-1)
-            out[:, part] = _chunk_stats(logits, labels[part], want)
+            out[:, part] = _chunk_stats(logits, lse[part], labels[part], want)
         ctx.save_for_backward(hidden, weight, bias, labels, lse, out)
         ctx.scale, ctx.chunk, ctx.want = scale, chunk, want
         return out

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
 
 from tandem.batch import Batch
 from tandem.config.schema import FSDPConfig
@@ -125,7 +125,7 @@ class ModelBuild:
             self.model.eval()
             with torch.no_grad():
                 self._model_forward(micro)
-        self.reshard_all()
+        self.model.reshard()
         seconds = time.perf_counter() - start
         logger.info(
             "fsdp.torch_compile: %d decoder layers of %s compiled in %.1f s (warm-up, %s)",
@@ -135,14 +135,6 @@ class ModelBuild:
             "training and no-grad passes" if self.optimizer is not None else "no-grad pass",
         )
         return seconds
-
-    def reshard_all(self) -> None:
-        """Every FSDP unit back to its sharded parameters: a forward leaves the root's unsharded until a backward,
-        a no-grad pass has none, and a save or an optimizer must see the sharded parameters the optimizer
-        holds."""
-        for module in self.model.modules():
-            if isinstance(module, FSDPModule):
-                module.reshard()
 
     def _offload_policy(self, cpu_offload: bool) -> CPUOffloadPolicy | None:
         global _warned_cpu_offload
@@ -166,7 +158,7 @@ class ModelBuild:
         plain = self._model_forward(probe, packed=False, chunk=None).logits.float()
         chunked = self._model_forward(probe, packed=False, chunk=self.lm_head_chunk)
         remade = F.linear(chunked.logits, chunked.head.weight, chunked.head.bias).float()
-        self.reshard_all()
+        self.model.reshard()
         agree, difference = self._probe_agrees(remade, plain)
         if agree:
             return True
@@ -198,7 +190,7 @@ class ModelBuild:
         padded = self._model_forward(probe, packed=False, chunk=None).logits.float()
         packed = self._model_forward(probe, packed=True, chunk=None)
         unpacked = packed.packing.unpack(packed.logits.float())
-        self.reshard_all()  # the sharded parameters again: the optimizer is built from them next
+        self.model.reshard()  # the sharded root parameters again: the optimizer is built from them next
         real = mask.bool()
         agree, difference = self._probe_agrees(unpacked[real], padded[real])
         if agree:

@@ -194,7 +194,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
                     self._model_forward(pad_micro_batch(self._pad_id(), self.device, tokens=2))
         # FSDP2 keeps the root's parameters unsharded after a forward until the next backward: register the
         # sharded ones again, or a save (or an optimizer built now) would see other tensors than the optimizer's.
-        self.reshard_all()
+        self.model.reshard()
         return merge_outputs(parts, plan)
 
     # ------------------------------------------------------------------ training
