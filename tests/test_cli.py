@@ -208,14 +208,28 @@ def test_the_calculator_quickstart_declares_the_tool_and_stops_turns_at_im_end(t
     assert rl.rollout.mode == "async" and rl.rollout.multi_turn.tools == ["calculator"]
     assert sft.rollout.multi_turn.tools == ["calculator"] and sft.data.messages_key == "messages"
     rows = pq.read_table(tmp_path / "data" / "val.parquet").to_pylist()
-    assert len(rows) == 256 and [m["role"] for m in rows[0]["messages"]] == [
-        "user",
-        "assistant",
-        "tool",
-        "assistant",
-    ]
+    train = pq.read_table(tmp_path / "data" / "train.parquet").to_pylist()
+    roles = {tuple(m["role"] for m in row["messages"]) for row in rows + train}
+    assert len(rows) == 256 and roles == {("user", "assistant", "tool", "assistant"), ("user", "assistant")}
+    uses_tool = [len(row["messages"]) == 4 for row in train]
+    assert abs(sum(uses_tool) / len(train) - 0.4) < 0.02  # the teacher calls on 40 %, declines the rest
+    assert rows[0]["prompt"][0]["content"].startswith('What is "')
+    # SFT validates on the first 64 held-out rows that use the tool (its loss target is theirs)
+    sft_val = pq.read_table(tmp_path / "data" / quickstart.SFT_VAL_FILE).to_pylist()
+    assert sft_val == [row for row in rows if len(row["messages"]) == 4][:64] and recipe.sft_val_rows == 64
     with pytest.raises(ValueError, match="quickstart task 'nope' is not one of"):
         run_quickstart(tmp_path / "x", task="nope")
+
+
+def test_the_warm_start_stops_at_its_loss_target():
+    def stops(target_loss: float | None, **metrics: float) -> bool:
+        warm = object.__new__(quickstart.WarmStart)  # only the stop rule: no workers
+        warm.target_loss = target_loss
+        return warm.stop_early({k.replace("_", "/", 1): v for k, v in metrics.items()})
+
+    assert stops(0.06, val_loss=0.06) and not stops(0.06, val_loss=0.061)
+    assert not stops(0.06, sft_loss=0.0)  # a training step without validation goes on
+    assert not stops(None, val_loss=0.0)  # trainer.total_training_steps ends it
 
 
 # ---- run folders: one run at a time, finished runs, damaged checkpoints (before any worker) ----------

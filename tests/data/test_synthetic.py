@@ -6,7 +6,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from tandem.data.synthetic import make_rows, write_splits, write_task
+from tandem.data.synthetic import DECLINE, make_rows, write_splits, write_task
 
 _OPS = {ast.Add: lambda a, b: a + b, ast.Sub: lambda a, b: a - b, ast.Mult: lambda a, b: a * b}
 
@@ -174,6 +174,34 @@ def test_tool_multiply_products_of_three_digit_numbers():
     assert len(one_digit) == 81 and "1*1" in one_digit and "9*9" in one_digit
     with pytest.raises(ValueError, match="tool_multiply: digits must be >= 1"):
         make_rows("tool_multiply", 1, seed=0, digits=0)
+
+
+def test_tool_multiply_question_words_and_a_teacher_that_declines_some_of_the_time():
+    plain = make_rows("tool_multiply", 400, seed=2)
+    rows = make_rows("tool_multiply", 400, seed=2, question='What is "{}"?', tool_share=0.4)
+    declined = 0
+    for row in rows:
+        a, b = map(int, row["prompt"][0]["content"].removeprefix('What is "').removesuffix('"?').split("*"))
+        assert row["reward_model"]["ground_truth"] == row["response"] == str(a * b)  # scored as before
+        assert row["messages"][0] == row["prompt"][0]
+        if len(row["messages"]) == 2:  # answered without the tool
+            assert row["messages"][1] == {"role": "assistant", "content": DECLINE}
+            declined += 1
+            continue
+        call = json.loads(
+            row["messages"][1]["content"].removeprefix("<tool_call>").removesuffix("</tool_call>")
+        )
+        assert call["arguments"] == {"expression": f"{a}*{b}"}  # the expression alone, not the question
+        assert [m["content"] for m in row["messages"][2:]] == [str(a * b)] * 2
+    assert 0.5 < declined / len(rows) < 0.7  # 1 - tool_share = 0.6 of them
+    # tool_share=1.0 draws nothing more: the same problems, in the same order, as before the option
+    assert [r["prompt"][0]["content"] for r in plain] == [
+        r["prompt"][0]["content"].removeprefix('What is "').removesuffix('"?')
+        for r in make_rows("tool_multiply", 400, seed=2, question='What is "{}"?')
+    ]
+    assert all(len(r["messages"]) == 2 for r in make_rows("tool_multiply", 20, seed=0, tool_share=0.0))
+    with pytest.raises(ValueError, match=r"tool_share must be in \[0, 1\], got 1.5"):
+        make_rows("tool_multiply", 1, seed=0, tool_share=1.5)
 
 
 def test_tool_multiply_parquet_round_trip_and_held_out_splits(tmp_path):

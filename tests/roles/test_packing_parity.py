@@ -120,6 +120,12 @@ def test_packed_forward_equals_padded_for_every_role(world, model_dirs):
     torch.testing.assert_close(rm1["rm_scores"], rm0["rm_scores"], rtol=0, atol=1e-5)
     torch.testing.assert_close(sft1["nll_sum"], sft0["nll_sum"], rtol=1e-5, atol=1e-4)
     assert torch.equal(sft1["num_tokens"], sft0["num_tokens"])
+    torch.testing.assert_close(sft1["min_log_prob"], sft0["min_log_prob"], rtol=0, atol=1e-5)
+    # the least likely token's log-prob is at least the row's summed log-prob, at most its mean
+    total = -sft0["nll_sum"]
+    assert (total - 1e-5 <= sft0["min_log_prob"]).all()
+    assert (sft0["min_log_prob"] * sft0["num_tokens"] <= total + 1e-5).all()
+    assert (sft0["min_log_prob"] < total / sft0["num_tokens"].clamp(min=1)).any()  # not just the mean
     # Packed outputs are 0 where the predicting position is padding: the model computed nothing there.
     predicted_from_padding = torch.cat([torch.zeros_like(mask[:, :1]), 1 - mask[:, :-1]], dim=1).bool()
     assert predicted_from_padding.any() and (actor1["old_log_probs"][predicted_from_padding] == 0).all()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -61,4 +63,14 @@ def test_sft_loss_is_the_response_nll_and_it_learns(ray_local, tmp_path):
     assert history[6]["val/loss"] < history[0]["val/loss"] - 0.5  # it learned the task's format
     exported = AutoModelForCausalLM.from_pretrained(trainer.hf_dir)
     assert not torch.equal(exported.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    # The last validation's share of sure rows, by hand from the exported model: every response token's
+    # probability above 1/2.
+    val_rows = SFTDataset([assets["val"]], tokenizer, max_length=40)
+    val = collate_sft([val_rows[i] for i in range(len(val_rows))], tokenizer.pad_token_id)
+    with torch.no_grad():
+        logits = exported(input_ids=val["input_ids"], attention_mask=val["attention_mask"]).logits
+    log_probs = torch.log_softmax(logits[:, :-1], -1).gather(-1, val["input_ids"][:, 1:, None])[..., 0]
+    worst = log_probs.masked_fill(val["loss_mask"][:, 1:] == 0, 0.0).min(-1).values
+    sure = float((worst > -math.log(2.0)).float().mean())
+    assert history[6]["val/sure_match"] == sure  # 0.0 here: 6 steps leave a token under 1/2 in every row
     assert (trainer.hf_dir / "tokenizer.json").is_file()

@@ -108,6 +108,7 @@ def countdown_row(
 
 
 CALCULATOR = "calculator"  # the built-in tool's name (tandem.tools)
+DECLINE = "I do not know."  # a tool_multiply demonstration's answer without the tool
 
 
 def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
@@ -116,22 +117,43 @@ def tool_call_text(name: str, arguments: dict[str, Any]) -> str:
     return f"<tool_call>{payload}</tool_call>"
 
 
-def tool_multiply_row(rng: random.Random, index: int, split: str, *, digits: int = 3) -> Row:
+def tool_multiply_row(
+    rng: random.Random,
+    index: int,
+    split: str,
+    *,
+    digits: int = 3,
+    question: str = "{}",
+    tool_share: float = 1.0,
+) -> Row:
     """``a*b`` with ``a, b`` uniform over the ``digits``-digit numbers: too hard for the tiny model
-    in its head, easy with the calculator. ``messages`` shows the tool use: the call, the result
-    as the calculator returns it, and the answer."""
+    in its head, easy with the calculator. ``question``: the user's words, ``{}`` standing for the
+    expression. ``messages`` show the tool use: the call, the result as the calculator returns it,
+    and the answer; or, in a row drawn with probability ``1 - tool_share``, the assistant declining
+    (`DECLINE`) without the tool: the demonstrations of a teacher that reaches for the tool only some
+    of the time."""
     if digits < 1:
         raise ValueError(f"tool_multiply: digits must be >= 1, got {digits}")
+    if not 0.0 <= tool_share <= 1.0:
+        raise ValueError(f"tool_multiply: tool_share must be in [0, 1], got {tool_share}")
     low = 10 ** (digits - 1) if digits > 1 else 1
     a, b = rng.randint(low, 10**digits - 1), rng.randint(low, 10**digits - 1)
-    content, answer = f"{a}*{b}", str(a * b)
-    messages = [
-        {"role": "user", "content": content},
-        {"role": "assistant", "content": tool_call_text(CALCULATOR, {"expression": content})},
-        {"role": "tool", "content": answer},
-        {"role": "assistant", "content": answer},
-    ]
+    expression, answer = f"{a}*{b}", str(a * b)
+    content = question.format(expression)
+    messages = _calculator_messages(content, expression, answer)
+    if tool_share < 1.0 and rng.random() >= tool_share:  # no draw at 1.0: the rows stay as they were
+        messages = [messages[0], {"role": "assistant", "content": DECLINE}]
     return _row("tool_multiply", content, answer, answer, index, split, messages)
+
+
+def _calculator_messages(question: str, expression: str, result: str) -> list[dict[str, str]]:
+    """The calculator's use as a conversation: the question, the call, its result, the answer."""
+    return [
+        {"role": "user", "content": question},
+        {"role": "assistant", "content": tool_call_text(CALCULATOR, {"expression": expression})},
+        {"role": "tool", "content": result},
+        {"role": "assistant", "content": result},
+    ]
 
 
 SQUARE_COLOURS = {"red": (210, 40, 40), "blue": (40, 60, 210), "green": (40, 170, 60)}  # of count_squares

@@ -71,12 +71,13 @@ class SFT:
         return metrics
 
     def nll(self, batch: Batch) -> Batch:
-        """Per row: `nll_sum` (summed over its loss tokens) and `num_tokens`; no gradient."""
+        """Per row: `nll_sum` (summed over its loss tokens), `num_tokens` and `min_log_prob` (of its
+        least likely loss token: above log 1/2, greedy decoding reproduces the row); no gradient."""
 
         def fn(output: Any, micro: Batch) -> dict[str, Tensor]:
             mask = target_mask(micro["loss_mask"]).float()
             nll = -next_token_log_probs(output, micro["input_ids"]) * mask
-            return {"nll_sum": nll.sum(-1), "num_tokens": mask.sum(-1)}
+            return {"nll_sum": nll.sum(-1), "num_tokens": mask.sum(-1), "min_log_prob": (-nll).min(-1).values}
 
         micro = self.cfg.rollout.log_prob_micro_batch_size_per_rank
         return self.engine.forward(model_inputs(batch, "loss_mask"), fn, micro)

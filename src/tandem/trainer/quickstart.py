@@ -11,9 +11,12 @@ Every output lands in --out (default runs/quickstart); a rerun starts afresh. `-
 model's initial weights, the problems and the training seeds.
 
 `--task calculator` is the agentic variant: products of two three-digit numbers, which the tiny
-model cannot work out in its head. The SFT warm start trains on a few hundred demonstrations of
-the calculator's use (call, result, answer); GRPO then runs the agent loop (rollout.mode=async) with
-the built-in calculator, rewarding the final answer of the whole multi-turn trajectory.
+model cannot work out in its head. The SFT warm start imitates a teacher that reaches for the built-in
+calculator on 40 % of the problems (call, result, answer) and declines the rest ("I do not know."),
+until the validation loss of its tool-using demonstrations is CALCULATOR_TARGET_VAL_LOSS. Greedy
+decoding then declines every problem; GRPO runs the agent loop (rollout.mode=async) with the
+calculator, rewarding the final answer of the whole multi-turn trajectory, and the model learns that
+calling the tool pays.
 
 `--task vision` is the vision-language variant: a tiny Qwen2-VL (built in code, with its processor) counts
 the red squares in a drawn 2 x 2 grid of red, blue and green ones (`count_squares`: each prompt an image and
@@ -29,6 +32,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.parquet as pq
+
 from tandem.config import load_config
 from tandem.config.schema import TandemConfig
 from tandem.data import write_splits
@@ -41,14 +47,22 @@ from tandem.trainer.ppo import RLTrainer
 from tandem.trainer.sft import SFTTrainer
 
 TARGET_VAL_LOSS = 0.6  # SFT stops here: the model has begun to learn addition, RL has room to grow
-# the calculator task's SFT stops here: the digits it copies (call, answer) mostly right, RL has room
-CALCULATOR_TARGET_VAL_LOSS = 0.04
+# The calculator task's SFT stops at this validation loss of 64 held-out tool-using demonstrations: the model
+# copies the numbers into the call and most digits of the result into its answer. Where in that learning it
+# stops matters little, because RL's gain does not come from sharpening the copies (the first recipe did
+# that, stopping inside the copies' sudden jump, and its gain was +5 to +51 points by seed and host: seed
+# 1's answers guessed their first digit from the operands, a habit RL did not undo in 30 steps). It comes
+# from the choice to call at all: the teacher declines 60 % of the problems, so greedy decoding declines all
+# of them (0 %), and GRPO, where the calls that sampling makes earn the reward, turns the model into one
+# that calls on every problem, at the accuracy of its copies.
+CALCULATOR_TARGET_VAL_LOSS = 0.05
 # The visual task's SFT runs a fixed 60 steps at a learning rate of 3e-4: the model has begun to read the
 # image (greedy accuracy of the count's digit 38-68 % on seeds 0-2, against 42 % for always answering 1),
 # RL has room to grow. Its loss is no guide here: the digit's argmax is right long before its probability
 # is high (at a loss of 0.55 a token, greedy accuracy is already 95 %), and at 1e-3 the accuracy swings by
 # 40 points from one 5-step check to the next.
 VISION_SFT_STEPS = 60
+SFT_VAL_FILE = "sft_val.parquet"  # the held-out rows SFT validates on, when a recipe takes the first few
 TASK = {"task": "addition", "n_train": 16384, "n_val": 256, "digits": 2}
 COMMON = [
     "data.max_prompt_length=32",
@@ -94,16 +108,30 @@ class Recipe:
     grpo: list[str]
     target_val_loss: float | None  # None: SFT runs its trainer.total_training_steps
     what: str  # the problems, as the summary lines name them
+    sft_val_rows: int | None = (
+        None  # SFT validates on the first this many held-out tool-using rows (None: all)
+    )
     stop_at_im_end: bool = False  # the model's turns end at <|im_end|> (multi-turn tasks)
     vision: bool = False  # the model is the tiny Qwen2-VL, the task's prompts hold images
 
 
 # Products of two three-digit numbers through the calculator: a trajectory is the call (about 80
 # tokens: the tiny tokenizer spends one per character), the inserted result (about 25) and the
-# answer (7). The prompt declares the tool (the chat template lists its name).
+# answer (7). The prompt declares the tool (the chat template lists its name) and asks 'What is
+# "910*391"?': inside the call the expression follows a quote too, so copying its first digit is the
+# same step as copying the others (seed 1's SFT model copied 100 of 100 calls right with the quotes,
+# 97 without). The teacher's declined rows are short (about 45 tokens with the prompt), so the 40-row
+# SFT batch (16 tool-using rows on average) costs about 1.5 times the 16 tool-using rows alone.
 CALCULATOR_TOOLS = ["rollout.mode=async", "rollout.multi_turn.tools=[calculator]"]
 CALCULATOR = Recipe(
-    task={"task": "tool_multiply", "n_train": 4096, "n_val": 256, "digits": 3},
+    task={
+        "task": "tool_multiply",
+        "n_train": 8192,
+        "n_val": 256,
+        "digits": 3,
+        "question": 'What is "{}"?',
+        "tool_share": 0.4,
+    },
     common=[
         "data.max_prompt_length=64",
         "data.max_response_length=144",
@@ -112,8 +140,10 @@ CALCULATOR = Recipe(
     ],
     sft=[
         *SFT,
-        "data.train_batch_size=16",
-        "actor.ppo_mini_batch_size=16",
+        "data.train_batch_size=40",
+        "actor.ppo_mini_batch_size=40",
+        "actor.max_tokens_per_micro_batch=4096",  # one micro-batch a rank: 9 % faster steps than 2048
+        "trainer.test_freq=10",
     ],
     grpo=[
         *(
@@ -122,11 +152,13 @@ CALCULATOR = Recipe(
             if not line.startswith(("data.train_batch_size", "trainer.total_training_steps"))
         ),
         "data.train_batch_size=16",
-        "trainer.total_training_steps=30",
+        "trainer.total_training_steps=15",
         "trainer.test_freq=5",
         "rollout.multi_turn.max_assistant_turns=3",
+        "actor.optim.warmup_steps=5",
     ],
     target_val_loss=CALCULATOR_TARGET_VAL_LOSS,
+    sft_val_rows=64,
     what="products of two three-digit numbers, with the calculator",
     stop_at_im_end=True,
 )
@@ -172,9 +204,10 @@ def run(
     kind = "Qwen2-VL" if recipe.vision else "Qwen2"
     say(f"seed {seed}: tiny {kind} model in {model_dir}; {recipe.task['task']} task in {out / 'data'}")
 
+    sft_val = [f"data.val_files=[{out / 'data' / SFT_VAL_FILE}]"] if recipe.sft_val_rows else []
     sft_cfg = load_config(
         "sft",
-        [*recipe.common, *recipe.sft, *paths, f"actor.model_path={model_dir}", *sft_overrides],
+        [*recipe.common, *recipe.sft, *paths, *sft_val, f"actor.model_path={model_dir}", *sft_overrides],
         require_data=True,
     )
     steps = sft_cfg.trainer.total_training_steps
@@ -221,6 +254,7 @@ def run(
         "accuracy_after_sft": accuracy[0][1],
         "accuracy_after_rl": accuracy[-1][1],
         "sft_steps": last["step"],
+        "sft_val_loss": last["val/loss"],
         "rl_steps": rl_cfg.trainer.total_training_steps,
         "samples_per_step": rl_cfg.derived.samples_per_step,
         "sft_seconds": round(sft_seconds, 1),
@@ -269,6 +303,11 @@ def prepare(out: Path, seed: int, recipe: Recipe = ADDITION) -> tuple[Path, list
     model_dir = save(out / "tiny-model", seed=seed, stop_at_im_end=recipe.stop_at_im_end)
     task = dict(recipe.task)
     files = write_splits(task.pop("task"), out / "data", seed=seed, **task)
+    if recipe.sft_val_rows:
+        tool_rows = [row for row in pq.read_table(files["val"]).to_pylist() if len(row["messages"]) > 2]
+        pq.write_table(
+            pa.Table.from_pylist(tool_rows[: recipe.sft_val_rows]), Path(files["val"]).with_name(SFT_VAL_FILE)
+        )
     return model_dir, [
         f"trainer.output_dir={out}",
         f"trainer.seed={seed}",

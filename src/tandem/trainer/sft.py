@@ -6,6 +6,7 @@ RL run's actor.model_path."""
 
 from __future__ import annotations
 
+import math
 import time
 
 from tandem.config.errors import ConfigError
@@ -77,15 +78,18 @@ class SFTTrainer(Trainer):
         return self.val_data is not None
 
     def validate(self) -> dict[str, float]:
-        """Token-mean negative log-likelihood of the validation responses."""
+        """Token-mean negative log-likelihood of the validation responses (`val/loss`), and the share of
+        responses whose every token the model gives a probability above 1/2 (`val/sure_match`: greedy
+        decoding reproduces at least that share of the rows exactly)."""
         data = self.val_data
         size = self.cfg.data.val_batch_size or len(data)
-        nll = tokens = 0.0
+        nll = tokens = sure = 0.0
         for start in range(0, len(data), size):
             rows = [data[i] for i in range(start, min(start + size, len(data)))]
             out = self.groups.actor.sft_nll(collate_sft(rows, self.tokenizer.pad_token_id))
             nll, tokens = nll + float(out["nll_sum"].sum()), tokens + float(out["num_tokens"].sum())
-        return {"val/loss": nll / max(tokens, 1.0)}
+            sure += float((out["min_log_prob"] > -math.log(2.0)).sum())
+        return {"val/loss": nll / max(tokens, 1.0), "val/sure_match": sure / len(data)}
 
     def finish(self) -> None:
         self.groups.actor.export_hf("actor", str(self.hf_dir))
