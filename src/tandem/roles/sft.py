@@ -76,8 +76,12 @@ class SFT:
 
         def fn(output: Any, micro: Batch) -> dict[str, Tensor]:
             mask = target_mask(micro["loss_mask"]).float()
-            nll = -next_token_log_probs(output, micro["input_ids"]) * mask
-            return {"nll_sum": nll.sum(-1), "num_tokens": mask.sum(-1), "min_log_prob": (-nll).min(-1).values}
+            log_probs = next_token_log_probs(output, micro["input_ids"]) * mask  # 0 off the loss tokens
+            return {
+                "nll_sum": -log_probs.sum(-1),
+                "num_tokens": mask.sum(-1),
+                "min_log_prob": log_probs.min(-1).values,
+            }
 
         micro = self.cfg.rollout.log_prob_micro_batch_size_per_rank
         return self.engine.forward(model_inputs(batch, "loss_mask"), fn, micro)

@@ -108,9 +108,7 @@ class Recipe:
     grpo: list[str]
     target_val_loss: float | None  # None: SFT runs its trainer.total_training_steps
     what: str  # the problems, as the summary lines name them
-    sft_val_rows: int | None = (
-        None  # SFT validates on the first this many held-out tool-using rows (None: all)
-    )
+    sft_val_rows: int | None = None  # SFT validates on the first this many held-out rows that use the tool
     stop_at_im_end: bool = False  # the model's turns end at <|im_end|> (multi-turn tasks)
     vision: bool = False  # the model is the tiny Qwen2-VL, the task's prompts hold images
 
@@ -120,8 +118,8 @@ class Recipe:
 # answer (7). The prompt declares the tool (the chat template lists its name) and asks 'What is
 # "910*391"?': inside the call the expression follows a quote too, so copying its first digit is the
 # same step as copying the others (seed 1's SFT model copied 100 of 100 calls right with the quotes,
-# 97 without). The teacher's declined rows are short (about 45 tokens with the prompt), so the 40-row
-# SFT batch (16 tool-using rows on average) costs about 1.5 times the 16 tool-using rows alone.
+# 97 without). A declined row is about 80 tokens with the prompt, a tool-using one about 180, so the
+# 40-row SFT batch (16 tool-using rows on average) holds about 1.7 times the tokens of those 16 alone.
 CALCULATOR_TOOLS = ["rollout.mode=async", "rollout.multi_turn.tools=[calculator]"]
 CALCULATOR = Recipe(
     task={
