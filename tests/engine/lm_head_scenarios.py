@@ -1,6 +1,6 @@
 """What each spawned rank does in the chunked-LM-head tests (test_lm_head.py): the same engine calls with
 the plain head and with `fsdp.lm_head_chunk_tokens`, on 1 and 2 ranks, and on 2 ranks with compiled decoder
-layers (`fsdp.torch_compile`); the chunked head with `fsdp.attn_implementation=sdpa_split` on 1 and 2 ranks
+layers and head (`fsdp.torch_compile`, `fsdp.lm_head_compile`); the chunked head with `fsdp.attn_implementation=sdpa_split` on 1 and 2 ranks
 (test_attention.py); the parent compares the results.
 
 The numbers are the roles' own: roles/common.response_log_probs (log-probs and entropy at a temperature)
@@ -65,12 +65,18 @@ def run_case(
     rank: int,
     attention: str = "auto",
 ) -> dict:
-    fsdp = FSDPConfig(lm_head_chunk_tokens=chunk, torch_compile=compiled, attn_implementation=attention)
+    fsdp = FSDPConfig(
+        lm_head_chunk_tokens=chunk,
+        torch_compile=compiled,
+        lm_head_compile=compiled,
+        attn_implementation=attention,
+    )
     engine = make_engine(model_path, "lm", optim=OPTIM, fsdp=fsdp, grad_clip=1.0, packing=packing)
     result: dict = {
         "chunk": engine.lm_head_chunk,
         "packing": engine.packing,
         "compiled": engine.compile_seconds,
+        "head_compiled": engine.lm_head_compiled,
         "attention": engine.config._attn_implementation,
     }
     result["state0"] = gather_state(engine)

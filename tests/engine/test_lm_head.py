@@ -17,7 +17,15 @@ from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
 from tandem.algos.core import entropy_from_logits, log_probs_from_logits, sum_pi_squared_from_logits
 from tandem.config.schema import FSDPConfig
 from tandem.engine import EngineSpec, FSDPEngine
-from tandem.engine.lm_head import ChunkedHead, HeadRows, chunk_tokens, hidden_states_out
+from tandem.engine.lm_head import (
+    ChunkedHead,
+    HeadRows,
+    _row_spans,
+    chunk_tokens,
+    compile_wanted,
+    hidden_states_out,
+    warm_up_compiled,
+)
 from tandem.models.tiny import save_tiny
 
 from . import lm_head_scenarios as sc
@@ -90,6 +98,110 @@ def test_head_rows_only_what_is_asked_and_no_rows():
     # with no rows the head still gets a (zero) gradient through zero_term: every rank reduces it
     (grad,) = torch.autograd.grad(ChunkedHead(weight, None, 2).zero_term(), [weight])
     assert torch.equal(grad, torch.zeros_like(weight))
+
+
+def _stats_and_grads(hidden, weight, bias, labels, scale, chunk, compiled, asked, upstream):
+    leaves = [t.detach().clone().requires_grad_() for t in (hidden, weight, bias) if t is not None]
+    bias_leaf = leaves[2] if bias is not None else None
+    stats = HeadRows(leaves[0], ChunkedHead(leaves[1], bias_leaf, chunk, compiled), scale).stats(
+        labels, entropy="entropy" in asked, sum_pi_squared="sum_pi_squared" in asked
+    )
+    total = sum((stats[k].float() * upstream[k]).sum() for k in stats)
+    return stats, torch.autograd.grad(total, leaves)
+
+
+def test_compiled_chunk_arithmetic_equals_eager_and_float64():
+    """fsdp.lm_head_compile: the chunk functions under torch.compile (inductor's CPU code here; Triton on CUDA)
+    give the eager numbers and gradients to 1e-5 in float32, and both are within 1e-5 of autograd through float64
+    logits. Ragged
+    chunks (a last chunk of 1 row joins the one before), a bias, a temperature, each choice of numbers; one
+    bf16 case, whose gradients come back in bf16."""
+    gen = torch.Generator().manual_seed(3)
+    vocab, hidden_size = 50, 16
+    weight = torch.randn(vocab, hidden_size, generator=gen)
+    bias = torch.randn(vocab, generator=gen)
+    for rows, chunk, asked in [
+        (7, 3, ("log_probs", "entropy", "sum_pi_squared")),  # chunks of 3, 4 (the 1-row tail joined)
+        (9, 4, ("log_probs",)),
+        (23, 5, ("log_probs", "entropy")),
+        (30, 7, ("log_probs", "sum_pi_squared")),
+    ]:
+        hidden = torch.randn(rows, hidden_size, generator=gen)
+        labels = torch.randint(0, vocab, (rows,), generator=gen)
+        upstream = {k: torch.randn(rows, generator=gen) for k in asked}
+        args = (labels, 0.7, chunk)
+        eager = _stats_and_grads(hidden, weight, bias, *args, False, asked, upstream)
+        compiled = _stats_and_grads(hidden, weight, bias, *args, True, asked, upstream)
+        leaves = [t.double().requires_grad_() for t in (hidden, weight, bias)]
+        logits = F.linear(*leaves) / 0.7
+        everything = {
+            "log_probs": log_probs_from_logits(logits, labels),
+            "entropy": entropy_from_logits(logits),
+            "sum_pi_squared": sum_pi_squared_from_logits(logits),
+        }
+        exact_stats = {k: everything[k] for k in asked}
+        total = sum((exact_stats[k] * upstream[k].double()).sum() for k in asked)
+        exact = exact_stats, torch.autograd.grad(total, leaves)  # autograd through float64 logits
+        assert tuple(compiled[0]) == asked
+        for name in asked:
+            assert compiled[0][name].dtype == torch.float32
+            for got in (compiled[0][name], eager[0][name]):
+                torch.testing.assert_close(got.double(), exact[0][name], rtol=1e-5, atol=1e-6)
+            torch.testing.assert_close(compiled[0][name], eager[0][name], rtol=1e-5, atol=1e-6)
+        for c, e, x in zip(compiled[1], eager[1], exact[1]):
+            scale = float(x.abs().max())
+            assert scale > 1e-3  # a real gradient
+            torch.testing.assert_close(c, e, rtol=1e-5, atol=1e-5 * scale)
+            torch.testing.assert_close(c.double(), x, rtol=1e-5, atol=1e-5 * scale)
+
+    asked, rows = ("log_probs", "entropy"), 12
+    hidden = torch.randn(rows, hidden_size, generator=gen)
+    labels = torch.randint(0, vocab, (rows,), generator=gen)
+    upstream = {k: torch.randn(rows, generator=gen) for k in asked}
+    low = [t.bfloat16() for t in (hidden, weight)]
+    eager = _stats_and_grads(*low, None, labels, 1.0, 5, False, asked, upstream)
+    compiled = _stats_and_grads(*low, None, labels, 1.0, 5, True, asked, upstream)
+    for name in asked:  # float32 arithmetic on the same bf16 logits
+        torch.testing.assert_close(compiled[0][name], eager[0][name], rtol=1e-5, atol=1e-5)
+    for c, e in zip(compiled[1], eager[1]):
+        assert c.dtype == e.dtype == torch.bfloat16
+        torch.testing.assert_close(c, e, rtol=2**-7, atol=2**-7 * float(e.abs().max()))  # a bf16 rounding
+
+
+def test_compile_warm_up_leaves_nothing_to_compile():
+    """After `warm_up_compiled`, chunks of any size (one row included) and any temperature, forward and
+    backward, compile nothing more: no step pays a compile."""
+    from torch._dynamo.utils import counters
+
+    vocab, chunk = 64, 6
+    warm_up_compiled(chunk, vocab, torch.float32, torch.device("cpu"))
+    graphs = counters["stats"]["unique_graphs"]
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(vocab, 8, generator=gen, requires_grad=True)
+    for rows, scale, entropy in [
+        (6, 1.0, True),
+        (13, 0.6, False),
+        (1, 1.3, True),
+        (25, 1.0, False),
+        (7, 2.0, True),
+    ]:
+        hidden = torch.randn(rows, 8, generator=gen, requires_grad=True)
+        labels = torch.randint(0, vocab, (rows,), generator=gen)
+        stats = HeadRows(hidden, ChunkedHead(weight, None, chunk, True), scale).stats(labels, entropy=entropy)
+        sum(v.sum() for v in stats.values()).backward()
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+def test_row_spans_and_when_the_head_compiles():
+    for rows, chunk in [(1, 4), (4, 4), (5, 4), (9, 4), (10, 4), (7, 1), (0, 3)]:
+        spans = _row_spans(rows, chunk)
+        assert [i for s in spans for i in range(s.start, s.stop)] == list(range(rows))  # every row, once
+        assert all(s.stop - s.start >= 2 for s in spans) or rows <= 1 or chunk == 1  # no 1-row tail
+        assert all(s.stop - s.start <= chunk + 1 for s in spans)
+    assert [(s.start, s.stop) for s in _row_spans(9, 4)] == [(0, 4), (4, 9)]
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert compile_wanted("auto", cuda) and not compile_wanted("auto", cpu)
+    assert compile_wanted(True, cpu) and not compile_wanted(False, cuda)
 
 
 def test_hidden_states_out_gives_what_the_head_reads(tmp_path):
@@ -170,11 +282,12 @@ def test_chunked_head_two_ranks_equal_one(runs):
 @pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_compiled_layers_on_two_ranks_equal_eager_one_rank(runs):
-    """fsdp.torch_compile (inductor, dynamic shapes) under FSDP2's hooks on 2 ranks: a forward, a training
-    step and a step in which rank 1 has no rows (its dummy pass runs the compiled layers too) equal the
-    eager engine on 1 rank."""
+    """fsdp.torch_compile (inductor, dynamic shapes) under FSDP2's hooks on 2 ranks, with the head's chunk
+    arithmetic compiled too (fsdp.lm_head_compile): a forward, a training step and a step in which rank 1 has
+    no rows (its dummy pass runs the compiled layers too) equal the eager engine on 1 rank."""
     pair = [rank[(sc.CHUNK, True, True)] for rank in runs["two"]]
-    assert all(rank["compiled"] > 0 for rank in pair)  # the warm-up ran, timed
+    assert all(rank["compiled"] > 0 and rank["head_compiled"] for rank in pair)  # the warm-ups ran, timed
+    assert not runs["one"][(sc.CHUNK, True, False)]["head_compiled"]  # auto on the CPU: eager
     assert_pair_equals_single(pair, runs["one"][(sc.CHUNK, True, False)])
 
 

@@ -111,6 +111,11 @@ class FSDPConfig:
     # states a chunk at a time, never the [tokens, vocab] logits (engine/lm_head.py); null = the model's full
     # logits; auto = chunks of about 32 M logits (2^25 / vocab tokens) for a vocabulary of >= 32768, else null
     lm_head_chunk_tokens: int | Literal["auto"] | None = "auto"
+    # each head chunk's float32 arithmetic (logsumexp, log-probs, entropy; in backward the gradient) compiled
+    # with torch.compile into a kernel or two that read the chunk's logits, instead of a dozen eager passes over
+    # [chunk, vocab] (engine/lm_head.py; verl's use_torch_compile). Compiled and warmed up at start-up.
+    # auto = on CUDA; the CPU runs eager (a compile there costs more start-up than the tiny models' runs gain)
+    lm_head_compile: bool | Literal["auto"] = "auto"
     # fused RMSNorm, RoPE and SwiGLU kernels from the liger-kernel package (CUDA; verl's use_liger): the
     # decoder layers' elementwise work in fewer passes; parameter names unchanged (engine/kernels.py)
     liger: bool = False

@@ -50,6 +50,11 @@ def unsupported(why: str) -> Rule:
 # --- value conversions -----------------------------------------------------------------------------
 
 
+def _compile_where_it_pays(value: Any) -> Any:
+    # verl's default is true on any device; compiling on the CPU costs more start-up than its runs gain
+    return "auto" if value is True else value
+
+
 def _as_list(value: Any) -> list:
     if isinstance(value, str):  # `all-linear`, `console`
         return [value]
@@ -178,9 +183,11 @@ VERL_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.actor.optim.total_training_steps": no_effect(
         "Tandem's schedule spans the run's steps (trainer.total_training_steps or the epochs)"
     ),
-    "actor_rollout_ref.actor.use_torch_compile": no_effect(
-        "verl compiles only its entropy function; Tandem's actor.fsdp.torch_compile compiles every decoder "
-        "layer and is yours to turn on"
+    "actor_rollout_ref.actor.use_torch_compile": maps(
+        "actor.fsdp.lm_head_compile",
+        "verl compiles its entropy function; Tandem compiles its LM head's chunk arithmetic, where "
+        "it pays: true is auto (on CUDA), false is false. actor.fsdp.torch_compile compiles every decoder layer",
+        convert=_compile_where_it_pays,
     ),
     "actor_rollout_ref.actor.calculate_entropy": no_effect("Tandem logs the entropy of every update"),
     "actor_rollout_ref.actor.sum_pi_squared_checkpointing": no_effect(

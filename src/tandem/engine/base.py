@@ -206,7 +206,8 @@ class TrainEngine(ABC):
     dp_size: int  # data-parallel ranks
     param_dtype: torch.dtype  # the forward / backward dtype (the rollout engine computes in it too)
     config: Any  # the model's Hugging Face config (a tensor-parallel rollout's cuts are read from it)
-    compile_seconds: float | None = None  # fsdp.torch_compile's warm-up, paid at start-up (None: no compile)
+    # fsdp.torch_compile's and fsdp.lm_head_compile's warm-ups, paid at start-up (None: no compile)
+    compile_seconds: float | None = None
     _is_offloaded: bool = False  # set by offload(), cleared by onload()
     optimizer: Any = None  # None: a frozen engine (built with optim=None), forward only
 

@@ -21,6 +21,7 @@ start-up and keeps the plain path, with a warning, for any model that post-proce
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -29,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from tandem.algos.core import entropy_from_logits, sum_pi_squared_from_logits
+from tandem.algos.core import ENTROPY_LOGIT_FLOOR
 
 STATS = ("log_probs", "entropy", "sum_pi_squared")
 AUTO_MIN_VOCAB = 32768  # "auto" chunks the head of vocabularies this large (real LLMs), not tiny test models
@@ -68,11 +69,13 @@ def hidden_states_out(model: torch.nn.Module) -> Iterator[torch.nn.Module]:
 
 @dataclass
 class ChunkedHead:
-    """The output embedding's weight [V, H] (and bias [V]) as the forward left them, and the chunk size."""
+    """The output embedding's weight [V, H] (and bias [V]) as the forward left them, the chunk size, and
+    whether each chunk's arithmetic runs compiled (`actor.fsdp.lm_head_compile`)."""
 
     weight: Tensor
     bias: Tensor | None
     chunk: int
+    compiled: bool = False
 
     def zero_term(self) -> Tensor:
         """0 x the head's parameters: added to a loss, it gives them a (zero) gradient on every rank even
@@ -81,82 +84,158 @@ class ChunkedHead:
         return term + self.bias.sum() * 0.0 if self.bias is not None else term
 
 
-def _chunk_stats(logits: Tensor, lse: Tensor, labels: Tensor, want: tuple[str, ...]) -> Tensor:
-    """[len(want), rows] of one chunk's float32 logits / scale and their logsumexp `lse`."""
+def _chunk_stats(
+    logits: Tensor, labels: Tensor, scale: float, want: tuple[str, ...]
+) -> tuple[Tensor, Tensor]:
+    """One chunk's logits [rows, V] -> (logsumexp(z) [rows], [len(want), rows] of the numbers), z = logits / scale
+    in float32. Shifted by each row's max z, as log_probs_from_logits and entropy_from_logits are (exp never
+    overflows; the entropy's sum of p z multiplies no huge z); exp(z - max) is made once for all numbers."""
+    z = logits.float() / scale
+    top = z.amax(dim=-1, keepdim=True)
+    z.sub_(top).clamp_(min=ENTROPY_LOGIT_FLOOR)  # the floor: entropy_from_logits' guard against -inf logits
+    unnormed = z.exp()
+    total = unnormed.sum(dim=-1)
+    lse = total.log()  # of the shifted z
     out = []
     for name in want:
-        if name == "log_probs":  # log_probs_from_logits' own arithmetic, on the logsumexp made once
-            out.append(logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse)
+        if name == "log_probs":
+            out.append(z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse)
         elif name == "entropy":
-            out.append(entropy_from_logits(logits))
+            out.append(lse - (unnormed * z).sum(dim=-1) / total)
         else:
-            out.append(sum_pi_squared_from_logits(logits))
-    return torch.stack(out)
+            out.append(unnormed.square().sum(dim=-1) / total.square())
+    return lse + top.squeeze(-1), torch.stack(out)
+
+
+def _chunk_grad(
+    logits: Tensor,
+    labels: Tensor,
+    lse: Tensor,
+    values: Tensor,
+    upstream: Tensor,
+    scale: float,
+    want: tuple[str, ...],
+    compiled: bool,
+) -> Tensor:
+    """d(sum_k upstream_k . number_k) / d logits for one chunk, in the logits' dtype, from the closed forms
+    (p = softmax(z), z = logits / scale, g the upstream gradient of each number):
+      d log p_y / dz = onehot(y) - p;   d H / dz = -p (log p + H);   d sum p^2 / dz = 2 p (p - sum p^2).
+    `values` and `upstream`: [len(want), rows], the forward's numbers and their gradients."""
+    value = {name: v.unsqueeze(-1) for name, v in zip(want, values)}
+    grad_of = {name: g.unsqueeze(-1) for name, g in zip(want, upstream.float())}
+    # in place on fresh tensors: eagerly one [rows, V] float32 buffer (and p) instead of a temporary a term
+    grad = (logits.float() / scale).sub_(lse.unsqueeze(-1))  # log p, which becomes the gradient
+    p = grad.exp()
+    if "entropy" in want:
+        grad.add_(value["entropy"]).mul_(-grad_of["entropy"])
+    else:
+        grad.zero_()
+    if "log_probs" in want:
+        grad.sub_(grad_of["log_probs"])
+    if "sum_pi_squared" in want:
+        grad.add_((p - value["sum_pi_squared"]).mul_(2 * grad_of["sum_pi_squared"]))
+    grad.mul_(p)
+    if "log_probs" in want:
+        if compiled:  # a compare fuses into the one kernel inductor makes of this function
+            hit = torch.arange(logits.shape[-1], device=logits.device) == labels.unsqueeze(-1)
+            grad = grad + torch.where(hit, grad_of["log_probs"], 0.0)
+        else:  # eagerly: touch one entry a row, not all of them
+            grad.scatter_add_(1, labels.unsqueeze(-1), grad_of["log_probs"])
+    return grad.div_(scale).to(logits.dtype)
+
+
+@functools.cache
+def _compiled(fn):
+    """`fn` compiled with inductor (one per process): on CUDA each chunk's float32 arithmetic becomes a
+    kernel or two that read the matmul's low-precision logits and write only the per-row numbers (forward)
+    or the low-precision gradient (backward), instead of eager's dozen [rows, V] float32 passes."""
+    return torch.compile(fn, fullgraph=True)
+
+
+def compile_wanted(setting: bool | str, device: torch.device) -> bool:
+    """`fsdp.lm_head_compile`: true, false, or auto (on CUDA only)."""
+    return device.type == "cuda" if setting == "auto" else bool(setting)
+
+
+def warm_up_compiled(chunk: int, vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:
+    """Compile the chunk functions now, for logits of `dtype` on `device`, so that no step's time holds the
+    compile: a chunk of `chunk` rows, then one of another size and temperature (torch then compiles them
+    once more with both dynamic, as every later chunk needs), then one of a single row (sizes 0 and 1 are
+    never dynamic in torch.compile); the forward's numbers and the backward's gradient each."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for rows, scale in ((chunk, 1.0), (chunk + 1, 0.5), (1, 1.0)):
+            logits = torch.randn(rows, vocab_size, generator=gen, device=device).to(dtype)
+            labels = torch.randint(0, vocab_size, (rows,), generator=gen, device=device)
+            lse, values = _compiled(_chunk_stats)(logits, labels, scale, STATS)
+            _compiled(_chunk_grad)(logits, labels, lse, values, torch.ones_like(values), scale, STATS, True)
+
+
+def _row_spans(rows: int, chunk: int) -> list[slice]:
+    """`chunk` rows at a time; a last span of one row joins the one before it: a compiled chunk function
+    would compile once more for a single row (sizes 0 and 1 are never dynamic in torch.compile)."""
+    starts = list(range(0, rows, chunk))
+    if len(starts) > 1 and rows - starts[-1] == 1:
+        starts.pop()
+    return [slice(start, end) for start, end in zip(starts, [*starts[1:], rows])]
 
 
 class _FusedHeadStats(torch.autograd.Function):
     """The per-token numbers of softmax(W h + b) / scale, a chunk of rows at a time, with a backward of its own.
 
     Forward makes each chunk's logits, reduces them and drops them, keeping only logsumexp per row. Backward
-    makes a chunk's logits once more and turns them in place into the gradient with respect to the logits,
-    from the closed forms (p = softmax(z), z the logits / scale, g the upstream gradient of each number):
-      d log p_y / dz = onehot(y) - p;   d H / dz = -p (log p + H);   d sum p^2 / dz = 2 p (p - sum p^2),
-    then multiplies it into the hidden states' and the head's gradients. Against autograd through a
-    checkpoint (what this replaced), one [chunk, V] float32 buffer is live in backward instead of the
-    several autograd keeps (the float copy, the scaled logits, the softmax, the log-softmax), and the
-    elementwise work is one pass over it."""
+    makes a chunk's logits once more and turns them into the gradient with respect to the logits from the
+    closed forms (`_chunk_grad`), then multiplies it into the hidden states' and the head's gradients.
+    Against autograd through a checkpoint (what this replaced), at most one [chunk, V] float32 buffer and
+    its temporaries are live at a time, and none with `compiled` (the chunk functions under torch.compile:
+    the arithmetic runs fused, reading the logits once or twice). Compiled, every number is computed (the
+    fused kernel reads the same logits; one graph instead of one per choice of numbers) and the unasked ones
+    are dropped, their upstream gradients taken as zero."""
 
     @staticmethod
-    def forward(ctx, hidden, weight, bias, labels, scale, chunk, want):
+    def forward(ctx, hidden, weight, bias, labels, scale, chunk, want, compiled):
         rows = hidden.shape[0]
-        out = hidden.new_empty((len(want), rows), dtype=torch.float32)
+        computed = STATS if compiled else want
+        stats = _compiled(_chunk_stats) if compiled else _chunk_stats
+        out = hidden.new_empty((len(computed), rows), dtype=torch.float32)
         lse = hidden.new_empty(rows, dtype=torch.float32)
-        for start in range(0, rows, chunk):
-            part = slice(start, start + chunk)
-            logits = F.linear(hidden[part], weight, bias).float().div_(scale)
-            lse[part] = torch.logsumexp(logits, dim=-1)
-            out[:, part] = _chunk_stats(logits, lse[part], labels[part], want)
+        for part in _row_spans(rows, chunk):
+            lse[part], out[:, part] = stats(
+                F.linear(hidden[part], weight, bias), labels[part], scale, computed
+            )
         ctx.save_for_backward(hidden, weight, bias, labels, lse, out)
-        ctx.scale, ctx.chunk, ctx.want = scale, chunk, want
-        return out
+        ctx.scale, ctx.chunk, ctx.want, ctx.computed, ctx.compiled = scale, chunk, want, computed, compiled
+        return out[[computed.index(name) for name in want]]
 
     @staticmethod
     def backward(ctx, grad_out):
-        hidden, weight, bias, labels, lse, out = ctx.saved_tensors
-        scale, want = ctx.scale, ctx.want
-        upstream = dict(zip(want, grad_out.float()))
-        value = dict(zip(want, out))
+        hidden, weight, bias, labels, lse, values = ctx.saved_tensors
+        upstream = grad_out.new_zeros(values.shape)
+        upstream[[ctx.computed.index(name) for name in ctx.want]] = grad_out
+        grad_of_logits = _compiled(_chunk_grad) if ctx.compiled else _chunk_grad
         need_hidden, need_weight, need_bias = ctx.needs_input_grad[:3]
         grad_hidden = torch.empty_like(hidden) if need_hidden else None
         grad_weight = torch.zeros_like(weight) if need_weight else None
         grad_bias = torch.zeros_like(bias) if bias is not None and need_bias else None
-        for start in range(0, hidden.shape[0], ctx.chunk):
-            part = slice(start, start + ctx.chunk)
+        for part in _row_spans(hidden.shape[0], ctx.chunk):
             h = hidden[part]
-            # the chunk's log-softmax, which becomes d(numbers)/dz in place
-            grad = F.linear(h, weight, bias).float().div_(scale).sub_(lse[part, None])
-            p = grad.exp()
-            if "entropy" in want:
-                grad.add_(value["entropy"][part, None]).mul_(-upstream["entropy"][part, None])
-            else:
-                grad.zero_()
-            if "log_probs" in want:
-                grad.sub_(upstream["log_probs"][part, None])
-            if "sum_pi_squared" in want:
-                factor = 2 * upstream["sum_pi_squared"][part, None]
-                grad.add_((p - value["sum_pi_squared"][part, None]).mul_(factor))
-            grad.mul_(p)
-            del p
-            if "log_probs" in want:
-                grad.scatter_add_(1, labels[part, None], upstream["log_probs"][part, None])
-            grad = grad.div_(scale).to(weight.dtype)  # d(numbers) / d(W h + b)
+            grad = grad_of_logits(
+                F.linear(h, weight, bias),
+                labels[part],
+                lse[part],
+                values[:, part].contiguous(),  # [3, rows]: as laid out as the compiled function saw them
+                upstream[:, part].contiguous(),
+                ctx.scale,
+                ctx.computed,
+                ctx.compiled,
+            ).to(weight.dtype)
             if grad_hidden is not None:
                 grad_hidden[part] = grad @ weight
             if grad_weight is not None:
                 grad_weight.addmm_(grad.T, h)
             if grad_bias is not None:
                 grad_bias += grad.sum(0)
-        return grad_hidden, grad_weight, grad_bias, None, None, None, None
+        return grad_hidden, grad_weight, grad_bias, None, None, None, None, None
 
 
 @dataclass
@@ -175,6 +254,6 @@ class HeadRows:
         want = tuple(n for n, on in zip(STATS, (True, entropy, sum_pi_squared)) if on)
         head = self.head
         stacked = _FusedHeadStats.apply(
-            self.hidden, head.weight, head.bias, labels.long(), self.scale, head.chunk, want
+            self.hidden, head.weight, head.bias, labels.long(), self.scale, head.chunk, want, head.compiled
         )
         return dict(zip(want, stacked))

@@ -89,7 +89,7 @@ class RoleWorker(Worker):
         self._profiler = PhaseProfiler(cfg.trainer.profile, ctx.group_name, ctx.rank)
         models = (self.actor, self.reference, self.critic, self.reward_model)
         compiled = [r.engine.compile_seconds for r in models if r and r.engine.compile_seconds]
-        if compiled:  # fsdp.torch_compile's warm-ups, paid before the first step
+        if compiled:  # fsdp.torch_compile's and lm_head_compile's warm-ups, paid before the first step
             self._metrics["timing_s/compile"] = sum(compiled)
         # For perf/mfu/*: one device's FLOP/s in the dtype the updates run in (engine/flops.py)
         trained = self.actor if self.actor is not None else self.critic

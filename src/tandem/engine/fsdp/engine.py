@@ -62,7 +62,7 @@ from tandem.engine.fsdp.ulysses import (
 )
 from tandem.engine.fsdp.vision import VisionTower
 from tandem.engine.fsdp.weights import WeightsOut
-from tandem.engine.lm_head import ChunkedHead, chunk_tokens, hidden_states_out
+from tandem.engine.lm_head import ChunkedHead, chunk_tokens, compile_wanted, hidden_states_out
 from tandem.engine.micro import dummy_like, merge_outputs, real_token_count, split_micro_batches, to_cpu
 from tandem.engine.optim import build_optimizer, build_scheduler
 from tandem.models.model_type import is_vision_language
@@ -158,8 +158,13 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         self.lm_head_chunk = (
             chunk_tokens(fsdp.lm_head_chunk_tokens, self.vocab_size) if head == "lm" else None
         )
+        self.lm_head_compiled = False  # the probe below runs eager
         if self.lm_head_chunk is not None and not self._chunked_head_works():
             self.lm_head_chunk = None
+        # fsdp.lm_head_compile: each chunk's arithmetic compiled (engine/lm_head.py), warmed up below
+        self.lm_head_compiled = self.lm_head_chunk is not None and compile_wanted(
+            fsdp.lm_head_compile, self.device
+        )
 
         self.optimizer = None
         self.scheduler = None
@@ -167,7 +172,10 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
             # the trained weights only: all of them, or the adapters under actor.lora
             self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], optim)
             self.scheduler = build_scheduler(self.optimizer, optim, spec.total_training_steps)
-        self.compile_seconds = self._compile_layers() if fsdp.torch_compile else None
+        # start-up compiles (fsdp.torch_compile, fsdp.lm_head_compile), warmed up and timed here, not in a step
+        compiles = [self._compile_layers()] if fsdp.torch_compile else []
+        compiles += [self._compile_head()] if self.lm_head_compiled else []
+        self.compile_seconds = sum(compiles) if compiles else None
 
     # ------------------------------------------------------------------ forward
     def forward(self, batch: Batch, fn: ForwardFn, micro_batch_size: int) -> Batch:
@@ -354,7 +362,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         weight, bias = out_embedding.weight, out_embedding.bias
         if self.sp is not None:  # every rank of the group applies the head to all tokens: count it once
             weight, bias = scale_grad(weight, 1 / self.sp.size), scale_grad(bias, 1 / self.sp.size)
-        head = ChunkedHead(weight, bias, chunk)
+        head = ChunkedHead(weight, bias, chunk, self.lm_head_compiled)
         return ModelOutput(logits, tuple(ids.shape), packing, head=head, router_balance=balance)
 
     def _model(self, inputs: dict[str, Tensor], routers: list[Tensor] | None = None) -> Tensor:
