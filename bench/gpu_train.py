@@ -12,7 +12,9 @@ checkpointing in both loops.
 
 - tandem <attn>: the FSDP2 engine as the actor runs it: bf16 compute over fp32 master weights, packed
   micro-batches under a 16 k-token budget, the chunked LM head (auto), `actor.fsdp.attn_implementation`
-  = <attn> (engine/attention.py), optionally `--compile` (fsdp.torch_compile).
+  = <attn> (engine/attention.py), the head's chunk arithmetic compiled on CUDA (fsdp.lm_head_compile=auto;
+  `--eager-head` adds a row without; `--head-chunk N` one with N-token head chunks instead of auto's), optionally
+  `--compile` (fsdp.torch_compile).
 - plain: fp32 parameters under autocast bf16, fused AdamW, 4 rows a micro-batch padded to their own longest
   row, the full logits, log-softmax in float32.
 
@@ -180,6 +182,8 @@ def tandem_engine(args: dict, batch, device, tokens: float):
                 param_dtype="bfloat16" if cuda else "float32",
                 attn_implementation=args["attn"],
                 torch_compile=args["compile"],
+                lm_head_compile=args.get("head_compile", "auto"),
+                lm_head_chunk_tokens=args.get("head_chunk", "auto"),
             ),
             grad_clip=1.0,
             total_training_steps=100,
@@ -293,6 +297,16 @@ def main() -> None:
     parser.add_argument(
         "--compile", action="store_true", help="also run tandem <first attn> with torch_compile"
     )
+    parser.add_argument(
+        "--eager-head",
+        action="store_true",
+        help="also run tandem <first attn> with lm_head_compile=false (the head's arithmetic eager)",
+    )
+    parser.add_argument(
+        "--head-chunk",
+        type=int,
+        help="also run tandem <first attn> with lm_head_chunk_tokens=N (auto: 883 on CUDA)",
+    )
     parser.add_argument("--no-plain", action="store_true", help="skip the plain loop")
     parser.add_argument("--steps", type=int, default=3, help="measured steps after the warm-up")
     parser.add_argument("--device", default="cuda")
@@ -319,7 +333,8 @@ def main() -> None:
     from tandem.models.tiny import save_tiny
 
     folder = Path(tempfile.mkdtemp(prefix="tandem-gpu-train-"))
-    base = {k: v for k, v in vars(args).items() if k not in ("child", "sizes", "attn", "json", "no_plain")}
+    skip = ("child", "sizes", "attn", "json", "no_plain", "eager_head", "head_chunk")
+    base = {k: v for k, v in vars(args).items() if k not in skip}
     results: dict[str, dict[str, dict]] = {}
     for size in args.sizes.split(","):
         vocab = 4096 if size == "tiny" else VOCAB
@@ -333,6 +348,22 @@ def main() -> None:
         if args.compile:
             first = args.attn.split(",")[0]
             plan.append((f"tandem {first} compiled", {"kind": "tandem", "attn": first, "compile": True}))
+        if args.eager_head:
+            eager = {
+                "kind": "tandem",
+                "attn": args.attn.split(",")[0],
+                "compile": False,
+                "head_compile": False,
+            }
+            plan.append((f"tandem {eager['attn']} eager head", eager))
+        if args.head_chunk:
+            chunked = {"kind": "tandem", "attn": args.attn.split(",")[0], "compile": False}
+            plan.append(
+                (
+                    f"tandem {chunked['attn']} head {args.head_chunk}",
+                    {**chunked, "head_chunk": args.head_chunk},
+                )
+            )
         results[size] = {}
         for label, extra in plan:
             spec = {

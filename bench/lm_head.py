@@ -70,7 +70,7 @@ def child(args: dict) -> dict:
             head="lm",
             device=torch.device("cpu"),
             optim=OptimConfig(lr=1e-6),
-            fsdp=FSDPConfig(lm_head_chunk_tokens=args["chunk"]),
+            fsdp=FSDPConfig(lm_head_chunk_tokens=args["chunk"], lm_head_compile=args["compiled"]),
             grad_clip=1.0,
             total_training_steps=100,
             packing=True,
@@ -120,6 +120,9 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=8)
     parser.add_argument("--length", type=int, default=512)
     parser.add_argument("--chunks", default="256,1024,4096", help="lm_head_chunk_tokens values to compare")
+    parser.add_argument(
+        "--compiled", action="store_true", help="also each chunk size with actor.fsdp.lm_head_compile=true"
+    )
     parser.add_argument("--repeats", type=int, default=1, help="measured passes after one warm-up")
     parser.add_argument("--json", help="also write every number to this file")
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -133,10 +136,14 @@ def main() -> None:
     folder = Path(tempfile.mkdtemp(prefix="tandem-lm-head-"))
     model_dir = save_tiny(folder / "model", vocab_size=args.vocab, max_position_embeddings=4096)
     results = {}
-    labels = ["full logits"] + [f"chunks of {c}" for c in args.chunks.split(",")]
-    for label in labels:
-        chunk = None if label == "full logits" else int(label.split()[-1])
-        spec = {**vars(args), "label": label.replace(" ", "-"), "chunk": chunk, "folder": str(folder)}
+    cases = [("full logits", None, False)]
+    for c in args.chunks.split(","):
+        cases.append((f"chunks of {c}", int(c), False))
+        if args.compiled:
+            cases.append((f"{c}, compiled", int(c), True))
+    for label, chunk, compiled in cases:
+        spec = {**vars(args), "label": label.replace(" ", "-").replace(",", ""), "folder": str(folder)}
+        spec.update(chunk=chunk, compiled=compiled)
         spec["model"] = str(model_dir)
         spec.pop("child")
         print(f"[lm_head] {label} ...", file=sys.stderr, flush=True)
@@ -153,10 +160,10 @@ def main() -> None:
         f"the batch: {tokens * args.vocab * 4 / 2**20:.0f} MiB"
     )
     head = ("forward s", "update s", "fwd peak MiB", "upd peak MiB", "baseline MiB", "logp sum")
-    print(f"{'head':<18}" + "".join(f"{h:>14}" for h in head))
+    print(f"{'head':<20}" + "".join(f"{h:>14}" for h in head))
     for label, r in results.items():
         cells = (r["forward_s"], r["update_s"], r["forward_peak_mb"], r["update_peak_mb"], r["base_mb"])
-        print(f"{label:<18}" + "".join(f"{v:>14.2f}" for v in cells) + f"{r['log_probs_sum']:>14.3f}")
+        print(f"{label:<20}" + "".join(f"{v:>14.2f}" for v in cells) + f"{r['log_probs_sum']:>14.3f}")
     if args.json:
         Path(args.json).write_text(json.dumps({"args": vars(args), "results": results}, indent=1))
 

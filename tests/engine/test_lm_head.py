@@ -192,6 +192,29 @@ def test_compile_warm_up_leaves_nothing_to_compile():
     assert counters["stats"]["unique_graphs"] == graphs
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_compiled_head_on_cuda_equals_eager():
+    """On CUDA the compiled chunk functions are Triton kernels: a real vocabulary (151 936), chunks of 220
+    rows and a ragged last one, bf16 logits as the engine makes them; float32 numbers equal eager to 1e-5,
+    bf16 gradients to a bf16 rounding."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    vocab, hidden_size, rows, chunk = 151_936, 896, 700, 220
+    weight = (torch.randn(vocab, hidden_size, generator=gen, device="cuda") * 0.02).bfloat16()
+    hidden = torch.randn(rows, hidden_size, generator=gen, device="cuda").bfloat16()
+    labels = torch.randint(0, vocab, (rows,), generator=gen, device="cuda")
+    asked = ("log_probs", "entropy")
+    upstream = {k: torch.randn(rows, generator=gen, device="cuda") for k in asked}
+    warm_up_compiled(chunk, vocab, torch.bfloat16, torch.device("cuda"))
+    eager = _stats_and_grads(hidden, weight, None, labels, 0.8, chunk, False, asked, upstream)
+    compiled = _stats_and_grads(hidden, weight, None, labels, 0.8, chunk, True, asked, upstream)
+    for name in asked:
+        torch.testing.assert_close(compiled[0][name], eager[0][name], rtol=1e-5, atol=1e-5)
+    for c, e in zip(compiled[1], eager[1]):
+        assert c.dtype == torch.bfloat16
+        torch.testing.assert_close(c, e, rtol=2**-7, atol=2**-7 * float(e.abs().max()))
+
+
 def test_row_spans_and_when_the_head_compiles():
     for rows, chunk in [(1, 4), (4, 4), (5, 4), (9, 4), (10, 4), (7, 1), (0, 3)]:
         spans = _row_spans(rows, chunk)
@@ -298,6 +321,12 @@ def test_auto_chunks_only_real_vocabularies():
     assert chunk_tokens("auto", 151_936) == 220  # 2^25 logits per chunk
     assert chunk_tokens(None, 151_936) is None
     assert chunk_tokens(64, 320) == 64
+    cuda = torch.device("cuda", 0)
+    assert (
+        chunk_tokens("auto", 151_936, cuda) == 883
+    )  # 2^27 on CUDA: the matmuls stop being bound by W's reads
+    assert chunk_tokens("auto", 151_936, torch.device("cpu")) == 220
+    assert chunk_tokens("auto", 320, cuda) is None
 
 
 def test_a_model_that_post_processes_its_logits_keeps_the_full_head(tmp_path, caplog):

@@ -109,7 +109,8 @@ class FSDPConfig:
     sequence_parallel: int = 1  # RANKS splitting each sequence (Ulysses); divides the world size
     # TOKENS per chunk of the LM head (actor, reference, SFT): log-probs and entropy made from the hidden
     # states a chunk at a time, never the [tokens, vocab] logits (engine/lm_head.py); null = the model's full
-    # logits; auto = chunks of about 32 M logits (2^25 / vocab tokens) for a vocabulary of >= 32768, else null
+    # logits; auto = chunks of about 32 M logits (2^25 / vocab tokens; 128 M on CUDA, where the matmuls need
+    # more rows to not be bound by reading the head's weight) for a vocabulary of >= 32768, else null
     lm_head_chunk_tokens: int | Literal["auto"] | None = "auto"
     # each head chunk's float32 arithmetic (logsumexp, log-probs, entropy; in backward the gradient) compiled
     # with torch.compile into a kernel or two that read the chunk's logits, instead of a dozen eager passes over

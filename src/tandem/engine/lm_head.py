@@ -34,15 +34,26 @@ from tandem.algos.core import ENTROPY_LOGIT_FLOOR
 
 STATS = ("log_probs", "entropy", "sum_pi_squared")
 AUTO_MIN_VOCAB = 32768  # "auto" chunks the head of vocabularies this large (real LLMs), not tiny test models
-AUTO_CHUNK_LOGITS = 2**25  # "auto": about this many logits per chunk (128 MiB in float32)
+AUTO_CHUNK_LOGITS = 2**25  # "auto" on a CPU: about this many logits per chunk (128 MiB in float32)
+# "auto" on CUDA: 4x more. Each chunk's matmuls read the whole head weight [V, H]: at 220 rows one bf16 matmul
+# does about 220 FLOPs a byte of W read, under the ~300 an H100 / H200 needs to be compute-bound (989 TFLOP/s
+# over 3.35-4.8 TB/s), so W's reads, not the FLOPs, would set the head's time; at 883 rows (Qwen) they do not.
+# Its [chunk, V] buffers (0.25 GiB in bf16) are small on a GPU. Not yet timed on a GPU (issue 33).
+AUTO_CHUNK_LOGITS_CUDA = 2**27
 
 
-def chunk_tokens(setting: int | str | None, vocab_size: int) -> int | None:
-    """`fsdp.lm_head_chunk_tokens` for a model with `vocab_size` entries: tokens per chunk, or None (full
-    logits). "auto": None below AUTO_MIN_VOCAB, else AUTO_CHUNK_LOGITS / vocab_size tokens (220 for
-    Qwen's 151 936; bench/lm_head.py measured 256 there: 1.5x faster updates with 1/8 of the memory)."""
+def chunk_tokens(
+    setting: int | str | None, vocab_size: int, device: torch.device | None = None
+) -> int | None:
+    """`fsdp.lm_head_chunk_tokens` for a model with `vocab_size` entries on `device`: tokens per chunk, or None
+    (full logits). "auto": None below AUTO_MIN_VOCAB, else AUTO_CHUNK_LOGITS / vocab_size tokens on a CPU (220
+    for Qwen's 151 936; bench/lm_head.py measured 256 there: 1.5x faster updates with 1/8 of the memory) and
+    AUTO_CHUNK_LOGITS_CUDA / vocab_size on CUDA (883)."""
     if setting == "auto":
-        return max(1, AUTO_CHUNK_LOGITS // vocab_size) if vocab_size >= AUTO_MIN_VOCAB else None
+        if vocab_size < AUTO_MIN_VOCAB:
+            return None
+        logits = AUTO_CHUNK_LOGITS_CUDA if device is not None and device.type == "cuda" else AUTO_CHUNK_LOGITS
+        return max(1, logits // vocab_size)
     return setting
 
 

@@ -156,7 +156,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
             self.packing = self._packing_works()
         # fsdp.lm_head_chunk_tokens: the LM head a chunk at a time from the hidden states (engine/lm_head.py)
         self.lm_head_chunk = (
-            chunk_tokens(fsdp.lm_head_chunk_tokens, self.vocab_size) if head == "lm" else None
+            chunk_tokens(fsdp.lm_head_chunk_tokens, self.vocab_size, self.device) if head == "lm" else None
         )
         self.lm_head_compiled = False  # the probe below runs eager
         if self.lm_head_chunk is not None and not self._chunked_head_works():
