@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, Gemma2Config, Gemma2ForCausalLM
 
 from tandem.algos.core import entropy_from_logits, log_probs_from_logits, sum_pi_squared_from_logits
 from tandem.config.schema import FSDPConfig
-from tandem.engine import EngineSpec, FSDPEngine
+from tandem.engine import EngineSpec, FSDPEngine, lm_head
 from tandem.engine.lm_head import (
     ChunkedHead,
     HeadRows,
@@ -213,6 +213,26 @@ def test_compiled_head_on_cuda_equals_eager():
     for c, e in zip(compiled[1], eager[1]):
         assert c.dtype == torch.bfloat16
         torch.testing.assert_close(c, e, rtol=2**-7, atol=2**-7 * float(e.abs().max()))
+
+
+def test_compile_head_off_on_and_when_the_compile_fails(monkeypatch, caplog):
+    """compile_head: nothing under auto on a CPU or false; true compiles (timed); a failed compile is a warning
+    and eager under auto, an error naming the key under true. The failure is a stub (`warm_up_compiled`
+    raising): a real one needs a machine without Triton or a C++ compiler."""
+    cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
+    assert lm_head.compile_head("auto", 4, 64, torch.float32, cpu) is None
+    assert lm_head.compile_head(False, 4, 64, torch.float32, cuda) is None
+    assert lm_head.compile_head(True, 4, 64, torch.float32, cpu) > 0
+
+    def broken(*args):
+        raise RuntimeError("no working C++ compiler")
+
+    monkeypatch.setattr(lm_head, "warm_up_compiled", broken)
+    with caplog.at_level(logging.WARNING, logger="tandem.engine.lm_head"):
+        assert lm_head.compile_head("auto", 4, 64, torch.bfloat16, cuda) is None
+    assert "lm_head_compile=auto" in caplog.text and "no working C++ compiler" in caplog.text
+    with pytest.raises(RuntimeError, match=r"lm_head_compile=true.*no working C\+\+ compiler.*=false"):
+        lm_head.compile_head(True, 4, 64, torch.float32, cpu)
 
 
 def test_row_spans_and_when_the_head_compiles():

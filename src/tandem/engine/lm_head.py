@@ -22,6 +22,8 @@ start-up and keeps the plain path, with a warning, for any model that post-proce
 from __future__ import annotations
 
 import functools
+import logging
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -31,6 +33,8 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tandem.algos.core import ENTROPY_LOGIT_FLOOR
+
+logger = logging.getLogger(__name__)
 
 STATS = ("log_probs", "entropy", "sum_pi_squared")
 AUTO_MIN_VOCAB = 32768  # "auto" chunks the head of vocabularies this large (real LLMs), not tiny test models
@@ -166,6 +170,41 @@ def _compiled(fn):
 def compile_wanted(setting: bool | str, device: torch.device) -> bool:
     """`fsdp.lm_head_compile`: true, false, or auto (on CUDA only)."""
     return device.type == "cuda" if setting == "auto" else bool(setting)
+
+
+def compile_head(
+    setting: bool | str, chunk: int, vocab_size: int, dtype: torch.dtype, device: torch.device
+) -> float | None:
+    """`fsdp.lm_head_compile` for a chunked head: None when it is off; else the chunk functions compiled now
+    (`warm_up_compiled`), logged, and the seconds that took. Under auto a compile that fails (no Triton, no C++
+    compiler) is a warning and the head runs eager (None); under true it is an error naming the key."""
+    if not compile_wanted(setting, device):
+        return None
+    start = time.perf_counter()
+    try:
+        warm_up_compiled(chunk, vocab_size, dtype, device)
+    except Exception as error:  # inductor's failures have no common type
+        if setting != "auto":
+            raise RuntimeError(
+                f"actor.fsdp.lm_head_compile=true: torch.compile of the LM head's chunk arithmetic failed on "
+                f"{device.type} ({type(error).__name__}: {error}); set actor.fsdp.lm_head_compile=false"
+            ) from error
+        logger.warning(
+            "actor.fsdp.lm_head_compile=auto: torch.compile of the LM head's chunk arithmetic failed on %s "
+            "(%s: %s); the head runs eager",
+            device.type,
+            type(error).__name__,
+            error,
+        )
+        return None
+    seconds = time.perf_counter() - start
+    logger.info(
+        "fsdp.lm_head_compile: the LM head's chunk arithmetic compiled in %.1f s (%d-token chunks, vocabulary %d)",
+        seconds,
+        chunk,
+        vocab_size,
+    )
+    return seconds
 
 
 def warm_up_compiled(chunk: int, vocab_size: int, dtype: torch.dtype, device: torch.device) -> None:

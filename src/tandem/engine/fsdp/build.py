@@ -1,10 +1,10 @@
 """How `FSDPEngine` (engine.py) builds its model: the Hugging Face model read on rank 0 (meta elsewhere), LoRA
 adapters injected, every decoder layer and the root `fully_shard`-ed, the weights broadcast into the shards;
-`fsdp.torch_compile`'s per-layer compile and warm-up, `fsdp.lm_head_compile`'s warm-up; the start-up probes that switch packing and the
+`fsdp.torch_compile`'s per-layer compile and warm-up; the start-up probes that switch packing and the
 chunked LM head off for a model they would change the numbers of.
 
 `ModelBuild` is a part of `FSDPEngine`, kept apart for length: it reads the engine's `rank`, `world_size`,
-`device`, `config`, `head`, `lora`, `param_dtype`, `packing`, `optimizer`, `lm_head_chunk`, `vocab_size` and calls its
+`device`, `config`, `head`, `lora`, `param_dtype`, `packing`, `optimizer`, `lm_head_chunk` and calls its
 `_model_forward`."""
 
 from __future__ import annotations
@@ -26,7 +26,6 @@ from tandem.config.schema import FSDPConfig
 from tandem.engine import hf_io, kernels
 from tandem.engine.base import DTYPES
 from tandem.engine.fsdp import lora as lora_layers
-from tandem.engine.lm_head import warm_up_compiled
 
 logger = logging.getLogger(__name__)
 
@@ -134,20 +133,6 @@ class ModelBuild:
             self._hf_class.__name__,
             seconds,
             "training and no-grad passes" if self.optimizer is not None else "no-grad pass",
-        )
-        return seconds
-
-    def _compile_head(self) -> float:
-        """`fsdp.lm_head_compile`: the head's chunk functions compiled now for this model's vocabulary and
-        dtype (engine/lm_head.py `warm_up_compiled`), timed and logged. Returns the seconds."""
-        start = time.perf_counter()
-        warm_up_compiled(self.lm_head_chunk, self.vocab_size, self.param_dtype, self.device)
-        seconds = time.perf_counter() - start
-        logger.info(
-            "fsdp.lm_head_compile: the LM head's chunk arithmetic compiled in %.1f s (%d-token chunks, vocabulary %d)",
-            seconds,
-            self.lm_head_chunk,
-            self.vocab_size,
         )
         return seconds
 

@@ -62,7 +62,7 @@ from tandem.engine.fsdp.ulysses import (
 )
 from tandem.engine.fsdp.vision import VisionTower
 from tandem.engine.fsdp.weights import WeightsOut
-from tandem.engine.lm_head import ChunkedHead, chunk_tokens, compile_wanted, hidden_states_out
+from tandem.engine.lm_head import ChunkedHead, chunk_tokens, compile_head, hidden_states_out
 from tandem.engine.micro import dummy_like, merge_outputs, real_token_count, split_micro_batches, to_cpu
 from tandem.engine.optim import build_optimizer, build_scheduler
 from tandem.models.model_type import is_vision_language
@@ -161,10 +161,15 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         self.lm_head_compiled = False  # the probe below runs eager
         if self.lm_head_chunk is not None and not self._chunked_head_works():
             self.lm_head_chunk = None
-        # fsdp.lm_head_compile: each chunk's arithmetic compiled (engine/lm_head.py), warmed up below
-        self.lm_head_compiled = self.lm_head_chunk is not None and compile_wanted(
-            fsdp.lm_head_compile, self.device
+        # fsdp.lm_head_compile: each chunk's arithmetic compiled and warmed up now (engine/lm_head.py), or None
+        head_seconds = (
+            compile_head(
+                fsdp.lm_head_compile, self.lm_head_chunk, self.vocab_size, self.param_dtype, self.device
+            )
+            if self.lm_head_chunk is not None
+            else None
         )
+        self.lm_head_compiled = head_seconds is not None
 
         self.optimizer = None
         self.scheduler = None
@@ -174,7 +179,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
             self.scheduler = build_scheduler(self.optimizer, optim, spec.total_training_steps)
         # start-up compiles (fsdp.torch_compile, fsdp.lm_head_compile), warmed up and timed here, not in a step
         compiles = [self._compile_layers()] if fsdp.torch_compile else []
-        compiles += [self._compile_head()] if self.lm_head_compiled else []
+        compiles += [head_seconds] if head_seconds is not None else []
         self.compile_seconds = sum(compiles) if compiles else None
 
     # ------------------------------------------------------------------ forward
