@@ -12,14 +12,15 @@ checkpointing in both loops.
 
 - tandem <attn>: the FSDP2 engine as the actor runs it: bf16 compute over fp32 master weights, packed
   micro-batches under a 16 k-token budget, the chunked LM head (auto), `actor.fsdp.attn_implementation`
-  = <attn> (engine/attention.py), the head's chunk arithmetic compiled on CUDA (fsdp.lm_head_compile=auto;
-  `--eager-head` adds a row without; `--head-chunk N` one with N-token head chunks instead of auto's), optionally
-  `--compile` (fsdp.torch_compile).
+  = <attn> (engine/attention.py), the head's chunk arithmetic compiled on CUDA (fsdp.lm_head_compile=auto).
+  `--variants` adds rows of tandem <first attn> with one setting changed (VARIANTS): `compile`
+  (fsdp.torch_compile), `liger` (fsdp.liger; the liger-kernel package), `eager-head` (lm_head_compile=false),
+  `head-chunk=N` (lm_head_chunk_tokens=N instead of auto's 883 on CUDA).
 - plain: fp32 parameters under autocast bf16, fused AdamW, 4 rows a micro-batch padded to their own longest
   row, the full logits, log-softmax in float32.
 
 Each configuration runs in a child process of its own (fresh CUDA memory statistics): one warm-up step
-(two with --compile) and --steps measured ones. Per row: the median step, tokens/s, MFU (model FLOPs of
+(two with the `compile` variant) and --steps measured ones. Per row: the median step, tokens/s, MFU (model FLOPs of
 the update, engine/flops.py's formula: 3 x (2 N T + 4 L H sum n^2), over the step time and the GPU's dense
 bf16 peak), the peak allocated memory, and the ratio to the plain loop. --profile adds one profiled step per
 configuration: device time by kind (matmul, attention, elementwise and copies, other) and the top kernels.
@@ -181,9 +182,7 @@ def tandem_engine(args: dict, batch, device, tokens: float):
             fsdp=FSDPConfig(
                 param_dtype="bfloat16" if cuda else "float32",
                 attn_implementation=args["attn"],
-                torch_compile=args["compile"],
-                lm_head_compile=args.get("head_compile", "auto"),
-                lm_head_chunk_tokens=args.get("head_chunk", "auto"),
+                **args["fsdp"],
             ),
             grad_clip=1.0,
             total_training_steps=100,
@@ -290,22 +289,29 @@ def run_child(spec: dict) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+def variant_fsdp(variant: str) -> dict:
+    """The FSDPConfig settings of a --variants entry."""
+    name, _, value = variant.partition("=")
+    if name == "compile":
+        return {"torch_compile": True}
+    if name == "liger":
+        return {"liger": True}
+    if name == "eager-head":
+        return {"lm_head_compile": False}
+    if name == "head-chunk" and value.isdigit():
+        return {"lm_head_chunk_tokens": int(value)}
+    raise SystemExit(f"--variants: unknown entry {variant!r}; use compile, liger, eager-head, head-chunk=N")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="0.5B,1.5B,3B", help=f"comma-separated, of {', '.join(SHAPES)}")
     parser.add_argument("--attn", default="auto,sdpa", help="actor.fsdp.attn_implementation values to run")
     parser.add_argument(
-        "--compile", action="store_true", help="also run tandem <first attn> with torch_compile"
-    )
-    parser.add_argument(
-        "--eager-head",
-        action="store_true",
-        help="also run tandem <first attn> with lm_head_compile=false (the head's arithmetic eager)",
-    )
-    parser.add_argument(
-        "--head-chunk",
-        type=int,
-        help="also run tandem <first attn> with lm_head_chunk_tokens=N (auto: 883 on CUDA)",
+        "--variants",
+        default="",
+        help="comma-separated rows of tandem <first attn> with one setting changed: "
+        "compile, liger, eager-head, head-chunk=N",
     )
     parser.add_argument("--no-plain", action="store_true", help="skip the plain loop")
     parser.add_argument("--steps", type=int, default=3, help="measured steps after the warm-up")
@@ -333,7 +339,7 @@ def main() -> None:
     from tandem.models.tiny import save_tiny
 
     folder = Path(tempfile.mkdtemp(prefix="tandem-gpu-train-"))
-    skip = ("child", "sizes", "attn", "json", "no_plain", "eager_head", "head_chunk")
+    skip = ("child", "sizes", "attn", "json", "no_plain", "variants")
     base = {k: v for k, v in vars(args).items() if k not in skip}
     results: dict[str, dict[str, dict]] = {}
     for size in args.sizes.split(","):
@@ -341,27 +347,14 @@ def main() -> None:
         model = save_tiny(
             folder / size, vocab_size=vocab, max_position_embeddings=max(4096, args.longest), **SHAPES[size]
         )
-        plan = [] if args.no_plain else [("plain", {"kind": "plain", "attn": "sdpa", "compile": False})]
-        plan += [
-            (f"tandem {a}", {"kind": "tandem", "attn": a, "compile": False}) for a in args.attn.split(",")
-        ]
-        if args.compile:
-            first = args.attn.split(",")[0]
-            plan.append((f"tandem {first} compiled", {"kind": "tandem", "attn": first, "compile": True}))
-        if args.eager_head:
-            eager = {
-                "kind": "tandem",
-                "attn": args.attn.split(",")[0],
-                "compile": False,
-                "head_compile": False,
-            }
-            plan.append((f"tandem {eager['attn']} eager head", eager))
-        if args.head_chunk:
-            chunked = {"kind": "tandem", "attn": args.attn.split(",")[0], "compile": False}
+        plan = [] if args.no_plain else [("plain", {"kind": "plain", "attn": "sdpa", "fsdp": {}})]
+        plan += [(f"tandem {a}", {"kind": "tandem", "attn": a, "fsdp": {}}) for a in args.attn.split(",")]
+        first = args.attn.split(",")[0]
+        for variant in filter(None, args.variants.split(",")):
             plan.append(
                 (
-                    f"tandem {chunked['attn']} head {args.head_chunk}",
-                    {**chunked, "head_chunk": args.head_chunk},
+                    f"tandem {first} {variant}",
+                    {"kind": "tandem", "attn": first, "fsdp": variant_fsdp(variant)},
                 )
             )
         results[size] = {}
@@ -374,7 +367,7 @@ def main() -> None:
                 "folder": str(folder),
                 "vocab": vocab,
                 "checkpointing": size in CHECKPOINTED,
-                "warmup": 2 if extra["compile"] else 1,
+                "warmup": 2 if extra["fsdp"].get("torch_compile") else 1,
             }
             print(f"[gpu_train] {size} {label} ...", file=sys.stderr, flush=True)
             try:
