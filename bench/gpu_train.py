@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import re
 import statistics
 import subprocess
@@ -253,7 +254,7 @@ def profile(step, device) -> dict:
 
     cuda = device.type == "cuda"
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
-    with torch_profile(activities=activities) as prof:
+    with torch_profile(activities=activities, record_shapes=True) as prof:
         step()
         if cuda:
             torch.cuda.synchronize()
@@ -276,7 +277,40 @@ def profile(step, device) -> dict:
         "total_s": total,
         "by_kind": {k: v / total for k, v in sorted(by_kind.items(), key=lambda item: -item[1])},
         "top": [(name[:90], seconds / total) for name, seconds in timed[:12]],
+        "copies": copies(prof.events(), cuda, total),
     }
+
+
+ELEMENT_BYTES = {
+    "float": 4,
+    "c10::BFloat16": 2,
+    "c10::Half": 2,
+    "double": 8,
+    "long int": 8,
+    "int": 4,
+    "bool": 1,
+}
+
+
+def copies(events, cuda: bool, total: float) -> list[tuple[str, float, float]]:
+    """Issue 33 item 4, where the copies come from: every aten::copy_ of the step (each cast and copy; a
+    `.to()` runs one) grouped by its source and destination dtype and shape: (what, GiB moved (read +
+    written), share of the step's kernel time), the largest first. The shape names the tensor: [chunk, vocab]
+    is the LM head's, [1, n] / [n] of a layer's parameter count FSDP2's unshard (copy-in / copy-out) or its
+    gradient's reduction, [rows, tokens, hidden] the activations."""
+    groups: dict[str, list[float]] = {}
+    for event in events:
+        shapes, dtypes = event.input_shapes, event.input_dtypes
+        if event.name != "aten::copy_" or len(shapes) < 2 or not shapes[0]:
+            continue
+        numel = math.prod(shapes[0])
+        moved = numel * (ELEMENT_BYTES.get(dtypes[1], 4) + ELEMENT_BYTES.get(dtypes[0], 4))
+        what = f"{dtypes[1]} -> {dtypes[0]} {list(shapes[0])}".replace("c10::", "")
+        seconds = (event.device_time_total if cuda else event.cpu_time_total) / 1e6
+        group = groups.setdefault(what, [0.0, 0.0])
+        group[0] += moved / 2**30
+        group[1] += seconds / total
+    return sorted(((w, g, t) for w, (g, t) in groups.items()), key=lambda row: -row[1])[:8]
 
 
 # ---------------------------------------------------------------------------- the parent
@@ -401,6 +435,10 @@ def report(size: str, rows: dict[str, dict], args) -> None:
             print(f"  profile of {label} ({p['total_s']:.2f} s of kernels): {kinds}")
             for name, share in p["top"][:8]:
                 print(f"    {100 * share:5.1f} %  {name}")
+            moved = sum(gib for _, gib, _ in p["copies"])
+            print(f"  copies of {label} (the 8 largest groups, {moved:.1f} GiB moved):")
+            for what, gib, share in p["copies"]:
+                print(f"    {gib:7.2f} GiB {100 * share:5.1f} %  {what}")
 
 
 if __name__ == "__main__":
