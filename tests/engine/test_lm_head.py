@@ -220,7 +220,7 @@ def test_compile_head_off_on_and_when_the_compile_fails(monkeypatch, caplog):
     and eager under auto, an error naming the key under true. The failure is a stub (`warm_up_compiled`
     raising): a real one needs a machine without Triton or a C++ compiler."""
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert lm_head.compile_head("auto", 4, 64, torch.float32, cpu) is None
+    assert lm_head.compile_head("auto", 4, 64, torch.float32, cpu) is None  # a tiny vocabulary on a CPU
     assert lm_head.compile_head(False, 4, 64, torch.float32, cuda) is None
     assert lm_head.compile_head(True, 4, 64, torch.float32, cpu) > 0
 
@@ -243,8 +243,20 @@ def test_row_spans_and_when_the_head_compiles():
         assert all(s.stop - s.start <= chunk + 1 for s in spans)
     assert [(s.start, s.stop) for s in _row_spans(9, 4)] == [(0, 4), (4, 9)]
     cpu, cuda = torch.device("cpu"), torch.device("cuda", 0)
-    assert compile_wanted("auto", cuda) and not compile_wanted("auto", cpu)
-    assert compile_wanted(True, cpu) and not compile_wanted(False, cuda)
+    assert compile_wanted("auto", cuda, 320) and compile_wanted("auto", cuda, 151_936)
+    assert not compile_wanted("auto", cpu, 320)  # a tiny model's head, chunked by hand: eager
+    assert compile_wanted(True, cpu, 320) and not compile_wanted(False, cuda, 151_936)
+
+
+def test_auto_compiles_a_real_vocabulary_on_a_cpu_with_a_compiler(monkeypatch):
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(lm_head.shutil, "which", lambda name: f"/usr/bin/{name}")
+    monkeypatch.delenv("CXX", raising=False)
+    assert compile_wanted("auto", cpu, 151_936)
+    monkeypatch.setattr(lm_head.shutil, "which", lambda name: None)  # a laptop with no C++ compiler
+    assert not compile_wanted("auto", cpu, 151_936)
+    monkeypatch.setenv("CXX", "/opt/bin/g++")
+    assert compile_wanted("auto", cpu, 151_936)
 
 
 def test_hidden_states_out_gives_what_the_head_reads(tmp_path):
@@ -330,7 +342,7 @@ def test_compiled_layers_on_two_ranks_equal_eager_one_rank(runs):
     no rows (its dummy pass runs the compiled layers too) equal the eager engine on 1 rank."""
     pair = [rank[(sc.CHUNK, True, True)] for rank in runs["two"]]
     assert all(rank["compiled"] > 0 and rank["head_compiled"] for rank in pair)  # the warm-ups ran, timed
-    assert not runs["one"][(sc.CHUNK, True, False)]["head_compiled"]  # auto on the CPU: eager
+    assert not runs["one"][(sc.CHUNK, True, False)]["head_compiled"]  # the eager engine compared with
     assert_pair_equals_single(pair, runs["one"][(sc.CHUNK, True, False)])
 
 

@@ -114,9 +114,9 @@ class FSDPConfig:
     lm_head_chunk_tokens: int | Literal["auto"] | None = "auto"
     # each head chunk's float32 arithmetic (logsumexp, log-probs, entropy; in backward the gradient) compiled
     # with torch.compile into a kernel or two that read the chunk's logits, instead of a dozen eager passes over
-    # [chunk, vocab] (engine/lm_head.py; verl's use_torch_compile). Compiled and warmed up at start-up.
-    # auto = on CUDA (a failed compile there: a warning, eager); on a CPU eager: inductor needs a C++ compiler
-    # there, which a laptop may lack, and 30 s of start-up. Only a chunked head (lm_head_chunk_tokens) compiles
+    # [chunk, vocab] (engine/lm_head.py; verl's use_torch_compile). Compiled and warmed up at start-up. auto = on
+    # CUDA, and on a CPU for a vocabulary of >= 32768 where a C++ compiler is found (inductor needs one there);
+    # under auto a compile that fails is a warning and the head runs eager. Only a chunked head compiles
     lm_head_compile: bool | Literal["auto"] = "auto"
     # fused RMSNorm, RoPE and SwiGLU kernels from the liger-kernel package (CUDA; verl's use_liger): the
     # decoder layers' elementwise work in fewer passes; parameter names unchanged (engine/kernels.py)

@@ -51,7 +51,7 @@ def unsupported(why: str) -> Rule:
 
 
 def _compile_where_it_pays(value: Any) -> Any:
-    # verl's default is true on any device; compiling on the CPU costs more start-up than its runs gain
+    # verl's default is true on any device; auto compiles where it pays and can (engine/lm_head.py compile_wanted)
     return "auto" if value is True else value
 
 
@@ -186,7 +186,7 @@ VERL_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.actor.use_torch_compile": maps(
         "actor.fsdp.lm_head_compile",
         "verl compiles its entropy function; Tandem compiles its LM head's chunk arithmetic, where "
-        "it pays: true is auto (on CUDA), false is false. actor.fsdp.torch_compile compiles every decoder layer",
+        "it pays: true is auto, false is false. actor.fsdp.torch_compile compiles every decoder layer",
         convert=_compile_where_it_pays,
     ),
     "actor_rollout_ref.actor.calculate_entropy": no_effect("Tandem logs the entropy of every update"),
