@@ -152,6 +152,7 @@ def _chunk_grad(
     if "sum_pi_squared" in want:
         grad.add_((p - value["sum_pi_squared"]).mul_(2 * grad_of["sum_pi_squared"]))
     grad.mul_(p)
+    del p  # eagerly: freed before the cast below makes the low-precision copy
     if "log_probs" in want:
         if compiled:  # a compare fuses into the one kernel inductor makes of this function
             hit = torch.arange(logits.shape[-1], device=logits.device) == labels.unsqueeze(-1)
