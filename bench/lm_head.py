@@ -1,6 +1,7 @@
 """The LM head with a real vocabulary (issue 20): full logits against `actor.fsdp.lm_head_chunk_tokens`.
 
     .venv/bin/python bench/lm_head.py [--vocab 151936] [--rows 8] [--length 512] [--chunks 256,1024,4096]
+    .venv/bin/python bench/lm_head.py --head-only 1024 --chunks 220     (the head alone, eager and compiled)
 
 A Qwen2 of W1's shape (hidden 256, 4 layers, 4 heads / 2 KV heads, tied embeddings, fp32) with a
 Qwen-sized vocabulary (151 936 entries: 39 M of its 42 M parameters are the embedding / head), on the
@@ -88,18 +89,11 @@ def child(args: dict) -> dict:
         loss = agg_loss(-micro["advantages"] * log_probs, m, global_num_tokens=tokens)
         return loss - 0.001 * agg_loss(entropy, m, global_num_tokens=tokens), {}
 
-    def timed(fn) -> list[float]:
-        out = []
-        for _ in range(1 + args["repeats"]):
-            start = time.perf_counter()
-            fn()
-            out.append(time.perf_counter() - start)
-        return out
-
+    runs = 1 + args["repeats"]  # the first is a warm-up
     base = peak_rss_mb()
-    forward = timed(lambda: engine.forward(batch, stats_fn, rows))[1:]  # the first is a warm-up
+    forward = timed_runs(lambda: engine.forward(batch, stats_fn, rows), runs)[1:]
     after_forward = peak_rss_mb()
-    update = timed(lambda: engine.train_step(batch, loss_fn, rows))[1:]
+    update = timed_runs(lambda: engine.train_step(batch, loss_fn, rows), runs)[1:]
     after_update = peak_rss_mb()
     first = engine.forward(batch, stats_fn, rows)
     dist.destroy_process_group()
@@ -114,6 +108,50 @@ def child(args: dict) -> dict:
     }
 
 
+def head_only(vocab: int, rows: int, hidden_size: int, chunk: int, repeats: int) -> None:
+    """The head alone, no model: `HeadRows.stats` (log-probs and entropy) on random hidden states and weight,
+    eager and compiled, in bf16 and float32; seconds of the no-grad forward and of forward + backward."""
+    import torch
+
+    from tandem.engine.lm_head import ChunkedHead, HeadRows
+
+    gen = torch.Generator().manual_seed(0)
+    labels = torch.randint(0, vocab, (rows,), generator=gen)
+    print(f"\nHeadRows.stats alone: {rows} rows, hidden {hidden_size}, vocab {vocab}, chunks of {chunk}")
+    print(f"{'dtype':<10}{'head':<10}{'forward s':>12}{'fwd+bwd s':>12}")
+    for dtype in (torch.bfloat16, torch.float32):
+        hidden = torch.randn(rows, hidden_size, generator=gen).to(dtype).requires_grad_()
+        weight = (torch.randn(vocab, hidden_size, generator=gen) * 0.02).to(dtype).requires_grad_()
+        for compiled in (False, True):
+            rows_of = HeadRows(hidden, ChunkedHead(weight, None, chunk, compiled), 1.0)
+
+            def forward(rows_of=rows_of):
+                with torch.no_grad():
+                    rows_of.stats(labels, entropy=True)
+
+            def both(rows_of=rows_of):
+                stats = rows_of.stats(labels, entropy=True)
+                (stats["log_probs"].sum() + 0.01 * stats["entropy"].sum()).backward()
+
+            seconds = []
+            for fn in (forward, both):
+                fn()  # warm-up (and, compiled, the compile)
+                seconds.append(statistics.median(timed_runs(fn, repeats)))
+            name = str(dtype).removeprefix("torch.")
+            print(
+                f"{name:<10}{'compiled' if compiled else 'eager':<10}{seconds[0]:>12.3f}{seconds[1]:>12.3f}"
+            )
+
+
+def timed_runs(fn, repeats: int) -> list[float]:
+    out = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        out.append(time.perf_counter() - start)
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--vocab", type=int, default=151_936)
@@ -125,10 +163,19 @@ def main() -> None:
     )
     parser.add_argument("--repeats", type=int, default=1, help="measured passes after one warm-up")
     parser.add_argument("--json", help="also write every number to this file")
+    parser.add_argument(
+        "--head-only",
+        type=int,
+        metavar="ROWS",
+        help="instead: HeadRows.stats alone on ROWS rows (hidden 896, the first --chunks), eager and compiled",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(json.loads(args.child))))
+        return
+    if args.head_only:
+        head_only(args.vocab, args.head_only, 896, int(args.chunks.split(",")[0]), max(args.repeats, 3))
         return
 
     from tandem.models.tiny import save_tiny
