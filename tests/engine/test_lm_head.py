@@ -32,7 +32,9 @@ from . import lm_head_scenarios as sc
 
 
 def full_stats(hidden, weight, bias, labels, scale):
-    logits = F.linear(hidden, weight, bias).float() / scale
+    """The numbers from the full logits, in float32 (float64 inputs stay float64: the exact reference)."""
+    logits = F.linear(hidden, weight, bias)
+    logits = (logits if logits.dtype == torch.float64 else logits.float()) / scale
     return {
         "log_probs": log_probs_from_logits(logits, labels),
         "entropy": entropy_from_logits(logits),
@@ -147,13 +149,7 @@ def test_compiled_chunk_arithmetic_equals_eager_and_float64(compiles):
         eager = _stats_and_grads(hidden, weight, bias, *args, False, asked, upstream)
         compiled = _stats_and_grads(hidden, weight, bias, *args, True, asked, upstream)
         leaves = [t.double().requires_grad_() for t in (hidden, weight, bias)]
-        logits = F.linear(*leaves) / 0.7
-        everything = {
-            "log_probs": log_probs_from_logits(logits, labels),
-            "entropy": entropy_from_logits(logits),
-            "sum_pi_squared": sum_pi_squared_from_logits(logits),
-        }
-        exact_stats = {k: everything[k] for k in asked}
+        exact_stats = {k: v for k, v in full_stats(*leaves, labels, 0.7).items() if k in asked}
         total = sum((exact_stats[k] * upstream[k].double()).sum() for k in asked)
         exact = exact_stats, torch.autograd.grad(total, leaves)  # autograd through float64 logits
         assert tuple(compiled[0]) == asked
@@ -251,8 +247,8 @@ def test_compile_head_off_on_and_when_the_compile_fails(monkeypatch, caplog, com
 
 def _head_weight_gradient(hidden, weight, labels, advantages, chunk):
     hidden, weight = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
-    if chunk is None:
-        log_probs = log_probs_from_logits(F.linear(hidden, weight).float(), labels)
+    if chunk is None:  # the full logits (float64 inputs: the exact reference)
+        log_probs = full_stats(hidden, weight, None, labels, 1.0)["log_probs"]
     else:
         log_probs = HeadRows(hidden, ChunkedHead(weight, None, chunk), 1.0).stats(labels)["log_probs"]
     (-(advantages * log_probs).mean()).backward()

@@ -308,7 +308,7 @@ class _FusedHeadStats(torch.autograd.Function):
                 ctx.scale,
                 ctx.computed,
                 ctx.compiled,
-            ).to(weight.dtype)
+            )  # in the logits' dtype, the weight's
             if grad_hidden is not None:
                 grad_hidden[part] = grad @ weight
             if grad_weight is not None and grad_weight.dtype != weight.dtype:
