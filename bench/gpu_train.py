@@ -12,15 +12,18 @@ checkpointing in both loops.
 
 - tandem <attn>: the FSDP2 engine as the actor runs it: bf16 compute over fp32 master weights, packed
   micro-batches under a 16 k-token budget, the chunked LM head (auto), `actor.fsdp.attn_implementation`
-  = <attn> (engine/attention.py), the head's chunk arithmetic compiled on CUDA (fsdp.lm_head_compile=auto).
-  `--variants` adds rows of tandem <first attn> with one setting changed (VARIANTS): `compile`
-  (fsdp.torch_compile), `liger` (fsdp.liger; the liger-kernel package), `eager-head` (lm_head_compile=false),
-  `head-chunk=N` (lm_head_chunk_tokens=N instead of auto's 883 on CUDA).
+  = <attn> (engine/attention.py), the decoder layers and the head's chunk arithmetic compiled on CUDA
+  (fsdp.torch_compile=auto, fsdp.lm_head_compile=auto).
+  `--variants` adds rows of tandem <first attn> with one setting changed (VARIANTS): `eager-layers`
+  (fsdp.torch_compile=false), `compile` (fsdp.torch_compile=true: auto's choice on CUDA, forced on a CPU),
+  `liger` (fsdp.liger; the liger-kernel package), `eager-head` (lm_head_compile=false), `head-chunk=N`
+  (lm_head_chunk_tokens=N instead of auto's 883 on CUDA).
 - plain: fp32 parameters under autocast bf16, fused AdamW, 4 rows a micro-batch padded to their own longest
   row, the full logits, log-softmax in float32.
 
-Each configuration runs in a child process of its own (fresh CUDA memory statistics): one warm-up step
-(two with the `compile` variant) and --steps measured ones. Per row: the median step, tokens/s, MFU (model FLOPs of
+Each configuration runs in a child process of its own (fresh CUDA memory statistics): warm-up steps (one for
+the plain loop and eager layers, two where the layers may be compiled: a packing the start-up warm-up did not
+foresee compiles on first use) and --steps measured ones. Per row: the median step, tokens/s, MFU (model FLOPs of
 the update, engine/flops.py's formula: 3 x (2 N T + 4 L H sum n^2), over the step time and the GPU's dense
 bf16 peak), the peak allocated memory, and the ratio to the plain loop. --profile adds one profiled step per
 configuration: device time by kind (matmul, attention, elementwise and copies, other) and the top kernels.
@@ -328,13 +331,17 @@ def variant_fsdp(variant: str) -> dict:
     name, _, value = variant.partition("=")
     if name == "compile":
         return {"torch_compile": True}
+    if name == "eager-layers":
+        return {"torch_compile": False}
     if name == "liger":
         return {"liger": True}
     if name == "eager-head":
         return {"lm_head_compile": False}
     if name == "head-chunk" and value.isdigit():
         return {"lm_head_chunk_tokens": int(value)}
-    raise SystemExit(f"--variants: unknown entry {variant!r}; use compile, liger, eager-head, head-chunk=N")
+    raise SystemExit(
+        f"--variants: unknown entry {variant!r}; use eager-layers, compile, liger, eager-head, head-chunk=N"
+    )
 
 
 def main() -> None:
@@ -345,7 +352,7 @@ def main() -> None:
         "--variants",
         default="",
         help="comma-separated rows of tandem <first attn> with one setting changed: "
-        "compile, liger, eager-head, head-chunk=N",
+        "eager-layers, compile, liger, eager-head, head-chunk=N",
     )
     parser.add_argument("--no-plain", action="store_true", help="skip the plain loop")
     parser.add_argument("--steps", type=int, default=3, help="measured steps after the warm-up")
@@ -401,7 +408,9 @@ def main() -> None:
                 "folder": str(folder),
                 "vocab": vocab,
                 "checkpointing": size in CHECKPOINTED,
-                "warmup": 2 if extra["fsdp"].get("torch_compile") else 1,
+                "warmup": 2
+                if extra["kind"] == "tandem" and extra["fsdp"].get("torch_compile") is not False
+                else 1,
             }
             print(f"[gpu_train] {size} {label} ...", file=sys.stderr, flush=True)
             try:

@@ -118,6 +118,24 @@ def test_auto_on_cuda_prefers_flash_attn_then_torch_kernels(monkeypatch):
         assert attention.resolve("auto", cuda) == expected
 
 
+def test_a_float32_model_on_cuda_gets_no_flash_kernel(monkeypatch):
+    """The flash kernels (flash-attn's and torch's varlen) take fp16 / bf16 only: under float32 compute auto
+    passes them over, and asking for one is an error naming the key and the dtype."""
+    import transformers.utils
+
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: True)
+    for runs, expected in (({"varlen", "flex_attention"}, "tandem_flex_attention"), ({"varlen"}, "sdpa")):
+        monkeypatch.setattr(attention, "_runs", lambda kernel, device, r=runs: kernel in r)
+        assert attention.resolve("auto", cuda, torch.float32) == expected
+        assert attention.resolve("auto", cuda, torch.float16) == "flash_attention_2"
+    for kernel in ("varlen", "flash_attention_2"):
+        with pytest.raises(ValueError, match=rf"attn_implementation={kernel}: .* computes in torch.float32"):
+            attention.resolve(kernel, cuda, torch.float32)
+    monkeypatch.setattr(attention, "_runs", lambda kernel, device: True)
+    assert attention.resolve("sdpa_split", cuda, torch.float32) == "tandem_sdpa_split"
+
+
 @pytest.fixture(scope="module")
 def tiny_path(tmp_path_factory):
     return save_tiny(tmp_path_factory.mktemp("attention") / "tiny")

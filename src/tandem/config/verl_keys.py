@@ -186,7 +186,8 @@ VERL_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.actor.use_torch_compile": maps(
         "actor.fsdp.lm_head_compile",
         "verl compiles its entropy function; Tandem compiles its LM head's chunk arithmetic, where "
-        "it pays: true is auto, false is false. actor.fsdp.torch_compile compiles every decoder layer",
+        "it pays: true is auto, false is false. actor.fsdp.torch_compile (auto: on CUDA) compiles every "
+        "decoder layer",
         convert=_compile_where_it_pays,
     ),
     "actor_rollout_ref.actor.calculate_entropy": no_effect("Tandem logs the entropy of every update"),

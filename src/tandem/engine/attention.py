@@ -19,7 +19,8 @@ mask transformers made; for a packed forward (no attention mask) that mask is No
 
 `resolve` turns the setting into the kernel a model is built with: `auto` takes flash-attn's own varlen
 kernel where the package is installed on CUDA, else `varlen` where its probe runs, else `flex_attention`,
-else sdpa. The order is by expected speed, not timed at start-up: a timed race would make the choice, and so
+else sdpa. The two flash kernels take fp16 / bf16 only: a model computing in float32 on CUDA gets
+`flex_attention` (or sdpa) from auto, and an error naming the key when one of them is asked for. The order is by expected speed, not timed at start-up: a timed race would make the choice, and so
 the numbers, move between runs; bench/gpu.py times each of them. On the CPU `auto` keeps sdpa, today's path.
 """
 
@@ -40,6 +41,7 @@ logger = logging.getLogger(__name__)
 KERNELS = ("varlen", "flex_attention", "sdpa_split")  # Tandem's packed kernels, as the config names them
 PREFIX = "tandem_"  # their names in transformers' attention interface
 VARLEN_KERNELS = ("flash_attention_2", *(PREFIX + name for name in KERNELS))  # one packed row, no mask
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def transformers_name(kernel: str) -> str:
@@ -63,22 +65,35 @@ def varlen_kwargs(position_ids: Tensor) -> dict[str, Tensor | int]:
     return {"cu_seq_lens_q": cu, "cu_seq_lens_k": cu, "max_length_q": longest, "max_length_k": longest}
 
 
-def resolve(choice: str, device: torch.device, key: str = "actor.fsdp.attn_implementation") -> str:
-    """transformers' attn_implementation for `choice` on `device` (see the module docstring for `auto`). A
-    kernel asked for where it cannot run is an error naming `key` and what to set instead."""
+def resolve(
+    choice: str,
+    device: torch.device,
+    dtype: torch.dtype = torch.bfloat16,
+    key: str = "actor.fsdp.attn_implementation",
+) -> str:
+    """transformers' attn_implementation for `choice` on `device`, for a model computing in `dtype` (see the
+    module docstring for `auto`). A kernel asked for where it cannot run is an error naming `key` and what to
+    set instead."""
     from transformers.utils import is_flash_attn_2_available
 
     cuda = device.type == "cuda"
     flash = cuda and is_flash_attn_2_available()
+    half = dtype in HALF_DTYPES  # what the flash kernels take
     if choice == "auto":
         if not cuda:
             return "sdpa"
-        if flash:
+        if flash and half:
             return "flash_attention_2"
-        for kernel in ("varlen", "flex_attention"):
+        for kernel in ("varlen", "flex_attention") if half else ("flex_attention",):
             if _runs(kernel, device):
                 return transformers_name(kernel)
         return "sdpa"
+    if choice in ("flash_attention_2", "varlen") and cuda and not half:
+        raise ValueError(
+            f"{key}={choice}: flash attention takes float16 / bfloat16 only and this model computes in {dtype} "
+            f"(actor.fsdp.param_dtype); set {key}=flex_attention, sdpa_split or auto (which picks flex_attention "
+            "there), or param_dtype=bfloat16"
+        )
     if choice == "flash_attention_2" and not flash:
         raise ValueError(
             f"{key}=flash_attention_2 needs a CUDA device and the flash-attn package (device here: "

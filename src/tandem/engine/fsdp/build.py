@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from tandem.batch import Batch
 from tandem.config.schema import FSDPConfig
@@ -31,6 +31,19 @@ logger = logging.getLogger(__name__)
 
 VALUE_HEAD = ("score",)  # a value model's head (transformers' token classifiers): trained whole under LoRA
 _warned_cpu_offload = False
+LAYER_GRAPHS = 16  # the recompile limit while decoder layers are compiled (_compile_layers)
+_LAYER_BACKEND = "inductor"  # torch.compile's backend for fsdp.torch_compile (a test swaps in a failing one)
+
+
+def compile_layers_wanted(setting: bool | str, device: torch.device, sequence_parallel: int) -> bool:
+    """`fsdp.torch_compile`: true, false, or auto: on CUDA without sequence parallel. There issue 33 measured
+    the 0.5 B update 1.14x faster compiled on an H200 (1.75 s to 1.53 s; 32 s of compile, paid once at start-up
+    and won back within a few RL steps of real size). A CPU keeps eager layers under auto: bench/README.md's
+    compiled rows run at 0.78x (W1) to 0.99x (100 M) of eager there. Sequence parallel's all-to-all inside
+    compiled layers is untested, so auto leaves them eager (true is refused there, engine/fsdp/ulysses.py)."""
+    if setting != "auto":
+        return bool(setting)
+    return device.type == "cuda" and sequence_parallel == 1
 
 
 class ModelBuild:
@@ -89,43 +102,58 @@ class ModelBuild:
         del full_state
         return model, hf_class, state_keys
 
-    def _compile_layers(self) -> float:
+    def _compile_layers(self, setting: bool | str) -> float | None:
         """`fsdp.torch_compile`: each decoder layer compiled in place (`Module.compile`, so the parameter names
         stay the HF ones and FSDP2's hooks stay on the layers), with dynamic shapes: packed rows are one
-        [1, tokens] row whose length changes every micro-batch. Compiling happens on a layer's first calls
-        with a new grad mode / train flag; a warm-up pays it here (a training pass with its backward, and a
-        no-grad pass), timed and logged, so no step's time holds it. Returns the warm-up's seconds.
+        [1, tokens] row whose length changes every micro-batch. Compiling happens on a layer's first call with
+        each new guard (`_warm_up_layers` lists them); the warm-up pays it here, timed and logged, so no step's
+        time holds it. Returns the warm-up's seconds. A case the warm-up did not foresee compiles on first use
+        (torch recompiles by itself, up to its recompile limit, raised to LAYER_GRAPHS here).
 
-        Sizes 0 and 1 are never dynamic in torch.compile: padded micro-batches warm up with 2 rows and with 1,
-        and the engine's dummy passes are 2 tokens long. A shape the warm-up did not foresee compiles on first
-        use (torch recompiles by itself, up to its recompile limit)."""
+        Under `auto` a warm-up that fails (inductor's errors have no common type) is a warning: the layers go
+        back to eager (`Module.compile` only sets `_compiled_call_impl`), every FSDP unit is resharded, and the
+        warm-up's passes run again eagerly, so the engine starts from the state an eager one would; None is
+        returned. Under `true` it is an error naming the key."""
         layers = hf_io.decoder_layers(self.model)
         if not layers:
+            if setting == "auto":
+                logger.warning(
+                    "fsdp.torch_compile=auto: no decoder layers found in %s; nothing compiled",
+                    self._hf_class.__name__,
+                )
+                return None
             raise ValueError(
                 f"fsdp.torch_compile=true: no decoder layers found in {self._hf_class.__name__} to compile; "
                 "set fsdp.torch_compile=false"
             )
+        # the guards above multiply: up to 12 graphs (LoRA, sdpa), past torch's default limit of 8 per function,
+        # after which a layer would run eager in the cases left over
+        torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, LAYER_GRAPHS)
         for layer in layers:
-            layer.compile(dynamic=True)
+            layer.compile(dynamic=True, backend=_LAYER_BACKEND)
         start = time.perf_counter()
-        # two sequences: one packed [1, 11] row, or a padded [2, 7] batch (its first row padded)
-        lengths = (4, 7)
-        mask = torch.tensor([[1] * n + [0] * (max(lengths) - n) for n in lengths], device=self.device)
-        ids = (torch.arange(mask.numel(), device=self.device).view(mask.shape) * 3 + 1) % self.vocab_size
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        warm = Batch({"input_ids": ids * mask, "attention_mask": mask, "position_ids": positions})
-        # Packed micro-batches are always one row; padded ones are 1 row or more, two graphs.
-        shapes = [warm] if self.packing else [warm, warm.slice(0, 1)]
-        for micro in shapes:
-            if self.optimizer is not None:
-                self.model.train()
-                self._model_forward(micro).zero_loss().backward()
-                for param in self.model.parameters():
-                    param.grad = None
-            self.model.eval()
-            with torch.no_grad():
-                self._model_forward(micro)
-        self.model.reshard()
+        try:
+            self._warm_up_layers()
+        except Exception as error:
+            for layer in layers:
+                layer._compiled_call_impl = None
+            self._reshard_all()
+            if setting != "auto":
+                raise RuntimeError(
+                    f"actor.fsdp.torch_compile=true: torch.compile of the decoder layers of "
+                    f"{self._hf_class.__name__} failed on {self.device.type} ({type(error).__name__}: {error}); "
+                    "set actor.fsdp.torch_compile=false"
+                ) from error
+            logger.warning(
+                "actor.fsdp.torch_compile=auto: torch.compile of the decoder layers of %s failed on %s (%s: %s); "
+                "the layers run eager",
+                self._hf_class.__name__,
+                self.device.type,
+                type(error).__name__,
+                error,
+            )
+            self._warm_up_layers()  # the same passes eagerly: the engine's state is an eager engine's
+            return None
         seconds = time.perf_counter() - start
         logger.info(
             "fsdp.torch_compile: %d decoder layers of %s compiled in %.1f s (warm-up, %s)",
@@ -135,6 +163,47 @@ class ModelBuild:
             "training and no-grad passes" if self.optimizer is not None else "no-grad pass",
         )
         return seconds
+
+    def _warm_up_layers(self) -> None:
+        """`_compile_layers`' passes: a training pass and its backward (a trainable engine), then a no-grad
+        pass, over each kind of micro-batch the layers will see. No gradient is kept.
+
+        What makes a layer compile anew is a new guard, not a new length (the lengths are dynamic): each grad
+        mode, whether the layer's input wants a gradient (under LoRA the first layer's does not), and, but for a
+        varlen kernel, a mask tensor or None (sdpa and eager get no mask where no row is padded or holds two
+        sequences) and a batch of one row or of more. A varlen kernel's micro-batches are always one packed row
+        without a mask (two sequences here); the others get 2 rows with padding, 1 row with and without, and 2
+        rows without, as packed or padded micro-batches make them."""
+
+        def micro(*lengths: int, width: int | None = None) -> Batch:
+            width = width or max(lengths)
+            mask = torch.tensor([[1] * n + [0] * (width - n) for n in lengths], device=self.device)
+            ids = (torch.arange(mask.numel(), device=self.device).view(mask.shape) * 3 + 1) % self.vocab_size
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            return Batch({"input_ids": ids * mask, "attention_mask": mask, "position_ids": positions})
+
+        if self.packing and self.varlen:
+            shapes = [micro(4, 7)]
+        else:
+            shapes = [micro(4, 7), micro(4, width=7), micro(7), micro(7, 7)]
+        try:
+            for batch in shapes:
+                if self.optimizer is not None:
+                    self.model.train()
+                    self._model_forward(batch).zero_loss().backward()
+                self.model.eval()
+                with torch.no_grad():
+                    self._model_forward(batch)
+        finally:
+            for param in self.model.parameters():
+                param.grad = None
+        self.model.reshard()
+
+    def _reshard_all(self) -> None:
+        """Every FSDP unit back to its shards (after a pass that stopped half-way, some stay unsharded)."""
+        for module in self.model.modules():
+            if isinstance(module, FSDPModule):
+                module.reshard()
 
     def _offload_policy(self, cpu_offload: bool) -> CPUOffloadPolicy | None:
         global _warned_cpu_offload

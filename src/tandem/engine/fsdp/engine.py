@@ -51,7 +51,7 @@ from tandem.engine.base import (
     pad_micro_batch,
     strategy_param_dtype,
 )
-from tandem.engine.fsdp.build import ModelBuild
+from tandem.engine.fsdp.build import ModelBuild, compile_layers_wanted
 from tandem.engine.fsdp.state import CheckpointAndOffload
 from tandem.engine.fsdp.ulysses import (
     check_heads,
@@ -110,7 +110,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
             self.param_dtype = torch.float32  # a CPU probe's choice, made per rank: bf16 only if all chose it
 
         # fsdp.attn_implementation: the kernel, and whether packed rows go to it as one row with their bounds
-        attention = packed_attention.resolve(fsdp.attn_implementation, self.device)
+        attention = packed_attention.resolve(fsdp.attn_implementation, self.device, self.param_dtype)
         if optim is not None:
             packed_attention.check_trainable(attention, self.device, "actor.fsdp.attn_implementation")
         kernels.check_liger(fsdp.liger, self.device)
@@ -178,7 +178,12 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
             self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], optim)
             self.scheduler = build_scheduler(self.optimizer, optim, spec.total_training_steps)
         # start-up compiles (fsdp.torch_compile, fsdp.lm_head_compile), warmed up and timed here, not in a step
-        compiles = [self._compile_layers()] if fsdp.torch_compile else []
+        compiled = (
+            self._compile_layers(fsdp.torch_compile)
+            if compile_layers_wanted(fsdp.torch_compile, self.device, fsdp.sequence_parallel)
+            else None
+        )
+        compiles = [compiled] if compiled is not None else []
         compiles += [head_seconds] if head_seconds is not None else []
         self.compile_seconds = sum(compiles) if compiles else None
 
