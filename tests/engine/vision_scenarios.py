@@ -4,6 +4,7 @@ the weights after them, for the parent to compare."""
 
 from __future__ import annotations
 
+import os
 from datetime import timedelta
 from pathlib import Path
 
@@ -43,7 +44,9 @@ def prompt_batch(model_path: str | Path) -> Batch:
         }
         for content, image in ROWS
     ]
-    path = write_rows(rows, Path(model_path).parent / "rows.parquet")
+    # a file per process: the ranks of a spawned pair write theirs at once (one shared file was once read
+    # half-written: "Parquet magic bytes not found in footer")
+    path = write_rows(rows, Path(model_path).parent / f"rows-{os.getpid()}.parquet")
     data = PromptDataset([str(path)], processor.tokenizer, processor=processor, max_prompt_length=64)
     return collate_prompts([data[i] for i in range(len(data))], processor.tokenizer.pad_token_id)
 
