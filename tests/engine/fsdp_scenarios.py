@@ -102,13 +102,14 @@ def make_engine(
     optim: OptimConfig | None = OPTIM,
     fsdp: FSDPConfig | None = None,
     grad_clip: float = GRAD_CLIP,
+    device: torch.device | str = "cpu",
     **kwargs,
 ) -> FSDPEngine:
     return FSDPEngine(
         EngineSpec(
             model_path=model_path,
             head=head,
-            device=torch.device("cpu"),
+            device=torch.device(device),
             optim=optim,
             fsdp=fsdp or FSDPConfig(),
             grad_clip=grad_clip,

@@ -19,13 +19,13 @@ import torch
 import torch.distributed as dist
 
 from tandem.config.schema import FSDPConfig, LoraConfig
-from tandem.engine import EngineSpec, FSDPEngine, hf_io
+from tandem.engine import hf_io
 from tandem.engine.fsdp import build
 from tandem.engine.fsdp import engine as engine_module
 from tandem.engine.fsdp.build import compile_layers_wanted
 from tandem.models.tiny import save_tiny
 
-from .fsdp_scenarios import GRAD_CLIP, TOTAL_STEPS, gather_state, rollout_batch, spawn
+from .fsdp_scenarios import gather_state, make_engine, rollout_batch, spawn
 from .lm_head_scenarios import OPTIM, make_loss_fn, stats_fn
 
 CUDA = torch.device("cuda", 0)
@@ -65,25 +65,14 @@ def run_engine(model_path, torch_compile, device=CPU, dtype="float32", attention
     from torch._dynamo.utils import counters
 
     fsdp = FSDPConfig(torch_compile=torch_compile, param_dtype=dtype, attn_implementation=attention)
-    spec = EngineSpec(
-        model_path=str(model_path),
-        head="lm",
-        device=device,
-        optim=OPTIM,
-        fsdp=fsdp,
-        grad_clip=GRAD_CLIP,
-        total_training_steps=TOTAL_STEPS,
-        packing=True,
-        **kwargs,
-    )
-    engine = FSDPEngine(spec)
+    engine = make_engine(str(model_path), "lm", optim=OPTIM, fsdp=fsdp, device=device, packing=True, **kwargs)
     graphs = counters["stats"]["unique_graphs"]
     batch = rollout_batch(6, seed=5)
     result = {"engine": engine, "forward": engine.forward(batch, stats_fn, 2)}
     step = engine.train_step(batch, make_loss_fn(batch["response_mask"].sum()), 3)
     result["step"] = dataclasses.asdict(step)
     result["state"] = gather_state(engine)
-    for seed in (7, 8):  # steps of other packings: other lengths, 1 and 2 rows
+    for seed in (7, 8):  # two more steps: other rows, other lengths
         batch = rollout_batch(5 + seed % 3, seed=seed)
         engine.train_step(batch, make_loss_fn(batch["response_mask"].sum()), 5 + seed % 3)
     result["graphs_after_warm_up"] = counters["stats"]["unique_graphs"] - graphs
