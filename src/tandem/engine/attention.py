@@ -19,9 +19,10 @@ mask transformers made; for a packed forward (no attention mask) that mask is No
 
 `resolve` turns the setting into the kernel a model is built with: `auto` takes flash-attn's own varlen
 kernel where the package is installed on CUDA, else `varlen` where its probe runs, else `flex_attention`,
-else sdpa. The two flash kernels take fp16 / bf16 only: a model computing in float32 on CUDA gets
-`flex_attention` (or sdpa) from auto, and an error naming the key when one of them is asked for. The order is by expected speed, not timed at start-up: a timed race would make the choice, and so
+else sdpa. The order is by expected speed, not timed at start-up: a timed race would make the choice, and so
 the numbers, move between runs; bench/gpu.py times each of them. On the CPU `auto` keeps sdpa, today's path.
+The two flash kernels take fp16 / bf16 only: a model computing in float32 on CUDA gets `flex_attention` (or
+sdpa) from auto, and an error naming the key when one of them is asked for.
 """
 
 from __future__ import annotations
