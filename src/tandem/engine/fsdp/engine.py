@@ -178,13 +178,12 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
             self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], optim)
             self.scheduler = build_scheduler(self.optimizer, optim, spec.total_training_steps)
         # start-up compiles (fsdp.torch_compile, fsdp.lm_head_compile), warmed up and timed here, not in a step
-        compiled = (
+        layer_seconds = (
             self._compile_layers(fsdp.torch_compile)
             if compile_layers_wanted(fsdp.torch_compile, self.device, fsdp.sequence_parallel)
             else None
         )
-        compiles = [compiled] if compiled is not None else []
-        compiles += [head_seconds] if head_seconds is not None else []
+        compiles = [seconds for seconds in (layer_seconds, head_seconds) if seconds is not None]
         self.compile_seconds = sum(compiles) if compiles else None
 
     # ------------------------------------------------------------------ forward

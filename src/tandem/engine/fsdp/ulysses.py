@@ -77,9 +77,8 @@ def sequence_parallel_groups(
         )
     if size == 1:
         return None, None
-    if (
-        fsdp.torch_compile is True
-    ):  # auto compiles nothing under sequence parallel (build.compile_layers_wanted)
+    # auto compiles nothing under sequence parallel (build.compile_layers_wanted); true is refused
+    if fsdp.torch_compile is True:
         raise ValueError(
             "actor.fsdp.torch_compile=true with actor.fsdp.sequence_parallel > 1 is not supported (the "
             "attention's all-to-all inside compiled layers is untested); turn one of them off"
