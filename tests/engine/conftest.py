@@ -1,5 +1,7 @@
 import pytest
+import torch
 
+from tandem.engine import lm_head
 from tandem.models.tiny import save_tiny
 
 from . import lm_head_scenarios
@@ -17,3 +19,17 @@ def lm_head_runs(tmp_path_factory):
         "two": lm_head_scenarios.run(2, tied, root / "two"),
         "untied": lm_head_scenarios.run(1, untied, root / "untied-one")[0],
     }
+
+
+@pytest.fixture
+def compiles():
+    """A fresh start for torch.compile (its recompile limit is per function and process: a test that hit it
+    would run eager and compare eager with eager); yields a count of the graphs compiled since."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    lm_head._compiled.cache_clear()
+    start = counters["stats"]["unique_graphs"]
+    yield lambda: counters["stats"]["unique_graphs"] - start
+    torch._dynamo.reset()
+    lm_head._compiled.cache_clear()

@@ -52,13 +52,6 @@ def one_rank(tmp_path_factory):
         dist.destroy_process_group()
 
 
-@pytest.fixture
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
-
-
 def run_engine(model_path, torch_compile, device=CPU, dtype="float32", attention="auto", **kwargs) -> dict:
     """An engine's start, a forward (log-probs, entropy), one training step and the weights after it, and the
     graphs torch.compile made after the start (graphs_after_warm_up: the warm-up should have made them all)."""
@@ -95,7 +88,7 @@ def failing_backend(graph, example_inputs):
 
 
 def test_a_failed_compile_under_auto_runs_eager_and_under_true_is_an_error(
-    one_rank, fresh_dynamo, monkeypatch, caplog
+    one_rank, compiles, monkeypatch, caplog
 ):
     """The backend fails inside the warm-up's first forward, after FSDP2 has unsharded the layer: under auto
     the layers go back to eager and the engine then computes what an eager one does; under true the error
@@ -117,7 +110,7 @@ def test_a_failed_compile_under_auto_runs_eager_and_under_true_is_an_error(
         run_engine(one_rank, True)
 
 
-def test_compiled_layers_with_lora_and_checkpointing_equal_eager(one_rank, fresh_dynamo, monkeypatch):
+def test_compiled_layers_with_lora_and_checkpointing_equal_eager(one_rank, compiles, monkeypatch):
     """What auto turns on for every CUDA user, with the options it must work with (issue 33, item 2): the
     adapters' matmuls and the recompute in backward inside the compiled layers change no number (both in one
     case: each alone compiled as cleanly here, and the pair is what a memory-bound LoRA run uses), and the
@@ -125,13 +118,11 @@ def test_compiled_layers_with_lora_and_checkpointing_equal_eager(one_rank, fresh
     CUDA's are: one packed row, no mask (the sdpa path's guards are the 2-rank test's, test_lm_head.py)."""
     kwargs = {"lora": LoraConfig(rank=4), "activation_checkpointing": True, "attention": "sdpa_split"}
     monkeypatch.setattr(build, "_LAYER_BACKEND", "aot_eager")
-    from torch._dynamo.utils import counters
-
     eager = run_engine(one_rank, False, **kwargs)
-    graphs = counters["stats"]["unique_graphs"]
+    graphs = compiles()
     compiled = run_engine(one_rank, True, **kwargs)
     assert compiled["engine"].compile_seconds > 0
-    assert counters["stats"]["unique_graphs"] > graphs  # the layers were captured, not run eager
+    assert compiles() > graphs  # the layers were captured, not run eager
     assert all(
         layer._compiled_call_impl is not None for layer in hf_io.decoder_layers(compiled["engine"].model)
     )

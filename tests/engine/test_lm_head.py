@@ -112,20 +112,6 @@ def _stats_and_grads(hidden, weight, bias, labels, scale, chunk, compiled, asked
     return stats, torch.autograd.grad(total, leaves)
 
 
-@pytest.fixture
-def compiles():
-    """A fresh start for torch.compile (its recompile limit is per function and process: a test that hit it
-    would run eager and compare eager with eager); yields a count of the graphs compiled since."""
-    from torch._dynamo.utils import counters
-
-    torch._dynamo.reset()
-    lm_head._compiled.cache_clear()
-    start = counters["stats"]["unique_graphs"]
-    yield lambda: counters["stats"]["unique_graphs"] - start
-    torch._dynamo.reset()
-    lm_head._compiled.cache_clear()
-
-
 def test_compiled_chunk_arithmetic_equals_eager_and_float64(compiles):
     """fsdp.lm_head_compile: the chunk functions under torch.compile (inductor's CPU code here; Triton on CUDA)
     give the eager numbers and gradients to 1e-5 in float32, and both are within 1e-5 of autograd through float64
