@@ -293,3 +293,161 @@ def test_a_model_the_virtual_stages_cannot_split_fails_before_the_workers(tmp_pa
     check_available(load_config("grpo", [*base, "actor.megatron.virtual_pipeline=2"]))
     with pytest.raises(ConfigError, match=r"actor.model_path=.*pipeline_parallel x virtual_pipeline = 8"):
         check_available(load_config("grpo", [*base, "actor.megatron.virtual_pipeline=4"]))
+
+
+# --- the current families: Qwen3 (q/k norms), Llama 3 (llama3 RoPE), Qwen3-MoE ----------------------------------
+
+
+@pytest.fixture(scope="module")
+def families():
+    from .megatron_family_scenarios import family_config
+
+    return {name: family_config(name) for name in ("llama3", "qwen3", "qwen3_moe")}
+
+
+@pytest.mark.parametrize("name", ["llama3", "qwen3", "qwen3_moe"])
+def test_the_current_families_slots_cover_their_state_dicts(families, name):
+    from transformers import AutoModelForCausalLM
+
+    config = families[name]
+    names = set(AutoModelForCausalLM.from_config(config).state_dict())
+    if config.tie_word_embeddings:
+        names.discard("lm_head.weight")
+    one = convert.slots(
+        config, head="lm", layer_offset=0, num_local_layers=2, first_stage=True, last_stage=True
+    )
+    assert _hf_names(one) == names
+    stages = [
+        convert.slots(
+            config, head="lm", layer_offset=i, num_local_layers=1, first_stage=i == 0, last_stage=i == 1
+        )
+        for i in (0, 1)
+    ]
+    assert _hf_names(stages[0]) | _hf_names(stages[1]) == names
+    convert.check_supported(config, 1, 2)
+
+
+def test_qwen3_q_and_k_norms_are_megatron_s_qk_layernorms(families):
+    config = families["qwen3"]
+    by_name = {s.megatron: s for s in _one_stage_of(config)}
+    attn = "model.layers.1.self_attn"
+    assert by_name["decoder.layers.1.self_attention.q_layernorm.weight"] == Slot(
+        "decoder.layers.1.self_attention.q_layernorm.weight", (f"{attn}.q_norm.weight",), "rep"
+    )
+    assert by_name["decoder.layers.1.self_attention.k_layernorm.weight"].hf == (f"{attn}.k_norm.weight",)
+    kwargs = convert.transformer_config_kwargs(config)
+    assert kwargs["qk_layernorm"] is True and kwargs["add_qkv_bias"] is False
+    assert kwargs["kv_channels"] == config.head_dim == 32 != config.hidden_size // config.num_attention_heads
+    assert convert.transformer_config_kwargs(families["llama3"])["qk_layernorm"] is False
+
+
+def _one_stage_of(config) -> list[Slot]:
+    return convert.slots(
+        config,
+        head="lm",
+        layer_offset=0,
+        num_local_layers=config.num_hidden_layers,
+        first_stage=True,
+        last_stage=True,
+    )
+
+
+@pytest.mark.parametrize("norm_topk_prob", [True, False])
+def test_qwen3_moe_experts_and_router(families, norm_topk_prob):
+    config = copy.deepcopy(families["qwen3_moe"])
+    config.norm_topk_prob = norm_topk_prob
+    kwargs = convert.moe_config_kwargs(config, 2)
+    assert kwargs["num_moe_experts"] == 4 and kwargs["moe_router_topk"] == 2
+    assert kwargs["moe_ffn_hidden_size"] == config.moe_intermediate_size == 32
+    # softmax over all experts, top k, renormalised = top k of the logits, then their softmax (megatron's default)
+    assert kwargs["moe_router_pre_softmax"] is (not norm_topk_prob)
+
+
+def test_mixtral_renormalises_its_top_k(tied_lm):
+    from transformers import AutoConfig
+
+    config = AutoConfig.for_model("mixtral", num_local_experts=4, num_experts_per_tok=2, sliding_window=None)
+    kwargs = convert.moe_config_kwargs(config, 1)
+    assert kwargs["moe_router_pre_softmax"] is False
+    assert kwargs["moe_ffn_hidden_size"] == config.intermediate_size
+
+
+def test_llama3_rope_frequencies_are_transformers(families):
+    from transformers import AutoModelForCausalLM
+
+    config = families["llama3"]
+    model = AutoModelForCausalLM.from_config(config)
+    assert torch.equal(convert.rotary_inv_freq(config), model.model.rotary_emb.inv_freq)
+    assert convert.rotary_inv_freq(families["qwen3"]) is None  # the default RoPE: megatron's own
+
+
+def test_megatron_s_own_llama3_scaling_fixes_the_original_context():
+    """Why the engine sets the frequencies itself: megatron-core's RotaryEmbedding(rope_scaling=True) takes the factor
+    alone and holds Llama 3.1's other constants (1, 4, 8192). This test fails when megatron reads them from its
+    arguments (then GPTModel's own rope_scaling could do)."""
+    pytest.importorskip("megatron.core")
+    from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+    from transformers import LlamaConfig
+
+    def ours(original: int) -> torch.Tensor:
+        rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+        rope["original_max_position_embeddings"] = original
+        config = LlamaConfig(hidden_size=512, num_attention_heads=4, rope_scaling=rope, rope_theta=500000.0)
+        return convert.rotary_inv_freq(config)
+
+    theirs = RotaryEmbedding(
+        128, 1.0, rotary_base=500000, rope_scaling=True, rope_scaling_factor=8.0, use_cpu_initialization=True
+    ).inv_freq
+    torch.testing.assert_close(theirs, ours(8192), rtol=1e-6, atol=0)  # Llama 3.1's constants: the same
+    assert not torch.allclose(theirs, ours(64))
+
+
+def test_check_supported_names_what_megatron_does_not_build_once_with_fsdp(families):
+    config = copy.deepcopy(families["llama3"])
+    config.rope_parameters = {"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}
+    config.hidden_act = "gelu"
+    with pytest.raises(ValueError) as err:
+        convert.check_supported(config, 1, 1)
+    message = str(err.value)
+    assert "rope_type='yarn'" in message and "hidden_act='gelu'" in message
+    assert message.count("actor.strategy=fsdp") == 1
+    # the layout's problems follow in the same error; they name the sizes to change, not another engine
+    with pytest.raises(
+        ValueError, match=r"use actor.strategy=fsdp for it\. .*num_hidden_layers=2 is not a multiple"
+    ):
+        convert.check_supported(config, 1, 4)
+
+
+def test_check_supported_refuses_dense_layers_between_moe_layers(families):
+    for field, value in (("mlp_only_layers", [1]), ("decoder_sparse_step", 2)):
+        config = copy.deepcopy(families["qwen3_moe"])
+        setattr(config, field, value)
+        with pytest.raises(ValueError, match=f"{field}=.*actor.strategy=fsdp"):
+            convert.check_supported(config, 1, 1)
+    sliding = copy.deepcopy(families["qwen3"])
+    sliding.layer_types = ["sliding_attention", "full_attention"]
+    with pytest.raises(ValueError, match="sliding window"):
+        convert.check_supported(sliding, 1, 1)
+
+
+def test_start_checks_name_a_refused_model_once_in_a_run_without_a_critic(tmp_path):
+    """GRPO has no critic: its (defaulted) critic.model_path is not checked, so the actor's problem is not repeated."""
+    import json
+
+    from tandem.config import ConfigError, load_config
+    from tandem.models.tiny import save_tiny
+    from tandem.trainer.start_checks import check_available
+
+    model = save_tiny(tmp_path / "tiny")
+    config = json.loads((model / "config.json").read_text())
+    config["hidden_act"] = "gelu"
+    (model / "config.json").write_text(json.dumps(config))
+    overrides = [f"actor.model_path={model}", "actor.strategy=megatron"]
+    with pytest.raises(ConfigError) as err:
+        check_available(load_config("grpo", overrides))
+    message = str(err.value)
+    assert message.count("hidden_act='gelu'") == 1 and "critic.model_path" not in message
+    assert "actor.model_path=" in message and "actor.strategy=fsdp" in message
+    with pytest.raises(ConfigError) as err:  # PPO's critic reads the same folder: one line still
+        check_available(load_config("ppo", overrides))
+    assert str(err.value).count("hidden_act='gelu'") == 1

@@ -225,14 +225,22 @@ def sequence_parallel_problems(cfg: TandemConfig) -> list[str]:
 
 
 def model_config_problems(cfg: TandemConfig, check: Any) -> list[str]:
-    """`check(config)`'s ValueErrors for the actor's and the critic's model folders, naming key and folder."""
+    """`check(config)`'s ValueErrors for the model folders the actor's engine strategy builds (the actor's, and the
+    critic's and the reward model's when the run has them), naming key and folder; a folder two roles share is
+    checked once."""
     from tandem.engine import hf_io
 
-    folders = {"actor.model_path": cfg.actor.model_path, "critic.model_path": cfg.critic.model_path}
+    folders = {"actor.model_path": cfg.actor.model_path}
+    if cfg.derived.critic_needed:
+        folders["critic.model_path"] = cfg.critic.model_path
+    if cfg.derived.reward_model_needed:
+        folders["reward.reward_model.model_path"] = cfg.reward.reward_model.model_path
     problems = []
+    checked = set()
     for key, folder in folders.items():
-        if not folder or not (Path(folder) / "config.json").is_file():
+        if not folder or not (Path(folder) / "config.json").is_file() or folder in checked:
             continue  # a missing folder is reported where it is read
+        checked.add(folder)
         try:
             check(hf_io.load_config(folder, "lm"))
         except ValueError as err:

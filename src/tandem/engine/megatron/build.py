@@ -75,6 +75,7 @@ class ModelBuild:
         hf_model = hf_io.load_pretrained(self.model_path, self.config, self.head, seed)
         hf_state = hf_model.state_dict()
         hf_shapes = {name: tuple(t.shape) for name, t in hf_state.items()}
+        inv_freq = convert.rotary_inv_freq(self.config)
         chunks = []
         for chunk in range(self.vp_size):
             first, last = self._chunk_ends(self.pp_rank, chunk)
@@ -85,6 +86,7 @@ class ModelBuild:
                     self.layers_per_chunk,
                     convert.num_experts(self.config),
                     context_parallel=self.cp_size > 1,
+                    qk_layernorm=convert.qk_norm(self.config),
                 ),
                 vocab_size=self.config.vocab_size,
                 max_sequence_length=self.config.max_position_embeddings,
@@ -95,6 +97,9 @@ class ModelBuild:
                 rotary_base=convert.rotary_base(self.config),
                 **({"vp_stage": chunk} if self.vp_size > 1 else {}),
             )
+            # a scaled RoPE (llama3): transformers' frequencies (convert.rotary_inv_freq)
+            if inv_freq is not None:
+                model.rotary_pos_emb.inv_freq = inv_freq.clone()
             if self.head == "value" and last:
                 model.output_layer = ValueHead(
                     self.config.hidden_size, self.param_dtype, self.sequence_parallel

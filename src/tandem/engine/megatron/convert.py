@@ -1,4 +1,5 @@
-"""Hugging Face causal LMs (Qwen2 / Llama family, Mixtral) <-> megatron-core's GPTModel: config and weights.
+"""Hugging Face causal LMs (Qwen2, Qwen3, Llama incl. Llama 3's scaled RoPE, Mixtral, Qwen3-MoE) <-> megatron-core's
+GPTModel: config and weights.
 
 Weights move one megatron parameter at a time. Each megatron parameter of this rank is a `Slot`: its
 megatron name, the Hugging Face names it is made of, and how tensor parallelism cuts it:
@@ -11,8 +12,14 @@ megatron name, the Hugging Face names it is made of, and how tensor parallelism 
   fc1    linear_fc1 [2F, H]                              gate, up: rank r holds [gate_r; up_r]
   rep    norms, a value head, a MoE router [E, H]          one, the same on every rank
 
-Mixture-of-experts layers (Mixtral): megatron's expert j on expert-parallel rank r is global expert
-e = r x E / EP + j (`Slot.expert`). Its `linear_fc1` is cut from row e of the model's fused
+Qwen3's per-head q/k RMSNorms (`self_attn.q_norm` / `k_norm`, [head_dim]) are megatron's
+`self_attention.q_layernorm` / `k_layernorm` (TransformerConfig qk_layernorm; kind rep: every TP rank
+normalises its own heads with the same weight, and megatron sums their gradients over the TP ranks).
+Llama 3's RoPE (`rope_type: llama3`) keeps the weights as they are: its scaled frequencies are
+transformers' own (`rotary_inv_freq`), set on megatron's rotary embedding after it is built.
+
+Mixture-of-experts layers (Mixtral, Qwen3-MoE): megatron's expert j on expert-parallel rank r is global
+expert e = r x E / EP + j (`Slot.expert`). Its `linear_fc1` is cut from row e of the model's fused
 `mlp.experts.gate_up_proj` [E, 2F, H] (gate rows, then up rows: kind fc1), its `linear_fc2` from row e
 of `mlp.experts.down_proj` [E, H, F] (kind row); experts are not split by TP (expert tensor parallel 1).
 
@@ -22,6 +29,7 @@ says how they fit together; tests/engine/test_megatron_convert.py checks both di
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -31,7 +39,9 @@ from torch import Tensor
 from tandem.models.tp_cuts import Cut
 
 Kind = Literal["col", "row", "qkv", "fc1", "rep"]
-SUPPORTED_MODEL_TYPES = ("qwen2", "llama", "mixtral")
+SUPPORTED_MODEL_TYPES = ("qwen2", "qwen3", "llama", "mixtral", "qwen3_moe")
+QK_NORM_MODEL_TYPES = ("qwen3", "qwen3_moe")  # an RMSNorm over each query / key head before RoPE
+ROPE_TYPES = ("default", "llama3")
 
 
 @dataclass(frozen=True)
@@ -76,23 +86,46 @@ def check_supported(
     sequence_parallel: bool = False,
     context_parallel: int = 1,
 ) -> None:
-    """Errors for what the converter or the parallel layout cannot take, naming the field and the fix."""
+    """Errors for what the converter or the parallel layout cannot take, naming the field and the fix: one
+    ValueError that lists the architecture's features megatron is not built for (FSDP2 trains them), then the
+    sizes the layout does not divide."""
     model_type = getattr(hf_config, "model_type", None)
     if model_type not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
             f"actor.strategy=megatron builds {', '.join(SUPPORTED_MODEL_TYPES)} models; this folder's "
             f"config.json has model_type={model_type!r}; use actor.strategy=fsdp for it"
         )
-    problems = []
+    unbuilt = []  # the architecture: megatron here has no module for it
     if getattr(hf_config, "hidden_act", "silu") != "silu":
-        problems.append(f"hidden_act={hf_config.hidden_act!r} (megatron's gated MLP here is SiLU)")
-    rope = getattr(hf_config, "rope_parameters", None) or {}
-    if rope.get("rope_type", "default") != "default":
-        problems.append(f"rope_parameters.rope_type={rope.get('rope_type')!r} (only the default RoPE)")
-    if getattr(hf_config, "use_sliding_window", False) or (
-        model_type == "mixtral" and getattr(hf_config, "sliding_window", None)
+        unbuilt.append(f"hidden_act={hf_config.hidden_act!r} (megatron's gated MLP here is SiLU)")
+    rope_type = rope_parameters(hf_config).get("rope_type", "default")
+    if rope_type not in ROPE_TYPES:
+        unbuilt.append(f"rope_parameters.rope_type={rope_type!r} (RoPE types built: {', '.join(ROPE_TYPES)})")
+    partial = rope_parameters(hf_config).get(
+        "partial_rotary_factor", getattr(hf_config, "partial_rotary_factor", 1.0)
+    )
+    if partial not in (None, 1.0):
+        unbuilt.append(f"partial_rotary_factor={partial} (RoPE on every channel of a head only)")
+    if (
+        getattr(hf_config, "use_sliding_window", False)
+        or "sliding_attention" in (getattr(hf_config, "layer_types", None) or ())
+        or (model_type in ("mixtral", "qwen3_moe") and getattr(hf_config, "sliding_window", None))
     ):
-        problems.append("a sliding window (use_sliding_window / sliding_window)")
+        unbuilt.append("a sliding window (use_sliding_window / sliding_window / layer_types)")
+    if getattr(hf_config, "router_jitter_noise", 0.0):
+        unbuilt.append(
+            f"router_jitter_noise={hf_config.router_jitter_noise} (megatron's router adds no noise)"
+        )
+    if getattr(hf_config, "mlp_bias", False):
+        unbuilt.append("mlp_bias=true")
+    dense_layers = getattr(hf_config, "mlp_only_layers", None) or []
+    sparse_step = getattr(hf_config, "decoder_sparse_step", 1)
+    if dense_layers or sparse_step not in (None, 1):
+        unbuilt.append(
+            f"dense MLP layers between the MoE layers (mlp_only_layers={list(dense_layers)}, "
+            f"decoder_sparse_step={sparse_step}; every layer must be a MoE layer)"
+        )
+    problems = []  # the layout: other sizes would do
     experts = num_experts(hf_config)
     if experts is None and expert_parallel > 1:
         problems.append(f"actor.megatron.expert_parallel={expert_parallel} with a dense model (no experts)")
@@ -110,12 +143,6 @@ def check_supported(
             f"a mixture-of-experts model with actor.megatron.context_parallel={context_parallel} is not built "
             "(its routers' balance term counts whole rows); set it to 1"
         )
-    if getattr(hf_config, "router_jitter_noise", 0.0):
-        problems.append(
-            f"router_jitter_noise={hf_config.router_jitter_noise} (megatron's router adds no noise)"
-        )
-    if getattr(hf_config, "mlp_bias", False):
-        problems.append("mlp_bias=true")
     shapes = shapes_of(hf_config)
     if shapes.num_query_groups % tensor_parallel:
         problems.append(
@@ -127,7 +154,7 @@ def check_supported(
             f"vocab_size={hf_config.vocab_size} is not a multiple of actor.megatron.tensor_parallel="
             f"{tensor_parallel} (pad the vocabulary, as most released models do)"
         )
-    if hf_config.intermediate_size % tensor_parallel:
+    if experts is None and hf_config.intermediate_size % tensor_parallel:  # experts are whole on a rank
         problems.append(
             f"intermediate_size={hf_config.intermediate_size} is not a multiple of tensor_parallel={tensor_parallel}"
         )
@@ -136,28 +163,56 @@ def check_supported(
             f"num_hidden_layers={hf_config.num_hidden_layers} is not a multiple of "
             f"actor.megatron.pipeline_parallel={pipeline_parallel}"
         )
+    messages = []
+    if unbuilt:
+        messages.append(
+            f"actor.strategy=megatron does not build this {model_type} model: "
+            + "; ".join(unbuilt)
+            + "; use actor.strategy=fsdp for it"
+        )
     if problems:
-        raise ValueError("actor.strategy=megatron cannot build this model: " + "; ".join(problems))
+        messages.append(
+            "actor.strategy=megatron cannot cut this model over its layout: " + "; ".join(problems)
+        )
+    if messages:
+        raise ValueError(". ".join(messages))
 
 
 def moe_config_kwargs(hf_config: Any, expert_parallel: int) -> dict[str, Any]:
     """megatron TransformerConfig fields of a mixture-of-experts model ({} for a dense one). Top-k of the
-    router logits, then a softmax over those k: Mixtral's softmax over all experts renormalised over its top
-    k. megatron adds no load-balancing loss of its own: the engine adds Tandem's (engine/moe.py)."""
+    router logits, then a softmax over those k: Mixtral's (and Qwen3-MoE's with norm_topk_prob) softmax over
+    all experts renormalised over its top k; without norm_topk_prob, the softmax over all experts and its top
+    k as they are (megatron's pre-softmax). megatron adds no load-balancing loss of its own: the engine adds
+    Tandem's (engine/moe.py)."""
     experts = num_experts(hf_config)
     if experts is None:
         return {}
     return {
         "num_moe_experts": experts,
         "moe_router_topk": hf_config.num_experts_per_tok,
-        "moe_ffn_hidden_size": hf_config.intermediate_size,
+        "moe_ffn_hidden_size": expert_intermediate_size(hf_config),
         "moe_router_load_balancing_type": "none",
         "moe_aux_loss_coeff": 0.0,
         "moe_grouped_gemm": False,  # grouped GEMM needs Transformer Engine or CUTLASS kernels
-        "moe_router_pre_softmax": False,
+        "moe_router_pre_softmax": not renormalises_top_k(hf_config),
         "expert_model_parallel_size": expert_parallel,
         "expert_tensor_parallel_size": 1,
     }
+
+
+def expert_intermediate_size(hf_config: Any) -> int:
+    """One expert's MLP width: Qwen3-MoE's `moe_intermediate_size`, Mixtral's `intermediate_size`."""
+    return getattr(hf_config, "moe_intermediate_size", None) or hf_config.intermediate_size
+
+
+def renormalises_top_k(hf_config: Any) -> bool:
+    """Whether the router's top-k probabilities are renormalised to sum to 1 (Mixtral always)."""
+    return bool(getattr(hf_config, "norm_topk_prob", True))
+
+
+def qk_norm(hf_config: Any) -> bool:
+    """Whether each query and key head is RMS-normalised before RoPE (Qwen3's q_norm / k_norm)."""
+    return hf_config.model_type in QK_NORM_MODEL_TYPES
 
 
 def attention_bias(hf_config: Any) -> bool:
@@ -181,12 +236,35 @@ def transformer_config_kwargs(hf_config: Any) -> dict[str, Any]:
         "activation_func": torch.nn.functional.silu,
         "add_bias_linear": False,
         "add_qkv_bias": attention_bias(hf_config),
+        "qk_layernorm": qk_norm(hf_config),
     }
 
 
+def rope_parameters(hf_config: Any) -> dict[str, Any]:
+    return dict(getattr(hf_config, "rope_parameters", None) or {})
+
+
 def rotary_base(hf_config: Any) -> float:
-    rope = getattr(hf_config, "rope_parameters", None) or {}
-    return float(rope.get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+    return float(rope_parameters(hf_config).get("rope_theta", getattr(hf_config, "rope_theta", 10000.0)))
+
+
+def rotary_inv_freq(hf_config: Any) -> Tensor | None:
+    """RoPE's inverse frequencies [head_dim / 2] of a scaled RoPE (llama3), as transformers computes them; None
+    for the default RoPE, which megatron's rotary embedding computes alike. megatron's own llama3 scaling
+    (GPTModel's rope_scaling) takes the factor only, its low / high frequency factors and original context
+    fixed at Llama 3.1's 1, 4 and 8192 (the released Llama 3.x checkpoints' values; another original context, as
+    in the tests' tiny models, would get other frequencies): these take every value from the config."""
+    rope_type = rope_parameters(hf_config).get("rope_type", "default")
+    if rope_type == "default":
+        return None
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    inv_freq, attention_factor = ROPE_INIT_FUNCTIONS[rope_type](copy.deepcopy(hf_config), torch.device("cpu"))
+    if attention_factor != 1.0:  # scales cos / sin: megatron's rotary embedding has no such factor
+        raise ValueError(
+            f"rope_type={rope_type!r} scales attention by {attention_factor}; not built on megatron"
+        )
+    return inv_freq.float()
 
 
 def slots(
@@ -207,7 +285,7 @@ def slots(
     embedding as its output layer. A MoE model's layers hold this expert-parallel rank's experts: for
     each layer, every local expert's fc1, then every local expert's fc2."""
     tied = head == "lm" and bool(getattr(hf_config, "tie_word_embeddings", False))
-    bias = attention_bias(hf_config)
+    bias, norms = attention_bias(hf_config), qk_norm(hf_config)
     out: list[Slot] = []
     if first_stage:
         out.append(Slot("embedding.word_embeddings.weight", ("model.embed_tokens.weight",), "col"))
@@ -230,6 +308,11 @@ def slots(
                     "qkv",
                 )
             )
+        if norms:
+            out += [
+                Slot(f"{m}.self_attention.q_layernorm.weight", (f"{attn}.q_norm.weight",), "rep"),
+                Slot(f"{m}.self_attention.k_layernorm.weight", (f"{attn}.k_norm.weight",), "rep"),
+            ]
         out += [
             Slot(f"{m}.self_attention.linear_proj.weight", (f"{attn}.o_proj.weight",), "row"),
             Slot(f"{m}.pre_mlp_layernorm.weight", (f"{h}.post_attention_layernorm.weight",), "rep"),

@@ -1,5 +1,5 @@
 """The modules megatron-core's local layer spec lacks for Tandem's models: a value head, and norms that
-work under megatron's sequence parallel.
+work under megatron's sequence parallel (the layers' norms, and Qwen3's per-head q/k norms).
 
 The local spec (no Transformer Engine, no Apex: what runs on a CPU, and on GPUs without those) builds its
 norms with `WrappedTorchNorm`, which refuses `sequence_parallel=True`: under sequence parallel each TP
@@ -44,23 +44,43 @@ class SequenceParallelRMSNorm(nn.RMSNorm):
         self.weight.sequence_parallel = bool(config.sequence_parallel)
 
 
+class HeadRMSNorm(nn.RMSNorm):
+    """torch's RMSNorm over one attention head's channels (Qwen3's q / k norms) under sequence parallel, where
+    megatron's local spec refuses torch norms. Attention sees whole sequences of this TP rank's heads, so
+    nothing is split by sequence; megatron sums these weights' gradients over the TP ranks by their names
+    (`q_layernorm` / `k_layernorm`, with TransformerConfig.qk_layernorm)."""
+
+    def __init__(self, config: Any, hidden_size: int, eps: float = 1e-5, **_: Any) -> None:
+        super().__init__(hidden_size, eps=eps)
+
+
 def layer_spec(
-    sequence_parallel: bool, num_layers: int, num_experts: int | None = None, context_parallel: bool = False
+    sequence_parallel: bool,
+    num_layers: int,
+    num_experts: int | None = None,
+    context_parallel: bool = False,
+    qk_layernorm: bool = False,
 ) -> Any:
     """GPTModel's decoder spec: megatron's local layer spec with RMSNorm (MoE layers of `num_experts` experts,
-    each its own MLP, when given); under sequence parallel, with `SequenceParallelRMSNorm` for the layers'
-    norms and the final norm (`num_layers`: this stage's); under context parallel, with
-    `ContextParallelAttention` (context_parallel.py)."""
+    each its own MLP, when given; an RMSNorm on each query and key head with `qk_layernorm`); under sequence
+    parallel, with `SequenceParallelRMSNorm` for the layers' norms and the final norm (`num_layers`: this
+    stage's) and `HeadRMSNorm` for the q / k norms; under context parallel, with `ContextParallelAttention`
+    (context_parallel.py)."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.transformer.transformer_block import TransformerBlockSubmodules
 
-    spec = get_gpt_layer_local_spec(num_experts=num_experts, moe_grouped_gemm=False, normalization="RMSNorm")
+    spec = get_gpt_layer_local_spec(
+        num_experts=num_experts, moe_grouped_gemm=False, qk_layernorm=qk_layernorm, normalization="RMSNorm"
+    )
+    attention = spec.submodules.self_attention.submodules
     if context_parallel:
         from tandem.engine.megatron.context_parallel import ContextParallelAttention
 
-        spec.submodules.self_attention.submodules.core_attention = ContextParallelAttention
+        attention.core_attention = ContextParallelAttention
     if not sequence_parallel:
         return spec
+    if qk_layernorm:
+        attention.q_layernorm = attention.k_layernorm = HeadRMSNorm
     spec.submodules.input_layernorm = SequenceParallelRMSNorm
     spec.submodules.pre_mlp_layernorm = SequenceParallelRMSNorm
     return TransformerBlockSubmodules(layer_specs=[spec] * num_layers, layer_norm=SequenceParallelRMSNorm)
