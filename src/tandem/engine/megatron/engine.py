@@ -1,9 +1,9 @@
-"""`MegatronEngine`: a Hugging Face causal LM (Qwen2 / Llama family, Mixtral) as megatron-core's GPTModel, with
-tensor (TP) and pipeline (PP) parallelism, data parallel over the rest of the ranks; optionally megatron's
-sequence parallel with TP (norms and residuals split along the sequence: layers.py), virtual pipeline
-stages (`virtual_pipeline` model chunks per PP rank, the interleaved schedule), expert parallel (experts.py)
-and context parallel (each sequence split over the CP ranks: context_parallel.py). The model's construction:
-build.py; the pipeline schedule and each micro-batch's inputs: schedule.py; weights out: weights.py;
+"""`MegatronEngine`: a Hugging Face causal LM (Qwen2, Qwen3, Llama incl. Llama 3's scaled RoPE, Mixtral, Qwen3-MoE:
+convert.py) as megatron-core's GPTModel, with tensor (TP) and pipeline (PP) parallelism, data parallel over the
+rest of the ranks; optionally megatron's sequence parallel with TP (norms and residuals split along the sequence:
+layers.py), virtual pipeline stages (`virtual_pipeline` model chunks per PP rank, the interleaved schedule), expert
+parallel (experts.py) and context parallel (each sequence split over the CP ranks: context_parallel.py). The model's
+construction: build.py; the pipeline schedule and each micro-batch's inputs: schedule.py; weights out: weights.py;
 checkpoints and offload: state.py; the parallel state: parallel.py.
 
 Layout. megatron's parallel state is built once per process from the default process group (world =
