@@ -6,7 +6,8 @@
 # 220-token head chunks, eager decoder layers (is auto's torch_compile worth it?), Liger.
 #   bash bench/gpu_session.sh                     # 1.5B, with a profile (about 6 minutes on an H100)
 #   SIZES=1.5B,3B ATTN=auto,sdpa VARIANTS=liger bash bench/gpu_session.sh
-# Liger needs its wheel: `pip download liger-kernel --no-deps -d .wheels` here, then carry `.wheels` (ignored).
+# Liger needs its wheel: `python bench/gpu_wheels.py` here puts it in .wheels (ignored), with tensordict and the
+# slimmed Ray of bench/gpu_ray.sh; carry `.wheels`.
 # Numbers land in $OUT (default /tmp): train.json; the tables print as each size finishes.
 set -uo pipefail
 cd "$(dirname "$0")/.."
