@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tandem.config.checks.algorithm import check_algorithm
 from tandem.config.checks.data import check_data
+from tandem.config.checks.megatron import check_megatron
 from tandem.config.checks.names import check_names, estimator_info, registries
 from tandem.config.checks.rollout import check_multi_turn
 from tandem.config.checks.rollout_correction import (
@@ -49,6 +50,7 @@ def finalize(cfg: TandemConfig, problems: Problems, *, require_data: bool = Fals
     check_algorithm(cfg, problems, info)
     check_batch_sizes(cfg, problems)
     check_parallel(cfg, problems)
+    check_megatron(cfg, problems)
     check_multi_turn(cfg, problems)
     if require_data:
         check_data(cfg, problems)

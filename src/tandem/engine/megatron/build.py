@@ -13,7 +13,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tandem.config.schema import OptimConfig
+from tandem.config.checks.megatron import CUDA_ONLY, resolved_overrides
+from tandem.config.schema import MegatronConfig, OptimConfig
 from tandem.engine import hf_io
 from tandem.engine.megatron import convert
 from tandem.engine.megatron.layers import ValueHead, layer_spec
@@ -22,7 +23,7 @@ from tandem.engine.megatron.layers import ValueHead, layer_spec
 class ModelBuild:
     """The model chunks, their weights and the optimizer of a MegatronEngine."""
 
-    def _transformer_config(self, activation_checkpointing: bool) -> Any:
+    def _transformer_config(self, activation_checkpointing: bool, megatron: MegatronConfig) -> Any:
         from megatron.core.transformer import TransformerConfig
 
         extra: dict[str, Any] = {}
@@ -32,6 +33,11 @@ class ModelBuild:
                 "recompute_method": "uniform",
                 "recompute_num_layers": 1,
             }
+        if megatron.override_transformer_config.get("recompute_granularity") == "selective":
+            extra = {}  # selective recomputes parts of each layer: no method / number of layers
+        # megatron.override_transformer_config over Tandem's choices (the keys Tandem must set are refused)
+        extra.update(resolved_overrides("transformer", megatron, self.device.type == "cuda"))
+        fusions = {key: extra.pop(key) for key in CUDA_ONLY if key in extra}
         return TransformerConfig(
             **convert.transformer_config_kwargs(self.config),
             **convert.moe_config_kwargs(self.config, self.ep_size),
@@ -54,24 +60,30 @@ class ModelBuild:
             variable_seq_lengths=self.vp_size == 1,
             moe_token_dispatcher_type="alltoall",  # megatron asks for it with variable_seq_lengths
             # The fused kernels are CUDA-only or need Apex / Transformer Engine; the torch paths compute the same.
-            masked_softmax_fusion=False,
-            bias_activation_fusion=False,
-            bias_dropout_fusion=False,
-            apply_rope_fusion=False,
-            gradient_accumulation_fusion=False,
-            persist_layer_norm=False,
+            # override_transformer_config turns them on, on CUDA only (config/checks/megatron.py).
+            **{
+                "masked_softmax_fusion": False,
+                "bias_activation_fusion": False,
+                "bias_dropout_fusion": False,
+                "apply_rope_fusion": False,
+                "gradient_accumulation_fusion": False,
+                "persist_layer_norm": False,
+                **fusions,
+            },
             **extra,
         )
 
     def _build(
-        self, activation_checkpointing: bool, seed: int
+        self, activation_checkpointing: bool, seed: int, megatron: MegatronConfig
     ) -> tuple[list[nn.Module], type, dict[str, tuple]]:
         """This rank's model chunks (one per virtual stage; one without virtual_pipeline), each filled with its
         cut of the folder's weights."""
         from megatron.core.models.gpt import GPTModel
 
         tied = self.head == "lm" and bool(getattr(self.config, "tie_word_embeddings", False))
-        config = self._transformer_config(activation_checkpointing)  # one object: the schedule reads it
+        config = self._transformer_config(
+            activation_checkpointing, megatron
+        )  # one object: the schedule reads it
         hf_model = hf_io.load_pretrained(self.model_path, self.config, self.head, seed)
         hf_state = hf_model.state_dict()
         hf_shapes = {name: tuple(t.shape) for name, t in hf_state.items()}
@@ -140,7 +152,7 @@ class ModelBuild:
                 f"megatron parameters with no Hugging Face source (converter incomplete): {unfilled[:5]}"
             )
 
-    def _build_optimizer(self, optim: OptimConfig, distributed: bool) -> None:
+    def _build_optimizer(self, optim: OptimConfig, megatron: MegatronConfig) -> None:
         from megatron.core.distributed import (
             DistributedDataParallel,
             DistributedDataParallelConfig,
@@ -149,7 +161,7 @@ class ModelBuild:
         from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 
         # megatron's distributed optimizer takes CUDA tensors only (it checks their type names).
-        distributed = distributed and self.device.type == "cuda"
+        distributed = megatron.distributed_optimizer and self.device.type == "cuda"
         ddp_config = DistributedDataParallelConfig(
             grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=distributed
         )
@@ -174,6 +186,7 @@ class ModelBuild:
             bf16=self.param_dtype == torch.bfloat16,
             fp16=self.param_dtype == torch.float16,
             params_dtype=self.param_dtype,
+            **resolved_overrides("optimizer", megatron, self.device.type == "cuda"),
         )
         # config_overrides={}: weight decay on every parameter, as FSDPEngine's AdamW (megatron skips biases
         # and norms by default).

@@ -168,13 +168,15 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffl
 
         self._row_rotaries: list[nn.Module] = []  # context parallel: each chunk's RowRotary
         with self._scope():
-            self.chunks, self._hf_class, self._hf_shapes = self._build(activation_checkpointing, seed)
+            self.chunks, self._hf_class, self._hf_shapes = self._build(
+                activation_checkpointing, seed, megatron
+            )
             self.optimizer = None
             self.models: list[nn.Module] = list(
                 self.chunks
             )  # what the schedule runs: DDP-wrapped when trainable
             if optim is not None:
-                self._build_optimizer(optim, megatron.distributed_optimizer)
+                self._build_optimizer(optim, megatron)
         # A mixture-of-experts causal LM in training: Tandem's load-balancing term in its routers (experts.py)
         routing = moe.routing_of(config, spec.router_aux_loss_coef) if head == "lm" else None
         if routing is not None and activation_checkpointing and self.pp_size > 1:
