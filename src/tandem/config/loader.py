@@ -25,7 +25,7 @@ from tandem.config.coerce import (
 from tandem.config.errors import ConfigError, Problems, closest
 from tandem.config.schema import TandemConfig
 from tandem.config.validate import finalize
-from tandem.config.verl import VerlTranslation, translate_overrides, translate_tree
+from tandem.config.verl import VerlTranslation, layout_problems, translate_overrides, translate_tree
 from tandem.config.verl_yaml import compose, looks_like_verl
 from tandem.config.yaml_io import deep_merge, read_yaml
 
@@ -75,7 +75,12 @@ def load_config(
     for text in from_file:
         problems.notes[text.partition("=")[0]] = f"from verl config {translation.source}"
     apply_overrides(raw, translation.overrides, problems)
-    return config_from_dict(raw, require_data=require_data, problems=problems)
+    return config_from_dict(
+        raw,
+        require_data=require_data,
+        problems=problems,
+        more_checks=lambda cfg: layout_problems(translation, cfg),
+    )
 
 
 def _log_translation(translation: VerlTranslation) -> None:
@@ -83,10 +88,15 @@ def _log_translation(translation: VerlTranslation) -> None:
 
 
 def config_from_dict(
-    raw: Mapping[str, Any], *, require_data: bool = False, problems: Problems | None = None
+    raw: Mapping[str, Any],
+    *,
+    require_data: bool = False,
+    problems: Problems | None = None,
+    more_checks: Callable[[TandemConfig], list[tuple[str, str]]] | None = None,
 ) -> TandemConfig:
     """Build and validate a config from nested plain values (as read from YAML): parse, resolve, validate.
-    Problems caused by a value that failed to parse are not repeated."""
+    Problems caused by a value that failed to parse are not repeated. `more_checks(cfg)` gives (key, message)
+    problems of the resolved config beyond the schema's rules (load_config: verl's reference / critic layout)."""
     problems = problems if problems is not None else Problems()
     if not isinstance(raw, Mapping):
         raise ConfigError(f"a config must be a mapping of sections, got {type(raw).__name__}")
@@ -99,6 +109,8 @@ def config_from_dict(
     checks = Problems()
     checks.notes = problems.notes
     finalize(cfg, checks, require_data=require_data)
+    for key, message in more_checks(cfg) if more_checks is not None else []:
+        checks.add(key, message)
     for problem in checks.items:
         if not bad.intersection(problem.keys):
             problems.items.append(problem)

@@ -46,6 +46,9 @@ class VerlTranslation:
     no_effect: list[tuple[str, str]] = field(default_factory=list)  # (verl text, why)
     dropped: list[tuple[str, str]] = field(default_factory=list)  # (verl text, why): tree keys only
     problems: list[tuple[str, str]] = field(default_factory=list)  # (verl key, message)
+    # (verl text, Tandem key, value): a verl size that must equal the resolved Tandem key's (the reference's
+    # and critic's megatron layout is the actor's); checked by load_config against the resolved config
+    same: list[tuple[str, str, Any]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)  # what composing a verl YAML could not follow
     tree_keys: int = 0  # keys of a verl YAML read as Tandem's
 
@@ -58,6 +61,7 @@ class VerlTranslation:
         self.mapped += other.mapped
         self.no_effect += other.no_effect
         self.problems += other.problems
+        self.same += other.same
 
     @property
     def read_verl(self) -> bool:
@@ -108,6 +112,11 @@ def translate_overrides(overrides: Iterable[str]) -> VerlTranslation:
         except UnsupportedValue as err:
             out.problems.append((key, f"{key}={value_text.strip()}: {err}"))
             continue
+        if rule.effect == "same":
+            value = parse_scalar(pairs[0][1].partition("=")[2]) if pairs else None
+            out.same.append((text.lstrip("+"), rule.target, value))
+            out.mapped.append((text.lstrip("+"), f"(the same as {rule.target})", rule.note))
+            continue
         if pairs is None:
             out.no_effect.append((text.lstrip("+"), rule.note))
             continue
@@ -157,12 +166,13 @@ def translate_tree(tree: Mapping[str, Any]) -> VerlTranslation:
         rule = verl_rule(key, is_tandem_key)
         if rule is None:
             out.dropped.append((shown, "Tandem has no setting for it"))
-        elif rule.effect != "maps":
+        elif rule.effect not in ("maps", "same"):
             out.dropped.append((shown, rule.note))
         else:
             texts.append(f"{key}={_override_text(value)}")
     translated = translate_overrides(texts)
     out.overrides, out.tree_keys = translated.overrides, len(translated.overrides)
+    out.same = translated.same
     out.dropped += [(f"{k}", message) for k, message in translated.problems]
     out.dropped += [(verl, why) for verl, why in translated.no_effect]
     return out
@@ -189,6 +199,8 @@ def _apply_rule(key: str, rule: Rule, value_text: str) -> list[tuple[str, str]] 
         raise UnsupportedValue(f"Tandem has no meaning for verl's {key}: {rule.note}")
     if rule.effect == "none":
         return None
+    if rule.effect == "same" and rule.convert is None:
+        return [(rule.target, f"{rule.target}={value_text.strip()}")]
     value_text = value_text.strip()
     if rule.convert is not None:
         parsed = parse_scalar(value_text)
@@ -201,6 +213,8 @@ def _apply_rule(key: str, rule: Rule, value_text: str) -> list[tuple[str, str]] 
         value_text = _override_text(value)
     if not rule.target:  # a value checked (e.g. optim.optimizer=AdamW), nothing to set
         return None
+    if rule.effect == "same":
+        return [(rule.target, f"{rule.target}={value_text}")]
     return [(target, f"{target}={value_text}") for target in rule.target.split(",")]
 
 
@@ -239,3 +253,27 @@ def _shell_quote(text: str) -> str:
     if any(c in text for c in " \"'[]{}$*?;&|<>()"):
         return "'" + text.replace("'", "'\\''") + "'"
     return text
+
+
+def layout_problems(translation: VerlTranslation, cfg: Any) -> list[tuple[str, str]]:
+    """(verl key, message) for each reference / critic megatron size of `translation` that differs from the
+    actor's in the resolved config `cfg` (read only when actor.strategy=megatron)."""
+    if cfg.actor.strategy != "megatron":
+        return []
+    out = []
+    for verl_text, target, value in translation.same:
+        actual: Any = cfg
+        for part in target.split("."):
+            actual = getattr(actual, part)
+        if value != actual:
+            key = verl_text.partition("=")[0]
+            role = "critic" if key.startswith("critic.") else "reference"
+            out.append(
+                (
+                    key,
+                    f"{key}={value} differs from the actor's {target}={actual}: Tandem builds the {role} with the "
+                    "actor's megatron layout (the engines of one process share megatron's parallel state). "
+                    f"Set it to {actual}, or drop it",
+                )
+            )
+    return out

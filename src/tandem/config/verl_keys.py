@@ -18,7 +18,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
-Effect = Literal["maps", "none", "unsupported"]
+Effect = Literal[
+    "maps", "none", "unsupported", "same"
+]  # same: must equal the Tandem key (verl_megatron_keys)
 
 
 class UnsupportedValue(ValueError):
@@ -426,6 +428,9 @@ VERL_ONLY_PREFIXES = (
     "ray_kwargs.",
     "transfer_queue.",
     "reward_manager.",
+    "critic.megatron.",
+    "critic.profiler.",
+    "critic.optim.override_optimizer_config.",
 )
 
 # verl section -> Tandem section: a verl key not in VERL_KEYS maps to the Tandem key of the same name in
@@ -552,6 +557,9 @@ def verl_rule(key: str, is_tandem_key: Callable[[str], bool]) -> Rule | None:
     key of neither). `is_tandem_key` tells whether a dotted key exists in Tandem's schema."""
     if key in VERL_KEYS:
         return VERL_KEYS[key]
+    for verl_prefix, prefix, note in MEGATRON_SUBTREES:
+        if key.startswith(verl_prefix):
+            return maps(prefix + key.removeprefix(verl_prefix), note)
     for verl_prefix, prefix in VERL_SECTIONS:
         if key.startswith(verl_prefix):
             renamed = prefix + key.removeprefix(verl_prefix).replace("_per_gpu", "_per_rank")
@@ -567,3 +575,10 @@ def verl_rule(key: str, is_tandem_key: Callable[[str], bool]) -> Rule | None:
 def is_verl_key(key: str) -> bool:
     """A key verl has and Tandem reads differently or not at all: in the table, or under a verl-only section."""
     return key.startswith(VERL_ONLY_PREFIXES) or key in VERL_KEYS
+
+
+# verl's megatron keys (config/verl_megatron_keys.py): imported last, it builds its rules with the helpers above
+from tandem.config.verl_megatron_keys import MEGATRON_KEYS, MEGATRON_PATTERNS, MEGATRON_SUBTREES  # noqa: E402
+
+VERL_KEYS.update(MEGATRON_KEYS)
+VERL_PATTERNS[:0] = MEGATRON_PATTERNS

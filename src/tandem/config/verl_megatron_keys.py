@@ -1,0 +1,132 @@
+"""verl's megatron keys (`ppo_megatron_trainer.yaml`'s `*.megatron.*`, `override_*_config`, `model.lora.*`) and
+what each means in Tandem: merged into the table of `config/verl_keys.py`.
+
+Tandem builds the reference and the critic with the actor's megatron layout (the engines of one process
+share megatron's parallel state), so their own sizes are accepted when they equal the actor's and refused
+otherwise (`same_as`: checked against the resolved config, config/loader.py).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.config.verl_keys import Rule, UnsupportedValue, maps, no_effect, unsupported
+
+_SHARED_LAYOUT = (
+    "Tandem builds the {role} with the actor's megatron layout (the engines of one process share "
+    "megatron's parallel state): accepted when it equals the actor's"
+)
+
+
+def same_as(target: str, role: str, convert: Any = None) -> Rule:
+    """A size of the reference / critic that must equal the actor's Tandem key `target`."""
+    return Rule("same", target, _SHARED_LAYOUT.format(role=role), convert)
+
+
+def _no_offload(value: Any) -> None:
+    if value in (True, "true", "True"):
+        raise UnsupportedValue(
+            "Tandem's megatron engine keeps parameters, gradients and optimizer state on the GPU between calls "
+            "(no setting moves them to host memory yet); set it false, or train on FSDP2 with "
+            "actor.fsdp.cpu_offload=true (actor.strategy=fsdp). Optimizer state alone can live in host memory "
+            "on CUDA: actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True"
+        )
+
+
+def _expert_tensor_parallel(value: Any) -> None:
+    if value not in (None, 1):
+        raise UnsupportedValue(
+            "Tandem keeps each expert whole on a rank (expert tensor parallel 1; its experts split over "
+            "actor.megatron.expert_parallel ranks instead); set it 1"
+        )
+
+
+def _no_dist_checkpoint(value: Any) -> None:
+    if value in (True, "true", "True"):
+        raise UnsupportedValue(
+            "Tandem converts the Hugging Face folder (model.path) into megatron-core itself; it does not load "
+            "a megatron distributed checkpoint as the starting weights (its own checkpoints, "
+            "trainer.resume, are megatron distributed checkpoints). Set it false"
+        )
+
+
+def _null_is_one(value: Any) -> Any:
+    return 1 if value is None else value
+
+
+_MBRIDGE = "Tandem converts the Hugging Face weights to megatron-core itself (engine/megatron/convert.py), no mbridge"
+_REF_OVERRIDES = "the {role} is built with the actor's actor.megatron.override_transformer_config"
+
+MEGATRON_KEYS: dict[str, Rule] = {
+    "actor_rollout_ref.actor.megatron.use_mbridge": no_effect(_MBRIDGE),
+    "actor_rollout_ref.actor.megatron.vanilla_mbridge": no_effect(_MBRIDGE),
+    "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size": maps(
+        "", "Tandem's expert tensor parallel is 1", _expert_tensor_parallel
+    ),
+    "actor_rollout_ref.actor.megatron.override_transformer_config": unsupported(
+        "give its keys one at a time: actor_rollout_ref.actor.megatron.override_transformer_config.NAME=VALUE"
+    ),
+    # verl's megatron LoRA: the same keys as Tandem's LoRA, which is built on FSDP2 (the config check refuses
+    # LoRA with actor.strategy=megatron and names actor.strategy=fsdp)
+    "actor_rollout_ref.model.lora.rank": maps("actor.lora.rank"),
+    "actor_rollout_ref.model.lora.alpha": maps("actor.lora.alpha"),
+    "actor_rollout_ref.model.lora.dropout": maps("actor.lora.dropout"),
+}
+
+_ROLE_NAMES = {"actor_rollout_ref.actor": "actor", "actor_rollout_ref.ref": "reference", "critic": "critic"}
+for _verl, _role in _ROLE_NAMES.items():
+    for _kind in ("param", "grad", "optimizer"):
+        MEGATRON_KEYS[f"{_verl}.megatron.{_kind}_offload"] = maps(
+            "",
+            "false: Tandem's megatron engine keeps its state on the GPU, as verl does without it",
+            _no_offload,
+        )
+    MEGATRON_KEYS[f"{_verl}.megatron.use_dist_checkpointing"] = maps(
+        "", "false: Tandem reads the Hugging Face folder", _no_dist_checkpoint
+    )
+    MEGATRON_KEYS[f"{_verl}.megatron.dist_checkpointing_path"] = no_effect(
+        "read only with use_dist_checkpointing=True (Tandem starts from the Hugging Face folder)"
+    )
+    MEGATRON_KEYS[f"{_verl}.megatron.use_mbridge"] = no_effect(_MBRIDGE)
+    MEGATRON_KEYS[f"{_verl}.megatron.vanilla_mbridge"] = no_effect(_MBRIDGE)
+    if _role == "actor":
+        continue
+    MEGATRON_KEYS[f"{_verl}.megatron.expert_tensor_parallel_size"] = maps(
+        "", "Tandem's expert tensor parallel is 1", _expert_tensor_parallel
+    )
+    for _name, _target, _convert in (
+        ("tensor_model_parallel_size", "tensor_parallel", None),
+        ("pipeline_model_parallel_size", "pipeline_parallel", None),
+        ("virtual_pipeline_model_parallel_size", "virtual_pipeline", _null_is_one),
+        ("context_parallel_size", "context_parallel", None),
+        ("expert_model_parallel_size", "expert_parallel", None),
+        ("sequence_parallel", "sequence_parallel", None),
+    ):
+        MEGATRON_KEYS[f"{_verl}.megatron.{_name}"] = same_as(f"actor.megatron.{_target}", _role, _convert)
+
+# whole subtrees, key by key: verl prefix -> Tandem prefix (the rest of the key is a megatron field name)
+MEGATRON_SUBTREES: list[tuple[str, str, str]] = [
+    (
+        "actor_rollout_ref.actor.megatron.override_transformer_config.",
+        "actor.megatron.override_transformer_config.",
+        "a field of megatron-core's TransformerConfig",
+    ),
+    (
+        "actor_rollout_ref.actor.optim.override_optimizer_config.",
+        "actor.megatron.override_optimizer_config.",
+        "a field of megatron-core's OptimizerConfig",
+    ),
+]
+
+MEGATRON_PATTERNS: list[tuple[str, Rule]] = [
+    (
+        "actor_rollout_ref.ref.megatron.override_transformer_config.*",
+        no_effect(_REF_OVERRIDES.format(role="reference")),
+    ),
+    ("critic.megatron.override_transformer_config.*", no_effect(_REF_OVERRIDES.format(role="critic"))),
+    (
+        "critic.optim.override_optimizer_config.*",
+        no_effect("the critic's optimizer is built with actor.megatron.override_optimizer_config"),
+    ),
+    ("actor_rollout_ref.model.lora.*", no_effect("Tandem's LoRA is PEFT's, on FSDP2 (actor.lora.*)")),
+]
