@@ -28,7 +28,7 @@ from tandem.config.schema import FSDPConfig, MegatronConfig, OptimConfig, Tandem
 from tandem.engine import EngineSpec, build_engine
 from tandem.models.tp_cuts import TensorParallelCuts
 from tandem.roles.actor import Actor
-from tandem.roles.common import MODEL_INPUTS, global_counts
+from tandem.roles.common import MODEL_INPUTS, global_counts, response_log_probs
 from tandem.roles.critic import Critic
 from tandem.roles.reference import Reference
 from tandem.roles.reward_model import RewardModel
@@ -71,6 +71,7 @@ def rollout_batch(seed: int = 0) -> Batch:
 
 
 def make_engine(strategy: str, model_path: str, head: str, parallel: MegatronConfig, optim=OPTIM, **kwargs):
+    budget = kwargs.pop("budget", BUDGET)
     return build_engine(
         EngineSpec(
             strategy=strategy,
@@ -83,11 +84,92 @@ def make_engine(strategy: str, model_path: str, head: str, parallel: MegatronCon
             grad_clip=GRAD_CLIP,
             total_training_steps=TOTAL_STEPS,
             packing=kwargs.pop("packing", True),
-            max_tokens_per_micro_batch=kwargs.pop("budget", BUDGET),
-            router_aux_loss_coef=0.5,
+            max_tokens_per_micro_batch=budget,
+            router_aux_loss_coef=kwargs.pop("router_aux_loss_coef", 0.5),
             **kwargs,
         )
     )
+
+
+# The invariant batch: 16 rows of uneven lengths, so that both micro-batch kinds make several pipeline groups
+# (the interleaved schedule's steady state, where a stage sends and receives both ways at once).
+INVARIANT_LENGTHS = [(5, 7), (1, 2), (3, 7), (2, 5), (4, 1), (5, 6), (2, 7), (1, 3)] * 2
+# (name, packing, token budget or None for a fixed number of rows, rows per micro-batch of the update)
+MICRO_BATCHES = (("budget", True, BUDGET, 2), ("fixed", False, None, 2))
+
+
+def invariant_config(model_path: str) -> TandemConfig:
+    """GRPO's actor loss with a KL loss (k3) to a reference, no entropy bonus: with zero advantages and the policy
+    that made the old log-probs, every loss term and its gradient is zero."""
+    return load_config(
+        "grpo",
+        [
+            f"actor.model_path={model_path}",
+            "trainer.device=cpu",
+            "data.train_batch_size=4",
+            f"data.max_prompt_length={PROMPT}",
+            f"data.max_response_length={RESPONSE}",
+            "rollout.n=4",
+            "actor.ppo_mini_batch_size=4",
+            "actor.use_kl_loss=true",
+            "actor.kl_loss_coef=0.1",
+            "actor.kl_loss_type=low_var_kl",
+            "actor.entropy_coeff=0",
+            "actor.use_dynamic_bsz=false",  # the engines below get their own token budget, or none
+            "rollout.log_prob_micro_batch_size_per_rank=3",  # the forward's micro-batches differ from the update's
+        ],
+    )
+
+
+def zero_advantage_invariant(strategy: str, parallel: MegatronConfig, model_path: str) -> dict:
+    """Per micro-batch kind: old log-probs from a forward, then one update with zero advantages whose reference
+    and old log-probs are those: the update's log-probs must equal the old ones (`lp_diff`, the largest
+    difference at a response token), so KL loss, ppo_kl and the gradient are 0 to float rounding. The engine's
+    learning rate is 0, so the weights stay; it then takes a step with random advantages on the same micro-batches
+    (`step`: loss and gradient norm), compared across layouts with FSDP2's."""
+    cfg = invariant_config(model_path)
+    batch = rollout_rows(INVARIANT_LENGTHS, PROMPT, RESPONSE, seed=3)
+    result = {}
+    for name, packing, budget, micro in MICRO_BATCHES:
+        # learning rate 0: the first step's gradient is rounding noise, which Adam's first step would scale up to
+        # a move of about lr in every weight; the step after it is compared by its loss and gradient norm
+        optim = dataclasses.replace(OPTIM, lr=0.0)
+        engine = make_engine(
+            strategy,
+            model_path,
+            "lm",
+            parallel,
+            optim,
+            budget=budget,
+            packing=packing,
+            router_aux_loss_coef=0.0,
+        )
+        share = batch.chunk(engine.dp_size)[engine.dp_rank]
+        actor = Actor(engine, cfg)
+        old = actor.compute_log_probs(share, with_entropy=False)["old_log_probs"]
+        advantages = share["advantages"]
+        for key in ("old_log_probs", "ref_log_probs", "rollout_log_probs"):
+            share[key] = old
+        share["advantages"] = torch.zeros_like(advantages)
+        inner = actor._loss_fn(global_counts(engine, share["response_mask"]))
+
+        def loss_fn(output, micro: Batch, inner=inner, temperature=actor.temperature):
+            loss, metrics = inner(output, micro)
+            log_probs, _ = response_log_probs(output, micro["responses"], temperature, with_entropy=False)
+            mask = micro["response_mask"].bool()
+            diff = (log_probs.detach() - micro["old_log_probs"])[mask].abs()
+            metrics["lp_diff"] = float(diff.max()) if diff.numel() else 0.0
+            return loss, metrics
+
+        zero = dataclasses.asdict(engine.train_step(share, loss_fn, micro))
+        result[name] = {
+            "old_log_probs": old,
+            "grad_norm": zero["grad_norm"],
+            **{key: max(abs(v) for v in zero["metrics"][key]) for key in ("kl_loss", "ppo_kl", "lp_diff")},
+        }
+        share["advantages"] = advantages
+        result[name]["step"] = step(actor, engine, share)
+    return result
 
 
 def full_logits(engine):
@@ -137,6 +219,7 @@ def run_roles(strategy: str, parallel: MegatronConfig, cfg: TandemConfig, out: P
             type(m).__name__ for c in chunks for m in c.modules() if "Norm" in type(m).__name__
         }
         result["chunk_layers"] = [len(c.decoder.layers) for c in chunks]
+    result["invariant"] = zero_advantage_invariant(strategy, parallel, cfg.actor.model_path)
     result["log_probs"] = actor.compute_log_probs(share).tensors.to_dict()
     result["logits"] = actor_engine.forward(share.select(*MODEL_INPUTS), full_logits(actor_engine), 2)[
         "logits"

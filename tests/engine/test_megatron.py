@@ -175,6 +175,26 @@ def test_actor_and_critic_updates_equal_fsdp(layout, fsdp):
     assert moved > 1e-4
 
 
+def test_zero_advantages_leave_the_policy_where_it_is(layout, fsdp):
+    """Issue 44's invariant, for token-budget (packed) and fixed-size (padded) micro-batches of 16 uneven rows:
+    with zero advantages and the old / reference log-probs from the same weights, the update's log-probs equal
+    the old ones, KL loss, ppo_kl and the gradient are 0 (to float rounding; with the interleaved schedule's
+    activations and gradients crossed, PP=2 x VP=2 gave kl_loss 0.024, grad norm 273). The old log-probs equal
+    FSDP2's, and a step with random advantages on the same micro-batches equals FSDP2's."""
+    mask = sc.rollout_rows(sc.INVARIANT_LENGTHS, sc.PROMPT, sc.RESPONSE, seed=3)["response_mask"].bool()
+    for name, expected in fsdp["invariant"].items():
+        ranks = layout["ranks"]
+        collectors = sorted((r["dispatch_info"][0], i) for i, r in enumerate(ranks) if r["dispatch_info"][2])
+        old = torch.cat([ranks[i]["invariant"][name]["old_log_probs"] for _, i in collectors])
+        torch.testing.assert_close(old[mask], expected["old_log_probs"][mask], rtol=0, atol=1e-5, msg=name)
+        for rank in layout["ranks"]:
+            numbers = rank["invariant"][name]
+            assert numbers["lp_diff"] < 1e-5, (name, numbers)
+            assert numbers["kl_loss"] < 1e-10 and numbers["ppo_kl"] < 1e-6, (name, numbers)
+            assert numbers["grad_norm"] < 1e-5, (name, numbers)
+            assert_step_close(numbers["step"], expected["step"])
+
+
 def test_activation_checkpointing_changes_no_number(layout):
     for rank in layout["ranks"]:
         assert rank["checkpointed_actor_step"] == rank["actor_step"]

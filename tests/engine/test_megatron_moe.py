@@ -30,6 +30,7 @@ from .test_megatron import (  # noqa: F401 - the shared battery, run here on the
     test_logits_equal_transformers,
     test_resume_from_checkpoint_equals_continuing,
     test_weights_stream_out_exactly_as_loaded,
+    test_zero_advantages_leave_the_policy_where_it_is,
 )
 
 pytest.importorskip("megatron.core")

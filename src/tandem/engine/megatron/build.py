@@ -70,6 +70,16 @@ class ModelBuild:
                 "persist_layer_norm": False,
                 **fusions,
             },
+            # Point-to-point sends one at a time, not batched: under PP = 2 a stage's previous and next stage are
+            # the same rank, and in the interleaved schedule's steady state a stage sends that rank an activation
+            # (forward) and a gradient (backward) in one exchange. Batched, megatron posts [send to prev, recv
+            # from prev, send to next, recv from next] on both ranks, so the two messages of one direction
+            # arrive in the other order than the receives were posted (gloo matches a pair's messages to its
+            # receives in posting order); both have the activation's shape, so activation and gradient were
+            # swapped with no error (issue 44: the update's log-probs differed
+            # from the forward's from the third micro-batch on). The unbatched path orders sends and receives
+            # by the ranks' parity and, for a 2-rank pipeline, sends each direction on its own process group.
+            batch_p2p_comm=False,
             **extra,
         )
 
