@@ -18,41 +18,8 @@ WHEELS=${WHEELS:-.wheels}
 export OUT
 
 command -v nvidia-smi > /dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
-# install only the wheels whose distributions this Python lacks: the machine's own packages stay in charge
-rm -rf "$SITE"
-mapfile -t missing < <(env -u PYTHONPATH "$PYTHON" - "$WHEELS" << 'EOF'
-import importlib.metadata as md
-import pathlib
-import sys
-
-for wheel in sorted(pathlib.Path(sys.argv[1]).glob("*.whl")):
-    name = wheel.name.split("-")[0]
-    try:
-        print(f"the machine has {name} {md.version(name)}: {wheel.name} not installed", file=sys.stderr)
-    except md.PackageNotFoundError:
-        print(wheel)
-EOF
-)
-if ((${#missing[@]})); then
-    if [[ ${INSTALLER:-pip} == pip ]] && "$PYTHON" -m pip --version > /dev/null 2>&1; then
-        "$PYTHON" -m pip install -q --disable-pip-version-check --no-index --no-deps --no-compile --target "$SITE" \
-            "${missing[@]}" || { echo "gpu_ray.sh: pip could not install ${missing[*]} into $SITE"; exit 1; }
-    else  # no pip here (or INSTALLER=unzip): a wheel without a .data folder installs by unzipping it
-        echo "gpu_ray.sh: unzipping the wheels into $SITE (no pip)"
-        "$PYTHON" - "$SITE" "${missing[@]}" << 'EOF' || exit 1
-import os
-import sys
-import zipfile
-
-for wheel in sys.argv[2:]:
-    with zipfile.ZipFile(wheel) as z:
-        for info in z.infolist():
-            path = z.extract(info, sys.argv[1])
-            if (info.external_attr >> 16) & 0o111:  # Ray's gcs_server and raylet
-                os.chmod(path, 0o755)
-EOF
-    fi
-fi
+# shellcheck source=bench/gpu_install.sh
+source bench/gpu_install.sh || exit 1
 if ! PYTHONPATH=$SITE "$PYTHON" -c "import ray, tensordict"; then
     echo "gpu_ray.sh: $PYTHON cannot import Ray or tensordict (above); are the wheels in $WHEELS?" \
         "Make them with 'python bench/gpu_wheels.py' and carry .wheels"

@@ -303,7 +303,8 @@ def copies(events, cuda: bool, total: float) -> list[tuple[str, float, float]]:
     gradient's reduction, [rows, tokens, hidden] the activations."""
     groups: dict[str, list[float]] = {}
     for event in events:
-        shapes, dtypes = event.input_shapes, event.input_dtypes
+        # torch 2.11's profiler events have no input_dtypes (the lent GPU machine's torch): "?" counts 4 bytes
+        shapes, dtypes = event.input_shapes, getattr(event, "input_dtypes", None) or ["?", "?"]
         if event.name != "aten::copy_" or len(shapes) < 2 or not shapes[0]:
             continue
         numel = math.prod(shapes[0])

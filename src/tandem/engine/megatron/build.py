@@ -76,9 +76,9 @@ class ModelBuild:
             # from prev, send to next, recv from next] on both ranks, so the two messages of one direction
             # arrive in the other order than the receives were posted (gloo matches a pair's messages to its
             # receives in posting order); both have the activation's shape, so activation and gradient were
-            # swapped with no error (issue 44: the update's log-probs differed
-            # from the forward's from the third micro-batch on). The unbatched path orders sends and receives
-            # by the ranks' parity and, for a 2-rank pipeline, sends each direction on its own process group.
+            # swapped with no error (issue 44: the update's log-probs differed from the forward's from the third
+            # micro-batch on). The unbatched path orders sends and receives by the ranks' parity and, for a
+            # 2-rank pipeline, sends each direction on its own process group.
             batch_p2p_comm=False,
             **extra,
         )

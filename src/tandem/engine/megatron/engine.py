@@ -179,10 +179,16 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffl
                 self._build_optimizer(optim, megatron)
         # A mixture-of-experts causal LM in training: Tandem's load-balancing term in its routers (experts.py)
         routing = moe.routing_of(config, spec.router_aux_loss_coef) if head == "lm" else None
-        if routing is not None and activation_checkpointing and self.pp_size > 1:
+        recompute = megatron.override_transformer_config.get("recompute_granularity")
+        if routing is not None and (activation_checkpointing or recompute) and self.pp_size > 1:
             # Recomputed layers would run their routers' hooks during another micro-batch's turn.
+            what = (
+                "actor.activation_checkpointing"
+                if activation_checkpointing
+                else f"actor.megatron.override_transformer_config.recompute_granularity={recompute}"
+            )
             raise ValueError(
-                f"{self.model_path}: a mixture-of-experts model with actor.activation_checkpointing and "
+                f"{self.model_path}: a mixture-of-experts model with {what} and "
                 f"actor.megatron.pipeline_parallel={self.pp_size} is not built; turn one of them off"
             )
         self._balance = (
