@@ -16,6 +16,7 @@ from tandem.cli import main
 from tandem.data.synthetic import write_rows
 from tandem.models.tiny import save_tiny
 
+from .megatron_scripts import MEGATRON_SCRIPTS
 from .scripts import SCRIPTS
 from .test_translation import write_multiturn_config
 
@@ -155,3 +156,30 @@ def test_verl_multiturn_gsm8k_tool_script_puts_the_tools_step_rewards_in_the_sco
         assert m["reward/tool_reward_mean"] <= -0.05 / 8 + 1e-9
         assert m["reward/score_mean"] == pytest.approx(m["reward/tool_reward_mean"], abs=1e-6)
         assert m["score/mean"] == pytest.approx(m["reward/tool_reward_mean"], abs=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_verls_virtual_pipeline_megatron_script_leaves_an_unrewarded_policy_where_it_is(
+    assets, ray_local, tmp_path
+):
+    """verl's grpo_trainer/run_qwen2-7b_sgl_megatron.sh (pipeline 2 x virtual pipeline 2, the interleaved
+    schedule) for 2 steps, as issue 44 ran it: the untrained model scores 0 on every sample, so every
+    advantage is 0 and at step 1 the KL loss (k3, to a reference that is the same weights), ppo_kl and the
+    gradient must be 0. Micro-batches of 2 samples make 4 of them per update, past the schedule's warm-up
+    (with megatron's batched p2p the activations and gradients crossed there: kl_loss 0.10, grad norm 3019)."""
+    model, train, val = assets
+    out = tmp_path / "run"
+    script = cpu_changes(MEGATRON_SCRIPTS["grpo_trainer_run_qwen2_7b_sgl_megatron"], model, train, val, out)
+    sizes = {  # 2 CPU ranks: the pipeline's 2 stages, no tensor parallel; 2 samples a micro-batch
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": "1",
+        "trainer.n_gpus_per_node": "2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": "2",
+    }
+    script = [f"{o.partition('=')[0]}={sizes.get(o.partition('=')[0], o.partition('=')[2])}" for o in script]
+    assert main(["train", "actor_rollout_ref.actor.strategy=megatron", *script]) == 0
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    first = next(m for m in metrics if m["step"] == 1 and "actor/kl_loss" in m)
+    assert first["score/mean"] == 0
+    assert abs(first["actor/kl_loss"]) < 1e-9 and abs(first["actor/ppo_kl"]) < 1e-6, first
+    assert first["actor/grad_norm"] < 1e-4, first
