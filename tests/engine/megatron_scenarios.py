@@ -172,6 +172,20 @@ def zero_advantage_invariant(strategy: str, parallel: MegatronConfig, model_path
     return result
 
 
+def transformers_logits(model_path: str, batch: Batch) -> torch.Tensor:
+    """The unsharded transformers model's float32 logits of `batch` [b, T, V]: what the engines are held to."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch["position_ids"],
+            use_cache=False,
+        ).logits
+
+
 def full_logits(engine):
     """A forward function returning every position's logits over the whole vocabulary [b, T, V] (0 where a
     packed forward computed nothing): a tensor-parallel engine's vocabulary slices are gathered."""
