@@ -358,6 +358,8 @@ class OverlongConfig:
     enable: bool = False  # apply the penalty
     buffer_len: int = 128  # TOKENS before data.max_response_length where the penalty starts; < that length
     penalty_factor: float = 1.0  # >= 0: the penalty reaches -this at max_response_length
+    # TOKENS where the penalty reaches -penalty_factor; null = data.max_response_length (verl's DAPO max_resp_len)
+    max_length: int | None = None
 
 
 @dataclass

@@ -332,6 +332,14 @@ VERL_KEYS: dict[str, Rule] = {
     "reward_model.overlong_buffer.enable": maps("reward.overlong.enable"),
     "reward_model.overlong_buffer.len": maps("reward.overlong.buffer_len"),
     "reward_model.overlong_buffer.penalty_factor": maps("reward.overlong.penalty_factor"),
+    # verl's DAPO scripts set the same penalty as the DAPO reward manager's arguments
+    "reward_model.reward_kwargs.overlong_buffer_cfg.enable": maps("reward.overlong.enable"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.len": maps("reward.overlong.buffer_len"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": maps("reward.overlong.penalty_factor"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.log": no_effect(
+        "Tandem logs every reward term's mean (reward/overlong_mean)"
+    ),
+    "reward_model.reward_kwargs.max_resp_len": maps("reward.overlong.max_length"),
     "reward_model.reward_manager": no_effect(
         "Tandem has one reward manager; it keeps every field of the scorer's dict (for gdpo name the "
         "terms in algorithm.gdpo_reward_keys)"
@@ -340,6 +348,8 @@ VERL_KEYS: dict[str, Rule] = {
         "Tandem's rewards are scored by reward.num_workers processes while the step goes on"
     ),
     "reward_model.use_reward_loop": no_effect("Tandem has one reward manager"),
+    # the processes verl's reward loop scores in: Tandem's scoring processes
+    "reward_model.num_workers": maps("reward.num_workers"),
     "reward.reward_manager.name": no_effect(
         "Tandem has one reward manager; it keeps every field of the scorer's dict (for gdpo name the "
         "terms in algorithm.gdpo_reward_keys)"
@@ -377,6 +387,10 @@ VERL_KEYS: dict[str, Rule] = {
     ),
     "data.filter_overlong_prompts_workers": no_effect("see data.filter_overlong_prompts"),
     "data.dataloader_num_workers": no_effect("Tandem reads the parquet files once, in the controller"),
+    "data.trust_remote_code": no_effect(
+        "Tandem loads tokenizers and processors with transformers' own classes; transformers refuses a "
+        "folder that needs its own code when it is loaded"
+    ),
     "data.use_shm": no_effect("Tandem reads the data from disk"),
     "data.reward_fn_key": no_effect("Tandem picks the scorer by each row's data_source (its reward_fn_key)"),
     "data.return_multi_modal_inputs": no_effect("Tandem builds the image inputs of a row itself"),
@@ -485,6 +499,13 @@ VERL_PATTERNS: list[tuple[str, Rule]] = [
 ]
 
 
+def _lr_decay_style(value: Any) -> str:
+    """verl's megatron optimizer's schedule name (megatron-core's lr_decay_style) as actor.optim.lr_scheduler."""
+    if value not in ("constant", "cosine", "linear"):
+        raise UnsupportedValue(f"Tandem's schedules after warm-up are constant, cosine and linear, not {value!r}")
+    return value
+
+
 def _optimizer(value: Any) -> None:
     if str(value).lower() != "adamw":
         raise UnsupportedValue(f"Tandem's optimizer is AdamW, not {value!r}")
@@ -497,6 +518,7 @@ for _role, _tandem in (("actor_rollout_ref.actor", "actor"), ("critic", "critic"
         f"Tandem uses torch's AdamW, fused where it runs ({_tandem}.optim.implementation)"
     )
     VERL_KEYS[f"{_role}.optim.num_cycles"] = no_effect("Tandem's cosine schedule makes one half cycle")
+    VERL_KEYS[f"{_role}.optim.lr_decay_style"] = maps(f"{_tandem}.optim.lr_scheduler", convert=_lr_decay_style)
     VERL_KEYS[f"{_role}.optim.override_optimizer_config"] = unsupported("set actor.optim.* / critic.optim.*")
 for _role in ("actor_rollout_ref.model", "critic.model", "reward_model.model"):
     VERL_KEYS.setdefault(f"{_role}.use_shm", no_effect("Tandem reads the model folder from disk"))
@@ -506,6 +528,14 @@ for _role in ("actor_rollout_ref.model", "critic.model", "reward_model.model"):
     VERL_KEYS.setdefault(f"{_role}.external_lib", unsupported("Tandem loads models with transformers only"))
     VERL_KEYS.setdefault(
         f"{_role}.override_config", unsupported("edit the model folder's config.json instead")
+    )
+    # verl's megatron scripts raise the context length of a model config this way
+    VERL_KEYS.setdefault(
+        f"{_role}.override_config.model_config.max_position_embeddings",
+        no_effect(
+            "Tandem's engines and vLLM compute rotary positions for any length and check no length against "
+            "it; only a RoPE scaling type that reads it (dynamic NTK) would change: edit config.json for that"
+        ),
     )
     VERL_KEYS.setdefault(f"{_role}.use_remove_padding", no_effect(_PACKING))
     VERL_KEYS.setdefault(f"{_role}.enable_activation_offload", no_effect("Tandem has no activation offload"))

@@ -429,7 +429,7 @@ def reward_manager_from_config(cfg: Any, tokenizer: Any) -> RewardManager:
             LengthTerm(
                 overlong_buffer=reward.overlong.buffer_len,
                 penalty_factor=reward.overlong.penalty_factor,
-                max_response_length=cfg.data.max_response_length,
+                max_response_length=reward.overlong.max_length or cfg.data.max_response_length,
             )
         )
     m = cfg.rollout.multi_turn

@@ -221,12 +221,15 @@ def check_reward_values(cfg: TandemConfig, problems: Problems) -> None:
 def _check_reward_terms(cfg: TandemConfig, problems: Problems) -> None:
     over, fmt = cfg.reward.overlong, cfg.reward.format
     if over.enable:
-        if not 0 < over.buffer_len < cfg.data.max_response_length:
+        if over.max_length is not None:
+            at_least(problems, "reward.overlong.max_length", over.max_length, 1)
+        at = over.max_length or cfg.data.max_response_length  # where the penalty is whole
+        at_key = "reward.overlong.max_length" if over.max_length else "data.max_response_length"
+        if not 0 < over.buffer_len < at:
             problems.add(
-                ("reward.overlong.buffer_len", "data.max_response_length"),
-                f"reward.overlong.buffer_len={over.buffer_len} must be > 0 and below "
-                f"data.max_response_length={cfg.data.max_response_length}: the penalty ramps over the "
-                "last buffer_len tokens. Lower buffer_len or raise max_response_length",
+                ("reward.overlong.buffer_len", at_key),
+                f"reward.overlong.buffer_len={over.buffer_len} must be > 0 and below {at_key}={at}: the "
+                f"penalty ramps over the last buffer_len tokens. Lower buffer_len or raise {at_key}",
             )
         at_least(problems, "reward.overlong.penalty_factor", over.penalty_factor, 0)
     if fmt.enable:
