@@ -239,3 +239,25 @@ def test_lora_adapters_served_on_the_base_weights_give_the_peft_models_log_probs
     assert turn_engine.lora_request.lora_int_id == 2
     with pytest.raises(RuntimeError, match="without LoRA"):
         engine.load_adapter(tmp_path / "v1")  # the module's engine, built without lora_rank
+
+
+def test_a_sync_that_leaves_a_parameter_unloaded_is_an_error_naming_it_and_the_fallback(
+    engine, model, prompts
+):
+    """vLLM only logs (at WARNING, hidden by Tandem's VLLM_LOGGING_LEVEL=ERROR) the parameters a reload left
+    unloaded; the engine turns them into an error. A full sync afterwards serves the weights again."""
+    weights = [(name, p.detach()) for name, p in model.named_parameters()]
+    partial = [(name, tensor) for name, tensor in weights if name != "model.layers.1.input_layernorm.weight"]
+    with pytest.raises(RuntimeError) as error:
+        engine.update_weights(iter(partial))
+    assert str(error.value).startswith(
+        "vLLM weight sync: vLLM's qwen2 model kept 1 parameter(s) of its own unloaded "
+        "(model.layers.1.input_layernorm.weight)"
+    )
+    assert "rollout.engine=hf" in str(error.value)
+    engine.update_weights(iter(weights))
+    out = engine.generate(prompts, SAMPLED)
+    assert (
+        float((recomputed(model, out, SAMPLED.temperature) - out["rollout_log_probs"]).abs().max())
+        < TOLERANCE
+    )

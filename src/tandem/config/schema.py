@@ -307,6 +307,9 @@ class RolloutConfig:
     # (models/tp_cuts.py; FSDP2, or megatron of the same TP size; known decoder families, no LoRA)
     shard_weight_sync: bool = True
     gpu_memory_utilization: float = 0.5  # in (0, 1]: fraction of GPU memory vLLM / SGLang may claim
+    # keyword arguments for vLLM's engine (vllm.LLM), e.g. {attention_backend: CPU_MLA}; not those Tandem sets
+    # from its own keys (model, dtype, tensor_parallel_size, seed, ...: an error names them)
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
     is_correction: str = "none"  # older name of algorithm.rollout_correction.rollout_is (none = null)
     is_threshold: float = 2.0  # older name of algorithm.rollout_correction.rollout_is_threshold
     val: ValRolloutConfig = field(default_factory=ValRolloutConfig)

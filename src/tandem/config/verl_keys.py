@@ -460,6 +460,12 @@ VERL_SECTIONS: list[tuple[str, str]] = [
 ]
 
 # whole verl subtrees with no effect in Tandem (glob patterns, first match wins)
+ENGINE_KWARGS = "actor_rollout_ref.rollout.engine_kwargs"
+# whole subtrees, key by key: verl prefix -> Tandem prefix (the rest of the key is the library's field name)
+VERL_SUBTREES: list[tuple[str, str, str]] = [
+    (ENGINE_KWARGS + ".vllm.", "rollout.engine_kwargs.", "an argument of vLLM's engine"),
+]
+
 VERL_PATTERNS: list[tuple[str, Rule]] = [
     ("*.profiler.*", no_effect("verl's per-role profiler; Tandem's profiler is trainer.profile.*")),
     (
@@ -489,8 +495,7 @@ VERL_PATTERNS: list[tuple[str, Rule]] = [
         "actor_rollout_ref.rollout.checkpoint_engine.*",
         no_effect("weights reach vLLM by Tandem's weight sync"),
     ),
-    ("actor_rollout_ref.rollout.engine_kwargs.*", no_effect(_ENGINE_ARG)),
-    ("actor_rollout_ref.rollout.engine_kwargs", no_effect(_ENGINE_ARG)),
+    (ENGINE_KWARGS, no_effect("no engine arguments in it (vLLM's: engine_kwargs.vllm.*)")),
     ("reward_model.rollout.*", no_effect("Tandem's reward model is a scoring model, not a generative judge")),
     ("reward_model.sandbox_fusion.*", unsupported("Tandem has no Sandbox Fusion client")),
     ("ray_kwargs.*", no_effect("Tandem starts Ray itself; trainer.ray_address joins a running cluster")),
@@ -502,7 +507,9 @@ VERL_PATTERNS: list[tuple[str, Rule]] = [
 def _lr_decay_style(value: Any) -> str:
     """verl's megatron optimizer's schedule name (megatron-core's lr_decay_style) as actor.optim.lr_scheduler."""
     if value not in ("constant", "cosine", "linear"):
-        raise UnsupportedValue(f"Tandem's schedules after warm-up are constant, cosine and linear, not {value!r}")
+        raise UnsupportedValue(
+            f"Tandem's schedules after warm-up are constant, cosine and linear, not {value!r}"
+        )
     return value
 
 
@@ -518,7 +525,9 @@ for _role, _tandem in (("actor_rollout_ref.actor", "actor"), ("critic", "critic"
         f"Tandem uses torch's AdamW, fused where it runs ({_tandem}.optim.implementation)"
     )
     VERL_KEYS[f"{_role}.optim.num_cycles"] = no_effect("Tandem's cosine schedule makes one half cycle")
-    VERL_KEYS[f"{_role}.optim.lr_decay_style"] = maps(f"{_tandem}.optim.lr_scheduler", convert=_lr_decay_style)
+    VERL_KEYS[f"{_role}.optim.lr_decay_style"] = maps(
+        f"{_tandem}.optim.lr_scheduler", convert=_lr_decay_style
+    )
     VERL_KEYS[f"{_role}.optim.override_optimizer_config"] = unsupported("set actor.optim.* / critic.optim.*")
 for _role in ("actor_rollout_ref.model", "critic.model", "reward_model.model"):
     VERL_KEYS.setdefault(f"{_role}.use_shm", no_effect("Tandem reads the model folder from disk"))
@@ -587,9 +596,11 @@ def verl_rule(key: str, is_tandem_key: Callable[[str], bool]) -> Rule | None:
     key of neither). `is_tandem_key` tells whether a dotted key exists in Tandem's schema."""
     if key in VERL_KEYS:
         return VERL_KEYS[key]
-    for verl_prefix, prefix, note in MEGATRON_SUBTREES:
+    for verl_prefix, prefix, note in (*MEGATRON_SUBTREES, *VERL_SUBTREES):
         if key.startswith(verl_prefix):
             return maps(prefix + key.removeprefix(verl_prefix), note)
+    if key.startswith(ENGINE_KWARGS + "."):  # another engine's (sglang, trtllm): not rollout.engine_kwargs
+        return no_effect("arguments of an engine Tandem does not run (vLLM's: engine_kwargs.vllm.*)")
     for verl_prefix, prefix in VERL_SECTIONS:
         if key.startswith(verl_prefix):
             renamed = prefix + key.removeprefix(verl_prefix).replace("_per_gpu", "_per_rank")

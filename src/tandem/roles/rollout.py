@@ -299,6 +299,7 @@ def rollout_kwargs(
             gpu_memory_utilization=r.gpu_memory_utilization,
             kv_cache_gib=r.cpu_kv_cache_gib,
             seed=cfg.trainer.seed,
+            engine_kwargs=r.engine_kwargs,
         )
         if cfg.actor.lora.syncs_adapters:
             kwargs["lora_rank"] = cfg.actor.lora.rank

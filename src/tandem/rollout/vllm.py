@@ -4,7 +4,8 @@ The engine is built once from a Hugging Face folder and never restarted: `update
 the trainer's full tensors, one at a time, into vLLM's model with `reload_weights` (checkpoint-format
 names: the trainer's `state_dict_iter` names, turned back into the files' names where transformers
 loads a model into other tensors than its files hold, as for Mixtral's and Qwen MoE's experts), then drops the prefix cache, whose entries were
-computed with the old weights. On CPU this is the only weight-loading call that keeps the model
+computed with the old weights. Every sync is checked: vLLM's report of its own parameters the reload
+left unloaded (its fused q/k/v, gate/up and expert names) is an error, not a hidden log line. On CPU this is the only weight-loading call that keeps the model
 whole over repeated loads (DESIGN.md); `load_weights` corrupts it on the second load.
 
 In process: `VLLM_ENABLE_V1_MULTIPROCESSING=0`, so the engine core and its model live in this
@@ -37,7 +38,7 @@ import logging
 import os
 import time
 import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,12 @@ from tandem.rollout.base import (
     check_prompts,
     request_seed,
     sample_keys,
+)
+from tandem.rollout.vllm_models import (
+    default_engine_kwargs,
+    engine_kwargs_problems,
+    model_problems,
+    text_config,
 )
 
 logger = logging.getLogger(__name__)
@@ -155,11 +162,20 @@ class VLLMRollout(RolloutEngine):
         kv_cache_gib: int = 1,
         seed: int = 0,
         lora_rank: int = 0,
+        engine_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.device = torch.device(device)
+        engine_kwargs = dict(engine_kwargs or {})
+        config = text_config(model_path)
+        problems = engine_kwargs_problems(engine_kwargs) + model_problems(config, self.device.type)
+        if problems:
+            raise ValueError(f"VLLMRollout: {model_path}: " + "; ".join(problems))
+        self.model_type = (config or {}).get("model_type", "unknown")
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         # vLLM logs its whole config at INFO from every rank; its warnings here are about CPU
         # performance libraries. VLLM_LOGGING_LEVEL=INFO (or WARNING) in the environment brings them back.
+        # Its warning that a weight sync left parameters unloaded is not lost: update_weights reads it and
+        # turns it into an error (reload_reporting_unloaded).
         os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
         warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm\.triton_utils")
         if self.device.type == "cpu":
@@ -174,6 +190,12 @@ class VLLMRollout(RolloutEngine):
         forget_stale_parallel_state()
         start = time.perf_counter()
         parallel = _tensor_parallel_launch(tensor_parallel, self.device)
+        # rollout.engine_kwargs last: they may change Tandem's defaults (not the arguments it sets itself)
+        options = {
+            **_cpu_scheduling(self.device, max_model_len),
+            **default_engine_kwargs(config, self.device.type),
+            **engine_kwargs,
+        }
         self.llm = LLM(
             model=str(model_path),
             tokenizer=str(model_path if tokenizer_path is None else tokenizer_path),
@@ -187,8 +209,8 @@ class VLLMRollout(RolloutEngine):
             enable_prefix_caching=True,
             enable_sleep_mode=self.device.type == "cuda",
             **parallel,
-            **_cpu_scheduling(self.device, max_model_len),
             **_lora_serving(lora_rank),
+            **options,
         )
         self._lora: Any = None  # the LoRARequest of the adapters generate serves (None: the base weights)
         self.start_seconds = time.perf_counter() - start
@@ -196,7 +218,9 @@ class VLLMRollout(RolloutEngine):
         self.eos_token_ids = [int(t) for t in eos_token_ids]
         self.pad_token_id = int(pad_token_id)
         self.max_model_len = max_model_len
+        # a tied model's head goes to vLLM only where its model has a head of its own (Gemma 2 has none)
         self.tied_embeddings = bool(self.llm.llm_engine.model_config.hf_config.tie_word_embeddings)
+        self.tied_embeddings &= TIED_HEAD in self.llm.collective_rpc(parameter_names)[0]
         # a vision-language model's loader in vLLM maps the trainer's in-memory names itself (its
         # hf_to_vllm_mapper); transformers has no causal-LM class to ask for the files' names
         self._file_names = None if vision_language else file_names(model_path)
@@ -281,14 +305,28 @@ class VLLMRollout(RolloutEngine):
 
     # ---------------------------------------------------------------- weights
     def update_weights(self, weights: Iterable[tuple[str, Tensor]]) -> None:
-        """Stream (Hugging Face name, full tensor) pairs into the running engine, one at a time."""
+        """Stream (Hugging Face name, full tensor) pairs into the running engine, one at a time. A tied model's
+        head is added where vLLM's model has one; a parameter of vLLM's model the sync left unloaded, or a
+        weight vLLM's loader refuses, is a RuntimeError naming the weight sync, the family and rollout.engine=hf."""
         if self.tied_embeddings:
             weights = with_tied_head(weights)
         if self._file_names is not None:
             weights = self._file_names(weights)
-        self.llm.collective_rpc(
-            "reload_weights", kwargs={"weights_iterator": iter(weights), "is_checkpoint_format": True}
-        )
+        fallback = "rollout.engine=hf (Hugging Face generate) trains this model without vLLM"
+        try:
+            unloaded = self.llm.collective_rpc(reload_reporting_unloaded, args=(iter(weights),))[0]
+        except (ValueError, KeyError, RuntimeError, AssertionError, AttributeError) as error:
+            raise RuntimeError(
+                f"vLLM weight sync: vLLM's {self.model_type} model did not take the trainer's weights "
+                f"({type(error).__name__}: {error}); {fallback}"
+            ) from error
+        if unloaded:
+            names = sorted(unloaded)
+            raise RuntimeError(
+                f"vLLM weight sync: vLLM's {self.model_type} model kept {len(names)} parameter(s) of its own "
+                f"unloaded ({', '.join(names[:6])}{', ...' if len(names) > 6 else ''}): the rollout would "
+                f"generate with weights the trainer never sent; {fallback}"
+            )
         if self.device.type == "cpu":
             self.llm.collective_rpc(repack_cpu_experts)
         self.llm.reset_prefix_cache()
@@ -363,6 +401,52 @@ def file_names(model_path: str | Path) -> Callable[[Iterable[tuple[str, Tensor]]
     return convert
 
 
+def parameter_names(worker: Any) -> list[str]:
+    """The names of the vLLM worker's model's parameters, a tied head's included (run in the worker)."""
+    return [name for name, _ in worker.get_model().named_parameters(remove_duplicate=False)]
+
+
+RELOAD_LOGGER = "vllm.model_executor.model_loader.reload.inplace"
+# parameters vLLM computes from loaded ones after loading (MLA's absorbed up-projections, from kv_b_proj):
+# no checkpoint holds them, and vLLM's report names them after every reload
+DERIVED_AFTER_LOADING = frozenset(
+    {"W_UK_T", "W_UV", "W_UK_T_dcp_qrep", "W_K", "W_V", "W_K_scale", "W_V_scale"}
+)
+
+
+class _UnloadedReport(logging.Handler):
+    """Keeps the names vLLM's in-place reload reports not loaded (the set its warning carries)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.names: set[str] = set()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        args = record.args if isinstance(record.args, tuple) else ()
+        if "not loaded" in str(record.msg) and args and isinstance(args[0], set | frozenset):
+            self.names |= set(args[0])
+
+
+def reload_reporting_unloaded(worker: Any, weights: Iterator[tuple[str, Tensor]]) -> set[str]:
+    """Reload the worker's model in place from checkpoint-format `weights`; returns the names of the model's
+    parameters the reload left unloaded (run in every vLLM worker).
+
+    vLLM's reload compares the model's parameters with the names its `load_weights` reports loaded (vLLM's
+    own names: fused q/k/v and gate/up, stacked experts) and only logs what is missing, at WARNING, which
+    the VLLM_LOGGING_LEVEL=ERROR that Tandem sets hides: the report is read from that log record for the
+    call (its test: tests/rollout/test_vllm.py makes a parameter go unloaded on purpose)."""
+    report, log = _UnloadedReport(), logging.getLogger(RELOAD_LOGGER)
+    level = log.level
+    log.addHandler(report)
+    log.setLevel(logging.WARNING)
+    try:
+        worker.reload_weights(weights_iterator=weights, is_checkpoint_format=True)
+    finally:
+        log.removeHandler(report)
+        log.setLevel(level)
+    return {name for name in report.names if name.rsplit(".", 1)[-1] not in DERIVED_AFTER_LOADING}
+
+
 def repack_cpu_experts(worker: Any) -> int:
     """Put a reloaded mixture-of-experts model's expert weights back into the CPU kernel's layout; returns
     the layers repacked. Run in every vLLM worker after `reload_weights` on CPU.
@@ -394,7 +478,8 @@ def repack_cpu_experts(worker: Any) -> int:
 def with_tied_head(weights: Iterable[tuple[str, Tensor]]) -> Iterator[tuple[str, Tensor]]:
     """`weights`, plus the embedding again as the head right after it when the sender left the head
     out (a tied model's head IS the embedding; vLLM's reload rebuilds the head from its own name and
-    would keep the old weights without it). The embedding: `model.embed_tokens.weight`, or a
+    would keep the old weights without it). Only for a vLLM model that has an `lm_head` (Gemma 2's takes
+    its logits from the embedding and refuses one). The embedding: `model.embed_tokens.weight`, or a
     vision-language model's `model.language_model.embed_tokens.weight`."""
     head_sent = False
     for name, tensor in weights:

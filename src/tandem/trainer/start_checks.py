@@ -27,6 +27,7 @@ from tandem.engine.hf_io import (
 from tandem.models.model_type import VISION_LANGUAGE_TYPES, folder_model_type
 from tandem.rollout import LATER_ENGINES, resolve_engine
 from tandem.rollout.agent import interaction_from_config, toolset_from_config
+from tandem.rollout.vllm_models import engine_kwargs_problems, model_problems, text_config
 from tandem.tools import InteractionRouter, StatefulTool
 from tandem.tools.names import TOOL_AGENT
 
@@ -145,6 +146,8 @@ def check_available(cfg: TandemConfig, purpose: str = "rl") -> None:
         problems.append("rollout.engine=vllm but vllm is not installed; see README (Installing) or use hf")
     if cfg.rollout.tensor_parallel > 1:
         problems += rollout_tensor_parallel_problems(cfg)
+    if resolve_engine(cfg.rollout.engine) == "vllm" and purpose != "sft":
+        problems += vllm_problems(cfg)
     lora = cfg.actor.lora
     if lora.syncs_adapters and resolve_engine(cfg.rollout.engine) != "vllm":
         problems.append(
@@ -164,6 +167,16 @@ def check_available(cfg: TandemConfig, purpose: str = "rl") -> None:
         problems += vision_language_problems(cfg, model_type, purpose)
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+def vllm_problems(cfg: TandemConfig) -> list[str]:
+    """What vLLM would refuse later, after the workers started: engine arguments Tandem sets itself, and the
+    actor's model folder as vLLM reads it (a missing router field; on trainer.device=cpu, what vLLM's CPU
+    kernels take); the fix for the model's is rollout.engine=hf."""
+    problems = engine_kwargs_problems(cfg.rollout.engine_kwargs)
+    device = "cpu" if cfg.trainer.device == "cpu" else None  # auto: the engine checks once it knows
+    model = model_problems(text_config(cfg.actor.model_path), device) if cfg.actor.model_path else []
+    return problems + [f"actor.model_path={cfg.actor.model_path} for vLLM: {problem}" for problem in model]
 
 
 def vision_language_problems(cfg: TandemConfig, model_type: str, purpose: str = "rl") -> list[str]:

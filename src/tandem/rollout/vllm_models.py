@@ -1,0 +1,108 @@
+"""What vLLM takes: of a model folder, and of the engine arguments a user passes (rollout.engine_kwargs).
+
+Read from config.json alone, without importing vLLM, so that the trainer's start-up checks can ask before
+any worker starts, and the engine itself before vLLM fails on a model deep in its own start-up. The
+numbers are vLLM 0.32's (tests/rollout/test_vllm_models.py compares them with the installed vLLM).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+# vLLM's CPU attention (CPUAttentionBackend.get_supported_head_sizes)
+CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+# vLLM's CPU MLA kernel compiles for one latent cache size: kv_lora_rank 512 + qk_rope_head_dim 64
+CPU_MLA_LATENT_SIZE = 576
+CPU_MLA_BACKEND = "CPU_MLA"
+
+# DeepSeek-V3's router: transformers always computes it so; vLLM reads it from these fields (and computes a
+# softmax router without the correction bias where they are missing)
+DEEPSEEK_V3_ROUTER = {"topk_method": "noaux_tc", "scoring_func": "sigmoid"}
+
+# vLLM engine arguments Tandem sets itself -> where their value comes from
+TANDEM_ENGINE_ARGS = {
+    "model": "actor.model_path",
+    "tokenizer": "actor.tokenizer_path",
+    "dtype": "the actor's compute dtype (actor.fsdp.param_dtype / the megatron engine's)",
+    "max_model_len": "data.max_prompt_length + data.max_response_length",
+    "tensor_parallel_size": "rollout.tensor_parallel",
+    "gpu_memory_utilization": "rollout.gpu_memory_utilization",
+    "seed": "trainer.seed",
+    "logprobs_mode": "Tandem's log-probs (processed_logprobs, what the trainer recomputes)",
+    "enable_sleep_mode": "the hybrid layout's sleep / wake",
+    "distributed_executor_backend": "rollout.tensor_parallel (vLLM's external launcher in Tandem's ranks)",
+    "enable_lora": "actor.lora.rollout_sync",
+    "max_lora_rank": "actor.lora.rank",
+    "max_loras": "actor.lora.rollout_sync",
+}
+
+
+def engine_kwargs_problems(engine_kwargs: Mapping[str, Any]) -> list[str]:
+    """rollout.engine_kwargs that Tandem sets itself, one line each naming the key to set instead."""
+    return [
+        f"rollout.engine_kwargs.{name}: Tandem sets this vLLM argument itself from {TANDEM_ENGINE_ARGS[name]}; "
+        "remove it from rollout.engine_kwargs"
+        for name in sorted(set(engine_kwargs) & set(TANDEM_ENGINE_ARGS))
+    ]
+
+
+def text_config(model_path: str | Path) -> dict[str, Any] | None:
+    """config.json of a model folder as a dict (a vision-language model's text_config), or None when the
+    folder has none to read (the loaders name what is wrong then)."""
+    file = Path(model_path) / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    return config.get("text_config", config) if isinstance(config, dict) else None
+
+
+def is_mla(config: Mapping[str, Any]) -> bool:
+    """Multi-head latent attention (DeepSeek-V2 / V3 and their kin): the config has a kv_lora_rank."""
+    return config.get("kv_lora_rank") is not None
+
+
+def default_engine_kwargs(config: Mapping[str, Any] | None, device_type: str) -> dict[str, Any]:
+    """vLLM arguments a model needs on a device beyond vLLM's defaults: on a CPU, MLA models take
+    CPU_MLA attention (vLLM prefers its AMX MLA backend where the CPU has AMX, which refuses fp32 weights
+    and, in bf16, an in-place weight reload)."""
+    if config is not None and device_type == "cpu" and is_mla(config):
+        return {"attention_backend": CPU_MLA_BACKEND}
+    return {}
+
+
+def model_problems(config: Mapping[str, Any] | None, device_type: str | None) -> list[str]:
+    """What vLLM would refuse (or compute differently from transformers) in a model's config.json, one line
+    each naming the field; `device_type` "cpu" adds the limits of vLLM's CPU kernels (None: unknown yet)."""
+    if config is None:
+        return []
+    problems = []
+    if config.get("model_type") == "deepseek_v3":
+        for field, value in DEEPSEEK_V3_ROUTER.items():
+            if config.get(field) != value:
+                problems.append(
+                    f"config.json's {field} is {config.get(field)!r}; DeepSeek-V3's router (transformers', and "
+                    f"every released checkpoint's config.json) is {field}={value!r}: vLLM reads the field and "
+                    "would route otherwise. Add it to config.json"
+                )
+    if device_type != "cpu":
+        return problems
+    if is_mla(config):
+        latent = config["kv_lora_rank"] + (config.get("qk_rope_head_dim") or 0)
+        if latent != CPU_MLA_LATENT_SIZE:
+            problems.append(
+                f"kv_lora_rank + qk_rope_head_dim = {latent}: vLLM's CPU MLA attention takes "
+                f"{CPU_MLA_LATENT_SIZE} only (512 + 64, DeepSeek's); on a CPU use rollout.engine=hf"
+            )
+        return problems
+    heads = config.get("num_attention_heads")
+    head_dim = config.get("head_dim") or (config["hidden_size"] // heads if heads else None)
+    if head_dim is not None and head_dim not in CPU_ATTENTION_HEAD_SIZES:
+        problems.append(
+            f"head size {head_dim}: vLLM's CPU attention takes head sizes {list(CPU_ATTENTION_HEAD_SIZES)}; "
+            "on a CPU use rollout.engine=hf"
+        )
+    return problems

@@ -1,0 +1,106 @@
+"""What vLLM takes of a model folder and of rollout.engine_kwargs, read without vLLM (rollout/vllm_models.py),
+against the installed vLLM's own numbers, and as the trainer's start-up checks report it."""
+
+import json
+
+import pytest
+
+from tandem.config import ConfigError, load_config
+from tandem.config.verl import translate_overrides
+from tandem.models.tiny_families import family_config
+from tandem.rollout.vllm_models import (
+    CPU_ATTENTION_HEAD_SIZES,
+    CPU_MLA_LATENT_SIZE,
+    default_engine_kwargs,
+    engine_kwargs_problems,
+    model_problems,
+)
+
+
+def as_json(config) -> dict:
+    return json.loads(config.to_json_string())
+
+
+def test_the_cpu_kernel_sizes_are_the_installed_vllms():
+    pytest.importorskip("vllm")
+    from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend
+    from vllm.v1.attention.backends.mla.cpu_mla import CPUMLABackend
+
+    assert tuple(CPUAttentionBackend.get_supported_head_sizes()) == CPU_ATTENTION_HEAD_SIZES
+    assert CPUMLABackend.get_supported_head_sizes() == [CPU_MLA_LATENT_SIZE]
+    assert (
+        CPUMLABackend.get_name() == default_engine_kwargs({"kv_lora_rank": 512}, "cpu")["attention_backend"]
+    )
+
+
+def test_deepseek_v3_without_its_router_fields_is_refused_naming_them():
+    config = as_json(family_config("deepseek_v3"))
+    assert model_problems(config, "cpu") == [] and model_problems(config, "cuda") == []
+    del config["topk_method"]
+    config["scoring_func"] = "softmax"
+    problems = model_problems(config, None)
+    assert len(problems) == 2
+    assert "topk_method is None" in problems[0] and "topk_method='noaux_tc'" in problems[0]
+    assert "scoring_func='sigmoid'" in problems[1]
+
+
+def test_sizes_vllms_cpu_kernels_do_not_take_are_refused_on_a_cpu_only():
+    small_heads = as_json(family_config("qwen3", head_dim=16))
+    (problem,) = model_problems(small_heads, "cpu")
+    assert "head size 16" in problem and "rollout.engine=hf" in problem
+    assert model_problems(small_heads, "cuda") == []
+    mistral = as_json(family_config("mistral", head_dim=None, hidden_size=96, num_attention_heads=4))
+    assert "head size 24" in model_problems(mistral, "cpu")[0]  # hidden / heads where head_dim is unset
+    latent = as_json(family_config("deepseek_v3", kv_lora_rank=64))
+    assert "kv_lora_rank + qk_rope_head_dim = 128" in model_problems(latent, "cpu")[0]
+
+
+def test_mla_models_take_cpu_mla_attention_on_a_cpu():
+    mla = as_json(family_config("deepseek_v3"))
+    assert default_engine_kwargs(mla, "cpu") == {"attention_backend": "CPU_MLA"}
+    assert default_engine_kwargs(mla, "cuda") == {}
+    assert default_engine_kwargs(as_json(family_config("llama3")), "cpu") == {}
+
+
+def test_engine_kwargs_reach_the_config_from_tandems_and_verls_keys_and_tandems_own_are_refused(tmp_path):
+    cfg = load_config(
+        "grpo", ["rollout.engine_kwargs.max_num_seqs=8", "rollout.engine_kwargs.enforce_eager=true"]
+    )
+    assert cfg.rollout.engine_kwargs == {"max_num_seqs": 8, "enforce_eager": True}
+    verl = translate_overrides(
+        [
+            "+actor_rollout_ref.rollout.engine_kwargs.vllm.max_num_seqs=8",
+            "+actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=fa3",
+        ]
+    )
+    assert verl.overrides == ["rollout.engine_kwargs.max_num_seqs=8"]
+    assert [key for key, _ in verl.no_effect] == [
+        "actor_rollout_ref.rollout.engine_kwargs.sglang.attention_backend=fa3"
+    ]
+    problems = engine_kwargs_problems({"seed": 1, "tensor_parallel_size": 2, "max_num_seqs": 8})
+    assert len(problems) == 2
+    assert "rollout.engine_kwargs.seed" in problems[0] and "trainer.seed" in problems[0]
+    assert "rollout.tensor_parallel" in problems[1]
+
+
+def test_the_start_up_checks_name_what_vllm_would_refuse(tmp_path):
+    pytest.importorskip("vllm")
+    from tandem.models.tiny_families import save_family
+    from tandem.trainer.start_checks import check_available
+
+    folder = save_family("deepseek_v3", tmp_path / "ds", topk_method=None)
+    cfg = load_config(
+        "grpo",
+        [
+            f"actor.model_path={folder}",
+            "trainer.device=cpu",
+            "rollout.engine=vllm",
+            "rollout.engine_kwargs.dtype=half",
+        ],
+    )
+    with pytest.raises(ConfigError) as error:
+        check_available(cfg)
+    text = str(error.value)
+    assert "rollout.engine_kwargs.dtype" in text
+    assert f"actor.model_path={folder} for vLLM: config.json's topk_method is None" in text
+    check_available(load_config("grpo", [f"actor.model_path={folder}", "rollout.engine=hf"]))
