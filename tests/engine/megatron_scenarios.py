@@ -297,8 +297,9 @@ def worker(
     torch.set_num_threads(1)
     try:
         cfg = role_config(*paths)
-        tp, pp, sp, vp, ep, cp = (*layout, *(False, 1, 1, 1)[len(layout) - 2 :])
+        tp, pp, sp, vp, ep, cp, overrides = (*layout, *(False, 1, 1, 1, {})[len(layout) - 2 :])
         parallel = MegatronConfig(
+            override_transformer_config=overrides,
             tensor_parallel=tp,
             pipeline_parallel=pp,
             sequence_parallel=sp,

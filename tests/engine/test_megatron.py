@@ -24,8 +24,8 @@ from . import megatron_scenarios as sc
 pytest.importorskip("megatron.core")
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-# name: ((tensor parallel, pipeline parallel[, sequence parallel[, virtual pipeline[, expert[, context parallel]]]]),
-# ranks)
+# name: ((tensor parallel, pipeline parallel[, sequence parallel[, virtual pipeline[, expert[, context parallel[,
+# override_transformer_config]]]]]), ranks)
 LAYOUTS = {
     "cp2": ((1, 1, False, 1, 1, 2), 2),  # each row's columns split over 2 ranks (context_parallel.py)
     "tp2spcp2": (
@@ -37,6 +37,9 @@ LAYOUTS = {
     "tp2sp": ((2, 1, True), 2),
     "pp2": ((1, 2), 2),
     "pp2vp2": ((1, 2, False, 2), 2),  # 2 model chunks of 1 layer per stage, the interleaved schedule
+    # megatron's uneven split: 1 of the 4 layers on the first stage, 3 on the last (verl's deepseek / qwen3-235b
+    # scripts set the first / last stage's sizes)
+    "pp2first1": ((1, 2, False, 1, 1, 1, {"num_layers_in_first_pipeline_stage": 1}), 2),
     "dp2": ((1, 1), 2),
     "tp2pp2": ((2, 2), 4),
 }
@@ -95,14 +98,18 @@ def test_dispatch_info_names_the_data_parallel_groups_and_collectors(layout):
         "tp2sp": [(0, 1, True), (0, 1, False)],  # TP rank 0 answers
         "pp2": [(0, 1, False), (0, 1, True)],  # the last stage answers
         "pp2vp2": [(0, 1, False), (0, 1, True)],
+        "pp2first1": [(0, 1, False), (0, 1, True)],
         "dp2": [(0, 2, True), (1, 2, True)],
         "tp2pp2": [(0, 1, False), (0, 1, False), (0, 1, True), (0, 1, False)],  # TP rank 0 of the last stage
     }[layout["name"]]
     assert infos == expected
     sequence_parallel = layout["name"].startswith("tp2sp")
-    chunk_layers = {"pp2vp2": [1, 1], "pp2": [2], "tp2pp2": [2]}.get(layout["name"], [4])  # of the 4 layers
-    for rank in layout["ranks"]:
-        assert rank["chunk_layers"] == chunk_layers
+    chunk_layers = {"pp2vp2": [[1, 1]] * 2, "pp2": [[2]] * 2, "tp2pp2": [[2]] * 4, "pp2first1": [[1], [3]]}
+    expected_layers = chunk_layers.get(
+        layout["name"], [[4]] * len(layout["ranks"])
+    )  # of the 4 layers, by rank
+    for rank, layers in zip(layout["ranks"], expected_layers, strict=True):
+        assert rank["chunk_layers"] == layers
         assert rank["sequence_parallel"] is sequence_parallel
         assert rank["norms"] == ({"SequenceParallelRMSNorm"} if sequence_parallel else {"RMSNorm"})
 

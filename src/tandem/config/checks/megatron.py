@@ -5,7 +5,7 @@ A key is passed through to megatron unless it is one of these:
 - set by Tandem: the layout (parallel sizes), the precision, the model's shape (read from the Hugging Face
   folder) and what the engine needs to be correct (`variable_seq_lengths`, `batch_p2p_comm`, ...): an error
   naming the Tandem key that sets it, or the reason;
-- not built by Tandem (uneven first / last pipeline stages): an error with the reason;
+- not built by Tandem (a pipeline layout string): an error with the reason;
 - of no effect (a kernel choice for parts Tandem does not build, such as Transformer Engine's attention
   backends or DeepEP's token dispatcher): accepted, and the build logs that it is ignored and why;
 - CUDA-only (fused kernels, CPU optimizer offload): passed through on CUDA; on the CPU the build turns it
@@ -77,17 +77,13 @@ TRANSFORMER_SET_BY_TANDEM: dict[str, str] = {
     },
 }
 
-# the layer split over pipeline stages: Tandem's build (engine/megatron/build.py `_slots`) splits evenly
+# the layer split over pipeline stages: Tandem's build (engine/megatron/build.py `_chunk_layers`) asks megatron
+# for each stage's layers, an even split or one with the first / last stage's sizes; a layout string places
+# layers by the current rank alone, which the weights' cuts for the other stages cannot ask
 TRANSFORMER_NOT_BUILT: dict[str, str] = {
-    name: "Tandem splits the decoder layers evenly over the pipeline stages (layers divisible by "
-    "actor.megatron.pipeline_parallel x virtual_pipeline); uneven first / last stages are not built. Drop it"
-    for name in (
-        "num_layers_in_first_pipeline_stage",
-        "num_layers_in_last_pipeline_stage",
-        "account_for_embedding_in_pipeline_split",
-        "account_for_loss_in_pipeline_split",
-        "pipeline_model_parallel_layout",
-    )
+    "pipeline_model_parallel_layout": "Tandem splits the decoder layers evenly, or with "
+    "num_layers_in_first_pipeline_stage / num_layers_in_last_pipeline_stage; a layout string is not built. "
+    "Use those two keys"
 }
 
 TRANSFORMER_NO_EFFECT: dict[str, str] = {

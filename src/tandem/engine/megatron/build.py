@@ -4,7 +4,7 @@ this rank's GPTModel chunks (one per virtual pipeline stage) filled with their c
 
 `ModelBuild` is a part of `MegatronEngine`, kept apart for length: it reads the engine's `config`, `head`,
 `model_path`, parallel sizes and ranks (`tp_*`, `pp_*`, `vp_size`, `ep_*`, `cp_size`), `sequence_parallel`,
-`layers_per_chunk`, `param_dtype`, `device`, `shapes`, `chunks` and `_row_rotaries`."""
+`param_dtype`, `device`, `shapes`, `chunks` and `_row_rotaries`; it keeps the TransformerConfig as `_layer_split`."""
 
 from __future__ import annotations
 
@@ -94,6 +94,7 @@ class ModelBuild:
         config = self._transformer_config(
             activation_checkpointing, megatron
         )  # one object: the schedule reads it
+        self._layer_split = config  # each chunk's layers, as megatron splits them (`_chunk_layers`)
         hf_model = hf_io.load_pretrained(self.model_path, self.config, self.head, seed)
         hf_state = hf_model.state_dict()
         hf_shapes = {name: tuple(t.shape) for name, t in hf_state.items()}
@@ -105,7 +106,7 @@ class ModelBuild:
                 config,
                 layer_spec(
                     self.sequence_parallel,
-                    self.layers_per_chunk,
+                    self._chunk_layers(self.pp_rank, chunk)[1],
                     convert.num_experts(self.config),
                     context_parallel=self.cp_size > 1,
                     qk_layernorm=convert.qk_norm(self.config),
@@ -207,15 +208,29 @@ class ModelBuild:
         output layer (the last)."""
         return stage == 0 and chunk == 0, stage == self.pp_size - 1 and chunk == self.vp_size - 1
 
+    def _chunk_layers(self, stage: int, chunk: int) -> tuple[int, int]:
+        """(first layer, number of layers) of pipeline `stage`'s model `chunk`, by megatron's own split: even,
+        or with the first / last stage's sizes of override_transformer_config (num_layers_in_first_pipeline_stage,
+        ..., account_for_embedding / loss_in_pipeline_split); interleaved, virtual stage chunk x pp + stage
+        follows the virtual stage before it."""
+        from megatron.core.transformer.transformer_block import get_num_layers_to_build
+        from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
+
+        vp_stage = chunk if self.vp_size > 1 else None
+        return (
+            get_transformer_layer_offset(self._layer_split, vp_stage=vp_stage, pp_rank=stage),
+            get_num_layers_to_build(self._layer_split, vp_stage=vp_stage, pp_rank=stage),
+        )
+
     def _slots(self, stage: int, chunk: int = 0) -> list[convert.Slot]:
-        """The parameters of pipeline `stage`'s model `chunk`: virtual stage chunk x pp + stage, whose
-        layers follow those of the virtual stage before it (megatron's interleaved order)."""
+        """The parameters of pipeline `stage`'s model `chunk` (`_chunk_layers`)."""
         first, last = self._chunk_ends(stage, chunk)
+        offset, count = self._chunk_layers(stage, chunk)
         return convert.slots(
             self.config,
             head=self.head,
-            layer_offset=(chunk * self.pp_size + stage) * self.layers_per_chunk,
-            num_local_layers=self.layers_per_chunk,
+            layer_offset=offset,
+            num_local_layers=count,
             first_stage=first,
             last_stage=last,
             expert_rank=self.ep_rank,

@@ -71,6 +71,15 @@ from tandem.engine.optim import lr_multiplier
 logger = logging.getLogger(__name__)
 
 
+# megatron's keys for a layer split other than the even one (override_transformer_config)
+UNEVEN_PIPELINE = (
+    "num_layers_in_first_pipeline_stage",
+    "num_layers_in_last_pipeline_stage",
+    "account_for_embedding_in_pipeline_split",
+    "account_for_loss_in_pipeline_split",
+)
+
+
 class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffload, TrainEngine):
     """One Hugging Face model (+ megatron's optimizer when `optim` is given) on megatron-core.
 
@@ -157,13 +166,13 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffl
         )
         self.config = config
         self.shapes = convert.shapes_of(config)
-        if config.num_hidden_layers % (self.pp_size * self.vp_size):
+        # megatron's uneven split (first / last stage sizes) is checked by its TransformerConfig; an even one here
+        uneven = any(megatron.override_transformer_config.get(key) for key in UNEVEN_PIPELINE)
+        if not uneven and config.num_hidden_layers % (self.pp_size * self.vp_size):
             raise ValueError(
                 f"{self.model_path}: num_hidden_layers={config.num_hidden_layers} is not a multiple of "
                 f"actor.megatron.pipeline_parallel x virtual_pipeline = {self.pp_size * self.vp_size}"
             )
-        # layers of one model chunk: a pipeline rank holds vp_size chunks (virtual stages), interleaved
-        self.layers_per_chunk = config.num_hidden_layers // (self.pp_size * self.vp_size)
         self.param_dtype = strategy_param_dtype("megatron", spec.fsdp, megatron, self.device)
 
         self._row_rotaries: list[nn.Module] = []  # context parallel: each chunk's RowRotary
