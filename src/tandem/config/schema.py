@@ -308,7 +308,8 @@ class RolloutConfig:
     shard_weight_sync: bool = True
     gpu_memory_utilization: float = 0.5  # in (0, 1]: fraction of GPU memory vLLM / SGLang may claim
     # keyword arguments for vLLM's engine (vllm.LLM), e.g. {attention_backend: CPU_MLA}; not those Tandem sets
-    # from its own keys (model, dtype, tensor_parallel_size, seed, ...: an error names them)
+    # from its own keys (model, dtype, tensor_parallel_size, seed, ...: an error names them); verl's
+    # actor_rollout_ref.rollout.engine_kwargs.vllm.NAME is rollout.engine_kwargs.NAME
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     is_correction: str = "none"  # older name of algorithm.rollout_correction.rollout_is (none = null)
     is_threshold: float = 2.0  # older name of algorithm.rollout_correction.rollout_is_threshold

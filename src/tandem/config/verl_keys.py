@@ -495,7 +495,6 @@ VERL_PATTERNS: list[tuple[str, Rule]] = [
         "actor_rollout_ref.rollout.checkpoint_engine.*",
         no_effect("weights reach vLLM by Tandem's weight sync"),
     ),
-    (ENGINE_KWARGS, no_effect("no engine arguments in it (vLLM's: engine_kwargs.vllm.*)")),
     ("reward_model.rollout.*", no_effect("Tandem's reward model is a scoring model, not a generative judge")),
     ("reward_model.sandbox_fusion.*", unsupported("Tandem has no Sandbox Fusion client")),
     ("ray_kwargs.*", no_effect("Tandem starts Ray itself; trainer.ray_address joins a running cluster")),
@@ -599,8 +598,9 @@ def verl_rule(key: str, is_tandem_key: Callable[[str], bool]) -> Rule | None:
     for verl_prefix, prefix, note in (*MEGATRON_SUBTREES, *VERL_SUBTREES):
         if key.startswith(verl_prefix):
             return maps(prefix + key.removeprefix(verl_prefix), note)
-    if key.startswith(ENGINE_KWARGS + "."):  # another engine's (sglang, trtllm): not rollout.engine_kwargs
-        return no_effect("arguments of an engine Tandem does not run (vLLM's: engine_kwargs.vllm.*)")
+    # the whole, or another engine's (sglang, trtllm): not rollout.engine_kwargs
+    if key.startswith(ENGINE_KWARGS):
+        return no_effect("no vLLM engine arguments in it (those are engine_kwargs.vllm.NAME)")
     for verl_prefix, prefix in VERL_SECTIONS:
         if key.startswith(verl_prefix):
             renamed = prefix + key.removeprefix(verl_prefix).replace("_per_gpu", "_per_rank")
