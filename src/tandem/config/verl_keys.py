@@ -15,39 +15,9 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
-Effect = Literal[
-    "maps", "none", "unsupported", "same"
-]  # same: must equal the Tandem key (verl_megatron_keys)
-
-
-class UnsupportedValue(ValueError):
-    """A verl value Tandem has no meaning for (the key itself may have one)."""
-
-
-@dataclass(frozen=True)
-class Rule:
-    """What one verl key does in Tandem."""
-
-    effect: Effect
-    target: str = ""  # the Tandem key ("maps"); "a,b" sets both
-    note: str = ""  # why (no effect / unsupported), or how the meaning differs (maps)
-    convert: Callable[[Any], Any] | None = None  # verl value -> Tandem value; may raise UnsupportedValue
-
-
-def maps(target: str, note: str = "", convert: Callable[[Any], Any] | None = None) -> Rule:
-    return Rule("maps", target, note, convert)
-
-
-def no_effect(why: str) -> Rule:
-    return Rule("none", note=why)
-
-
-def unsupported(why: str) -> Rule:
-    return Rule("unsupported", note=why)
-
+from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect, unsupported
 
 # --- value conversions -----------------------------------------------------------------------------
 

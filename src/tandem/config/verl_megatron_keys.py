@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.config.verl_keys import Rule, UnsupportedValue, maps, no_effect, unsupported
+from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect, unsupported
 
 _SHARED_LAYOUT = (
     "Tandem builds the {role} with the actor's megatron layout (the engines of one process share "
