@@ -97,7 +97,9 @@ def _preset_and_overrides(args: argparse.Namespace, default: str) -> tuple[str, 
     preset, overrides = args.preset, list(args.overrides)
     if "=" in preset:  # `tandem config a.b=1`: an override, not a preset name
         preset, overrides = default, [preset, *overrides]
-        if any(is_verl_override(o) for o in overrides):  # a verl command line: verl's defaults under it
+        if any(is_verl_sft_override(o) for o in overrides):  # verl's SFT command line: its SFT defaults
+            preset = "verl_sft"
+        elif any(is_verl_override(o) for o in overrides):  # a verl command line: verl's defaults under it
             preset = "verl"
     if getattr(args, "config_name", None):  # verl's --config-path DIR --config-name NAME
         if "=" not in args.preset and args.preset != default:
@@ -119,6 +121,43 @@ def is_verl_override(text: str) -> bool:
     from tandem.config.verl_keys import is_verl_key
 
     return is_verl_key(text.partition("=")[0].strip().lstrip("+"))
+
+
+def is_verl_sft_override(text: str) -> bool:
+    """Whether `key=value` uses a key only verl's SFT trainers have (config/verl_sft_keys.py)."""
+    from tandem.config.verl import is_verl_sft_key
+
+    return is_verl_sft_key(text.partition("=")[0].strip().lstrip("+"))
+
+
+def _is_sft(args: argparse.Namespace, preset: str) -> bool:
+    """An SFT config: `tandem sft`, the sft presets, or verl's SFT YAML (--config-name sft_trainer...)."""
+    return (
+        args.command == "sft" or preset in ("sft", "verl_sft") or Path(preset).stem.startswith("sft_trainer")
+    )
+
+
+_HYDRA_FLAGS = ("--config-path", "-cp", "--config-name", "-cn")
+
+
+def hydra_flags_first(argv: list[str]) -> list[str]:
+    """Hydra's flags (and their values) moved to just after the command, as Hydra takes them anywhere:
+    `tandem train a=1 --config-path=D --config-name=N b=2`."""
+    if not argv:
+        return argv
+    head, flags, rest = argv[:1], [], []
+    i = 1
+    while i < len(argv):
+        text = argv[i]
+        if text.split("=", 1)[0] in _HYDRA_FLAGS:
+            flags.append(text)
+            if "=" not in text and i + 1 < len(argv):
+                flags.append(argv[i + 1])
+                i += 1
+        else:
+            rest.append(text)
+        i += 1
+    return [*head, *flags, *rest]
 
 
 def _print_translation(command: str):
@@ -147,6 +186,7 @@ def _run(args: argparse.Namespace) -> int:
             overrides,
             require_data=args.command != "eval",
             on_verl=_print_translation(f"tandem {args.command} {preset}"),
+            sft=_is_sft(args, preset),
         )
         args.log_dir = run_dir(cfg) / "logs"
         if args.command == "eval" and cfg.actor.model_path and hf_io.is_adapter_folder(cfg.actor.model_path):
@@ -172,7 +212,12 @@ def _run(args: argparse.Namespace) -> int:
         print(verl_yaml_to_tandem(args.from_verl), end="")
     elif args.command == "config":
         preset, overrides = _preset_and_overrides(args, "grpo")
-        cfg = load_config(preset, overrides, on_verl=_print_translation(f"tandem config {preset}"))
+        cfg = load_config(
+            preset,
+            overrides,
+            on_verl=_print_translation(f"tandem config {preset}"),
+            sft=_is_sft(args, preset),
+        )
         print(config_to_yaml(cfg), end="")
     elif args.command == "presets":
         print("\n".join(list_presets()))
@@ -201,7 +246,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(hydra_flags_first(sys.argv[1:] if argv is None else list(argv)))
     args.log_dir = None  # set by _run once the run folder is known
     from tandem.config import ConfigError
     from tandem.data import DataError

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tandem.cli import main
+from tandem.cli import hydra_flags_first, main
 from tandem.config import ConfigError, config_to_dict, load_config
 from tandem.config.loader import verl_yaml_to_tandem
 from tandem.config.verl import translate_overrides, translate_tree
@@ -86,7 +86,7 @@ def test_values_that_differ_between_verl_and_tandem_are_converted():
         ("algorithm.use_pf_ppo=true", "Tandem has no meaning for verl's algorithm.use_pf_ppo"),
         ("global_profiler.tool=nsys", "it has no 'nsys' hooks"),
         ("actor_rollout_ref.actor.optim.optimizer=SGD", "Tandem's optimizer is AdamW, not 'SGD'"),
-        ("actor_rollout_ref.rollout.made=async", "a verl key Tandem has no meaning for"),
+        ("actor_rollout_ref.rollout.made=async", "not a key of verl's config, and none Tandem reads"),
     ],
 )
 def test_a_verl_key_or_value_tandem_has_no_meaning_for_is_an_error(override, message):
@@ -228,3 +228,29 @@ def test_hydra_flags_on_the_command_line(tmp_path, monkeypatch, capsys):
     assert (
         "#   data.return_raw_chat: true  -- Tandem keeps each row's chat messages" in capsys.readouterr().out
     )
+
+
+def test_hydra_flags_anywhere_on_the_command_line(tmp_path, monkeypatch, capsys):
+    """Hydra takes --config-path / --config-name between the overrides: `tandem config a=1 -cp D -cn N b=2`."""
+    examples = write_multiturn_config(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    argv = [
+        "config",
+        "data.train_batch_size=256",
+        f"--config-path={examples}",
+        "--config-name",
+        "gsm8k_multiturn_grpo",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=64",
+    ]
+    assert main(argv) == 0
+    cfg = yaml.safe_load(capsys.readouterr().out)
+    assert cfg["data"]["train_batch_size"] == 256 and cfg["actor"]["ppo_mini_batch_size"] == 64
+    assert cfg["rollout"]["multi_turn"]["max_assistant_turns"] == 5  # from the named config
+    assert hydra_flags_first(["train", "a=1", "-cp", "D", "b=2", "-cn=N"]) == [
+        "train",
+        "-cp",
+        "D",
+        "-cn=N",
+        "a=1",
+        "b=2",
+    ]

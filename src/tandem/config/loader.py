@@ -43,12 +43,15 @@ def load_config(
     *,
     require_data: bool = False,
     on_verl: Callable[[VerlTranslation], None] | None = None,
+    sft: bool = False,
 ) -> TandemConfig:
     """A validated config from a preset name or YAML path (None = schema defaults) and `key=value` overrides.
 
     verl's keys are read as Tandem's (config/verl.py), and a verl YAML file is composed with its
     `defaults:` over the `verl` preset; `on_verl` then gets the translation (default: logged).
     With `require_data=True` the training files must be given (and exist): use it when about to train.
+    `sft`: verl keys are those of verl's SFT trainers (config/verl_sft_keys.py); a verl SFT YAML (with top-level
+    `model:` / `optim:` sections) is read so without it, over the `verl_sft` preset.
     Raises ConfigError listing every problem found.
     """
     raw: dict[str, Any] = {}
@@ -58,14 +61,15 @@ def load_config(
         path = resolve_ref(str(preset_or_path), Path.cwd())
         top = read_yaml(path)
         if isinstance(top, dict) and looks_like_verl(top):  # a verl (Hydra) YAML: verl's defaults under it
-            raw = load_yaml_tree(PRESET_DIR / "verl.yaml", (), problems.files)
+            sft = sft or "model" in top or "optim" in top  # sections of verl's SFT configs alone
+            raw = load_yaml_tree(PRESET_DIR / ("verl_sft.yaml" if sft else "verl.yaml"), (), problems.files)
             notes: list[str] = []
-            translation = translate_tree(compose(path, notes, top))
+            translation = translate_tree(compose(path, notes, top), sft=sft)
             translation.notes, translation.source = notes, str(path)
         else:
             raw = load_yaml_tree(path, (), problems.files)
     from_file = translation.overrides
-    translation.merge(translate_overrides(overrides))
+    translation.merge(translate_overrides(overrides, sft=sft))
     for key, message in translation.problems:
         problems.notes[key] = "from a verl override"
         problems.add(key, message)

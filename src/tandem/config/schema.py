@@ -67,6 +67,10 @@ class DataConfig:
     max_response_length: int = 512  # TOKENS generated per sample at most, >= 1
     max_length: int | None = None  # SFT only: TOKENS of prompt + response + EOS; None = the two above summed
     response_key: str = "response"  # SFT only: column holding the target response text
+    # SFT only: keys into a nested column, in order: prompt_key=extra_info with [question] reads the prompt from
+    # row["extra_info"]["question"] (verl's prompt_dict_keys); [] = the column itself
+    prompt_dict_keys: list[str] = field(default_factory=list)
+    response_dict_keys: list[str] = field(default_factory=list)  # SFT only: the same for response_key
     messages_key: str | None = (
         "messages"  # SFT only: column of whole conversations (assistant turns trained); null: none
     )

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.config.coerce import type_at
-from tandem.config.errors import closest
+from tandem.config.verl_hints import unknown_verl_key_message
 from tandem.config.verl_keys import (
     SGLANG_NOTE,
     VERL_KEYS,
@@ -26,6 +26,7 @@ from tandem.config.verl_keys import (
     is_verl_key,
     verl_rule,
 )
+from tandem.config.verl_sft_keys import SFT_KEYS, SFT_ONLY_PREFIXES, sft_rule_key
 from tandem.config.yaml_io import parse_scalar
 
 # keys of a verl YAML not read: verl writes its own default there, which would not suit Tandem
@@ -73,13 +74,15 @@ class VerlTranslation:
         lines = []
         if self.source:
             lines.append(
-                f"tandem: read verl config {self.source} with its defaults: {self.tree_keys} keys as Tandem's, "
+                f"tandem: read verl config {self.source} with its defaults: {_count(self.tree_keys, 'key')} as Tandem's, "
                 f"{len(self.dropped)} with no Tandem setting dropped (`tandem config --from-verl "
                 f"{self.source}` writes the Tandem YAML and names each dropped key)"
             )
             lines += [f"  note: {note}" for note in self.notes]
         if self.mapped or self.no_effect:
-            lines.append(f"tandem: read {len(self.mapped) + len(self.no_effect)} verl keys as Tandem's")
+            lines.append(
+                f"tandem: read {_count(len(self.mapped) + len(self.no_effect), 'verl key')} as Tandem's"
+            )
         width = min(max((len(v) for v, _, _ in self.mapped), default=0), 64)
         for verl, tandem, note in self.mapped:
             lines.append(f"  {verl:<{width}}  ->  {tandem}" + (f"   ({note})" if note else ""))
@@ -92,20 +95,21 @@ class VerlTranslation:
         return "\n".join(lines)
 
 
-def translate_overrides(overrides: Iterable[str]) -> VerlTranslation:
-    """verl's `key=value` overrides as Tandem's; other overrides are kept as they are."""
+def translate_overrides(overrides: Iterable[str], *, sft: bool = False) -> VerlTranslation:
+    """verl's `key=value` overrides as Tandem's; other overrides are kept as they are. `sft`: the keys are
+    those of verl's SFT trainers (`model.partial_pretrain`, `optim.lr`, ...: config/verl_sft_keys.py)."""
     out = VerlTranslation()
     combined: dict[str, int] = {}  # _ANY_OF key -> its index in out.overrides
     filter_overlong = False  # verl's data.filter_overlong_prompts wins over data.truncation
     for text in map(str, overrides):
         key, sep, value_text = text.partition("=")
         key = key.strip().lstrip("+")
-        if not sep or key.startswith("~") or not _reads_as_verl(key):
+        if not sep or key.startswith("~") or not _reads_as_verl(key, sft):
             out.overrides.append(text)
             continue
-        rule = verl_rule(key, is_tandem_key)
+        rule = _rule(key, sft)
         if rule is None:
-            out.problems.append((key, _unknown_verl_key_message(key)))
+            out.problems.append((key, unknown_verl_key_message(key, sft)))
             continue
         try:
             pairs = _apply_rule(key, rule, value_text)
@@ -142,7 +146,7 @@ def translate_overrides(overrides: Iterable[str]) -> VerlTranslation:
     return out
 
 
-def translate_tree(tree: Mapping[str, Any]) -> VerlTranslation:
+def translate_tree(tree: Mapping[str, Any], *, sft: bool = False) -> VerlTranslation:
     """A composed verl config tree as Tandem overrides. A null value (verl: not set) keeps Tandem's
     default; a key Tandem has no meaning for is dropped and named, not an error: a verl YAML holds
     every verl default, most of them for parts Tandem does not have."""
@@ -157,20 +161,20 @@ def translate_tree(tree: Mapping[str, Any]) -> VerlTranslation:
             continue
         if value is None or (isinstance(value, str) and "${" in value):
             continue  # verl's "not set" (or an interpolation verl_yaml could not resolve)
-        if not _reads_as_verl(key):
+        if not _reads_as_verl(key, sft):
             if is_tandem_key(key):
                 texts.append(f"{key}={_override_text(value)}")
             else:
                 out.dropped.append((shown, "Tandem has no setting for it"))
             continue
-        rule = verl_rule(key, is_tandem_key)
+        rule = _rule(key, sft)
         if rule is None:
             out.dropped.append((shown, "Tandem has no setting for it"))
         elif rule.effect not in ("maps", "same"):
             out.dropped.append((shown, rule.note))
         else:
             texts.append(f"{key}={_override_text(value)}")
-    translated = translate_overrides(texts)
+    translated = translate_overrides(texts, sft=sft)
     out.overrides, out.tree_keys = translated.overrides, len(translated.overrides)
     out.same = translated.same
     out.dropped += [(f"{k}", message) for k, message in translated.problems]
@@ -186,10 +190,26 @@ def is_tandem_key(dotted: str) -> bool:
     return type_at(dotted) is not None
 
 
-def _reads_as_verl(key: str) -> bool:
+def _reads_as_verl(key: str, sft: bool = False) -> bool:
     """verl's meaning applies: a key in the verl table, or under a verl-only section. A key Tandem
     has with the same meaning (data.train_batch_size, algorithm.gamma, ...) is Tandem's."""
+    if sft and (key in SFT_KEYS or key.startswith(SFT_ONLY_PREFIXES)):
+        return True
     return key in VERL_KEYS or (is_verl_key(key) and not is_tandem_key(key))
+
+
+def _rule(key: str, sft: bool) -> Rule | None:
+    """The rule of verl key `key`; an SFT key without a rule of its own takes that of its RL name."""
+    if sft:
+        rule, rl_key = sft_rule_key(key)
+        if rule is not None or rl_key:
+            return rule or verl_rule(rl_key, is_tandem_key)
+    return verl_rule(key, is_tandem_key)
+
+
+def is_verl_sft_key(key: str) -> bool:
+    """A key only verl's SFT configs have (`model.partial_pretrain`, `optim.lr`, ...): a verl SFT command line."""
+    return (key in SFT_KEYS or key.startswith(SFT_ONLY_PREFIXES)) and not is_tandem_key(key)
 
 
 def _apply_rule(key: str, rule: Rule, value_text: str) -> list[tuple[str, str]] | None:
@@ -237,16 +257,9 @@ def _leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, An
             yield path, value
 
 
-def _unknown_verl_key_message(key: str) -> str:
-    """A verl key in no table: Tandem has no meaning for it. The nearest verl keys are suggested, never a
-    Tandem key across verl's prefix."""
-    section = key.rsplit(".", 1)[0] + "."
-    near = closest(key, [k for k in VERL_KEYS if k.startswith(section)] or list(VERL_KEYS))
-    hint = f" Did you mean verl's '{near}'?" if near else ""
-    return (
-        f"{key}: a verl key Tandem has no meaning for (it is in none of Tandem's verl tables, "
-        f"tandem/config/verl_keys.py).{hint} Remove it, or find the Tandem setting in `tandem config` output"
-    )
+def _count(n: int, noun: str) -> str:
+    """`1 verl key`, `2 verl keys`."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
 
 
 def _shell_quote(text: str) -> str:

@@ -72,6 +72,8 @@ class SFTDataset:
         max_length: int,
         prompt_key: str = "prompt",
         response_key: str = "response",
+        prompt_dict_keys: Sequence[str] = (),
+        response_dict_keys: Sequence[str] = (),
         messages_key: str | None = "messages",
         truncation: str = "error",
         chat_template: str = "auto",
@@ -116,18 +118,16 @@ class SFTDataset:
                     )
                     rows.append((location, pieces, whole))
                     continue
-                prompt = require(
-                    location, row, prompt_key, object, " Set data.prompt_key if it has another name."
-                )
+                prompt = _field(location, row, prompt_key, prompt_dict_keys, object, "prompt")
+                if isinstance(prompt, str) and mode != "none":  # verl's SFT: plain text is the user's message
+                    prompt = [{"role": "user", "content": prompt}]
                 messages = check_prompt(location, prompt, prompt_key, mode)
                 if row.get(image_key) is not None:
                     messages, images[len(rows)] = row_images(
                         location, messages, row[image_key], image_key, path.parent, mode, processor
                     )
                 prompt_text = render_prompt(messages, tokenizer, mode, location, tools=tools)
-                response = require(
-                    location, row, response_key, str, " Set data.response_key if it has another name."
-                )
+                response = _field(location, row, response_key, response_dict_keys, str, "response")
                 rows.append((location, [(prompt_text, 0), (response, 1)], None))
 
         self.sample_texts: list[tuple[str, str]] = [
@@ -222,6 +222,23 @@ def collate_sft(items: Sequence[dict[str, Any]], pad_token_id: int) -> Batch:
             tensors, {"multi_modal_inputs": [item["multi_modal_inputs"] for item in items]}
         )
     return Batch.from_dict(tensors)
+
+
+def _field(
+    location: str, row: dict[str, Any], key: str, dict_keys: Sequence[str], kind: type, what: str
+) -> Any:
+    """row[key], then [k] for each of `dict_keys` (data.prompt_dict_keys / response_dict_keys)."""
+    hint = f" Set data.{what}_key if it has another name."
+    if not dict_keys:
+        return require(location, row, key, kind, hint)
+    value, path = require(location, row, key, dict, hint), key
+    for i, inner in enumerate(dict_keys):
+        last = i == len(dict_keys) - 1
+        value = require(
+            location, value, inner, kind if last else dict, f" (in field {path!r}: data.{what}_dict_keys)"
+        )
+        path = f"{path}.{inner}"
+    return value
 
 
 def _check_replies_hold_no_image(location: str, messages: list[dict[str, Any]], key: str) -> None:

@@ -58,6 +58,8 @@ class SFTTrainer(Trainer):
             max_length=d.max_length or d.max_prompt_length + d.max_response_length,
             prompt_key=d.prompt_key,
             response_key=d.response_key,
+            prompt_dict_keys=d.prompt_dict_keys,
+            response_dict_keys=d.response_dict_keys,
             messages_key=d.messages_key,
             truncation=d.truncation,
             chat_template=d.chat_template,
