@@ -6,6 +6,7 @@ from tandem.rewards.scorers.arithmetic import (
     evaluate_arithmetic,
     tool_multiply_score,
 )
+from tandem.rewards.scorers.geo3k import geo3k_score
 from tandem.rewards.scorers.gsm8k import gsm8k_score
 from tandem.rewards.scorers.math_answer import math_score
 
@@ -13,6 +14,7 @@ __all__ = [
     "addition_score",
     "countdown_score",
     "evaluate_arithmetic",
+    "geo3k_score",
     "gsm8k_score",
     "math_score",
     "tool_multiply_score",
