@@ -169,6 +169,9 @@ class MegatronConfig:
     override_transformer_config: dict[str, Any] = field(default_factory=dict)
     # fields of megatron-core's OptimizerConfig, passed through likewise (e.g. optimizer_cpu_offload on CUDA)
     override_optimizer_config: dict[str, Any] = field(default_factory=dict)
+    param_offload: bool = False  # the actor's and critic's parameters in host memory between calls
+    grad_offload: bool = False  # their gradient buffers freed between updates, back zeroed for the next
+    optimizer_offload: bool = False  # their optimizer state (master weights, Adam moments) in host memory
 
 
 @dataclass
@@ -326,6 +329,7 @@ class ReferenceConfig:
     actor.use_kl_loss or algorithm.use_kl_in_reward (see cfg.derived.reference_needed)."""
 
     log_prob_micro_batch_size_per_rank: int = 8  # SAMPLES per forward on one rank
+    megatron_param_offload: bool = False  # megatron: its parameters in host memory between its forwards
 
 
 @dataclass

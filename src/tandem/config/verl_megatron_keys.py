@@ -23,16 +23,6 @@ def same_as(target: str, role: str, convert: Any = None) -> Rule:
     return Rule("same", target, _SHARED_LAYOUT.format(role=role), convert)
 
 
-def _no_offload(value: Any) -> None:
-    if value in (True, "true", "True"):
-        raise UnsupportedValue(
-            "Tandem's megatron engine keeps parameters, gradients and optimizer state on the GPU between calls "
-            "(no setting moves them to host memory yet); set it false, or train on FSDP2 with "
-            "actor.fsdp.cpu_offload=true (actor.strategy=fsdp). Optimizer state alone can live in host memory "
-            "on CUDA: actor_rollout_ref.actor.optim.override_optimizer_config.optimizer_cpu_offload=True"
-        )
-
-
 def _expert_tensor_parallel(value: Any) -> None:
     if value not in (None, 1):
         raise UnsupportedValue(
@@ -52,6 +42,31 @@ def _no_dist_checkpoint(value: Any) -> None:
 
 def _null_is_one(value: Any) -> Any:
     return 1 if value is None else value
+
+
+_OFFLOAD = {
+    "param": "parameters in host memory between calls, back on the GPU for each call that needs them",
+    "grad": "gradient buffers freed between updates and allocated again, zeroed, for the next (their values are "
+    "dead between updates)",
+    "optimizer": "optimizer state (master weights, Adam moments) in host memory between updates",
+}
+
+
+def _offload_rule(role: str, kind: str) -> Rule:
+    """verl's `{role}.megatron.{kind}_offload`: the actor's three switches and the reference's parameter switch
+    are Tandem's; the critic's engine follows the actor's switches; the reference has no gradients or optimizer."""
+    if role == "actor":
+        return maps(
+            f"actor.megatron.{kind}_offload",
+            f"the actor's and critic's {_OFFLOAD[kind]}; on a CPU nothing moves",
+        )
+    if role == "reference" and kind == "param":
+        return maps(
+            "reference.megatron_param_offload", f"the reference's {_OFFLOAD[kind]}; on a CPU nothing moves"
+        )
+    if role == "reference":
+        return no_effect("the reference is frozen: no gradients, no optimizer state")
+    return no_effect(f"the critic's engine follows actor.megatron.{kind}_offload")
 
 
 _MBRIDGE = "Tandem converts the Hugging Face weights to megatron-core itself (engine/megatron/convert.py), no mbridge"
@@ -76,11 +91,7 @@ MEGATRON_KEYS: dict[str, Rule] = {
 _ROLE_NAMES = {"actor_rollout_ref.actor": "actor", "actor_rollout_ref.ref": "reference", "critic": "critic"}
 for _verl, _role in _ROLE_NAMES.items():
     for _kind in ("param", "grad", "optimizer"):
-        MEGATRON_KEYS[f"{_verl}.megatron.{_kind}_offload"] = maps(
-            "",
-            "false: Tandem's megatron engine keeps its state on the GPU, as verl does without it",
-            _no_offload,
-        )
+        MEGATRON_KEYS[f"{_verl}.megatron.{_kind}_offload"] = _offload_rule(_role, _kind)
     MEGATRON_KEYS[f"{_verl}.megatron.use_dist_checkpointing"] = maps(
         "", "false: Tandem reads the Hugging Face folder", _no_dist_checkpoint
     )

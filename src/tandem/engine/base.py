@@ -18,6 +18,7 @@ the engine pads ranks with fewer micro-batches with dummy passes that contribute
 
 from __future__ import annotations
 
+import contextlib
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -267,6 +268,13 @@ class TrainEngine(ABC):
         """(dp_rank, dp_size, collect) for Dispatch.MP: ranks of one data-parallel group get the same rows
         and the one with collect=True returns the output. Plain data parallel unless model-parallel."""
         return self.dp_rank, self.dp_size, True
+
+    def on_device(self, train: bool = False) -> contextlib.AbstractContextManager[None]:
+        """The state the calls inside need, on the device for all of them: the parameters, and with `train`
+        gradients and optimizer state. An engine that keeps parts of its state in host memory between calls
+        (megatron's *_offload switches) brings them in once here and moves them out when the outermost use ends;
+        its own calls do the same when made outside one. (A role wraps an update of many optimizer steps in it.)"""
+        return contextlib.nullcontext()
 
     def offload(self) -> None:  # noqa: B027 - nothing to move on CPU
         """Move parameters, gradients and optimizer state to host memory (GPU)."""

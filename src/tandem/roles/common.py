@@ -154,11 +154,14 @@ def run_update(
     with the global counts of its `mask_key` tokens), then one LR-schedule step; the metrics of
     `sum_step_metrics`."""
     results: list[StepResult] = []
-    for _ in range(epochs):
-        # The same NUMBER of mini-batches on every rank, whatever its share: FSDP steps are collective.
-        for mini in batch.chunk(mini_batches_per_epoch):
-            counts = global_counts(engine, mini[mask_key])
-            results.append(engine.train_step(mini, make_loss_fn(counts), micro_batch_size))
+    with engine.on_device(
+        train=True
+    ):  # an engine that offloads between calls moves its state once per update
+        for _ in range(epochs):
+            # The same NUMBER of mini-batches on every rank, whatever its share: FSDP steps are collective.
+            for mini in batch.chunk(mini_batches_per_epoch):
+                counts = global_counts(engine, mini[mask_key])
+                results.append(engine.train_step(mini, make_loss_fn(counts), micro_batch_size))
     engine.scheduler_step()
     return sum_step_metrics(engine, results, prefix)
 

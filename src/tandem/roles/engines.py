@@ -4,6 +4,7 @@ built from it."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -40,13 +41,18 @@ def role_engine(
     total_training_steps: int | None,
     group_name: str,
     lora: Any = None,
+    param_offload: bool = False,
 ) -> TrainEngine:
     """One role's engine (`optim` None: a frozen one, the reference or the reward model); every role shares
     the actor's strategy and settings. `group_name`: the worker group, named by the error of a role without
-    a model."""
+    a model. The critic follows actor.megatron's offload switches; a frozen engine has parameters alone to keep
+    in host memory between calls, under its own switch `param_offload` (reference.megatron_param_offload)."""
     if not model_path:
         raise ValueError(f"worker group {group_name!r}: a role needs a model_path, got {model_path!r}")
     a = cfg.actor
+    megatron = a.megatron
+    if optim is None:
+        megatron = replace(megatron, param_offload=param_offload, grad_offload=False, optimizer_offload=False)
     spec = EngineSpec(
         model_path=model_path,
         head=head,
@@ -56,7 +62,7 @@ def role_engine(
         total_training_steps=total_training_steps,
         strategy=a.strategy,
         fsdp=a.fsdp,
-        megatron=a.megatron,
+        megatron=megatron,
         activation_checkpointing=a.activation_checkpointing and optim is not None,
         seed=cfg.trainer.seed,
         packing=a.sequence_packing,

@@ -73,7 +73,10 @@ class RoleWorker(Worker):
                 # the actor with its adapters off is the reference policy: no second copy of the base weights
                 self.reference = Reference(WithoutAdapter(self.actor.engine), cfg)
             else:
-                self.reference = Reference(self._engine(cfg.actor.model_path, "lm", None, None), cfg)
+                engine = self._engine(
+                    cfg.actor.model_path, "lm", None, None, param_offload=cfg.reference.megatron_param_offload
+                )
+                self.reference = Reference(engine, cfg)
         if "critic" in roles:
             c = cfg.critic
             self.critic = Critic(self._engine(c.model_path, "value", c.optim, c.grad_clip, lora=c.lora), cfg)
@@ -103,6 +106,7 @@ class RoleWorker(Worker):
         optim: OptimConfig | None,
         grad_clip: float | None,
         lora: Any = None,
+        param_offload: bool = False,
     ) -> TrainEngine:
         return role_engine(
             self.cfg,
@@ -114,6 +118,7 @@ class RoleWorker(Worker):
             self.total_training_steps,
             self.ctx.group_name,
             lora=lora,
+            param_offload=param_offload,
         )
 
     def dispatch_info(self) -> tuple[int, int, bool]:

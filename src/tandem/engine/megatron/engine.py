@@ -4,7 +4,7 @@ rest of the ranks; optionally megatron's sequence parallel with TP (norms and re
 layers.py), virtual pipeline stages (`virtual_pipeline` model chunks per PP rank, the interleaved schedule), expert
 parallel (experts.py) and context parallel (each sequence split over the CP ranks: context_parallel.py). The model's
 construction: build.py; the pipeline schedule and each micro-batch's inputs: schedule.py; weights out: weights.py;
-checkpoints and offload: state.py; the parallel state: parallel.py.
+checkpoints: state.py; the state in host memory between calls: offload.py; the parallel state: parallel.py.
 
 Layout. megatron's parallel state is built once per process from the default process group (world =
 TP x PP x DP, TP ranks adjacent); every engine of the process (actor, reference, critic) shares it.
@@ -60,9 +60,10 @@ from tandem.engine.base import (
 from tandem.engine.megatron import convert
 from tandem.engine.megatron.build import ModelBuild
 from tandem.engine.megatron.experts import RouterBalance
+from tandem.engine.megatron.offload import FORWARD, PARTS, TRAIN, StateOffload
 from tandem.engine.megatron.parallel import init_parallel_state
 from tandem.engine.megatron.schedule import PipelineSchedule
-from tandem.engine.megatron.state import CheckpointAndOffload
+from tandem.engine.megatron.state import Checkpoints
 from tandem.engine.megatron.vocab_parallel import VocabParallel
 from tandem.engine.megatron.weights import WeightsOut
 from tandem.engine.micro import dummy_like, merge_outputs, real_token_count, split_micro_batches, to_cpu
@@ -80,7 +81,7 @@ UNEVEN_PIPELINE = (
 )
 
 
-class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffload, TrainEngine):
+class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, TrainEngine):
     """One Hugging Face model (+ megatron's optimizer when `optim` is given) on megatron-core.
 
     `spec` as FSDPEngine's (engine/base.py `EngineSpec`); `spec.megatron` holds the parallel sizes and
@@ -114,7 +115,6 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffl
         self.global_step = 0
         self._schedule_step = 0
         self._is_offloaded = False
-        self._cpu_copies: list[tuple[Tensor, Tensor]] = []
 
         from megatron.core import parallel_state as ps
 
@@ -186,6 +186,11 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffl
             )  # what the schedule runs: DDP-wrapped when trainable
             if optim is not None:
                 self._build_optimizer(optim, megatron)
+        switches = (megatron.param_offload, megatron.grad_offload, megatron.optimizer_offload)
+        self._offload = StateOffload(
+            self.device, self.models, self.chunks, self.optimizer, [p for p, on in zip(PARTS, switches) if on]
+        )
+        self._offload.offload(self._offload.switched)  # between calls from the start, as after every call
         # A mixture-of-experts causal LM in training: Tandem's load-balancing term in its routers (experts.py)
         routing = moe.routing_of(config, spec.router_aux_loss_coef) if head == "lm" else None
         recompute = megatron.override_transformer_config.get("recompute_granularity")
@@ -220,6 +225,10 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffl
         """`fn(output, micro)` per micro-batch under no_grad (on the last stage; its outputs are sent to the
         other stages); per-row tensors on the CPU in the input's row order, on every rank."""
         self._check_onloaded("forward")
+        with self.on_device():
+            return self._forward(batch, fn, micro_batch_size)
+
+    def _forward(self, batch: Batch, fn: ForwardFn, micro_batch_size: int) -> Batch:
         micros, plan = self._micro_batches(batch, micro_batch_size)
         empty = not micros
         if empty:  # keys and widths of the outputs still come from one (dummy) pass, as on FSDP
@@ -240,6 +249,10 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffl
 
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> StepResult:
         self._check_trainable()
+        with self.on_device(train=True):
+            return self._train_step(batch, loss_fn, micro_batch_size)
+
+    def _train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> StepResult:
         micros, _ = self._micro_batches(batch, micro_batch_size)
         real = bool(micros)
         if not real:  # an empty shard still joins the gradient all-reduce and the optimizer step
@@ -345,3 +358,25 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, CheckpointAndOffl
         reduced = value.detach().to(self.device, copy=True)
         dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=self._dp_group)
         return reduced.to(value.device)
+
+    # ------------------------------------------------------------------ memory (offload.py)
+    def on_device(self, train: bool = False) -> contextlib.AbstractContextManager[None]:
+        """The parameters (`train`: also gradients and optimizer state) on the device for the calls inside; the
+        parts megatron.*_offload switches on go back to host memory when the outermost use ends."""
+        self._check_onloaded("a call")
+        return self._offload.on_device(TRAIN if train else FORWARD, writes=train)
+
+    def offload(self) -> None:
+        """Parameters, gradient buffers and optimizer state to host memory, whatever the switches (a no-op on a
+        CPU device). forward / train_step refuse until `onload`."""
+        if self._is_offloaded or not self._offload.moves:
+            return
+        self._offload.offload(PARTS)
+        self._is_offloaded = True
+
+    def onload(self) -> None:
+        if not self._is_offloaded:
+            return
+        self._offload.onload(PARTS)
+        self._offload.changed(PARTS)  # the caller holds the state now
+        self._is_offloaded = False

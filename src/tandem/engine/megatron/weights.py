@@ -4,7 +4,7 @@ parameter's TP shards gathered on its stage (convert.py), then sent from that st
 
 `WeightsOut` is a part of `MegatronEngine` (engine.py), kept apart for length: it reads the engine's `chunks`,
 `config`, `shapes`, `_hf_shapes`, `_hf_class`, `_export_config`, `model_path`, parallel sizes, ranks and
-groups, `param_dtype`, `device` and calls its `_slots`."""
+groups, `param_dtype`, `device` and calls its `_slots` and `on_device` (offload.py)."""
 
 from __future__ import annotations
 
@@ -28,9 +28,11 @@ class WeightsOut:
     def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
         """(HF name, full tensor on the engine's device), one megatron parameter at a time: its TP cuts
         gathered on its stage, then sent from that stage to the others. Same names as FSDPEngine's (a tied
-        lm_head left out). Collective: every rank must iterate to the end."""
-        for name, tensor, _, _ in self._stream_weights(None):
-            yield name, tensor
+        lm_head left out). Collective: every rank must iterate to the end. The parameters stay on the device
+        until the iteration ends (megatron.param_offload)."""
+        with self.on_device():
+            for name, tensor, _, _ in self._stream_weights(None):
+                yield name, tensor
 
     def state_dict_cuts(
         self, cuts_of: Callable[[str, tuple[int, ...]], list[Cut | None]]
@@ -45,7 +47,8 @@ class WeightsOut:
                 f"state_dict_cuts: rank {dist.get_rank()} is megatron TP rank {self.tp_rank}, not rank "
                 f"{dist.get_rank() % self.tp_size} of a rollout engine over {self.tp_size} consecutive ranks"
             )
-        yield from self._stream_weights(cuts_of)
+        with self.on_device():
+            yield from self._stream_weights(cuts_of)
 
     def _stream_weights(
         self, cuts_of: Callable[[str, tuple[int, ...]], list[Cut | None]] | None
@@ -110,14 +113,17 @@ class WeightsOut:
         """A Hugging Face folder in `path` (global rank 0 writes; every rank must call)."""
         dtype = dtype or hf_io.export_dtype(self.config)
         writer = dist.get_rank() == 0
-        state = {
-            name: tensor.to("cpu", dtype=dtype if tensor.is_floating_point() else tensor.dtype)
-            for name, tensor in self.state_dict_iter()
-            if writer
-        }
-        if writer:
-            config = type(self.config).from_dict(self._export_config)
-            hf_io.save_folder(self._hf_class, config, state, path, dtype=dtype, source_path=self.model_path)
+        with self.on_device():  # on a CPU device the tensors below may be the parameters themselves
+            state = {
+                name: tensor.to("cpu", dtype=dtype if tensor.is_floating_point() else tensor.dtype)
+                for name, tensor in self.state_dict_iter()
+                if writer
+            }
+            if writer:
+                config = type(self.config).from_dict(self._export_config)
+                hf_io.save_folder(
+                    self._hf_class, config, state, path, dtype=dtype, source_path=self.model_path
+                )
         dist.barrier()
 
 
