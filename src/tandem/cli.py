@@ -5,6 +5,8 @@
     tandem sft [PRESET|FILE] [key=value ...]        supervised fine-tuning (default preset: sft)
     tandem eval PRESET|FILE [key=value ...] [--checkpoint DIR]   validation accuracy of a model
     tandem export CHECKPOINT [OUT_DIR] [--role actor|critic]      a Hugging Face folder from a checkpoint
+    tandem generate [FILE] key=value ... [--overwrite]   n samples per prompt of a parquet file (verl's
+                                                    main_generation keys too; resumes an interrupted run)
     tandem config [PRESET|FILE] [key=value ...]     print the resolved, validated config as YAML
     tandem config --from-verl FILE                  a verl YAML (with its defaults) as a Tandem YAML
 
@@ -70,6 +72,20 @@ def _parser() -> argparse.ArgumentParser:
         "out_dir", nargs="?", help="default: the checkpoint's own <role>/huggingface folder (verl's place)"
     )
     export.add_argument("--role", default="actor", choices=["actor", "critic"])
+
+    gen = sub.add_parser(
+        "generate",
+        help="n samples per prompt of a parquet file, written as verl's main_generation writes them",
+        description="Keys (key=value): model_path, data_path, output_path, prompt_key, n, batch_size, "
+        "max_prompt_length, max_response_length, truncation, temperature, top_p, top_k, seed, engine "
+        "(auto/vllm/hf), device, dtype, engine_kwargs.*, extra_columns, overwrite; or verl's main_generation "
+        "keys (data.path, data.n_samples, model.path, rollout.temperature, ...). An interrupted run started "
+        "again with the same keys resumes.",
+    )
+    gen.add_argument(
+        "overrides", nargs="*", help="a YAML file of these keys first (optional), then key=value"
+    )
+    gen.add_argument("--overwrite", action="store_true", help="replace an existing output file")
 
     config = sub.add_parser("config", help="print the resolved config")
     config.add_argument("preset", nargs="?", default="grpo", help="preset name or YAML path (default: grpo)")
@@ -206,6 +222,8 @@ def _run(args: argparse.Namespace) -> int:
 
         args.log_dir = Path(args.checkpoint).absolute().parent.parent / "logs"  # the checkpoint's run folder
         print(export_checkpoint(args.checkpoint, args.out_dir, args.role))
+    elif args.command == "generate":
+        _generate(args)
     elif args.command == "config" and args.from_verl:
         from tandem.config.loader import verl_yaml_to_tandem
 
@@ -243,6 +261,18 @@ def _run(args: argparse.Namespace) -> int:
             return 2
         print("\n".join(str(p) for p in paths.values()))
     return 0
+
+
+def _generate(args: argparse.Namespace) -> None:
+    from tandem.config.generate import load_generate_config
+    from tandem.trainer.generate import run_generation
+
+    overrides = list(args.overrides)
+    file = overrides.pop(0) if overrides and "=" not in overrides[0] else None
+    if args.overwrite:
+        overrides.append("overwrite=true")
+    cfg, key_names = load_generate_config(file, overrides, on_verl=_print_translation("tandem generate"))
+    print(run_generation(cfg, key_names=key_names))
 
 
 def main(argv: list[str] | None = None) -> int:

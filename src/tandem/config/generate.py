@@ -1,0 +1,204 @@
+"""`tandem generate`'s config: n samples per prompt of a parquet file, written out as verl's
+`main_generation` writes them (the work is `trainer/generate.py`).
+
+Its keys are flat (`model_path=DIR n=4`); a dotted key (`data.n_samples=4`, `rollout.top_p=0.7`) is
+one of verl's `main_generation` keys, translated by the table in `config/verl_generation_keys.py`. A
+command line with verl's keys starts from verl's defaults (`VERL_GENERATION_DEFAULTS`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from tandem.config.coerce import parse_into
+from tandem.config.errors import ConfigError, Problems
+from tandem.config.verl import VerlTranslation, _apply_rule
+from tandem.config.verl_generation_keys import VERL_GENERATION_DEFAULTS, generation_rule
+from tandem.config.verl_rules import UnsupportedValue
+from tandem.config.yaml_io import parse_scalar, read_yaml
+
+
+@dataclass
+class GenerateConfig:
+    """What `tandem generate` does (every key can be set as `key=value`)."""
+
+    model_path: str = ""  # a local Hugging Face folder (verl: model.path)
+    tokenizer_path: str | None = None  # the tokenizer's folder; null = model_path
+    data_path: str = ""  # a parquet (or jsonl) file of prompt rows (verl: data.path)
+    prompt_key: str = "prompt"  # the column of chat messages (verl: data.prompt_key)
+    output_path: str = ""  # the parquet written: the input's columns + `responses` (verl: data.output_path)
+    n: int = 1  # samples per prompt (verl: data.n_samples)
+    batch_size: int = 128  # prompts per engine call, and per resume part (verl: data.batch_size)
+    max_prompt_length: int = 1024  # tokens, after the chat template (verl: rollout.prompt_length)
+    max_response_length: int = 512  # tokens generated per sample at most (verl: rollout.response_length)
+    truncation: Literal["error", "left", "right"] = (
+        "error"  # a longer prompt: an error, or cut (right: its end)
+    )
+    chat_template: Literal["auto", "plain", "none"] = "auto"  # as data.chat_template of training
+    temperature: float = 1.0  # 0 = greedy (then n must be 1)
+    top_p: float = 1.0  # 1 = off
+    top_k: int = -1  # -1 = off
+    seed: int = 0  # the same seed, model and prompts give the same samples (resumed or not)
+    engine: Literal["auto", "vllm", "hf"] = "auto"  # auto: vLLM where installed, else Hugging Face generate
+    device: Literal["auto", "cuda", "cpu"] = "auto"  # auto: cuda where there is a GPU
+    dtype: Literal["auto", "bfloat16", "float16", "float32"] = (
+        "auto"  # auto: bfloat16 on cuda, float32 on cpu
+    )
+    nnodes: int = 1  # verl: trainer.nnodes; tandem generate runs one engine: 1
+    workers_per_node: int = 1  # verl: trainer.n_gpus_per_node; tandem generate runs one engine: 1
+    tensor_parallel: int = 1  # vLLM's tensor-parallel size; tandem generate runs one engine on one device: 1
+    gpu_memory_utilization: float = 0.5  # vLLM's share of GPU memory
+    cpu_kv_cache_gib: int = 1  # vLLM's KV cache on a CPU
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)  # more vLLM engine arguments
+    extra_columns: bool = True  # also write response_lengths (tokens) and finish_reasons (stop / length)
+    overwrite: bool = False  # replace an existing output_path (else an error)
+    progress_bar: bool = True  # a progress bar on a terminal (a line per batch otherwise)
+
+
+def is_verl_generation_key(key: str) -> bool:
+    """A dotted key is verl's: GenerateConfig's keys are flat but for engine_kwargs.*."""
+    return "." in key and not key.startswith("engine_kwargs.")
+
+
+def translate_generation_overrides(overrides: Iterable[str]) -> VerlTranslation:
+    """verl's main_generation `key=value` overrides as GenerateConfig's; Tandem's are kept as they are."""
+    out = VerlTranslation()
+    for text in map(str, overrides):
+        key, sep, value_text = text.partition("=")
+        key = key.strip().lstrip("+")
+        if not sep or not is_verl_generation_key(key):
+            out.overrides.append(text)
+            continue
+        rule = generation_rule(key)
+        if rule is None:
+            out.problems.append(
+                (
+                    key,
+                    f"{key}: a key verl's main_generation config (generation.yaml) does not have, or one "
+                    "Tandem does not support (tandem/config/verl_generation_keys.py); tandem generate's own "
+                    "keys are flat: model_path, data_path, n, ... (`tandem generate --help`)",
+                )
+            )
+            continue
+        try:
+            pairs = _apply_rule(key, rule, value_text)
+        except UnsupportedValue as err:
+            out.problems.append((key, f"{key}={value_text.strip()}: {err}"))
+            continue
+        if pairs is None:
+            out.no_effect.append((text.lstrip("+"), rule.note))
+            continue
+        out.overrides += [tandem_text for _, tandem_text in pairs]
+        note = rule.note if key != "rollout.name" or value_text.strip() == "sglang" else ""
+        out.mapped.append((text.lstrip("+"), " ".join(t for _, t in pairs), note))
+    return out
+
+
+def load_generate_config(
+    file: str | Path | None = None,
+    overrides: Iterable[str] = (),
+    *,
+    on_verl: Any = None,
+) -> tuple[GenerateConfig, dict[str, str]]:
+    """A checked GenerateConfig from an optional YAML `file` of its keys and `key=value` overrides (verl's
+    main_generation keys among them: then verl's defaults are the base, and `on_verl(translation)` is called),
+    and the verl key that set each config key (for messages that name the key the user wrote).
+    Raises ConfigError naming every bad key (the verl key as written where one was translated)."""
+    translation = translate_generation_overrides(overrides)
+    if translation.problems:
+        raise ConfigError([message for _, message in translation.problems])
+    values: dict[str, Any] = {}
+    if file is not None:
+        tree = read_yaml(Path(file))
+        if not isinstance(tree, Mapping):
+            raise ConfigError(f"{file}: a tandem generate config is a mapping of its keys (model_path: ...)")
+        values.update(tree)
+    if translation.read_verl:  # verl's defaults where nothing else is given, in the printed command line too
+        given = {text.partition("=")[0].strip() for text in translation.overrides} | set(values)
+        defaults = [f"{key}={value}" for key, value in VERL_GENERATION_DEFAULTS.items() if key not in given]
+        translation.overrides[:0] = defaults
+    problems = Problems()
+    written = verl_key_names(translation)
+    for text in translation.overrides:
+        key, sep, value_text = text.partition("=")
+        if not sep:
+            raise ConfigError(f"override {text!r} is not key=value")
+        key = key.strip()
+        if key.startswith("engine_kwargs."):
+            values.setdefault("engine_kwargs", {})[key.removeprefix("engine_kwargs.")] = parse_scalar(
+                value_text
+            )
+        else:
+            values[key] = parse_scalar(value_text.strip())
+        problems.notes[key] = f"from override '{_written_text(translation, key) or text}'"
+    cfg = GenerateConfig()
+    parse_into(cfg, values, "", problems, root=GenerateConfig)
+    problems.raise_if_any()
+    check_generate_config(cfg, written)
+    if translation.read_verl and on_verl is not None:
+        on_verl(translation)
+    return cfg, written
+
+
+def verl_key_names(translation: VerlTranslation) -> dict[str, str]:
+    """GenerateConfig key -> the verl key that set it."""
+    return {
+        part.partition("=")[0]: verl_text.partition("=")[0]
+        for verl_text, tandem_text, _ in translation.mapped
+        for part in tandem_text.split(" ")
+    }
+
+
+def _written_text(translation: VerlTranslation, key: str) -> str | None:
+    """The verl override (key=value) that set GenerateConfig key `key`, if one did."""
+    for verl_text, tandem_text, _ in translation.mapped:
+        if any(part.partition("=")[0] == key for part in tandem_text.split(" ")):
+            return verl_text
+    return None
+
+
+def check_generate_config(cfg: GenerateConfig, verl_names: Mapping[str, str] | None = None) -> None:
+    """Every rule the keys break, in one ConfigError; a key a verl override set is named as written."""
+    verl_names = verl_names or {}
+
+    def name(key: str) -> str:
+        return verl_names.get(key, key)
+
+    problems = []
+    for key in ("model_path", "data_path", "output_path"):
+        if not getattr(cfg, key):
+            problems.append(f"{key} is not set: give {key}=PATH (verl's key: {_VERL_NAME[key]}=PATH)")
+    for key in ("n", "batch_size", "max_prompt_length", "max_response_length"):
+        if getattr(cfg, key) < 1:
+            problems.append(f"{name(key)}={getattr(cfg, key)}: must be >= 1")
+    if cfg.temperature < 0:
+        problems.append(f"{name('temperature')}={cfg.temperature}: must be >= 0 (0 = greedy)")
+    if cfg.temperature == 0 and cfg.n > 1:
+        problems.append(
+            f"{name('n')}={cfg.n} with {name('temperature')}=0: greedy decoding gives n identical samples; "
+            "set n=1 or a temperature above 0"
+        )
+    if not 0 < cfg.top_p <= 1:
+        problems.append(f"{name('top_p')}={cfg.top_p}: must be in (0, 1]")
+    if cfg.top_k == 0 or cfg.top_k < -1:
+        problems.append(f"{name('top_k')}={cfg.top_k}: must be >= 1, or -1 (off)")
+    engines = cfg.nnodes * cfg.workers_per_node
+    if engines != 1 or cfg.tensor_parallel != 1:
+        problems.append(
+            f"{name('nnodes')}={cfg.nnodes} x {name('workers_per_node')}={cfg.workers_per_node} devices, "
+            f"{name('tensor_parallel')}={cfg.tensor_parallel}: tandem generate runs one rollout engine on "
+            "one device in its own process (several engines, or a tensor-parallel vLLM engine, are not built "
+            "yet); set them to 1, or split the data and run one tandem generate per device"
+        )
+    if cfg.data_path and cfg.output_path and Path(cfg.data_path).resolve() == Path(cfg.output_path).resolve():
+        problems.append(
+            f"{name('output_path')} is the input file {cfg.data_path}: write the output elsewhere"
+        )
+    if problems:
+        raise ConfigError(problems)
+
+
+_VERL_NAME = {"model_path": "model.path", "data_path": "data.path", "output_path": "data.output_path"}

@@ -1,0 +1,263 @@
+"""`tandem generate`: n samples per prompt of a parquet file on the rollout engine, written as verl's
+`main_generation` writes them: the input's columns plus `responses`, per row the list of its n response
+texts (decoded without special tokens), in `output_path`. Two more columns, `response_lengths` (tokens)
+and `finish_reasons` (`stop`: the end-of-sequence token; `length`: max_response_length reached), unless
+extra_columns=false.
+
+One engine in this process (vLLM, or Hugging Face generate), fed `batch_size` prompts at a time. Each
+finished batch is written to `<output_path>.parts/` at once; a run that stops (Ctrl-C, a crash, a lost
+machine) and is started again with the same settings skips the batches there, and the final file is the
+one an uninterrupted run writes: every sample is seeded by (seed, its row, its number), not by the batch it
+ran in. The parts folder is removed once the output is written.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sys
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import torch
+from tqdm import tqdm
+
+from tandem.batch import Batch
+from tandem.config.errors import ConfigError
+from tandem.config.generate import GenerateConfig
+from tandem.data.generation import generation_items
+from tandem.data.prompts import collate_prompts
+from tandem.rollout import PROMPT_INDEX, RolloutEngine, SamplingParams, build_rollout, resolve_engine
+from tandem.rollout.vllm_models import text_config
+from tandem.trainer.start_checks import load_tokenizer
+
+RESPONSES = "responses"  # verl's column
+EXTRA_COLUMNS = ("response_lengths", "finish_reasons")
+PARTS_META = "generate.json"
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16, "float32": torch.float32}
+
+
+def parts_folder(output_path: str | Path) -> Path:
+    """Where the finished batches of a generation into `output_path` wait for the rest."""
+    output = Path(output_path)
+    return output.with_name(output.name + ".parts")
+
+
+def run_generation(
+    cfg: GenerateConfig,
+    *,
+    key_names: Mapping[str, str] | None = None,
+    build_engine: Callable[..., RolloutEngine] = build_rollout,
+) -> Path:
+    """Generate, resume or start over as `cfg` says; returns the output path.
+
+    Args:
+        cfg: the checked config (`config.generate.load_generate_config`).
+        key_names: config key -> the key as the user wrote it (a verl key), for the messages.
+        build_engine: `build_rollout`'s signature; tests wrap it.
+    """
+    names = dict(key_names or {})
+    output, parts = Path(cfg.output_path), parts_folder(cfg.output_path)
+    tokenizer_key = "tokenizer_path" if cfg.tokenizer_path else "model_path"
+    tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.model_path, names.get(tokenizer_key, tokenizer_key))
+    items = generation_items(
+        cfg.data_path,
+        tokenizer,
+        prompt_key=cfg.prompt_key,
+        max_prompt_length=cfg.max_prompt_length,
+        truncation=cfg.truncation,
+        chat_template=cfg.chat_template,
+        key_names=names,
+    )
+    device = torch.device(
+        cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    )
+    engine_name = resolve_engine(cfg.engine)
+    batches = [
+        range(first, min(first + cfg.batch_size, len(items)))
+        for first in range(0, len(items), cfg.batch_size)
+    ]
+    done = _open_parts(
+        parts, output, _fingerprint(cfg, items, engine_name), cfg.overwrite, len(batches), names
+    )
+    todo = [i for i in range(len(batches)) if i not in done]
+    if todo:
+        engine = build_engine(engine_name, **_engine_kwargs(cfg, engine_name, device))
+        sampling = SamplingParams(
+            max_tokens=cfg.max_response_length,
+            n=cfg.n,
+            temperature=cfg.temperature,
+            top_p=cfg.top_p,
+            top_k=cfg.top_k,
+            seed=cfg.seed,
+        )
+        pad_id = getattr(engine, "pad_token_id", tokenizer.pad_token_id)
+        eos_ids = set(getattr(engine, "eos_token_ids", [tokenizer.eos_token_id]))
+        show_bar = cfg.progress_bar and sys.stderr.isatty()
+        done_rows = sum(len(batches[i]) for i in done)
+        if done:
+            print(
+                f"tandem generate: resuming from {parts}: {len(done)} of {len(batches)} batches done",
+                file=sys.stderr,
+            )
+        with tqdm(
+            total=len(items), initial=done_rows, unit="prompt", file=sys.stderr, disable=not show_bar
+        ) as bar:
+            for i in todo:
+                start = time.perf_counter()
+                rows = batches[i]
+                prompts = collate_prompts([items[r] for r in rows], pad_id)
+                prompts[PROMPT_INDEX] = torch.tensor(list(rows))  # seeds each row's samples by its row alone
+                out = engine.generate(prompts, sampling)
+                _write_part(parts, i, rows, _decode(out, tokenizer, cfg.n, eos_ids))
+                bar.update(len(rows))
+                if not show_bar and cfg.progress_bar:
+                    print(
+                        f"tandem generate: batch {i + 1}/{len(batches)}: {len(rows)} prompts x {cfg.n} in "
+                        f"{time.perf_counter() - start:.1f} s",
+                        file=sys.stderr,
+                    )
+    _write_output(cfg, output, parts, len(batches), len(items))
+    shutil.rmtree(parts)
+    return output
+
+
+def _engine_kwargs(cfg: GenerateConfig, engine: str, device: torch.device) -> dict[str, Any]:
+    dtype = (
+        DTYPES[cfg.dtype]
+        if cfg.dtype != "auto"
+        else torch.bfloat16
+        if device.type == "cuda"
+        else torch.float32
+    )
+    kwargs: dict[str, Any] = {
+        "model_path": cfg.model_path,
+        "tokenizer_path": cfg.tokenizer_path,
+        "device": device,
+        "dtype": dtype,
+    }
+    if engine == "vllm":
+        # verl leaves vLLM's max_model_len to the model's own limit: a long prompt_length (verl's default 1536
+        # + 512) must not make vLLM refuse a model of 2048 positions whose prompts are short
+        positions = (text_config(cfg.model_path) or {}).get("max_position_embeddings")
+        kwargs.update(
+            max_model_len=min(cfg.max_prompt_length + cfg.max_response_length, positions or 1 << 30),
+            tensor_parallel=cfg.tensor_parallel,
+            gpu_memory_utilization=cfg.gpu_memory_utilization,
+            kv_cache_gib=cfg.cpu_kv_cache_gib,
+            seed=cfg.seed,
+            engine_kwargs=cfg.engine_kwargs,
+        )
+    return kwargs
+
+
+def _decode(out: Batch, tokenizer: Any, n: int, eos_ids: set[int]) -> dict[str, list[list[Any]]]:
+    """Per prompt, its n response texts (as verl decodes them: without special tokens), token counts and
+    finish reasons."""
+    lengths = out["response_mask"].sum(dim=1).tolist()
+    texts, reasons = [], []
+    for ids, length in zip(out["responses"].tolist(), lengths, strict=True):
+        texts.append(tokenizer.decode(ids[:length], skip_special_tokens=True))
+        reasons.append("stop" if length and ids[length - 1] in eos_ids else "length")
+    group = range(0, len(texts), n)
+    return {
+        RESPONSES: [texts[k : k + n] for k in group],
+        "response_lengths": [[int(x) for x in lengths[k : k + n]] for k in group],
+        "finish_reasons": [reasons[k : k + n] for k in group],
+    }
+
+
+def _fingerprint(cfg: GenerateConfig, items: list[dict[str, Any]], engine: str) -> dict[str, Any]:
+    """What the parts of a run depend on: a resumed run must match it."""
+    prompts = hashlib.sha256(json.dumps([item["input_ids"] for item in items]).encode()).hexdigest()
+    keys = (
+        "model_path",
+        "n",
+        "batch_size",
+        "max_response_length",
+        "temperature",
+        "top_p",
+        "top_k",
+        "seed",
+        "dtype",
+    )
+    return {
+        "prompts": f"{len(items)} rows, sha256 {prompts[:16]}",
+        **{key: getattr(cfg, key) for key in keys},
+        "engine": engine,
+        "model_path": str(Path(cfg.model_path).resolve()),
+    }
+
+
+def _open_parts(
+    parts: Path,
+    output: Path,
+    fingerprint: dict[str, Any],
+    overwrite: bool,
+    batches: int,
+    names: Mapping[str, str],
+) -> set[int]:
+    """The batches already done in `parts` (a resumed run), after checking they were made the same way;
+    an empty, fresh parts folder otherwise."""
+    meta = parts / PARTS_META
+    if overwrite and parts.exists():
+        shutil.rmtree(parts)
+    if meta.is_file():
+        before = json.loads(meta.read_text())
+        changed = [
+            f"{k}: {before.get(k)!r} then, {v!r} now" for k, v in fingerprint.items() if before.get(k) != v
+        ]
+        if changed:
+            raise ConfigError(
+                f"{parts} holds the finished batches of an interrupted generation into {output} made with other "
+                f"settings ({'; '.join(changed)}): give the same settings to resume it, or overwrite=true "
+                "(--overwrite) to start over"
+            )
+        return {i for i in range(batches) if (parts / _part_name(i)).is_file()}
+    if output.exists() and not overwrite:
+        key = names.get("output_path", "output_path")
+        raise ConfigError(
+            f"{key}={output}: the file exists; give --overwrite (overwrite=true) to replace it, or another path"
+        )
+    parts.mkdir(parents=True, exist_ok=True)
+    meta.write_text(json.dumps(fingerprint, indent=1))
+    return set()
+
+
+def _part_name(batch: int) -> str:
+    return f"batch_{batch:06d}.parquet"
+
+
+def _write_part(parts: Path, batch: int, rows: range, columns: dict[str, list[list[Any]]]) -> None:
+    table = pa.table({"row": list(rows), **columns})
+    tmp = parts / (_part_name(batch) + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, parts / _part_name(batch))  # a part is there whole or not at all
+
+
+def _write_output(cfg: GenerateConfig, output: Path, parts: Path, batches: int, rows: int) -> None:
+    """The input's columns (verl's `responses` and the extras replaced where the input has them) + ours."""
+    done = pa.concat_tables(pq.read_table(parts / _part_name(i)) for i in range(batches))
+    if done["row"].to_pylist() != list(range(rows)):
+        raise RuntimeError(f"{parts}: the parts do not cover rows 0..{rows - 1} once each; delete the folder")
+    path = Path(cfg.data_path)
+    if path.suffix.lower() == ".parquet":
+        table = pq.read_table(path)
+    else:
+        table = pa.Table.from_pylist(
+            [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        )
+    added = (RESPONSES, *EXTRA_COLUMNS) if cfg.extra_columns else (RESPONSES,)
+    table = table.drop_columns([c for c in added if c in table.column_names])
+    for column in added:
+        table = table.append_column(column, done[column])
+    output.parent.mkdir(parents=True, exist_ok=True)
+    tmp = output.with_name(output.name + ".tmp")
+    pq.write_table(table, tmp)
+    os.replace(tmp, output)
