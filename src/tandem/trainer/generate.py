@@ -251,7 +251,7 @@ def _write_output(cfg: GenerateConfig, output: Path, parts: Path, batches: int, 
         table = pq.read_table(path)
     else:
         table = pa.Table.from_pylist(
-            [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+            [json.loads(line) for line in path.read_text(encoding="utf-8-sig").splitlines() if line.strip()]
         )
     added = (RESPONSES, *EXTRA_COLUMNS) if cfg.extra_columns else (RESPONSES,)
     table = table.drop_columns([c for c in added if c in table.column_names])
