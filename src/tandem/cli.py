@@ -8,6 +8,7 @@
     tandem generate [FILE] key=value ... [--overwrite]   n samples per prompt of a parquet file (verl's
                                                     main_generation keys too; resumes an interrupted run)
     tandem config [PRESET|FILE] [key=value ...]     print the resolved, validated config as YAML
+                  [--gpus-per-node N]                 (workers_per_node=auto resolved for N GPUs per node)
     tandem config --from-verl FILE                  a verl YAML (with its defaults) as a Tandem YAML
 
 verl's keys and Hydra flags are read as Tandem's: `tandem train actor_rollout_ref.model.path=DIR ...`
@@ -92,6 +93,13 @@ def _parser() -> argparse.ArgumentParser:
     config.add_argument("overrides", nargs="*")
     config.add_argument(
         "--from-verl", metavar="FILE", help="write a verl YAML (with its defaults) as a Tandem YAML"
+    )
+    config.add_argument(
+        "--gpus-per-node",
+        type=int,
+        metavar="N",
+        help="resolve workers_per_node=auto for nodes of N GPUs (default: count this machine's, or the "
+        "cluster's with trainer.ray_address)",
     )
     for command in (train, sft, ev, config):  # verl's Hydra flags: a verl YAML as the config
         command.add_argument("--config-path", "-cp", help="verl/Hydra: the folder of --config-name")
@@ -234,6 +242,7 @@ def _run(args: argparse.Namespace) -> int:
             preset,
             overrides,
             on_verl=_print_translation(f"tandem config {preset}"),
+            gpus_per_node=args.gpus_per_node,
             sft=_is_sft(args, preset),
         )
         print(config_to_yaml(cfg), end="")

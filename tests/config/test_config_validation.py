@@ -33,7 +33,7 @@ RULES = [
         ],
     ),
     (
-        ["actor.micro_batch_size_per_rank=3", "actor.use_dynamic_bsz=false"],
+        ["actor.micro_batch_size_per_rank=3", "actor.use_dynamic_bsz=false", "trainer.workers_per_node=1"],
         [
             "actor.micro_batch_size_per_rank=3 does not divide the per-rank mini-batch of 16 samples",
             "1, 2, 4, 8, 16",

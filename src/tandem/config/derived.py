@@ -1,5 +1,6 @@
-"""What the runtime derives from the settings, decided once: the batch sizes (`compute_derived`) and the
-device that trainer.device=auto means (`choose_device`).
+"""What the runtime derives from the settings, decided once: the batch sizes (`compute_derived`), the
+device that trainer.device=auto means (`choose_device`) and the ranks per node that workers_per_node=auto
+means (`choose_workers_per_node`).
 
 Workers read the sizes instead of recomputing `train_batch_size * n // world_size` themselves.
 The `Derived` dataclass that holds them is plain data in schema.py; validation sets `cfg.derived`.
@@ -34,14 +35,65 @@ def choose_device(setting: str, gpus: int, where: str = "found") -> tuple[str, s
     return "cpu", f"auto: no GPU {where}"
 
 
+CPU_RANKS = 2  # trainer.workers_per_node=auto without a GPU: two processes, what the CPU presets always ran
+
+
+def choose_workers_per_node(
+    trainer: int | str,
+    rollout: int | str,
+    *,
+    gpus_per_node: int,
+    where: str = "found",
+    device: str = "auto",
+    backend: str = "ray",
+    separate: bool = False,
+    rollout_tensor_parallel: int = 1,
+) -> tuple[int, int, str]:
+    """(trainer ranks per node, rollout ranks per node, why) for trainer.workers_per_node / rollout.workers_per_node
+    `trainer` / `rollout` (a number or auto) when each node has `gpus_per_node` GPUs (`where`: how they were
+    counted, e.g. "per node in the Ray cluster"). The caller counts the GPUs, so the choice is testable without one.
+
+    auto: every GPU of a node for the trainer; in the separate layout (`separate`) the rollout pool shares the
+    nodes: it takes half of them (a multiple of rollout.tensor_parallel) or what a numbered trainer leaves, the
+    trainer the rest. Without a GPU (or with trainer.device=cpu): 2 trainer ranks and 1 rollout rank; with
+    trainer.backend=inprocess, 1 of each.
+    """
+    rollout_alone = (
+        1 if rollout == "auto" else int(rollout)
+    )  # the hybrid layout has no rollout pool of its own
+    if trainer != "auto" and (rollout != "auto" or not separate):
+        return int(trainer), rollout_alone, "set by trainer.workers_per_node"
+    gpus = 0 if device == "cpu" else gpus_per_node
+    if backend == "inprocess" or gpus <= 0:
+        why = (
+            "auto: 1 rank in process"
+            if backend == "inprocess"
+            else f"auto: no GPU {where}, {CPU_RANKS} CPU ranks"
+        )
+        ranks = 1 if backend == "inprocess" else CPU_RANKS
+        return (ranks if trainer == "auto" else int(trainer)), rollout_alone, why
+    plural = "s" if gpus > 1 else ""
+    if not separate:
+        n = gpus if trainer == "auto" else int(trainer)
+        return n, rollout_alone, f"auto: {gpus} GPU{plural} per node {where}"
+    if rollout == "auto":
+        tp = max(1, rollout_tensor_parallel)
+        share = gpus - int(trainer) if trainer != "auto" else (gpus // 2) // tp * tp
+        rollout = max(tp, share)
+    trainer = max(1, gpus - int(rollout)) if trainer == "auto" else int(trainer)
+    why = f"auto: {gpus} GPU{plural} per node {where}, {trainer} for training and {rollout} for the rollout pool"
+    return trainer, int(rollout), why
+
+
 def gen_prompts_per_round(cfg: TandemConfig) -> int:
     """PROMPTS generated per round: dynamic sampling's gen_batch_size when it is on, else one step's."""
     ds = cfg.algorithm.dynamic_sampling
     return (ds.gen_batch_size or cfg.data.train_batch_size) if ds.enable else cfg.data.train_batch_size
 
 
-def compute_derived(cfg: TandemConfig, *, estimator_info: dict) -> Derived:
-    """Sizes of a config that passed validation (so every division below is exact)."""
+def compute_derived(cfg: TandemConfig, *, estimator_info: dict, ranks_why: str = "") -> Derived:
+    """Sizes of a config that passed validation (so every division below is exact); `ranks_why`: how the
+    ranks per node were chosen (`choose_workers_per_node`)."""
     world, dp = data_parallel_size(cfg)
     n = cfg.rollout.n
     samples = cfg.data.train_batch_size * n
@@ -92,6 +144,7 @@ def compute_derived(cfg: TandemConfig, *, estimator_info: dict) -> Derived:
         and not cfg.algorithm.use_kl_in_reward
         and not cfg.actor.calculate_sum_pi_squared
         and not cfg.algorithm.rollout_correction.bypass_mode,
+        ranks_why=ranks_why,
     )
 
 

@@ -43,6 +43,7 @@ def load_config(
     *,
     require_data: bool = False,
     on_verl: Callable[[VerlTranslation], None] | None = None,
+    gpus_per_node: int | None = None,
     sft: bool = False,
 ) -> TandemConfig:
     """A validated config from a preset name or YAML path (None = schema defaults) and `key=value` overrides.
@@ -50,6 +51,7 @@ def load_config(
     verl's keys are read as Tandem's (config/verl.py), and a verl YAML file is composed with its
     `defaults:` over the `verl` preset; `on_verl` then gets the translation (default: logged).
     With `require_data=True` the training files must be given (and exist): use it when about to train.
+    `gpus_per_node`: the GPUs workers_per_node=auto takes per node (None: counted, config/gpus.py).
     `sft`: verl keys are those of verl's SFT trainers (config/verl_sft_keys.py); a verl SFT YAML (with top-level
     `model:` / `optim:` sections) is read so without it, over the `verl_sft` preset.
     Raises ConfigError listing every problem found.
@@ -84,6 +86,7 @@ def load_config(
         require_data=require_data,
         problems=problems,
         more_checks=lambda cfg: layout_problems(translation, cfg),
+        gpus_per_node=gpus_per_node,
     )
 
 
@@ -97,6 +100,7 @@ def config_from_dict(
     require_data: bool = False,
     problems: Problems | None = None,
     more_checks: Callable[[TandemConfig], list[tuple[str, str]]] | None = None,
+    gpus_per_node: int | None = None,
 ) -> TandemConfig:
     """Build and validate a config from nested plain values (as read from YAML): parse, resolve, validate.
     Problems caused by a value that failed to parse are not repeated. `more_checks(cfg)` gives (key, message)
@@ -112,7 +116,7 @@ def config_from_dict(
     bad = problems.bad_keys()
     checks = Problems()
     checks.notes = problems.notes
-    finalize(cfg, checks, require_data=require_data)
+    finalize(cfg, checks, require_data=require_data, gpus_per_node=gpus_per_node)
     for key, message in more_checks(cfg) if more_checks is not None else []:
         checks.add(key, message)
     for problem in checks.items:

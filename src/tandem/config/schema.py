@@ -300,7 +300,8 @@ class RolloutConfig:
     # weights sent from the trainer over a process group spanning both (roles/weight_bus.py)
     layout: RolloutLayout = "hybrid"
     nnodes: int = 1  # >= 1: machines of the separate rollout pool
-    workers_per_node: int = 1  # >= 1: rollout ranks (engines) per machine of that pool
+    # >= 1: rollout ranks (engines) per machine of that pool; auto: half a node's GPUs (derived.py), 1 on a CPU
+    workers_per_node: int | Literal["auto"] = "auto"
     weight_bucket_mb: int = 256  # >= 1: MiB per broadcast of the separate layout's weight sync
     multi_turn: MultiTurnConfig = field(default_factory=MultiTurnConfig)
     cpu_kv_cache_gib: int = 1  # >= 1: GiB of KV cache per vLLM engine on CPU (VLLM_CPU_KVCACHE_SPACE wins)
@@ -499,7 +500,9 @@ class TrainerConfig:
     total_epochs: int = 1  # passes over the training prompts, >= 1
     total_training_steps: int | None = None  # stop after this many steps, >= 1; None = total_epochs of data
     nnodes: int = 1  # machines, >= 1
-    workers_per_node: int = 1  # RANKS per machine (GPUs, or CPU processes); world size = nnodes x this
+    # RANKS per machine (GPUs, or CPU processes); world size = nnodes x this. auto = every GPU of a node (less the
+    # rollout pool's in rollout.layout=separate), else 2 CPU ranks (inprocess: 1); the start-up line says which
+    workers_per_node: int | Literal["auto"] = "auto"
     device: Device = "auto"  # cpu, cuda, or auto = cuda when available, else cpu
     backend: Backend = (
         "ray"  # ray = one process per rank (local Ray or a cluster); inprocess = one process, 1 rank
@@ -569,6 +572,7 @@ class Derived:
     # old log-probs before it (no KL in the reward, no sum pi^2 for OTB, no bypass mode): they equal the update's own log-probs, detached, so
     # their separate forward pass is skipped (actor.old_log_probs_from_update).
     old_log_probs_from_update: bool
+    ranks_why: str = field(default="", compare=False)  # how workers_per_node was chosen (start-up line)
 
 
 @dataclass

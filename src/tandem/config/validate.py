@@ -20,29 +20,36 @@ from tandem.config.checks.rollout_correction import (
 )
 from tandem.config.checks.sizes import check_batch_sizes, check_parallel
 from tandem.config.checks.values import check_values
-from tandem.config.derived import compute_derived
+from tandem.config.derived import choose_workers_per_node, compute_derived
 from tandem.config.errors import Problems
+from tandem.config.gpus import gpus_per_node as gpus_per_node_counted
 from tandem.config.modes import check_modes
 
 if TYPE_CHECKING:
     from tandem.config.schema import TandemConfig
 
 
-def validate_config(cfg: TandemConfig, *, require_data: bool = False) -> TandemConfig:
+def validate_config(
+    cfg: TandemConfig, *, require_data: bool = False, gpus_per_node: int | None = None
+) -> TandemConfig:
     """Fill in inherited values, check every rule, compute `cfg.derived`; raise ConfigError listing all.
+    `gpus_per_node`: what workers_per_node=auto counts (None: counted, config/gpus.py).
     Returns `cfg` (changed in place)."""
     problems = Problems()
-    finalize(cfg, problems, require_data=require_data)
+    finalize(cfg, problems, require_data=require_data, gpus_per_node=gpus_per_node)
     problems.raise_if_any()
     return cfg
 
 
-def finalize(cfg: TandemConfig, problems: Problems, *, require_data: bool = False) -> None:
+def finalize(
+    cfg: TandemConfig, problems: Problems, *, require_data: bool = False, gpus_per_node: int | None = None
+) -> None:
     """Resolve `auto` / `None = the actor's` values in place, check every rule, then compute `cfg.derived`."""
     cfg._derived = None
     regs = registries()
     info = estimator_info(cfg.algorithm.adv_estimator, regs)
     resolve(cfg, info)
+    ranks_why = resolve_workers_per_node(cfg, gpus_per_node)
     before = len(problems.items)
     check_names(cfg, problems, regs)
     check_values(cfg, problems)
@@ -56,8 +63,32 @@ def finalize(cfg: TandemConfig, problems: Problems, *, require_data: bool = Fals
         check_data(cfg, problems)
     check_rollout_correction(cfg, problems)
     if len(problems.items) == before:
-        cfg._derived = compute_derived(cfg, estimator_info=info)
+        cfg._derived = compute_derived(cfg, estimator_info=info, ranks_why=ranks_why)
         check_old_log_probs_for_correction(cfg, problems)
+
+
+def resolve_workers_per_node(cfg: TandemConfig, gpus_per_node: int | None) -> str:
+    """trainer.workers_per_node / rollout.workers_per_node = auto made numbers (`choose_workers_per_node`), with
+    the GPUs per node given, or counted where a choice needs them; returns how they were chosen."""
+    t, r = cfg.trainer, cfg.rollout
+    if t.workers_per_node != "auto" and r.workers_per_node != "auto":
+        return "set by trainer.workers_per_node"
+    where = "given"
+    if gpus_per_node is None:
+        gpus_per_node, where = 0, "counted"
+        if t.backend != "inprocess" and t.device != "cpu":
+            gpus_per_node, where = gpus_per_node_counted(t.ray_address)
+    t.workers_per_node, r.workers_per_node, why = choose_workers_per_node(
+        t.workers_per_node,
+        r.workers_per_node,
+        gpus_per_node=gpus_per_node,
+        where=where,
+        device=t.device,
+        backend=t.backend,
+        separate=r.layout == "separate",
+        rollout_tensor_parallel=r.tensor_parallel if isinstance(r.tensor_parallel, int) else 1,
+    )
+    return why
 
 
 def resolve(cfg: TandemConfig, info: dict[str, Any]) -> None:

@@ -1,5 +1,6 @@
-"""The one start-up line that says where a run computes and in which dtypes, e.g. `device: cuda (auto: 1
-GPU found); actor bf16 compute, fp32 master; rollout vllm bf16; reference bf16 compute`.
+"""The one start-up line that says where a run computes, on how many ranks and in which dtypes, e.g.
+`device: cuda (auto: 8 GPUs in the Ray cluster); actor bf16 compute, fp32 master; rollout vllm bf16; reference
+bf16 compute; 8 ranks (1 x 8: auto: 8 GPUs per node on this machine)`.
 
 The dtypes come from the rules the workers apply (engine/base.py `strategy_param_dtype`, roles/rollout.py
 `rollout_dtype`), resolved here for the chosen device (on a CPU, param_dtype=auto is this process's probe;
@@ -38,4 +39,14 @@ def device_line(cfg: TandemConfig, device: str, why: str, purpose: str = "rl") -
             parts.append(f"critic {compute} compute, fp32 master")
         if d.reward_model_needed:
             parts.append(f"reward model {compute} compute")
-    return f"device: {device} ({why}); " + "; ".join(parts)
+    return f"device: {device} ({why}); " + "; ".join([*parts, ranks(cfg, purpose)])
+
+
+def ranks(cfg: TandemConfig, purpose: str = "rl") -> str:
+    """`N ranks (nodes x per node, how chosen)`, and the separate rollout pool's when there is one."""
+    t, r = cfg.trainer, cfg.rollout
+    world = t.nnodes * t.workers_per_node
+    text = f"{world} rank{'s' if world > 1 else ''} ({t.nnodes} x {t.workers_per_node}"
+    if r.layout == "separate" and purpose != "sft":
+        text += f", rollout pool {r.nnodes} x {r.workers_per_node}"
+    return f"{text}: {cfg.derived.ranks_why})"
