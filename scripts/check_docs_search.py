@@ -28,6 +28,10 @@ MESSAGES = [
     ("longer than data.max_prompt_length", "troubleshooting.html"),
     ("cpu (auto: no GPU in the Ray cluster)", "troubleshooting.html"),
     ("lm_head_chunk_tokens", "config-reference.html"),
+    ("CUDA out of memory", "troubleshooting.html"),
+    ("OOM", "troubleshooting.html"),
+    ("Watchdog caught collective operation timeout", "troubleshooting.html"),
+    ("gradient norm is nan", "troubleshooting.html"),
 ]
 
 

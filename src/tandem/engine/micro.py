@@ -3,7 +3,8 @@ rank with none, and the per-micro-batch outputs put back in row order. Shared by
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -84,3 +85,36 @@ def dummy_like(batch: Batch) -> Batch:
         tensors["attention_mask"] = torch.ones_like(tensors["attention_mask"])
     non_tensors = {key: np.array([None], dtype=object) for key in batch.non_tensors}
     return Batch(tensors, non_tensors, batch.meta)
+
+
+# what moves the memory of a training pass, in the order to try (docs/tuning.md, "When it does not fit")
+OUT_OF_MEMORY_FIXES = (
+    "lower actor.max_tokens_per_micro_batch (with actor.use_dynamic_bsz=false: the "
+    "*micro_batch_size_per_rank keys)",
+    "set actor.activation_checkpointing=true",
+    "lower rollout.gpu_memory_utilization or raise rollout.tensor_parallel (vLLM's share of each GPU)",
+    "use more GPUs (trainer.workers_per_node, trainer.nnodes)",
+    "set actor.fsdp.cpu_offload=true",
+)
+
+
+@contextmanager
+def explain_out_of_memory(
+    phase: str, step: int, micro: Batch, index: int, count: int, max_tokens: int | None
+) -> Iterator[None]:
+    """Re-raise a CUDA out-of-memory error of micro-batch `index` (of `count`) in `phase` (forward or update)
+    of training step `step` as one that says which micro-batch it was and the keys that lower the memory."""
+    try:
+        yield
+    except torch.OutOfMemoryError as error:
+        tokens, rows = real_token_count(micro), len(micro)
+        width = micro["input_ids"].shape[-1] if "input_ids" in micro else 0
+        budget = f"actor.max_tokens_per_micro_batch={max_tokens}" if max_tokens else "no token budget"
+        first = str(error).strip().splitlines()[0] if str(error).strip() else "out of memory"
+        raise torch.OutOfMemoryError(
+            f"CUDA out of memory in the {phase} after {step} optimizer step(s), micro-batch {index + 1} of {count}: "
+            f"{tokens} tokens in {rows} sequence(s), rows {width} wide ({budget}). To fit: "
+            + "; or ".join(OUT_OF_MEMORY_FIXES)
+            + ". What takes GPU memory and which key moves it: docs/tuning.md (Tuning: memory and "
+            f"throughput). torch: {first}"
+        ) from error

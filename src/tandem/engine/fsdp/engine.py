@@ -63,7 +63,14 @@ from tandem.engine.fsdp.ulysses import (
 from tandem.engine.fsdp.vision import VisionTower
 from tandem.engine.fsdp.weights import WeightsOut
 from tandem.engine.lm_head import ChunkedHead, chunk_tokens, compile_head, hidden_states_out
-from tandem.engine.micro import dummy_like, merge_outputs, real_token_count, split_micro_batches, to_cpu
+from tandem.engine.micro import (
+    dummy_like,
+    explain_out_of_memory,
+    merge_outputs,
+    real_token_count,
+    split_micro_batches,
+    to_cpu,
+)
 from tandem.engine.optim import build_optimizer, build_scheduler
 from tandem.models.model_type import is_vision_language
 
@@ -202,7 +209,10 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
             for i in range(num_passes):
                 if i < len(micros):
                     micro = micros[i].to(self.device)
-                    parts.append(to_cpu(fn(self._model_forward(micro), micro)))
+                    with explain_out_of_memory(
+                        "forward", self.global_step, micro, i, len(micros), self.max_tokens_per_micro_batch
+                    ):
+                        parts.append(to_cpu(fn(self._model_forward(micro), micro)))
                 elif not micros and i == 0:
                     # An empty shard: run fn on a dummy row of the batch's shapes, keep 0 rows of it.
                     micro = dummy_like(batch).to(self.device)
@@ -227,17 +237,22 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         for i in range(num_passes):
             if i < len(micros):
                 micro = micros[i].to(self.device)
-                output = self._model_forward(micro, router=self.routing is not None)
-                loss, micro_metrics = loss_fn(output, micro)
-                if output.router_balance is not None:  # this micro-batch's token share of the balance term
-                    balance = output.router_balance * (real_token_count(micro) / step_tokens)
-                    loss = loss + self.routing.coef * balance
-                    micro_metrics = {**micro_metrics, "router_aux_loss": balance.detach()}
-                if output.head is not None:  # the head's gradient reduction on every rank, rows or none
-                    loss = loss + output.head.zero_term()
-                # FSDP averages gradients over all ranks; the loss contract sums contributions (over the
-                # data-parallel shares; the ranks of a sequence-parallel group each hold their tokens' share).
-                (loss * self.world_size).backward()
+                with explain_out_of_memory(
+                    "update", self.global_step, micro, i, len(micros), self.max_tokens_per_micro_batch
+                ):
+                    output = self._model_forward(micro, router=self.routing is not None)
+                    loss, micro_metrics = loss_fn(output, micro)
+                    if (
+                        output.router_balance is not None
+                    ):  # this micro-batch's token share of the balance term
+                        balance = output.router_balance * (real_token_count(micro) / step_tokens)
+                        loss = loss + self.routing.coef * balance
+                        micro_metrics = {**micro_metrics, "router_aux_loss": balance.detach()}
+                    if output.head is not None:  # the head's gradient reduction on every rank, rows or none
+                        loss = loss + output.head.zero_term()
+                    # FSDP averages gradients over all ranks; the loss contract sums contributions (over the
+                    # data-parallel shares; the ranks of a sequence-parallel group each hold their tokens' share).
+                    (loss * self.world_size).backward()
                 loss_sum += loss.detach().double()
                 for key, value in micro_metrics.items():
                     metrics[key].append(value.detach() if isinstance(value, Tensor) else value)
