@@ -40,6 +40,27 @@ def _no_dist_checkpoint(value: Any) -> None:
         )
 
 
+def _router_replay(value: Any) -> None:
+    """verl's MoE router replay (its megatron actor routes each token as the rollout did) changes the update's
+    numbers; Tandem's trainer routes every token in its own forward, so only replay off is taken."""
+    if value not in (None, "disabled", "none"):
+        raise UnsupportedValue(
+            f"Tandem has no MoE router replay (mode {value!r}): its trainer routes every token itself, which "
+            "changes a MoE model's update; set it to disabled"
+        )
+
+
+def _no_mtp_training(value: Any) -> None:
+    """verl trains a model's multi-token-prediction layers with an extra loss (mtp.enable_train); Tandem has no
+    such layers or loss, so only training without them is taken (mtp.enable alone: speculative decoding in
+    the rollout, which changes no number of the update)."""
+    if value in (True, "true", "True"):
+        raise UnsupportedValue(
+            "Tandem has no multi-token prediction: it trains no MTP layers and adds no MTP loss, which changes "
+            "the update; set it false"
+        )
+
+
 def _null_is_one(value: Any) -> Any:
     return 1 if value is None else value
 
@@ -86,6 +107,12 @@ MEGATRON_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.model.lora.rank": maps("actor.lora.rank"),
     "actor_rollout_ref.model.lora.alpha": maps("actor.lora.alpha"),
     "actor_rollout_ref.model.lora.dropout": maps("actor.lora.dropout"),
+    # router replay's files (record_file, replay_file) have no effect: verl_keys' pattern
+    "actor_rollout_ref.actor.router_replay.mode": maps("", "Tandem has no MoE router replay", _router_replay),
+    "actor_rollout_ref.ref.router_replay.mode": maps("", "Tandem has no MoE router replay", _router_replay),
+    "actor_rollout_ref.model.mtp.enable_train": maps(
+        "", "Tandem has no multi-token prediction", _no_mtp_training
+    ),
 }
 
 _ROLE_NAMES = {"actor_rollout_ref.actor": "actor", "actor_rollout_ref.ref": "reference", "critic": "critic"}
