@@ -104,3 +104,22 @@ def test_the_start_up_checks_name_what_vllm_would_refuse(tmp_path):
     assert "rollout.engine_kwargs.dtype" in text
     assert f"actor.model_path={folder} for vLLM: config.json's topk_method is None" in text
     check_available(load_config("grpo", [f"actor.model_path={folder}", "rollout.engine=hf"]))
+
+
+def test_a_length_past_the_models_positions_is_named_at_start_up(tmp_path):
+    """vLLM refuses a max_model_len (prompt + response) above config.json's max_position_embeddings, in the
+    worker, where the message is lost to Ray (its pydantic error does not pickle): checked before the workers."""
+    pytest.importorskip("vllm")
+    from tandem.models.tiny_families import save_family
+    from tandem.trainer.start_checks import check_available
+
+    folder = save_family("qwen3", tmp_path / "qwen3", max_position_embeddings=256)
+    base = [f"actor.model_path={folder}", "trainer.device=cpu", "rollout.engine=vllm"]
+    with pytest.raises(
+        ConfigError, match=r"max_response_length = 272 is more than its max_position_embeddings=256"
+    ):
+        check_available(
+            load_config("grpo", [*base, "data.max_prompt_length=256", "data.max_response_length=16"])
+        )
+    check_available(load_config("grpo", [*base, "data.max_prompt_length=240", "data.max_response_length=16"]))
+    check_available(load_config("grpo", [*base, "data.max_prompt_length=256", "rollout.engine=hf"]))

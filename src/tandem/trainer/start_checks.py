@@ -175,7 +175,19 @@ def vllm_problems(cfg: TandemConfig) -> list[str]:
     kernels take); the fix for the model's is rollout.engine=hf."""
     problems = engine_kwargs_problems(cfg.rollout.engine_kwargs)
     device = "cpu" if cfg.trainer.device == "cpu" else None  # auto: the engine checks once it knows
-    model = model_problems(text_config(cfg.actor.model_path), device) if cfg.actor.model_path else []
+    config = text_config(cfg.actor.model_path) if cfg.actor.model_path else None
+    model = model_problems(config, device)
+    length = cfg.data.max_prompt_length + cfg.data.max_response_length  # the engine's max_model_len
+    positions = (config or {}).get("max_position_embeddings")
+    rope = (config or {}).get("rope_scaling") or {}
+    if positions is not None and rope.get("rope_type", rope.get("type")) not in (None, "default", "llama3"):
+        positions *= rope.get("factor", 1)  # vLLM's derived length of a scaled RoPE (yarn, dynamic, linear)
+    if positions is not None and length > positions:
+        model.append(
+            f"data.max_prompt_length + data.max_response_length = {length} is more than its "
+            f"max_position_embeddings={positions}, and vLLM refuses a longer max_model_len: lower them (or, where "
+            "the model's positions reach further, raise max_position_embeddings in config.json)"
+        )
     return problems + [f"actor.model_path={cfg.actor.model_path} for vLLM: {problem}" for problem in model]
 
 
