@@ -15,7 +15,20 @@ from tandem.config import (
     validate_config,
 )
 
-PRESETS = ["base", "dapo", "dr_grpo", "grpo", "gspo", "ppo", "reinforce_pp", "remax", "rloo", "sft", "verl", "verl_sft"]
+PRESETS = [
+    "base",
+    "dapo",
+    "dr_grpo",
+    "grpo",
+    "gspo",
+    "ppo",
+    "reinforce_pp",
+    "remax",
+    "rloo",
+    "sft",
+    "verl",
+    "verl_sft",
+]
 
 
 def test_list_presets():
