@@ -220,7 +220,9 @@ class VLLMRollout(RolloutEngine):
         self.max_model_len = max_model_len
         # a tied model's head goes to vLLM only where its model has a head of its own (Gemma 2 has none)
         self.tied_embeddings = bool(self.llm.llm_engine.model_config.hf_config.tie_word_embeddings)
-        self.tied_embeddings &= TIED_HEAD in self.llm.collective_rpc(parameter_names)[0]
+        # the head by its own name, or a vision-language model's language_model.lm_head.weight
+        names = self.llm.collective_rpc(parameter_names)[0]
+        self.tied_embeddings &= any(n == TIED_HEAD or n.endswith("." + TIED_HEAD) for n in names)
         # a vision-language model's loader in vLLM maps the trainer's in-memory names itself (its
         # hf_to_vllm_mapper); transformers has no causal-LM class to ask for the files' names
         self._file_names = None if vision_language else file_names(model_path)
