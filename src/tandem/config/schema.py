@@ -127,8 +127,8 @@ class FSDPConfig:
     liger: bool = False
     # compile each decoder layer with torch.compile (dynamic shapes, inductor): the norms, rotary embedding, SiLU
     # and residual adds fused into a few kernels. The compile is paid at start-up, in a warm-up timed and logged
-    # (timing_s/compile); the steps run the compiled code. auto = on CUDA without sequence_parallel (issue 33
-    # measured 1.14x on a 0.5 B update on an H200), off on a CPU (0.78x-0.99x there, bench/README.md); under
+    # (timing_s/compile); the steps run the compiled code. auto = on CUDA without sequence_parallel (1.14x on
+    # a 0.5 B update on an H200), off on a CPU (0.78x-0.99x there, bench/README.md); under
     # auto a warm-up that fails is a warning and the layers run eager
     torch_compile: bool | Literal["auto"] = "auto"
     # attention kernel of the trained models (engine/attention.py). Packed sequences run as one row, each
