@@ -236,10 +236,23 @@ def prose(text: str) -> str:
     return "`".join(pieces)
 
 
+def same_value(a: Any, b: Any) -> bool:
+    """Whether a preset's value equals the default as a value, not as text: YAML reads `1e-5` as the string
+    '1e-5', which is the float 1e-05; a list in YAML equals a tuple default with the same items."""
+    if isinstance(a, list | tuple) and isinstance(b, list | tuple):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a is b
+    try:
+        return float(a) == float(b)
+    except (TypeError, ValueError):
+        return a == b
+
+
 def preset_text(key: Key, presets: dict[str, dict[str, Any]]) -> str:
     by_value: dict[str, list[str]] = {}
     for name, values in presets.items():
-        if key.dotted in values and value_text(values[key.dotted]) != value_text(key.default):
+        if key.dotted in values and not same_value(values[key.dotted], key.default):
             by_value.setdefault(value_text(values[key.dotted]), []).append(name)
     return "; ".join(f"`{value}` ({', '.join(names)})" for value, names in by_value.items())
 

@@ -83,3 +83,12 @@ def test_literal_types_list_their_choices_and_comment_lines_above_a_field_are_re
     )
     entry = _entry(page, "actor.fsdp.lm_head_chunk_tokens")
     assert entry.startswith("_int, `auto` or null_, default `auto`. TOKENS per chunk of the LM head")
+
+
+def test_presets_are_compared_with_the_default_by_value(generator, page):
+    # YAML reads 1e-5 as the text '1e-5': equal to the default 1e-05, so not listed as a difference
+    assert generator.same_value("1e-5", 1e-05) and generator.same_value([0.9, 0.999], (0.9, 0.999))
+    assert not generator.same_value("1e-6", 1e-05) and not generator.same_value(True, 1)
+    assert not generator.same_value(None, 0) and generator.same_value("auto", "auto")
+    critic_lr = page.split("### `critic.optim.lr` ")[1].split("\n### ")[0]
+    assert "Presets" not in critic_lr  # ppo and verl set 1e-5, the default
