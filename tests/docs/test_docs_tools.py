@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
+import shutil
 import sys
 from pathlib import Path
+
+import material
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,3 +58,35 @@ def test_search_check_cuts_words_as_the_search_box_does():
     assert search.pages_finding(entries, "is in use by another", separator) == {"troubleshooting.html"}
     # without dots in the separator a dotted key is one word, and its last part finds nothing
     assert search.pages_finding(entries, "lm_head_chunk_tokens", re.compile(r"[\s\-]+")) == set()
+
+
+@pytest.mark.skipif(
+    shutil.which("node") is None, reason="the ranking runs the site's search worker under Node"
+)
+def test_search_ranking_is_the_search_workers(tmp_path):
+    """The ranking check runs Material's own search worker: a page's `search: boost` moves it up, as it moved
+    Troubleshooting above the page about a word when it had boost 10."""
+    search = _load("check_docs_search")
+    workers = tmp_path / "assets" / "javascripts" / "workers"
+    workers.mkdir(parents=True)
+    (bundled,) = (Path(material.__file__).parent / "templates/assets/javascripts/workers").glob(
+        "search.*.min.js"
+    )
+    shutil.copy(bundled, workers)
+    config = {"lang": ["en"], "separator": r"[\s\-]+", "pipeline": ["stopWordFilter"]}
+    config["fields"] = {"title": {"boost": 1000.0}, "text": {"boost": 1.0}, "tags": {"boost": 1000000.0}}
+    docs = [
+        {"location": "lora.html", "title": "LoRA", "text": "adapters: lora rank and alpha"},
+        {"location": "errors.html", "title": "Errors", "text": "a lora error"},
+    ]
+    (tmp_path / "search").mkdir()
+    index = tmp_path / "search" / "search_index.json"
+    index.write_text(json.dumps({"config": config, "docs": docs}))
+    assert search.first_pages(tmp_path, ["lora", "error", "nothing"]) == {
+        "lora": ["lora.html", "errors.html"],
+        "error": ["errors.html"],
+        "nothing": [],
+    }
+    docs[1]["boost"] = 10_000
+    index.write_text(json.dumps({"config": config, "docs": docs}))
+    assert search.first_pages(tmp_path, ["lora"])["lora"] == ["errors.html", "lora.html"]
