@@ -60,12 +60,6 @@ def test_a_family_trains_and_its_vllm_rollout_follows_the_weights(assets, tmp_pa
     ratios = report(family, history)
     assert history[2]["timing_s/weight_sync"] > 0  # the updated actor went into the rollout engine
     assert history[1]["actor/grad_norm"] > 0
-    if family == "deepseek_v3":
-        # vLLM's MLA differs from transformers' by ~2e-3 before any sync (step 1, the folder's weights); after the
-        # sync it stays of that size (measured 2.4e-3, then 3.1e-3), where a sync that loaded nothing gives 0.67
-        worst = {step: max(abs(r - 1) for r in ratios[step]) for step in (1, 2)}
-        assert worst[1] < 1e-2 and worst[2] < 2 * worst[1] + FP32, worst
-        return
     for step in (1, 2):
         for value in ratios[step]:
             assert value == pytest.approx(1.0, abs=FP32), (step, ratios)

@@ -17,6 +17,13 @@ CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # vLLM's CPU MLA kernel compiles for one latent cache size: kv_lora_rank 512 + qk_rope_head_dim 64
 CPU_MLA_LATENT_SIZE = 576
 CPU_MLA_BACKEND = "CPU_MLA"
+# vLLM 0.32's CPU rotary kernel (_C.rotary_embedding, what RotaryEmbedding.forward_cpu calls) rotates a query
+# of [tokens, heads, dim] wrongly (measured: only the first token's first head comes out right; a query of
+# [tokens, heads * dim], every other family's, is right). Its MLA layer passes such a query, so MLA models on
+# a CPU take vLLM's PyTorch rotary instead: without it a tiny DeepSeek-V3 with default RoPE differs from
+# transformers by 2e-3 in log-prob, with it by 5e-7. DeepSeek's yarn RoPE (DeepseekScalingRotaryEmbedding)
+# is computed in PyTorch on a CPU anyway.
+CPU_MLA_CUSTOM_OPS = ("-rotary_embedding",)
 
 # DeepSeek-V3's router: transformers always computes it so; vLLM reads it from these fields (and computes a
 # softmax router without the correction bias where they are missing)
@@ -68,9 +75,12 @@ def is_mla(config: Mapping[str, Any]) -> bool:
 def default_engine_kwargs(config: Mapping[str, Any] | None, device_type: str) -> dict[str, Any]:
     """vLLM arguments a model needs on a device beyond vLLM's defaults: on a CPU, MLA models take
     CPU_MLA attention (vLLM prefers its AMX MLA backend where the CPU has AMX, which refuses fp32 weights
-    and, in bf16, an in-place weight reload)."""
+    and, in bf16, an in-place weight reload) and vLLM's PyTorch rotary embedding (CPU_MLA_CUSTOM_OPS)."""
     if config is not None and device_type == "cpu" and is_mla(config):
-        return {"attention_backend": CPU_MLA_BACKEND}
+        return {
+            "attention_backend": CPU_MLA_BACKEND,
+            "compilation_config": {"custom_ops": list(CPU_MLA_CUSTOM_OPS)},
+        }
     return {}
 
 
