@@ -61,8 +61,7 @@ def test_vllms_cpu_rotary_kernel_still_rotates_a_query_of_heads_wrongly():
     torch.testing.assert_close(flat_key.view(4, 1, 64), want_key)
     heads_query, heads_key = query.clone(), key.clone()
     ops.rotary_embedding(positions, heads_query, heads_key, 64, cache, False)
-    torch.testing.assert_close(heads_query[0, 0], want_query[0, 0])  # the first token's first head only
-    assert (heads_query - want_query).abs().max() > 0.1
+    assert (heads_query - want_query).abs().max() > 0.1  # values of about 1: wrong, not rounding
 
 
 def test_deepseek_v3_without_its_router_fields_is_refused_naming_them():
