@@ -245,6 +245,11 @@ def _run(args: argparse.Namespace) -> int:
             gpus_per_node=args.gpus_per_node,
             sft=_is_sft(args, preset),
         )
+        if not _is_sft(args, preset):  # RL and eval: every row's data_source needs a reward scorer
+            from tandem.config.checks.data_sources import check_data_sources
+
+            for unchecked in check_data_sources(cfg):
+                print(f"tandem config: data_source not checked, {unchecked}", file=sys.stderr)
         print(config_to_yaml(cfg), end="")
     elif args.command == "presets":
         print("\n".join(list_presets()))

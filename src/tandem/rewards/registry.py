@@ -81,8 +81,13 @@ def scorer_name_for(data_source: str, style: str | None = None) -> str | None:
     return None
 
 
+def known_data_sources() -> list[str]:
+    """Every data_source a registered scorer takes (scorer names and their aliases), sorted."""
+    return sorted(set(SCORERS) | set(DATA_SOURCES))
+
+
 def unknown_data_source_message(data_source: str) -> str:
-    known = sorted(set(SCORERS) | set(DATA_SOURCES))
+    known = known_data_sources()
     close = difflib.get_close_matches(str(data_source), known, n=1)
     hint = f" Did you mean '{close[0]}'?" if close else ""
     return (

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 from tandem.algos import apply_kl_penalty, compute_advantages, kl_controller_from_config
 from tandem.algos.rollout_correction import rollout_diagnostics
 from tandem.batch import Batch
+from tandem.config.checks.data_sources import check_data_sources
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.config.validate import validate_config
@@ -65,6 +66,7 @@ class RLTrainer(Trainer):
         d = cfg.data
         if not train and not (d.val_files and cfg.actor.model_path):
             raise ConfigError("evaluation needs data.val_files and actor.model_path; set both")
+        check_data_sources(cfg)  # every row's data_source has a scorer: read before the data is tokenized
         check_model_folders(cfg, "rl" if train else "eval")
         self.tokenizer = load_actor_tokenizer(cfg)
         self.processor = load_image_processor(cfg)  # a vision-language model's (None for a text model)
@@ -72,9 +74,8 @@ class RLTrainer(Trainer):
         self.train_data = self._prompts(d.train_files, cfg) if train else None
         self.val_data = self._prompts(d.val_files, cfg) if d.val_files else None
         check_tokenizers(cfg, self.tokenizer, [self.train_data, self.val_data], "rl" if train else "eval")
-        check_multi_turn(cfg, [self.train_data, self.val_data])
+        check_multi_turn(cfg, [self.train_data, self.val_data], self.tokenizer)
         self.rewards = reward_manager_from_config(cfg, self.tokenizer)
-        self.rewards.check_data_sources(self._data_sources())
         check_ground_truths(self.rewards, [self.train_data, self.val_data])
         num_items = len(self.train_data) if train else 1
         super().__init__(cfg, num_items, cfg.derived.gen_prompts_per_round if train else 1)
@@ -99,14 +100,6 @@ class RLTrainer(Trainer):
             processor=self.processor,
             image_key=d.image_key,
         )
-
-    def _data_sources(self) -> set[tuple[str, str | None]]:
-        found = set()
-        for data in (self.train_data, self.val_data):
-            for i in range(len(data) if data is not None else 0):
-                style = data[i]["extra_info"].get("style")
-                found.add((data[i]["data_source"], style if isinstance(style, str) else None))
-        return found
 
     # ---- one step ------------------------------------------------------------------------------------
 

@@ -26,7 +26,8 @@ from tandem.engine.hf_io import (
 )
 from tandem.models.model_type import VISION_LANGUAGE_TYPES, folder_model_type
 from tandem.rollout import LATER_ENGINES, resolve_engine
-from tandem.rollout.agent import interaction_from_config, toolset_from_config
+from tandem.rollout.agent import ChatInserter, interaction_from_config, toolset_from_config
+from tandem.rollout.base import read_special_ids
 from tandem.rollout.vllm_models import engine_kwargs_problems, model_problems, text_config
 from tandem.tools import InteractionRouter, StatefulTool
 from tandem.tools.names import TOOL_AGENT
@@ -403,15 +404,20 @@ def check_ground_truths(rewards: Any, datasets: Iterable[Any]) -> None:
 # --- the agent loop's files and the rows' fields for them ---------------------------------------------
 
 
-def check_multi_turn(cfg: TandemConfig, datasets: Iterable[Any]) -> None:
+def check_multi_turn(cfg: TandemConfig, datasets: Iterable[Any], tokenizer: Any = None) -> None:
     """Load rollout.multi_turn's tool and interaction files here, before any worker starts (a file that
-    cannot be used is a ConfigError naming it, its line and the fix), then check the rows' verl fields
-    for them: an interaction name no interaction has is a DataError naming the rows; tools_kwargs,
-    interaction_kwargs or agent_name that this config would not use are a warning each."""
+    cannot be used is a ConfigError naming it, its line and the fix), check that the chat template of the
+    actor's `tokenizer` (None: not checked) ends a turn where the agent loop can insert messages
+    (check_chat_template_stops), then check the rows' verl fields for them: an interaction name no interaction
+    has is a DataError naming the rows; tools_kwargs, interaction_kwargs or agent_name that this config would
+    not use are a warning each."""
     m = cfg.rollout.multi_turn
     tools = toolset_from_config(m)
     interaction = interaction_from_config(m)
     agent = cfg.rollout.mode == "async"
+    inserts = tools is not None or (interaction is not None and m.max_user_turns > 0)
+    if agent and inserts and tokenizer is not None:
+        check_chat_template_stops(cfg, tokenizer, tools)
     stateful = {t for t in (tools.names if tools is not None else []) if isinstance(tools[t], StatefulTool)}
     notes: dict[str, list[str]] = {}  # warning -> rows (locations)
     problems = []
@@ -435,6 +441,27 @@ def check_multi_turn(cfg: TandemConfig, datasets: Iterable[Any]) -> None:
         )
     for note, locations in notes.items():
         logger.warning("%s (%d rows, first %s)", note, len(locations), locations[0])
+
+
+def check_chat_template_stops(cfg: TandemConfig, tokenizer: Any, tools: Any) -> None:
+    """The agent loop inserts tool results and user turns after a model turn's stop token, where the chat
+    template puts them (rollout/agent.py's ChatInserter), so the template must end an assistant turn with one of
+    the rollout's stop ids (rollout/base.py's read_special_ids); else a ConfigError naming the tokenizer, its
+    folder, the stop ids and the fix. The worker makes the same check; here it comes before any worker starts."""
+    key, folder = actor_tokenizer_source(cfg)
+    stop_ids, _ = read_special_ids(cfg.actor.model_path, cfg.actor.tokenizer_path)
+    schemas = tools.schemas() if tools is not None and len(tools) else None
+    try:
+        ChatInserter(tokenizer, stop_ids, schemas)
+    # ValueError: no stop token; transformers' / jinja's own: no template, or a broken one
+    except Exception as error:
+        raise ConfigError(
+            f"rollout.mode=async with tools or a simulated user (rollout.multi_turn): the chat template of {key}="
+            f"{folder} ({type(tokenizer).__name__}), with the stop ids {stop_ids} of actor.model_path="
+            f"{cfg.actor.model_path}: {error_summary(error) if not isinstance(error, ValueError) else error}; "
+            "or give the tokenizer a chat template whose assistant turn ends with one of the stop tokens "
+            "(tokenizer_config.json's chat_template, or another tokenizer folder in actor.tokenizer_path)"
+        ) from None
 
 
 def _row_notes(
