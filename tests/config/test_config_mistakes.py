@@ -192,9 +192,15 @@ def test_verl_key_is_read_as_the_tandem_key(override, key, value):
     assert got == value
 
 
-def test_verl_key_with_a_different_unit_says_so():
-    msg = error_of("actor_rollout_ref.actor.ppo_micro_batch_size=8")
-    assert "verl counts it over all GPUs; give the size on one GPU: " in msg
+def test_verl_key_with_a_different_unit_is_divided_as_verl_divides_it():
+    # verl's older global size, over its default 8 GPUs (1 node), divided as verl's workers divide it
+    cfg = load("actor_rollout_ref.actor.ppo_micro_batch_size=64", "actor.use_dynamic_bsz=false")
+    assert cfg.actor.micro_batch_size_per_rank == 8
+    msg = error_of("actor_rollout_ref.actor.ppo_micro_batch_size=4")  # 4 over 8 GPUs: 0 per GPU
+    assert (
+        "verl counts it over all GPUs: 4 over 8 data-parallel GPUs is 0 per GPU; give the size on one GPU: "
+        in msg
+    )
     assert "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu" in msg
 
 

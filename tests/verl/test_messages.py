@@ -29,12 +29,16 @@ def test_no_key_of_verls_config_is_taken_for_a_misspelling():
     assert not [m for m in problems if "not a key of verl's config" in m or "Did you mean" in m]
 
 
-def test_a_verl_key_tandem_lacks_says_so_without_a_guess():
+def test_a_verl_feature_tandem_lacks_says_so_without_a_guess():
     t = translate_overrides(["+actor_rollout_ref.model.lora_adapter_path=/adapters"])
     ((key, message),) = t.problems
     assert key == "actor_rollout_ref.model.lora_adapter_path"
-    assert message.startswith("actor_rollout_ref.model.lora_adapter_path: a verl key Tandem does not support")
-    assert "Did you mean" not in message
+    assert message.startswith(
+        "actor_rollout_ref.model.lora_adapter_path=/adapters: Tandem starts LoRA from new"
+    )
+    assert "not built" in message and "Did you mean" not in message
+    # verl's default (no adapter) asks for nothing: accepted
+    assert translate_overrides(["actor_rollout_ref.model.lora_adapter_path=null"]).problems == []
 
 
 def test_a_misspelled_verl_key_gets_the_verl_key_it_meant():

@@ -19,6 +19,7 @@ from typing import Any
 from tandem.config.coerce import type_at
 from tandem.config.verl_hints import unknown_verl_key_message
 from tandem.config.verl_keys import (
+    GLOBAL_MICRO_BATCH_KEYS,
     SGLANG_NOTE,
     VERL_KEYS,
     Rule,
@@ -101,11 +102,30 @@ def translate_overrides(overrides: Iterable[str], *, sft: bool = False) -> VerlT
     out = VerlTranslation()
     combined: dict[str, int] = {}  # _ANY_OF key -> its index in out.overrides
     filter_overlong = False  # verl's data.filter_overlong_prompts wins over data.truncation
-    for text in map(str, overrides):
+    overrides = [str(o) for o in overrides]
+    sizes = {  # the GPU counts and Ulysses sizes verl's older global micro-batch keys are divided by
+        k.strip().lstrip("+"): v
+        for k, _, v in (o.partition("=") for o in overrides)
+        if k.strip().lstrip("+") in _SIZES
+    }
+    for text in overrides:
         key, sep, value_text = text.partition("=")
         key = key.strip().lstrip("+")
         if not sep or key.startswith("~") or not _reads_as_verl(key, sft):
             out.overrides.append(text)
+            continue
+        if key in ("trainer.resume_mode", "trainer.resume_from_path") and not sft:
+            _resume(out, text, sizes)
+            continue
+        try:
+            if key in GLOBAL_MICRO_BATCH_KEYS and not sft:  # read as its `_per_gpu` key, as verl reads it
+                key, value_text = _per_gpu(key, value_text, sizes)
+            if (
+                key == _ACTOR_TOKENS and not sft
+            ):  # verl's budget is per GPU of a Ulysses group; Tandem's per row set
+                value_text = str(int(parse_scalar(value_text.strip())) * _ulysses(sizes))
+        except (UnsupportedValue, TypeError, ValueError) as err:
+            out.problems.append((key, f"{key}={value_text.strip()}: {err}"))
             continue
         rule = _rule(key, sft)
         if rule is None:
@@ -183,6 +203,87 @@ def translate_tree(tree: Mapping[str, Any], *, sft: bool = False) -> VerlTransla
 
 
 # --- helpers ------------------------------------------------------------------------------------
+
+# verl multiplies the actor's token budget by its Ulysses size (each GPU of a group holds 1/size of a row's
+# tokens); Tandem's actor.max_tokens_per_micro_batch counts the whole rows of a micro-batch
+_ACTOR_TOKENS = "actor_rollout_ref.actor.ppo_max_token_len_per_gpu"
+_ULYSSES = (
+    "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size",
+)
+
+
+def _ulysses(given: Mapping[str, str]) -> int:
+    """The actor's Ulysses size a command line gives (the last of verl's two keys for it; 1 when neither)."""
+    sizes = [int(parse_scalar(given[k])) for k in _ULYSSES if k in given]
+    return sizes[-1] if sizes else 1
+
+
+_SIZES = {
+    *_ULYSSES,
+    "trainer.nnodes",
+    "trainer.n_gpus_per_node",
+    "trainer.resume_mode",
+    "trainer.resume_from_path",
+    *filter(None, GLOBAL_MICRO_BATCH_KEYS.values()),
+}
+
+
+def _resume(out: VerlTranslation, text: str, given: Mapping[str, str]) -> None:
+    """verl's trainer.resume_mode / resume_from_path read together, as verl reads them: the path is used only
+    with resume_mode=resume_path (auto, verl's default, resumes from the run folder's latest checkpoint)."""
+    key, _, value = (part.strip() for part in text.lstrip("+").partition("="))
+    mode = str(parse_scalar(given.get("trainer.resume_mode", "auto")))
+    path = given.get("trainer.resume_from_path", "").strip()
+    if key == "trainer.resume_from_path":
+        if mode == "resume_path" and path not in ("", "null"):
+            out.overrides.append(f"trainer.resume={value}")
+            out.mapped.append(
+                (text.lstrip("+"), f"trainer.resume={value}", "with trainer.resume_mode=resume_path")
+            )
+        else:
+            out.no_effect.append(
+                (text.lstrip("+"), f"verl reads it only with trainer.resume_mode=resume_path (here: {mode})")
+            )
+    elif value == "resume_path":
+        if path in ("", "null"):
+            out.problems.append(
+                (
+                    key,
+                    f"{key}=resume_path needs trainer.resume_from_path=PATH, the checkpoint folder to resume from",
+                )
+            )
+        else:
+            out.mapped.append((text.lstrip("+"), "(trainer.resume: trainer.resume_from_path)", ""))
+    else:
+        try:
+            pairs = _apply_rule(key, VERL_KEYS[key], value)
+        except UnsupportedValue as err:
+            out.problems.append((key, f"{key}={value}: {err}"))
+            return
+        out.overrides += [t for _, t in pairs or []]
+        out.mapped.append((text.lstrip("+"), " ".join(t for _, t in pairs or []), ""))
+
+
+def _per_gpu(key: str, value_text: str, sizes: Mapping[str, str]) -> tuple[str, str]:
+    """verl's older micro-batch size over all GPUs as its `_per_gpu` key: divided by the data-parallel size
+    (nnodes x n_gpus_per_node, verl's defaults 1 and 8, over the role's Ulysses size), as verl's workers divide it."""
+    try:
+        gpus = int(parse_scalar(sizes.get("trainer.nnodes", "1"))) * int(
+            parse_scalar(sizes.get("trainer.n_gpus_per_node", "8"))
+        )
+        ulysses = GLOBAL_MICRO_BATCH_KEYS[key]
+        ulysses_size = int(parse_scalar(sizes.get(ulysses, "1"))) if ulysses else 1
+        data_parallel = max(gpus // ulysses_size, 1)
+        size = int(parse_scalar(value_text.strip()))
+    except (TypeError, ValueError) as err:
+        raise UnsupportedValue(f"cannot read it or the GPU counts as numbers ({err})") from None
+    if size // data_parallel < 1:
+        raise UnsupportedValue(
+            f"verl counts it over all GPUs: {size} over {data_parallel} data-parallel GPUs is 0 per GPU; "
+            f"give the size on one GPU: {key}_per_gpu"
+        )
+    return f"{key}_per_gpu", str(size // data_parallel)
 
 
 def is_tandem_key(dotted: str) -> bool:

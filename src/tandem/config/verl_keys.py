@@ -52,8 +52,8 @@ def _strategy(value: Any) -> str:
 def _resume_mode(value: Any) -> str:
     if value in ("auto", "disable"):
         return value
-    if value == "resume_path":
-        raise UnsupportedValue("give the checkpoint folder itself: trainer.resume_from_path=PATH")
+    if value == "resume_path":  # read with trainer.resume_from_path (config/verl.py)
+        raise UnsupportedValue("it takes trainer.resume_from_path=PATH with it")
     raise UnsupportedValue(f"verl's resume modes are auto, disable and resume_path, not {value!r}")
 
 
@@ -92,7 +92,6 @@ SGLANG_NOTE = (
     "Tandem has no SGLang engine yet: rollout.engine=auto runs vLLM (Hugging Face generate where vLLM "
     "is not installed), with the same sampling settings"
 )
-_ENGINE_ARG = "a vLLM/SGLang engine argument Tandem does not pass on (the engine's default applies)"
 _SAME_ACTOR_ENGINE = "the reference model is built like the actor (actor.fsdp / actor.megatron)"
 _PACKING = "Tandem packs sequences without padding for every role (actor.sequence_packing, on by default)"
 
@@ -126,7 +125,10 @@ VERL_KEYS: dict[str, Rule] = {
     # actor
     "actor_rollout_ref.actor.strategy": maps("actor.strategy", convert=_strategy),
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": maps("actor.micro_batch_size_per_rank"),
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": maps("actor.max_tokens_per_micro_batch"),
+    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": maps(
+        "actor.max_tokens_per_micro_batch",
+        "times the Ulysses size, as verl multiplies it (tokens of whole rows)",
+    ),
     "actor_rollout_ref.actor.clip_ratio": maps("actor.clip_ratio_low,actor.clip_ratio_high"),
     "actor_rollout_ref.actor.policy_loss.loss_mode": maps("actor.policy_loss"),
     "actor_rollout_ref.actor.policy_loss.clip_cov_ratio": maps("actor.clip_cov_ratio"),
@@ -374,7 +376,9 @@ VERL_KEYS: dict[str, Rule] = {
         "Tandem's run folder: checkpoints/global_step_N sit in its checkpoints/ folder beside the metrics",
     ),
     "trainer.resume_mode": maps("trainer.resume", convert=_resume_mode),
-    "trainer.resume_from_path": maps("trainer.resume"),
+    "trainer.resume_from_path": maps(
+        "trainer.resume", "only with trainer.resume_mode=resume_path, as in verl"
+    ),
     "trainer.max_actor_ckpt_to_keep": maps("trainer.max_checkpoints_to_keep"),
     "trainer.max_critic_ckpt_to_keep": no_effect(
         "the critic's checkpoint is kept and deleted with the actor's (trainer.max_checkpoints_to_keep)"
@@ -517,47 +521,26 @@ for _role in ("actor_rollout_ref.model", "critic.model", "reward_model.model"):
     )
     VERL_KEYS.setdefault(f"{_role}.use_remove_padding", no_effect(_PACKING))
     VERL_KEYS.setdefault(f"{_role}.enable_activation_offload", no_effect("Tandem has no activation offload"))
-# verl's older sizes over all GPUs: Tandem's sizes are per rank, as verl's `_per_gpu` keys are
-for _key in (
-    "actor_rollout_ref.actor.ppo_micro_batch_size",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size",
-    "critic.ppo_micro_batch_size",
-    "critic.forward_micro_batch_size",
-    "reward_model.micro_batch_size",
-):
-    VERL_KEYS[_key] = unsupported(f"verl counts it over all GPUs; give the size on one GPU: {_key}_per_gpu")
+# verl's older sizes over all GPUs: verl divides each by its data-parallel size (the GPUs over the role's Ulysses
+# size, the verl key named here; None: 1) when it builds the worker, and config/verl.py does the same, then
+# applies the `_per_gpu` key's rule (Tandem's sizes are per rank, as verl's `_per_gpu` keys are)
+GLOBAL_MICRO_BATCH_KEYS = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "critic.ppo_micro_batch_size": "critic.ulysses_sequence_parallel_size",
+    "critic.forward_micro_batch_size": "critic.ulysses_sequence_parallel_size",
+    "reward_model.micro_batch_size": None,
+}
+for _key in GLOBAL_MICRO_BATCH_KEYS:
+    VERL_KEYS[_key] = maps(
+        f"({_key}_per_gpu)",
+        "verl's size over all GPUs, divided by the data-parallel GPUs (nnodes x n_gpus_per_node / the Ulysses "
+        "size) as verl divides it",
+    )
 VERL_KEYS["critic.forward_micro_batch_size_per_gpu"] = no_effect(
     "the critic's forward uses its micro-batch size"
 )
-
-# engine arguments of the rollout: accepted, with the reason above
-for _name in [
-    "dtype",
-    "gpu_memory_utilization_ratio",
-    "ignore_eos",
-    "enforce_eager",
-    "cudagraph_capture_sizes",
-    "data_parallel_size",
-    "expert_parallel_size",
-    "pipeline_model_parallel_size",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "max_num_seqs",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "logprobs_mode",
-    "scheduling_policy",
-    "disable_log_stats",
-    "skip_rollout",
-    "skip_dump_dir",
-    "skip_tokenizer_init",
-    "enable_rollout_routing_replay",
-    "quantization",
-    "quantization_config_file",
-    "limit_images",
-]:
-    VERL_KEYS.setdefault(f"actor_rollout_ref.rollout.{_name}", no_effect(_ENGINE_ARG))
 
 
 def verl_rule(key: str, is_tandem_key: Callable[[str], bool]) -> Rule | None:
@@ -593,3 +576,10 @@ from tandem.config.verl_megatron_keys import MEGATRON_KEYS, MEGATRON_PATTERNS, M
 
 VERL_KEYS.update(MEGATRON_KEYS)
 VERL_PATTERNS[:0] = MEGATRON_PATTERNS
+# the rest of verl's keys (config/verl_extra_keys.py): the data, reward-model, model and megatron details
+from tandem.config.verl_extra_keys import EXTRA_KEYS, EXTRA_PATTERNS, EXTRA_PREFIXES  # noqa: E402
+
+for _key, _rule in EXTRA_KEYS.items():
+    VERL_KEYS.setdefault(_key, _rule)
+VERL_PATTERNS[:0] = EXTRA_PATTERNS
+VERL_ONLY_PREFIXES += EXTRA_PREFIXES

@@ -192,11 +192,20 @@ SFT_AS_RL: list[tuple[str, str]] = [
     ("optim.", "actor_rollout_ref.actor.optim."),
     ("engine.", "actor_rollout_ref.actor.fsdp_config."),
     ("checkpoint.", "actor_rollout_ref.actor.checkpoint."),
+    ("trainer.checkpoint.", "actor_rollout_ref.actor.checkpoint."),  # sft_trainer.yaml's place for them
     ("profiler.", "actor_rollout_ref.actor.profiler."),
 ]
 
 # sections only verl's SFT has: a key under one of them that no rule covers is an error, never a guess
-SFT_ONLY_PREFIXES = ("model.", "optim.", "engine.", "checkpoint.", "profiler.", "data.multiturn.")
+SFT_ONLY_PREFIXES = (
+    "model.",
+    "optim.",
+    "engine.",
+    "checkpoint.",
+    "trainer.checkpoint.",
+    "profiler.",
+    "data.multiturn.",
+)
 
 
 def sft_rule_key(key: str) -> tuple[Rule | None, str]:

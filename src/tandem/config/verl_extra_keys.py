@@ -1,0 +1,323 @@
+"""verl's keys beyond config/verl_keys.py's main table: the data section's, the reward model's, the model's and
+the megatron engine's details, and the rollout engine's arguments. Merged into the table (`EXTRA_KEYS`,
+`EXTRA_PATTERNS`); tests/verl/test_key_coverage.py checks that every key of verl's generated configs has a rule.
+
+Many of them only name something verl can be asked for (a user's dataset class, a LoRA adapter to start from):
+`default_only` accepts verl's default (which asks for nothing, so dropping it changes nothing) and refuses any
+other value, naming what Tandem does not have.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect
+
+_UNSET = (None, "null", "", {}, [], -1)
+
+
+def default_only(missing: str, accepted: tuple[Any, ...] = _UNSET, note: str = "") -> Rule:
+    """verl's default value (`accepted`) has no effect; any other asks for what Tandem lacks (`missing`)."""
+
+    def check(value: Any) -> None:
+        if value not in accepted and str(value) not in map(str, accepted):
+            raise UnsupportedValue(missing)
+
+    return maps("", note or "verl's default, which asks for nothing", check)
+
+
+def _false_only(missing: str) -> Rule:
+    return default_only(missing, (False, "false", "False"), "false: verl's default")
+
+
+def _true_only(missing: str) -> Rule:
+    return default_only(missing, (True, "true", "True"), "true: verl's default")
+
+
+_ENGINE_ARG = "a vLLM/SGLang engine argument Tandem does not pass on (the engine's default applies)"
+_COPY_OF_N = "verl's copy of actor_rollout_ref.rollout.n for the worker; Tandem reads rollout.n itself"
+_CHUNKED = "Tandem's entropy is always computed in chunks"
+_PLACEMENT = (
+    "where the reward model runs: Tandem places it with the other roles (roles/layout.py); placement does not "
+    "change its scores"
+)
+_RM_BATCH = (
+    "the reward model's forward is cut by reward_model.micro_batch_size_per_gpu; the scores are the same"
+)
+_LOADS_WEIGHTS = "Tandem always starts from the model folder's weights; a random start is not built"
+_NO_MEGATRON_RM = (
+    "Tandem's reward model is a Hugging Face model run for forward passes; verl's megatron layout for it "
+    "changes memory and speed, not its scores"
+)
+
+EXTRA_KEYS: dict[str, Rule] = {
+    # actor / reference / critic copies and switches verl's workers read
+    "actor_rollout_ref.actor.rollout_n": no_effect(_COPY_OF_N),
+    "actor_rollout_ref.ref.rollout_n": no_effect(_COPY_OF_N),
+    "critic.rollout_n": no_effect(_COPY_OF_N),
+    "actor_rollout_ref.actor.use_fused_kernels": no_effect(
+        "verl's copy of actor_rollout_ref.model.use_fused_kernels: Tandem always computes log-probs and "
+        "entropy from the hidden states in chunks"
+    ),
+    "actor_rollout_ref.ref.entropy_checkpointing": no_effect(_CHUNKED),
+    "actor_rollout_ref.ref.entropy_from_logits_with_chunking": no_effect(_CHUNKED),
+    "critic.data_loader_seed": no_effect("Tandem seeds everything from trainer.seed"),
+    "critic.optim.total_training_steps": no_effect(
+        "Tandem's schedule spans the run's steps (trainer.total_training_steps or the epochs)"
+    ),
+    "critic.checkpoint.async_save": no_effect("Tandem saves synchronously"),
+    "critic.checkpoint.save_contents": no_effect("Tandem saves the critic's model, optimizer and run state"),
+    "critic.checkpoint.load_contents": no_effect("Tandem loads the critic's model, optimizer and run state"),
+    "actor_rollout_ref.actor.use_prefix_grouper": no_effect(
+        "verl's PrefixGrouper computes a prompt shared by a group's samples once; Tandem computes it for each "
+        "sample: the same numbers (to rounding), more compute"
+    ),
+    "actor_rollout_ref.actor.freeze_vision_tower": _false_only(
+        "Tandem trains a vision-language model's vision tower with the rest; freezing it is not built "
+        "(LoRA with actor.lora.target_modules naming the language model's layers leaves the tower as it is)"
+    ),
+    "actor_rollout_ref.actor.loss_scale_factor": default_only(
+        "Tandem's seq-mean-token-sum-norm divides by data.max_response_length (verl's null); another constant "
+        "is not built"
+    ),
+    # the model
+    "actor_rollout_ref.model.custom_chat_template": default_only(
+        "Tandem applies the tokenizer folder's chat template (data.chat_template=auto); put the template in "
+        "that folder's tokenizer_config.json (chat_template) and name the folder in "
+        "actor_rollout_ref.model.tokenizer_path"
+    ),
+    "actor_rollout_ref.model.hf_config_path": default_only(
+        "Tandem reads config.json from the model folder; put the config there"
+    ),
+    "actor_rollout_ref.model.exclude_modules": default_only(
+        "Tandem's LoRA adapts the modules actor.lora.target_modules names, with no exclusion list: name the "
+        "modules to adapt there (actor_rollout_ref.model.target_modules)"
+    ),
+    "actor_rollout_ref.model.lora_adapter_path": default_only(
+        "Tandem starts LoRA from new adapters; starting from a saved adapter folder is not built (merge it "
+        "into the base model and start from that folder)"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": default_only(
+        "Tandem repeats a prompt rollout.n times; a separate repeat count for multi-turn rollouts is not built"
+    ),
+    "algorithm.pf_ppo.reweight_method": no_effect(
+        "read only with algorithm.use_pf_ppo=true, which Tandem refuses (no PF-PPO)"
+    ),
+    "algorithm.pf_ppo.weight_pow": no_effect(
+        "read only with algorithm.use_pf_ppo=true, which Tandem refuses"
+    ),
+    # data
+    "data.tokenizer": default_only(
+        "Tandem reads the tokenizer of actor_rollout_ref.model.tokenizer_path (or the model folder's); set that"
+    ),
+    "data.train_max_samples": default_only(
+        "Tandem reads every row of data.train_files; write a smaller file to train on fewer"
+    ),
+    "data.val_max_samples": default_only("Tandem reads every row of data.val_files; write a smaller file"),
+    "data.image_patch_size": no_effect(
+        "images are sized by the model folder's image processor (its patch size), as verl's default 14 "
+        "does for Qwen2-VL"
+    ),
+    "data.video_key": no_effect(
+        "Tandem reads no video inputs: a row's videos column is not read (only its images)"
+    ),
+    "data.apply_chat_template_kwargs": default_only(
+        "Tandem calls the chat template with no extra arguments; passing some (gpt-oss's reasoning_effort, "
+        "Qwen3's enable_thinking) is not built: set the default in the tokenizer folder's template"
+    ),
+    "data.custom_cls.path": default_only(
+        "Tandem's prompt dataset is built in (data/); a user's class is not loaded"
+    ),
+    "data.custom_cls.name": default_only(
+        "Tandem's prompt dataset is built in (data/); a user's class is not loaded"
+    ),
+    "data.datagen.path": default_only("Tandem has no data generator that adds prompts during training"),
+    "data.datagen.name": default_only("Tandem has no data generator that adds prompts during training"),
+    "data.sampler.class_path": default_only(
+        "Tandem's sampler shuffles with data.shuffle and trainer.seed; a user's sampler class (a curriculum) "
+        "is not loaded"
+    ),
+    "data.sampler.class_name": default_only(
+        "Tandem's sampler shuffles with data.shuffle and trainer.seed; a user's sampler class is not loaded"
+    ),
+    # the reward model
+    "reward_model.enable_resource_pool": no_effect(_PLACEMENT),
+    "reward_model.n_gpus_per_node": no_effect(_PLACEMENT),
+    "reward_model.nnodes": no_effect(_PLACEMENT),
+    "reward_model.strategy": no_effect(_NO_MEGATRON_RM),
+    "reward_model.ulysses_sequence_parallel_size": no_effect(
+        "Tandem's reward model forwards whole rows on a rank: memory, not scores"
+    ),
+    "reward_model.forward_max_token_len_per_gpu": no_effect(_RM_BATCH),
+    "reward_model.use_dynamic_bsz": no_effect(_RM_BATCH),
+    "reward_model.max_length": default_only(
+        "Tandem's reward model reads the whole prompt + response; a cut at max_length is not built"
+    ),
+    "reward_model.load_weight": _true_only(_LOADS_WEIGHTS),
+    "reward_model.nccl_timeout": no_effect("every worker call is bounded by trainer.worker_timeout_s"),
+    "reward_model.reward_loop_source": no_effect("Tandem has one reward manager"),
+    "reward_model.reward_loop_module_path": default_only(
+        "Tandem has one reward manager; a user's reward-loop class is not loaded (reward.custom_reward_file "
+        "scores with a user's function)"
+    ),
+    "reward_model.reward_loop_class_name": default_only(
+        "Tandem has one reward manager; a user's reward-loop class is not loaded"
+    ),
+    "reward_model.model.input_tokenizer": no_effect(
+        "Tandem's reward model reads the actor's token ids; its tokenizer is checked to match the actor's at "
+        "start-up, so verl's re-tokenizing is not needed"
+    ),
+    "reward_model.model.use_fused_kernels": no_effect("a forward-only model: the scores are the same"),
+    "reward_model.megatron.use_dist_checkpointing": _false_only(
+        "Tandem starts the reward model from its Hugging Face folder, not a megatron distributed checkpoint"
+    ),
+    # the trainer
+    "trainer.rollout_data_dir": default_only(
+        "Tandem logs each step's metrics; writing every generated sample to a folder is not built"
+    ),
+    "trainer.validation_data_dir": default_only(
+        "Tandem logs the validation metrics; writing every validation sample to a folder is not built"
+    ),
+    # megatron: the model's and the rollout's weights
+    "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router": _false_only(
+        "Tandem trains a MoE model's router with the rest; freezing it is not built"
+    ),
+    "critic.model.override_config.moe_config.freeze_moe_router": _false_only(
+        "Tandem trains a MoE critic's router with the rest; freezing it is not built"
+    ),
+    "actor_rollout_ref.model.override_config.model_config": default_only(
+        "give its keys one at a time (override_config.model_config.max_position_embeddings=N)"
+    ),
+    "critic.model.override_config.model_config": default_only(
+        "give its keys one at a time (override_config.model_config.max_position_embeddings=N)"
+    ),
+    "actor_rollout_ref.rollout.layer_name_map.qkv_layer_name": no_effect(
+        "Tandem converts megatron weights to Hugging Face names for the rollout itself (engine/megatron/)"
+    ),
+    "actor_rollout_ref.rollout.layer_name_map.gate_proj_layer_name": no_effect(
+        "Tandem converts megatron weights to Hugging Face names for the rollout itself (engine/megatron/)"
+    ),
+    "critic.nccl_timeout": no_effect("every worker call is bounded by trainer.worker_timeout_s"),
+}
+
+# the override_config key verl's FSDP scripts use for the context length (the megatron ones nest it under
+# model_config): Tandem does not change the folder's config
+for _role in ("actor_rollout_ref.model", "critic.model", "reward_model.model"):
+    EXTRA_KEYS[f"{_role}.override_config.max_position_embeddings"] = no_effect(
+        "Tandem does not change the model folder's config.json: its engines compute rotary positions for any "
+        "length, but vLLM's length check and a RoPE scaling that reads it (dynamic NTK) use the folder's "
+        "value; a run longer than it is refused at start-up: raise it in config.json"
+    )
+
+# megatron's engine settings of each role
+for _verl, _role in (
+    ("actor_rollout_ref.actor", "actor"),
+    ("actor_rollout_ref.ref", "reference"),
+    ("critic", "critic"),
+):
+    EXTRA_KEYS[f"{_verl}.load_weight"] = _true_only(_LOADS_WEIGHTS)
+    EXTRA_KEYS[f"{_verl}.megatron.dist_checkpointing_prefix"] = no_effect(
+        "read only with use_dist_checkpointing=True (Tandem starts from the Hugging Face folder)"
+    )
+    EXTRA_KEYS[f"{_verl}.megatron.forward_only"] = no_effect(
+        "verl's flag for a role that never trains; Tandem knows which roles train"
+    )
+    EXTRA_KEYS[f"{_verl}.megatron.seed"] = no_effect(
+        "Tandem seeds megatron's random state from trainer.seed: another seed draws another random stream "
+        "(dropout, new layers' initial weights), nothing else"
+    )
+    EXTRA_KEYS[f"{_verl}.megatron.use_remove_padding"] = no_effect(
+        "Tandem packs sequences without padding for every role (actor.sequence_packing)"
+    )
+    EXTRA_KEYS[f"{_verl}.megatron.override_ddp_config"] = default_only(
+        "Tandem builds megatron-core's DDP config itself; passing fields to it is not built"
+    )
+    EXTRA_KEYS[f"{_verl}.megatron.override_mcore_model_config"] = default_only(
+        "Tandem builds megatron-core's model from the Hugging Face config; passing fields to it is not built "
+        f"(transformer fields: {_verl}.megatron.override_transformer_config.NAME)"
+    )
+    EXTRA_KEYS[f"{_verl}.megatron.dtype"] = default_only(
+        "Tandem's megatron compute dtype is actor.megatron.param_dtype (auto: bfloat16 on CUDA)",
+        ("bfloat16", None),
+        "bfloat16: Tandem's megatron dtype on CUDA (actor.megatron.param_dtype=auto)",
+    )
+    if _role != "actor":
+        EXTRA_KEYS[f"{_verl}.megatron.use_distributed_optimizer"] = no_effect(
+            "the reference has no optimizer; the critic's engine follows actor.megatron.distributed_optimizer"
+        )
+EXTRA_KEYS["actor_rollout_ref.ref.megatron.override_transformer_config"] = no_effect(
+    "the reference is built with the actor's actor.megatron.override_transformer_config"
+)
+
+# megatron's optimizer schedule fields: verl's defaults are Tandem's schedule (optim.py); others are refused
+for _verl in ("actor_rollout_ref.actor.optim", "critic.optim"):
+    EXTRA_KEYS[f"{_verl}.lr_decay_steps"] = default_only(
+        "Tandem's decay spans the training steps after warm-up; another length is not built"
+    )
+    EXTRA_KEYS[f"{_verl}.lr_warmup_init"] = default_only(
+        "Tandem's warm-up starts near 0 ((s + 1) / (W + 1) of the peak); another start is not built",
+        (0.0, 0, None),
+    )
+    EXTRA_KEYS[f"{_verl}.min_lr"] = default_only(
+        "Tandem's floor is a ratio of the peak: optim.min_lr_ratio", (0.0, 0, None)
+    )
+    EXTRA_KEYS[f"{_verl}.lr_wsd_decay_steps"] = no_effect(
+        "read only with lr_decay_style=WSD, a schedule Tandem refuses"
+    )
+    EXTRA_KEYS[f"{_verl}.lr_wsd_decay_style"] = no_effect(
+        "read only with lr_decay_style=WSD, a schedule Tandem refuses"
+    )
+    EXTRA_KEYS[f"{_verl}.use_checkpoint_opt_param_scheduler"] = _false_only(
+        "Tandem's schedule comes from the config; a resumed run continues it from the checkpoint's step, and "
+        "taking the schedule's settings from the checkpoint is not built"
+    )
+    EXTRA_KEYS[f"{_verl}.weight_decay_incr_style"] = default_only(
+        "Tandem's weight decay is constant", ("constant", None)
+    )
+
+# the engine arguments of the rollout: accepted, with the reason above
+for _name in [
+    "dtype",
+    "gpu_memory_utilization_ratio",
+    "ignore_eos",
+    "enforce_eager",
+    "cudagraph_capture_sizes",
+    "data_parallel_size",
+    "expert_parallel_size",
+    "pipeline_model_parallel_size",
+    "max_num_batched_tokens",
+    "max_model_len",
+    "max_num_seqs",
+    "enable_chunked_prefill",
+    "enable_prefix_caching",
+    "logprobs_mode",
+    "scheduling_policy",
+    "disable_log_stats",
+    "skip_rollout",
+    "skip_dump_dir",
+    "skip_tokenizer_init",
+    "enable_rollout_routing_replay",
+    "quantization",
+    "quantization_config_file",
+    "limit_images",
+]:
+    EXTRA_KEYS[f"actor_rollout_ref.rollout.{_name}"] = no_effect(_ENGINE_ARG)
+
+# sections of verl's data config Tandem does not have: a key under one is verl's
+EXTRA_PREFIXES = ("data.apply_chat_template_kwargs.", "data.custom_cls.", "data.datagen.", "data.sampler.")
+
+EXTRA_PATTERNS: list[tuple[str, Rule]] = [
+    (
+        "data.apply_chat_template_kwargs.*",
+        default_only(
+            "Tandem calls the chat template with no extra arguments; passing some (gpt-oss's "
+            "reasoning_effort, Qwen3's enable_thinking) is not built: set the default in the tokenizer "
+            "folder's template"
+        ),
+    ),
+    ("reward_model.megatron.*", no_effect(_NO_MEGATRON_RM)),
+    (
+        "critic.model.lora.*",
+        no_effect("verl's megatron LoRA of the critic; Tandem's LoRA is PEFT's, on FSDP2 (critic.lora.*)"),
+    ),
+]
