@@ -138,6 +138,27 @@ def test_values_that_depend_on_other_keys_are_read_as_verl_reads_them(given, exp
     assert expected in t.overrides
 
 
+def test_the_divided_and_multiplied_values_arrive_in_the_config():
+    from tandem.config import load_config
+
+    cfg = load_config(
+        "verl",
+        [
+            "trainer.nnodes=1",
+            "trainer.n_gpus_per_node=4",
+            "actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+            "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=4096",
+            "actor_rollout_ref.actor.ppo_micro_batch_size=8",
+            "actor_rollout_ref.rollout.log_prob_micro_batch_size=16",
+        ],
+        on_verl=lambda t: None,
+        gpus_per_node=4,
+    )
+    assert cfg.actor.max_tokens_per_micro_batch == 8192  # 4096 x 2
+    assert cfg.actor.micro_batch_size_per_rank == 4  # 8 over 4 GPUs / 2
+    assert cfg.rollout.log_prob_micro_batch_size_per_rank == 8
+
+
 def test_the_resume_path_without_resume_path_mode_has_no_effect_as_in_verl():
     for mode in ([], ["trainer.resume_mode=auto"], ["trainer.resume_mode=disable"]):
         t = translate_overrides([*mode, "trainer.resume_from_path=checkpoints/"])

@@ -119,7 +119,8 @@ EXTRA_KEYS: dict[str, Rule] = {
         "does for Qwen2-VL"
     ),
     "data.video_key": no_effect(
-        "Tandem reads no video inputs: a row's videos column is not read (only its images)"
+        "the name of verl's video column: Tandem reads no video inputs (only a row's images), so rows that "
+        "carry videos are read without them"
     ),
     "data.apply_chat_template_kwargs": default_only(
         "Tandem calls the chat template with no extra arguments; passing some (gpt-oss's reasoning_effort, "
