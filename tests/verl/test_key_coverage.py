@@ -172,3 +172,14 @@ def test_a_global_micro_batch_size_smaller_than_the_gpus_is_refused_with_the_per
     ((_, message),) = translate_overrides(["critic.ppo_micro_batch_size=4"]).problems  # over 8 GPUs
     assert "4 over 8 data-parallel GPUs is 0 per GPU" in message
     assert "critic.ppo_micro_batch_size_per_gpu" in message
+
+
+@pytest.mark.parametrize(("verl", "tandem"), [("hermes", "hermes"), ("qwen", "hermes"), ("qwen25", "hermes")])
+def test_sglangs_qwen_tool_call_parser_is_the_hermes_syntax(verl, tandem):
+    t = translate_overrides([f"actor_rollout_ref.rollout.multi_turn.format={verl}"])
+    assert t.overrides == [f"rollout.multi_turn.format={tandem}"]
+
+
+def test_another_tool_call_syntax_is_refused_naming_the_one_tandem_parses():
+    ((_, message),) = translate_overrides(["actor_rollout_ref.rollout.multi_turn.format=gpt-oss"]).problems
+    assert "parses hermes-style tool calls" in message and "'gpt-oss'" in message

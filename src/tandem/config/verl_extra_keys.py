@@ -34,6 +34,16 @@ def _true_only(missing: str) -> Rule:
     return default_only(missing, (True, "true", "True"), "true: verl's default")
 
 
+def _tool_call_format(value: Any) -> str:
+    # SGLang's Qwen 2.5 parser (verl's sglang examples name it qwen / qwen25) reads <tool_call>{json}</tool_call>,
+    # the hermes syntax
+    if value in ("hermes", "qwen", "qwen25"):
+        return "hermes"
+    raise UnsupportedValue(
+        f"Tandem's agent loop parses hermes-style tool calls (<tool_call>{{json}}</tool_call>), not {value!r}"
+    )
+
+
 _ENGINE_ARG = "a vLLM/SGLang engine argument Tandem does not pass on (the engine's default applies)"
 _COPY_OF_N = "verl's copy of actor_rollout_ref.rollout.n for the worker; Tandem reads rollout.n itself"
 _CHUNKED = "Tandem's entropy is always computed in chunks"
@@ -99,6 +109,11 @@ EXTRA_KEYS: dict[str, Rule] = {
     ),
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": default_only(
         "Tandem repeats a prompt rollout.n times; a separate repeat count for multi-turn rollouts is not built"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.format": maps(
+        "rollout.multi_turn.format",
+        "qwen / qwen25 (SGLang's Qwen 2.5 parser) are the hermes syntax",
+        _tool_call_format,
     ),
     "algorithm.pf_ppo.reweight_method": no_effect(
         "read only with algorithm.use_pf_ppo=true, which Tandem refuses (no PF-PPO)"
