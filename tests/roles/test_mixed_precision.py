@@ -41,7 +41,7 @@ def test_bf16_parameters_match_fp32_within_bf16_tolerance(tmp_path):
         results = {}
         for dtype, group in groups.items():
             log_probs = group.compute_log_probs(roll32, False)
-            metrics = group.update_actor(update_batch(roll32.union(log_probs)))[0]
+            metrics = group.update_actor(update_batch(roll32.union(log_probs)), mini_batches=2)[0]
             results[dtype] = (log_probs["old_log_probs"], metrics, group.full_weights("actor"))
     finally:
         for group in groups.values():

@@ -17,7 +17,7 @@ from transformers import AutoModelForCausalLM, AutoModelForTokenClassification
 from tandem.algos.core import log_probs_from_logits
 from tandem.controller import ResourcePool, WorkerError, WorkerGroup
 from tandem.models.tiny import save_tiny
-from tandem.roles.common import arrange_for_update, response_slice
+from tandem.roles.common import response_slice
 from tandem.roles.worker import RoleWorker
 from tandem.rollout import SamplingParams
 
@@ -69,7 +69,7 @@ def test_rollout_log_probs_equal_actor_before_and_after_update_and_sync(hybrid):
     assert masked_max_diff(ref["ref_log_probs"], old["old_log_probs"], mask) < 1e-6  # same weights so far
 
     batch = update_batch(rollout.union(old).union(ref))
-    metrics = hybrid.update_actor(batch)[0]
+    metrics = hybrid.update_actor(batch, mini_batches=2)[0]
     assert metrics["actor/optimizer_steps"] == 2  # train_batch_size / ppo_mini_batch_size mini-batches
     assert metrics["actor/skipped_steps"] == 0 and metrics["actor/grad_norm"] > 0
     assert "actor/kl_loss" in metrics and "actor/pg_clipfrac" in metrics
@@ -87,9 +87,8 @@ def test_rollout_log_probs_equal_actor_before_and_after_update_and_sync(hybrid):
 
 
 def _update_both(group, batch, mini_batches=2):
-    batch = arrange_for_update(batch, group.world_size, mini_batches)  # 4 prompts / ppo_mini_batch_size
-    actor = group.update_actor(batch)[0]
-    critic = group.update_critic(batch)[0]
+    actor = group.update_actor(batch, mini_batches=mini_batches)[0]  # 4 prompts / ppo_mini_batch_size
+    critic = group.update_critic(batch, mini_batches=mini_batches)[0]
     return actor, critic, group.full_weights("actor"), group.full_weights("critic")
 
 
@@ -170,8 +169,8 @@ def test_checkpoint_round_trip_and_hf_export(ray_local, model_path, update_batch
     pool = ResourcePool(1, 2, name="ckpt")
     first = WorkerGroup.ray(RoleWorker, pool, name="ckpt_a", args=(cfg, ["actor", "critic"]))
     try:
-        first.update_actor(batch)
-        first.update_critic(batch)
+        first.update_actor(batch, mini_batches=2)
+        first.update_critic(batch, mini_batches=2)
         first.save_checkpoint(str(tmp_path / "step1"))
         expected = _update_both(first, batch)
         first.export_hf("actor", str(tmp_path / "hf_actor"))

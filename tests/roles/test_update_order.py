@@ -3,7 +3,7 @@
 import torch
 
 from tandem.batch import Batch
-from tandem.roles.common import balanced_order, update_order
+from tandem.roles.common import balanced_parts, mini_batch_parts, update_order
 
 
 def test_each_rank_gets_its_part_of_every_mini_batch():
@@ -27,14 +27,23 @@ def test_token_lengths_balance_each_mini_batch_over_the_ranks():
     assert update_order(8, 1, 2, [9, 8, 1, 2, 5, 5, 5, 5]) == list(range(8))  # one rank: unchanged
 
 
-def test_balanced_order_and_restore():
+def test_balanced_parts_and_restore():
     mask = torch.zeros(6, 10, dtype=torch.long)
     for row, tokens in enumerate([10, 9, 8, 1, 1, 1]):
         mask[row, :tokens] = 1
     batch = Batch.from_dict({"attention_mask": mask, "row": torch.arange(6)})
-    order, restore = balanced_order(batch, 2)
-    shards = batch.reorder(order).chunk(2)
+    shards, partition = batch.partition(balanced_parts(batch, 2))
     assert [len(s) for s in shards] == [3, 3]
     assert sorted(int(s["attention_mask"].sum()) for s in shards) == [12, 18]  # a plain split: 27 and 3
-    assert torch.equal(batch.reorder(order).reorder(restore)["row"], torch.arange(6))
-    assert balanced_order(batch, 1) == (list(range(6)), list(range(6)))
+    assert torch.equal(partition.merge(shards)["row"], torch.arange(6))
+    assert balanced_parts(batch, 1) == [list(range(6))]
+
+
+def test_mini_batch_parts_are_update_order_split_evenly():
+    mask = torch.zeros(8, 10, dtype=torch.long)
+    for row, tokens in enumerate([9, 8, 1, 2, 5, 5, 5, 5]):
+        mask[row, :tokens] = 1
+    batch = Batch.from_dict({"attention_mask": mask})
+    order = update_order(8, 2, 2, [9, 8, 1, 2, 5, 5, 5, 5])
+    assert mini_batch_parts(batch, 2, {"mini_batches": 2}) == [order[:4], order[4:]]
+    assert mini_batch_parts(batch, 1, {"mini_batches": 2}) == [list(range(8))]

@@ -1,4 +1,4 @@
-"""The rollout sources against a scripted trainer (no workers): which one each trainer.async_mode picks, and
+"""The rollout sources against scripted Rollouts (no workers): which one each trainer.async_mode picks, and
 one_step_off's prefetch, staleness and checkpointed sampler position."""
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ class Done:
         return self.value
 
 
-class ScriptedTrainer:
-    """RolloutServices with a sampler that counts draws and a rollout group that records what it generates."""
+class ScriptedRollouts:
+    """Rollouts with a data order that counts draws and a rollout group that records what it generates."""
 
-    def __init__(self, async_mode: str = "one_step_off", total_steps: int = 3) -> None:
+    def __init__(self, async_mode: str = "one_step_off") -> None:
         self.cfg = SimpleNamespace(
             trainer=SimpleNamespace(
                 async_mode=async_mode, stream_queue_batches=2, max_staleness=1, worker_timeout_s=60.0
@@ -33,24 +33,22 @@ class ScriptedTrainer:
             data=SimpleNamespace(train_batch_size=2),
         )
         self.draws = 0
-        self.sampler = SimpleNamespace(state_dict=lambda: {"position": self.draws})
-        self.groups = object()
-        self.total_steps = total_steps
+        self.workers = 1
         self.actor_updates = 0
         self.generated: list[tuple[int, int]] = []  # (step, weight version) of each generation started
         self.rollout = SimpleNamespace(generate=SimpleNamespace(async_=self._generate_async))
 
-    def next_indices(self) -> list[int]:
+    def draw(self) -> list[int]:
         self.draws += 1
         return [self.draws]
 
-    def train_prompts(self, indices):
-        return {"indices": indices}
+    def sampler_state(self):
+        return {"position": self.draws}
 
-    def generation_request(self, prompts, step, round_):
-        return {**prompts, "step": step}, None
+    def request(self, indices, step, round_):
+        return {"indices": indices, "step": step}, None
 
-    def rollout_group(self):
+    def group(self):
         return self.rollout
 
     def _generate_async(self, prompts, sampling):
@@ -66,12 +64,12 @@ class ScriptedTrainer:
     [("synchronous", SyncSource), ("one_step_off", OneStepOffSource), ("streaming", StreamingSource)],
 )
 def test_each_async_mode_picks_its_source(mode, source):
-    assert type(rollout_source(ScriptedTrainer(mode))) is source
+    assert type(rollout_source(ScriptedRollouts(mode), 3)) is source
 
 
 def test_one_step_off_trains_on_the_prefetch_and_checkpoints_the_sampler_from_before_it():
-    trainer = ScriptedTrainer(total_steps=3)
-    source = OneStepOffSource(trainer)
+    trainer = ScriptedRollouts()
+    source = OneStepOffSource(trainer, total_steps=3)
     assert source.sampler_state() == {"position": 0} and source.state_dict() is None
     staleness = []
     for step in (1, 2, 3):
@@ -88,9 +86,9 @@ def test_one_step_off_trains_on_the_prefetch_and_checkpoints_the_sampler_from_be
 
 
 def test_one_step_off_generates_again_on_new_workers():
-    trainer = ScriptedTrainer(total_steps=3)
-    source = OneStepOffSource(trainer)
+    trainer = ScriptedRollouts()
+    source = OneStepOffSource(trainer, total_steps=3)
     source.next(1, Timer())
-    trainer.actor_updates, trainer.groups = 1, object()  # a resumed run: the prefetch's workers are gone
+    trainer.actor_updates, trainer.workers = 1, 2  # a resumed run: the prefetch's workers are gone
     _, metrics = source.next(2, Timer())
     assert trainer.generated == [(1, 0), (2, 0), (2, 1), (3, 1)] and metrics["async/staleness_max"] == 0

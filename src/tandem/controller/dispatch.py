@@ -1,6 +1,8 @@
 """How one controller call becomes per-rank calls, and how the ranks' outputs become one result.
 
 Worker methods carry their mode with `@dispatch(Dispatch.DP)`; undecorated methods are ONE_TO_ALL.
+A method may also say how its rows are grouped into the parts (`@dispatch(Dispatch.MP, parts=...)`):
+the worker side then owns both how a batch is arranged over its ranks and how each rank cuts its share.
 Everything here is pure (no Ray, no processes): `plan_call` cuts the arguments, `CallPlan.gather`
 puts the outputs back together.
 """
@@ -16,8 +18,12 @@ from tandem.batch import Batch, Partition
 from tandem.controller.errors import DispatchError
 
 F = TypeVar("F", bound=Callable[..., Any])
+# (the call's first Batch argument, the number of parts, the call's keyword arguments) -> the row indices
+# of each part, each row once; the parts' outputs are merged back into row order
+PartsFn = Callable[[Batch, int, Mapping[str, Any]], Sequence[Sequence[int]]]
 
 _MODE_ATTR = "__tandem_dispatch__"
+_PARTS_ATTR = "__tandem_dispatch_parts__"
 
 
 class Dispatch(enum.Enum):
@@ -36,15 +42,21 @@ class Dispatch(enum.Enum):
 LAYOUT_METHODS = {Dispatch.MP: "dispatch_info", Dispatch.REPLICA: "replica_info"}
 
 
-def dispatch(mode: Dispatch) -> Callable[[F], F]:
-    """Mark a worker method with its dispatch mode: `@dispatch(Dispatch.DP)`."""
+def dispatch(mode: Dispatch, parts: PartsFn | None = None) -> Callable[[F], F]:
+    """Mark a worker method with its dispatch mode: `@dispatch(Dispatch.DP)`. `parts` (DP / MP / REPLICA):
+    which rows each part gets; without it, even contiguous slices (`Batch.chunk`)."""
     if not isinstance(mode, Dispatch):
         raise TypeError(
             f"dispatch() takes a Dispatch mode, got {mode!r}; write @dispatch(Dispatch.DP), not @dispatch"
         )
+    if parts is not None and mode in (Dispatch.ONE_TO_ALL, Dispatch.RANK_ZERO):
+        raise TypeError(
+            f"dispatch(Dispatch.{mode.name}) sends every rank the same arguments: it takes no parts"
+        )
 
     def mark(fn: F) -> F:
         setattr(fn, _MODE_ATTR, mode)
+        setattr(fn, _PARTS_ATTR, parts)
         return fn
 
     return mark
@@ -53,6 +65,11 @@ def dispatch(mode: Dispatch) -> Callable[[F], F]:
 def dispatch_mode(method: Callable[..., Any]) -> Dispatch:
     """The mode `method` was marked with; ONE_TO_ALL when it was not decorated."""
     return getattr(method, _MODE_ATTR, Dispatch.ONE_TO_ALL)
+
+
+def dispatch_parts(method: Callable[..., Any]) -> PartsFn | None:
+    """How `method`'s rows are grouped into parts (`dispatch(mode, parts)`); None: even contiguous slices."""
+    return getattr(method, _PARTS_ATTR, None)
 
 
 @dataclass(frozen=True)
@@ -174,9 +191,10 @@ def plan_call(
     args: Sequence[Any],
     kwargs: Mapping[str, Any],
     layout: RankLayout | None = None,
+    parts: PartsFn | None = None,
 ) -> CallPlan:
     """Cut one call's arguments into per-rank calls; DP needs nothing more, MP and REPLICA need the group's
-    `layout` for that mode."""
+    `layout` for that mode. `parts` groups the rows into the parts (`dispatch`); by default even slices."""
     args, kwargs = tuple(args), dict(kwargs)
     if mode in (Dispatch.ONE_TO_ALL, Dispatch.RANK_ZERO):
         return CallPlan(mode, [(args, kwargs) for _ in range(world_size)])
@@ -203,14 +221,17 @@ def plan_call(
             f"{mode.name} dispatch splits every Batch argument the same way, so they must have "
             f"the same number of rows; got {listing}"
         )
-    parts, partition = {}, None
+    groups = None
+    if parts is not None:  # the rows of each part, chosen from the first Batch argument; every one cut alike
+        groups = parts(next(iter(batch_args.values())), layout.dp_size, kwargs)
+    cut, partition = {}, None
     for where, b in batch_args.items():
-        parts[where], partition = b.chunk_with_plan(layout.dp_size)
+        cut[where], partition = b.chunk_with_plan(layout.dp_size) if groups is None else b.partition(groups)
 
     rank_calls = []
     for rank in range(world_size):
         d = layout.dp_ranks[rank]
-        rank_args = tuple(parts[("arg", i)][d] if ("arg", i) in parts else a for i, a in enumerate(args))
-        rank_kwargs = {k: parts[("kwarg", k)][d] if ("kwarg", k) in parts else v for k, v in kwargs.items()}
+        rank_args = tuple(cut[("arg", i)][d] if ("arg", i) in cut else a for i, a in enumerate(args))
+        rank_kwargs = {k: cut[("kwarg", k)][d] if ("kwarg", k) in cut else v for k, v in kwargs.items()}
         rank_calls.append((rank_args, rank_kwargs))
     return CallPlan(mode, rank_calls, layout, partition)

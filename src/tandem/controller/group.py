@@ -12,6 +12,7 @@ from tandem.controller.dispatch import (
     Dispatch,
     RankLayout,
     dispatch_mode,
+    dispatch_parts,
     plan_call,
 )
 from tandem.controller.errors import WorkerError
@@ -221,9 +222,10 @@ class WorkerGroup:
     def call_async(self, method: str, /, *args: Any, **kwargs: Any) -> GroupFuture:
         """Start `method` on the ranks and return at once; calls on one group run in the order made."""
         self._check_usable()
-        mode = dispatch_mode(self._method(method))
+        fn = self._method(method)
+        mode = dispatch_mode(fn)
         layout = self._layout(mode) if mode in LAYOUT_METHODS else None
-        plan = plan_call(mode, self.world_size, args, kwargs, layout)
+        plan = plan_call(mode, self.world_size, args, kwargs, layout, dispatch_parts(fn))
         return GroupFuture(self, method, self._backend.submit(method, plan.rank_calls), plan)
 
     def shutdown(self) -> None:

@@ -53,7 +53,6 @@ class Actor:
         self.engine = engine
         self.cfg = cfg
         self.temperature = cfg.rollout.temperature
-        self.mini_batches_per_epoch = cfg.derived.actor_mini_batches_per_step
         self.old_log_probs_from_update = cfg.derived.old_log_probs_from_update
         # (update log-probs, rollout log-probs, mask) of each micro-batch, while an update gives the old ones
         self._seen: list[tuple[Tensor, Tensor, Tensor]] | None = None
@@ -75,8 +74,10 @@ class Actor:
         micro = self.cfg.rollout.log_prob_micro_batch_size_per_rank
         return self.engine.forward(model_inputs(batch, "responses"), fn, micro)
 
-    def update(self, batch: Batch) -> dict[str, float]:
-        """ppo_epochs passes over the batch, one optimizer step per mini-batch; then one LR-schedule step."""
+    def update(self, batch: Batch, mini_batches: int | None = None) -> dict[str, float]:
+        """ppo_epochs passes over the batch, one optimizer step per mini-batch (`mini_batches` of them, by
+        default the config's; on a worker, this rank's parts of them: `mini_batch_parts`); then one
+        LR-schedule step."""
         a = self.cfg.actor
         missing = [k for k in UPDATE_KEYS if k not in batch]
         if not self.old_log_probs_from_update and "old_log_probs" not in batch:
@@ -100,7 +101,7 @@ class Actor:
             self.engine,
             batch,
             epochs=a.ppo_epochs,
-            mini_batches_per_epoch=self.mini_batches_per_epoch,
+            mini_batches_per_epoch=mini_batches or self.cfg.derived.actor_mini_batches_per_step,
             micro_batch_size=a.micro_batch_size_per_rank,
             make_loss_fn=self._loss_fn,
             prefix="actor",

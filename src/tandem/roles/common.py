@@ -3,7 +3,8 @@ and summing per-micro-batch metric contributions into global values."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -197,21 +198,20 @@ def update_order(
     return order
 
 
-def arrange_for_update(batch: Batch, dp_size: int, num_mini_batches: int) -> Batch:
-    """`batch` reordered by `update_order` (token-balanced): call an update method with this, and the
-    data-parallel split hands every rank its part of each global mini-batch (see update_order)."""
-    return batch.reorder(update_order(len(batch), dp_size, num_mini_batches, token_lengths(batch)))
+def balanced_parts(batch: Batch, num_parts: int, call: Mapping[str, Any] | None = None) -> list[list[int]]:
+    """The rows of each data-parallel part for a forward call (`dispatch(Dispatch.MP, parts=...)`): as
+    many rows as an even split, about equal tokens per part (a packed forward costs by tokens)."""
+    if num_parts <= 1:
+        return [list(range(len(batch)))]
+    return equal_count_groups(token_lengths(batch), even_sizes(len(batch), num_parts))
 
 
-def balanced_order(batch: Batch, dp_size: int) -> tuple[list[int], list[int]]:
-    """(order, restore): `batch.reorder(order)` splits over `dp_size` ranks into as many rows as a plain
-    split and about equal tokens per rank; `.reorder(restore)` puts the outputs back in place."""
-    if dp_size <= 1:
-        identity = list(range(len(batch)))
-        return identity, identity
-    groups = equal_count_groups(token_lengths(batch), even_sizes(len(batch), dp_size))
-    order = [i for group in groups for i in group]
-    restore = [0] * len(order)
-    for position, row in enumerate(order):
-        restore[row] = position
-    return order, restore
+def mini_batch_parts(batch: Batch, num_parts: int, call: Mapping[str, Any]) -> list[list[int]]:
+    """The rows of each data-parallel part for an update call with `mini_batches=` M: the rows in
+    `update_order` (token-balanced), split evenly, so that `run_update`'s `batch.chunk(M)` on each rank
+    gives that rank's part of each of the M global mini-batches."""
+    if "mini_batches" not in call:
+        raise TypeError("an update call must say how many mini-batches the batch makes: mini_batches=<int>")
+    order = update_order(len(batch), num_parts, call["mini_batches"], token_lengths(batch))
+    bounds = [0, *itertools.accumulate(even_sizes(len(batch), num_parts))]
+    return [order[a:b] for a, b in itertools.pairwise(bounds)]

@@ -28,7 +28,6 @@ class Critic:
     def __init__(self, engine: TrainEngine, cfg: TandemConfig) -> None:
         self.engine = engine
         self.cfg = cfg
-        self.mini_batches_per_epoch = cfg.derived.critic_mini_batches_per_step
 
     def compute_values(self, batch: Batch) -> Batch:
         """values [B, R], 0 on padding."""
@@ -40,8 +39,9 @@ class Critic:
         micro = self.cfg.critic.micro_batch_size_per_rank
         return self.engine.forward(batch.select(*MODEL_INPUTS, "response_mask"), fn, micro)
 
-    def update(self, batch: Batch) -> dict[str, float]:
-        """ppo_epochs passes of the clipped value loss against `returns`; then one LR-schedule step."""
+    def update(self, batch: Batch, mini_batches: int | None = None) -> dict[str, float]:
+        """ppo_epochs passes of the clipped value loss against `returns`, one optimizer step per mini-batch
+        (`mini_batches` of them, by default the config's); then one LR-schedule step."""
         c = self.cfg.critic
         missing = [k for k in UPDATE_KEYS if k not in batch]
         if missing:
@@ -50,7 +50,7 @@ class Critic:
             self.engine,
             batch,
             epochs=c.ppo_epochs,
-            mini_batches_per_epoch=self.mini_batches_per_epoch,
+            mini_batches_per_epoch=mini_batches or self.cfg.derived.critic_mini_batches_per_step,
             micro_batch_size=c.micro_batch_size_per_rank,
             make_loss_fn=self._loss_fn,
             prefix="critic",

@@ -24,6 +24,7 @@ from tandem.engine.base import Head, TrainEngine
 from tandem.engine.flops import peak_flops
 from tandem.engine.fsdp.lora import WithoutAdapter
 from tandem.roles.actor import Actor
+from tandem.roles.common import balanced_parts, mini_batch_parts
 from tandem.roles.critic import Critic
 from tandem.roles.engines import role_engine
 from tandem.roles.profile import PhaseProfiler, profiled
@@ -223,19 +224,19 @@ class RoleWorker(Worker):
 
     # ---- forward passes --------------------------------------------------------------------------
 
-    @dispatch(Dispatch.MP)
+    @dispatch(Dispatch.MP, parts=balanced_parts)
     @profiled
     def compute_log_probs(self, batch: Batch, with_entropy: bool = True) -> Batch:
         """old_log_probs (+ entropy) of the batch's responses under the current actor."""
         return self._role("actor").compute_log_probs(batch, with_entropy)
 
-    @dispatch(Dispatch.MP)
+    @dispatch(Dispatch.MP, parts=balanced_parts)
     @profiled
     def compute_ref_log_probs(self, batch: Batch) -> Batch:
         """ref_log_probs under the reference policy."""
         return self._role("ref").compute_ref_log_probs(batch)
 
-    @dispatch(Dispatch.MP)
+    @dispatch(Dispatch.MP, parts=balanced_parts)
     @profiled
     def compute_values(self, batch: Batch) -> Batch:
         """values of the response tokens under the critic."""
@@ -249,19 +250,20 @@ class RoleWorker(Worker):
 
     # ---- updates ---------------------------------------------------------------------------------
 
-    @dispatch(Dispatch.MP)
+    @dispatch(Dispatch.MP, parts=mini_batch_parts)
     @profiled
-    def update_actor(self, batch: Batch) -> dict[str, float]:
-        """The PPO update of the actor on this rank's share; metrics are global (the same on every rank)."""
-        metrics = self._role("actor").update(batch)
+    def update_actor(self, batch: Batch, mini_batches: int) -> dict[str, float]:
+        """The PPO update of the actor on this rank's part of each of the `mini_batches` mini-batches of
+        `batch` (`mini_batch_parts`); metrics are global (the same on every rank)."""
+        metrics = self._role("actor").update(batch, mini_batches)
         self._weights_changed()
         return metrics
 
-    @dispatch(Dispatch.MP)
+    @dispatch(Dispatch.MP, parts=mini_batch_parts)
     @profiled
-    def update_critic(self, batch: Batch) -> dict[str, float]:
-        """The value update of the critic; metrics are global."""
-        return self._role("critic").update(batch)
+    def update_critic(self, batch: Batch, mini_batches: int) -> dict[str, float]:
+        """The value update of the critic, mini-batches as for `update_actor`; metrics are global."""
+        return self._role("critic").update(batch, mini_batches)
 
     @dispatch(Dispatch.MP)
     def sft_step(self, batch: Batch) -> dict[str, float]:

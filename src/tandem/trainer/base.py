@@ -98,6 +98,9 @@ class Trainer(ABC):
     def load_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
         """Restore what extra_state returned."""
 
+    def workers_started(self, groups: WorkerGroups) -> None:  # noqa: B027 - optional hook
+        """`groups` were just started (before a resume loads a checkpoint into them)."""
+
     # ---- data ------------------------------------------------------------------------------------------
 
     def next_indices(self) -> list[int]:
@@ -139,6 +142,7 @@ class Trainer(ABC):
             self.groups = build_worker_groups(
                 self.cfg, self.total_steps, purpose=self.purpose, log_dir=self.log_dir
             )
+            self.workers_started(self.groups)
             self.announce_devices(self.purpose)
             self.resume(resume_from)
             with Tracker(

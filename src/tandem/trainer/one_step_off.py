@@ -12,24 +12,25 @@ from typing import Any
 
 from tandem.batch import Batch
 from tandem.trainer.metrics import Timer
-from tandem.trainer.rollout_source import RolloutServices, RolloutSource
+from tandem.trainer.rollout_source import RolloutSource
+from tandem.trainer.rollouts import Rollouts
 
 
 @dataclass
 class Prefetch:
     """A generation started for a later step: its future, the actor update number whose weights it
-    uses, and the worker groups it runs on."""
+    uses, and the start of the workers it runs on (`Rollouts.workers`)."""
 
     future: Any
     version: int
-    groups_id: int
+    workers: int
 
 
 class OneStepOffSource(RolloutSource):
     """This step's samples were launched during the previous step, one actor update behind."""
 
-    def __init__(self, trainer: RolloutServices) -> None:
-        super().__init__(trainer)
+    def __init__(self, rollouts: Rollouts, total_steps: int) -> None:
+        super().__init__(rollouts, total_steps)
         self.prefetch: Prefetch | None = None  # the next step's generation
         self._sampler_before_prefetch: dict[str, Any] = {}
 
@@ -38,14 +39,14 @@ class OneStepOffSource(RolloutSource):
         (one update behind), and the next step's are launched now, with the current weights, to generate
         while this step trains. After a (re)start the queue is empty: the first batch is generated here,
         with the current weights (staleness 0)."""
-        t = self.trainer
+        t = self.rollouts
         pending, self.prefetch = self.prefetch, None
-        if pending is None or pending.groups_id != id(t.groups):
+        if pending is None or pending.workers != t.workers:
             pending = self._launch(step)
         with timer("wait_generate"):
             batch = pending.future.result()
         staleness = float(t.actor_updates - pending.version)
-        if step < t.total_steps:
+        if step < self.total_steps:
             self.prefetch = self._launch(step + 1)
         with timer("reward"):
             batch, metrics = t.score(batch, train=True)
@@ -57,11 +58,11 @@ class OneStepOffSource(RolloutSource):
         """Draw `step`'s prompts and start generating them with the actor's current weights (sent first
         when they changed). A checkpoint taken while they generate records the sampler from before the
         draw, so a resumed run generates them again."""
-        t = self.trainer
-        self._sampler_before_prefetch = t.sampler.state_dict()
-        prompts, sampling = t.generation_request(t.train_prompts(t.next_indices()), step, 1)
-        future = t.rollout_group().generate.async_(prompts, sampling)
-        return Prefetch(future, t.actor_updates, id(t.groups))
+        t = self.rollouts
+        self._sampler_before_prefetch = t.sampler_state()
+        prompts, sampling = t.request(t.draw(), step, 1)
+        future = t.group().generate.async_(prompts, sampling)
+        return Prefetch(future, t.actor_updates, t.workers)
 
     def sampler_state(self) -> dict[str, Any]:
         if self.prefetch is not None:  # its prompts are drawn but not trained on: they are not consumed

@@ -25,7 +25,8 @@ from tandem.controller import WorkerGroup
 from tandem.rollout import SamplingParams
 from tandem.rollout.stream import VERSION_KEY
 from tandem.trainer.metrics import Timer
-from tandem.trainer.rollout_source import RolloutServices, RolloutSource
+from tandem.trainer.rollout_source import RolloutSource
+from tandem.trainer.rollouts import Rollouts
 
 COLLECT_WAIT_S = 1.0  # how long one collect call waits on the workers for a group to finish
 
@@ -43,7 +44,6 @@ class StreamFeed:
         self.ready: list[Batch] = []  # finished groups, in the order they arrived
         self.submitted = 0  # batches submitted so far: numbers the uids and seeds of the next one
         self.dropped_total = 0
-        self.groups_id: int | None = None  # the worker groups the groups in flight run on
 
     def take(
         self,
@@ -57,7 +57,6 @@ class StreamFeed:
         updates older than ``version``, and the step's async/* metrics. Submits new prompts (``draw`` gives
         dataset indices, ``request`` turns them and a batch number into prompts and sampling) whenever
         there is room in the queue, so the pool keeps generating while the step trains."""
-        self._attach(rollout)
         dropped = 0
         idle: dict[int, float] = {}
         waited_since = time.perf_counter()
@@ -104,10 +103,10 @@ class StreamFeed:
         }
         return batch, metrics
 
-    def _attach(self, rollout: WorkerGroup) -> None:
-        if self.groups_id != id(rollout):  # new workers (a resumed run): what was in flight is gone
-            self.requeue = list(self.pending.values()) + self.requeue
-            self.pending, self.ready, self.groups_id = {}, [], id(rollout)
+    def restart(self) -> None:
+        """New workers (a resumed run): what was in flight is gone; its prompts are submitted again first."""
+        self.requeue = list(self.pending.values()) + self.requeue
+        self.pending, self.ready = {}, []
 
     def _fill(
         self,
@@ -115,7 +114,6 @@ class StreamFeed:
         draw: Callable[[], list[int]],
         request: Callable[[list[int], int], tuple[Batch, SamplingParams]],
     ) -> None:
-        self._attach(rollout)
         while len(self.pending) + self.batch_groups <= self.capacity:
             if self.requeue:
                 indices, self.requeue = self.requeue[: self.batch_groups], self.requeue[self.batch_groups :]
@@ -136,7 +134,7 @@ class StreamFeed:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.requeue = [int(i) for i in state["pending"]]
-        self.pending, self.ready, self.groups_id = {}, [], None
+        self.pending, self.ready = {}, []
         self.submitted = int(state["submitted"])
         self.dropped_total = int(state["dropped_total"])
 
@@ -144,28 +142,32 @@ class StreamFeed:
 class StreamingSource(RolloutSource):
     """The first train_batch_size prompt groups to finish on the rollout pool, from a `StreamFeed`."""
 
-    def __init__(self, trainer: RolloutServices) -> None:
-        super().__init__(trainer)
-        t = trainer.cfg.trainer  # the prompt groups between sampler, pool and steps
+    def __init__(self, rollouts: Rollouts, total_steps: int) -> None:
+        super().__init__(rollouts, total_steps)
+        t = rollouts.cfg.trainer  # the prompt groups between sampler, pool and steps
         self.feed = StreamFeed(
-            trainer.cfg.data.train_batch_size, t.stream_queue_batches, t.max_staleness, t.worker_timeout_s
+            rollouts.cfg.data.train_batch_size, t.stream_queue_batches, t.max_staleness, t.worker_timeout_s
         )
+        self.workers = 0  # the start of the workers the feed's groups in flight run on (`Rollouts.workers`)
 
     def next(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """The first train_batch_size prompt groups to finish on the rollout pool, generated at most
         trainer.max_staleness actor updates ago. The pool gets the current weights first when they changed
         (after its turns in flight finish)."""
-        t = self.trainer
-        rollout = t.rollout_group()
+        t = self.rollouts
+        if self.workers != t.workers:
+            self.feed.restart()
+            self.workers = t.workers
+        rollout = t.group()
         with timer("wait_generate"):
-            batch, metrics = self.feed.take(rollout, t.actor_updates, t.next_indices, self._request, t.concat)
+            batch, metrics = self.feed.take(rollout, t.actor_updates, t.draw, self._request, t.concat)
         with timer("reward"):
             batch, reward_metrics = t.score(batch, train=True)
         return batch, {**reward_metrics, **metrics}
 
     def _request(self, indices: list[int], number: int) -> tuple[Batch, SamplingParams]:
         """The prompts of dataset rows ``indices`` as the stream's batch ``number``, with their sampling."""
-        return self.trainer.generation_request(self.trainer.train_prompts(indices), number, 0)
+        return self.rollouts.request(indices, number, 0)
 
     def state_dict(self) -> dict[str, Any]:
         return self.feed.state_dict()

@@ -26,7 +26,7 @@ class SyncSource(RolloutSource):
     def next(self, step: int, timer: Timer) -> tuple[Batch, dict[str, float]]:
         """The step's samples with `token_level_scores`. With dynamic sampling, rounds of
         gen_batch_size prompts until data.train_batch_size prompts with varied scores are kept."""
-        t = self.trainer
+        t = self.rollouts
         cfg = t.cfg
         ds, n, wanted = cfg.algorithm.dynamic_sampling, cfg.rollout.n, cfg.data.train_batch_size
         kept: list[Batch] = []
@@ -34,10 +34,10 @@ class SyncSource(RolloutSource):
         kept_prompts = drawn_prompts = rounds = 0
         while True:
             rounds += 1
-            prompts = t.train_prompts(t.next_indices())
-            drawn_prompts += len(prompts)
+            indices = t.draw()
+            drawn_prompts += len(indices)
             with timer("generate"):
-                batch = self.generate(prompts, step, rounds)
+                batch = self.generate(indices, step, rounds)
             with timer("reward"):
                 batch, metrics = t.score(batch, train=True)
             reward_metrics.append((len(batch), metrics))
@@ -51,7 +51,7 @@ class SyncSource(RolloutSource):
                 break
             if 0 < ds.max_num_gen_batches <= rounds:
                 raise RuntimeError(
-                    f"dynamic sampling: after {rounds} rounds of {len(prompts)} prompts only {kept_prompts} of "
+                    f"dynamic sampling: after {rounds} rounds of {len(indices)} prompts only {kept_prompts} of "
                     f"data.train_batch_size={wanted} prompts had samples that scored differently "
                     f"(algorithm.dynamic_sampling.metric={ds.metric}). The task is too easy or too hard "
                     "for the model: raise algorithm.dynamic_sampling.max_num_gen_batches (0 = no limit) or "
@@ -66,14 +66,15 @@ class SyncSource(RolloutSource):
             metrics["dynamic_sampling/kept_ratio"] = kept_prompts / drawn_prompts
         return batch, metrics
 
-    def generate(self, prompts: Batch, step: int, round_: int) -> Batch:
-        """rollout.n samples per prompt; a `uid` per prompt; ReMax's greedy baseline scores when needed."""
-        t = self.trainer
+    def generate(self, indices: list[int], step: int, round_: int) -> Batch:
+        """rollout.n samples per prompt of training rows `indices`; a `uid` per prompt; ReMax's greedy
+        baseline scores when needed."""
+        t = self.rollouts
         r, d = t.cfg.rollout, t.cfg.data
-        prompts, sampling = t.generation_request(prompts, step, round_)
-        batch = t.rollout_group().generate(prompts, sampling)
+        prompts, sampling = t.request(indices, step, round_)
+        batch = t.group().generate(prompts, sampling)
         if t.cfg.derived.reward_baselines_needed:
-            greedy = t.rollout_group().generate(prompts, SamplingParams(max_tokens=d.max_response_length))
+            greedy = t.group().generate(prompts, SamplingParams(max_tokens=d.max_response_length))
             baselines = t.score(greedy)[0]["token_level_scores"].sum(-1)
             batch["reward_baselines"] = baselines.repeat_interleave(r.n)
         return batch
