@@ -4,12 +4,14 @@ A block that cannot run here (a training run, a GPU install, a command that need
 the line `<!-- not run: the reason -->` directly above its fence; every other block runs: the Python
 blocks in one subprocess, each in a fresh namespace (so a block may not lean on another), and the shell
 blocks with bash. A console block (untagged, its commands after `$ `) runs its commands and must print
-the lines shown under them. The commands of every block, run or not, that start a `tandem` run
+the lines shown under them. Every Python block that parses, run or not, is read by ruff's undefined-name
+rules (a name inside a function fails only when it is called). The commands of every block, run or not, that start a `tandem` run
 (`train`, `sft`, `eval`, `config`) are read by the config loader: the keys they set must exist.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -105,6 +107,35 @@ def test_python_blocks_run(tmp_path):
     assert done.returncode == 0, done.stderr
     failures = json.loads(done.stdout.splitlines()[-1])
     assert not failures, "\n".join(f"{name}:\n{error}" for name, error in failures.items())
+
+
+def _is_python(block: Block) -> bool:
+    try:
+        ast.parse(block.code)
+    except SyntaxError:
+        return False
+    return True
+
+
+def test_python_blocks_use_no_undefined_name(tmp_path):
+    """A name used inside a function fails only when the function runs (agentic.md's tool once read a
+    DICTIONARY it never defined): ruff's undefined-name rules read every block, marked or not, as a file.
+    A marked block that is not Python as written (DESIGN.md's signatures-only sketch) is left out; an
+    unmarked one must parse (test_python_blocks_run)."""
+    for block in (b for b in BLOCKS if b.kind == "python"):
+        if block.not_run is None or _is_python(block):  # the file's name says the page and line
+            name = str(block).replace("/", "_").replace(".md:", "_md_line")
+            (tmp_path / f"{name}.py").write_text(block.code + "\n")
+    ruff = Path(sys.executable).parent / "ruff"
+    rules = ["--select", "F821,F822", "--output-format", "concise"]
+    done = subprocess.run(
+        [str(ruff), "check", "--no-cache", "--isolated", *rules, "."],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def _start(command: str, cwd: Path, options: str = "") -> subprocess.Popen:
