@@ -80,6 +80,36 @@ def test_imports_point_down_the_layers():
     assert upward == []
 
 
+# docs/DESIGN.md's "knows nothing of" column where a machine can read it: the roles know no engine underneath,
+# the trainer no engine internals. Both reach an engine through `tandem.engine` (its __init__: build_engine,
+# check_buildable) and the modules shared by every engine; never through an engine's own package.
+ENGINE_PACKAGES = ("tandem.engine.fsdp", "tandem.engine.megatron")
+
+
+def _engine_package_imports(graph: dict[str, set[str]], packages: tuple[str, ...]) -> list[str]:
+    return sorted(
+        f"{a} imports {b}"
+        for a, targets in graph.items()
+        if _package(a) in packages
+        for b in targets
+        if any(b == p or b.startswith(p + ".") for p in ENGINE_PACKAGES)
+    )
+
+
+def test_roles_and_trainer_import_no_engine_package():
+    assert _engine_package_imports(GRAPH, ("roles", "trainer")) == []
+
+
+def test_the_engine_package_check_finds_one():
+    graph = {
+        "tandem.roles.x": {"tandem.engine.fsdp.lora", "tandem.engine.base"},
+        "tandem.engine": {"tandem.engine.fsdp"},
+    }
+    assert _engine_package_imports(graph, ("roles", "trainer")) == [
+        "tandem.roles.x imports tandem.engine.fsdp.lora"
+    ]
+
+
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     """Strongly connected components of more than one module (Tarjan)."""
     index: dict[str, int] = {}

@@ -207,6 +207,8 @@ class TrainEngine(ABC):
     dp_size: int  # data-parallel ranks
     param_dtype: torch.dtype  # the forward / backward dtype (the rollout engine computes in it too)
     config: Any  # the model's Hugging Face config (a tensor-parallel rollout's cuts are read from it)
+    device: torch.device  # where this rank computes
+    _dp_group: Any = None  # the data-parallel process group (None: the default group)
     # fsdp.torch_compile's and fsdp.lm_head_compile's warm-ups, paid at start-up (None: no compile)
     compile_seconds: float | None = None
     _is_offloaded: bool = False  # set by offload(), cleared by onload()
@@ -224,9 +226,22 @@ class TrainEngine(ABC):
     def scheduler_step(self) -> float:
         """Advance the learning-rate schedule by one TRAINING step; returns the new lr."""
 
-    @abstractmethod
+    @property
+    def lr(self) -> float:
+        """The learning rate the next optimizer step uses (0 for a frozen engine)."""
+        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
+
     def all_reduce_sum(self, value: Tensor) -> Tensor:
         """Sum a tensor over the data-parallel ranks (global token / sequence counts)."""
+        reduced = value.detach().to(self.device, copy=True)
+        dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=self._dp_group)
+        return reduced.to(value.device)
+
+    def _max_over_ranks(self, count: int) -> int:
+        """The largest `count` over every rank of the default group (micro-batch counts every rank must run)."""
+        value = torch.tensor(count, dtype=torch.int64, device=self.device)
+        dist.all_reduce(value, op=dist.ReduceOp.MAX)
+        return int(value)
 
     @abstractmethod
     def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
@@ -242,13 +257,34 @@ class TrainEngine(ABC):
 
     def adapter_state(self) -> dict[str, Tensor]:
         """The LoRA adapters, full, under the names of a PEFT adapter file (collective)."""
-        raise NotImplementedError(
-            f"adapter_state: {type(self).__name__} trains no LoRA adapters (LoRA is built on FSDP2 only; "
-            "use actor.strategy=fsdp)"
+        raise NotImplementedError(self._no_adapters("adapter_state"))
+
+    def save_adapter(self, path: str | Path) -> int:
+        """The LoRA adapters alone as a PEFT adapter folder in `path` (adapter_config.json,
+        adapter_model.safetensors), written by every rank that calls (collective: every rank must call; give
+        each rank its own folder). Returns the adapters' size in bytes."""
+        raise NotImplementedError(self._no_adapters("save_adapter"))
+
+    def without_adapter(self) -> TrainEngine:
+        """This engine's model with its LoRA adapters off, as a frozen engine (forward only) over the same
+        weights: the reference policy of a LoRA actor, no second copy of the base model."""
+        raise NotImplementedError(self._no_adapters("without_adapter"))
+
+    def _no_adapters(self, what: str) -> str:
+        return (
+            f"{what}: {type(self).__name__} trains no LoRA adapters (LoRA is built on FSDP2 only, with "
+            "actor.lora.rank > 0; use actor.strategy=fsdp)"
         )
 
     def vision_adapters(self) -> list[str]:
         """The LoRA layers inside a vision-language model's vision tower: none without LoRA adapters."""
+        return []
+
+    @staticmethod
+    def check_buildable(settings: Any, folders: dict[str, str]) -> list[str]:
+        """What this engine could not build, read before any worker starts (`engine.check_buildable`): this
+        install, and each model folder of `folders` (what to call it in a message -> the folder) under the
+        engine's config section `settings`. One line per problem; [] when everything builds."""
         return []
 
     @abstractmethod

@@ -7,6 +7,7 @@ engine builds, unsharded, and compare with it.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -111,6 +112,23 @@ def load_config(
     if head == "value":
         config.num_labels = 1
     return config
+
+
+def config_problems(folders: dict[str, str], check: Callable[[PretrainedConfig], None]) -> list[str]:
+    """`check(config)`'s ValueErrors for the model folders of `folders` (what to call each in a message -> the
+    folder), each as "<key>=<folder>: <error>"; a folder without a config.json is passed over (it is reported
+    where it is read) and a folder two keys share is checked once."""
+    problems = []
+    checked = set()
+    for key, folder in folders.items():
+        if not folder or not (Path(folder) / "config.json").is_file() or folder in checked:
+            continue
+        checked.add(folder)
+        try:
+            check(load_config(folder, "lm"))
+        except ValueError as err:
+            problems.append(f"{key}={folder}: {err}")
+    return problems
 
 
 def disable_dropout(config: PretrainedConfig) -> None:

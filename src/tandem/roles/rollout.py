@@ -29,7 +29,6 @@ from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
 from tandem.controller import WorkerContext
 from tandem.engine.base import TrainEngine, strategy_param_dtype
-from tandem.engine.fsdp.lora import save_adapter
 from tandem.models.tp_cuts import TensorParallelCuts, loader_input
 from tandem.roles.weight_bus import WeightBus
 from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, SamplingParams, build_rollout, resolve_engine
@@ -215,18 +214,17 @@ class RolloutRole:
         """actor.lora's adapters, gathered on every rank, into this rank's vLLM engine as a PEFT folder of this
         role's own (the one before it is removed once the engine serves the new one)."""
         start = time.perf_counter()
-        state = self.actor_engine.adapter_state()
         if self._adapter_root is None:  # removed with the process (weakref.finalize)
             self._adapter_root = Path(tempfile.mkdtemp(prefix="tandem-adapters-"))
             weakref.finalize(self, shutil.rmtree, self._adapter_root, True)
         served = list(self._adapter_root.iterdir())
         folder = self._adapter_root / f"sync-{time.time_ns()}"
-        save_adapter(folder, self.cfg.actor.lora, state, self.cfg.actor.model_path)
+        size = self.actor_engine.save_adapter(folder)  # collective: every rank gathers the adapters
         self.engine.load_adapter(folder)
         for old in served:
             shutil.rmtree(old, ignore_errors=True)
         self.metrics["timing_s/weight_sync"] = time.perf_counter() - start
-        self.metrics["weight_sync/bytes"] = sum(t.numel() * t.element_size() for t in state.values())
+        self.metrics["weight_sync/bytes"] = size
         self.stale = False
 
 

@@ -22,7 +22,6 @@ from tandem.config.schema import OptimConfig, TandemConfig
 from tandem.controller import Dispatch, Worker, WorkerContext, dispatch
 from tandem.engine.base import Head, TrainEngine
 from tandem.engine.flops import peak_flops
-from tandem.engine.fsdp.lora import WithoutAdapter
 from tandem.roles.actor import Actor
 from tandem.roles.common import balanced_parts, mini_batch_parts
 from tandem.roles.critic import Critic
@@ -72,7 +71,7 @@ class RoleWorker(Worker):
         if "ref" in roles:
             if self.actor is not None and cfg.actor.lora.rank > 0:
                 # the actor with its adapters off is the reference policy: no second copy of the base weights
-                self.reference = Reference(WithoutAdapter(self.actor.engine), cfg)
+                self.reference = Reference(self.actor.engine.without_adapter(), cfg)
             else:
                 engine = self._engine(
                     cfg.actor.model_path, "lm", None, None, param_offload=cfg.reference.megatron_param_offload

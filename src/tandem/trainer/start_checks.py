@@ -11,13 +11,13 @@ from __future__ import annotations
 import logging
 import unicodedata
 from collections.abc import Iterable, Sequence
-from pathlib import Path
 from typing import Any
 
 from tandem.config.errors import ConfigError
 from tandem.config.modes import rollout_tensor_parallel_problems
 from tandem.config.schema import TandemConfig
 from tandem.data.rows import DataError, tokenize
+from tandem.engine import check_buildable
 from tandem.engine.hf_io import (
     TOKENIZER_FILES,
     error_summary,
@@ -155,14 +155,8 @@ def check_available(cfg: TandemConfig, purpose: str = "rl") -> None:
             "actor.lora.rollout_sync=adapter needs vLLM's LoRA support, and vllm is not installed (the rollout "
             "engine resolves to hf); use actor.lora.rollout_sync=merged"
         )
-    if cfg.actor.strategy == "megatron":
-        from tandem.engine.megatron import megatron_available
-
-        if not megatron_available():
-            problems.append("actor.strategy=megatron needs megatron-core: pip install -e '.[megatron]'")
-        problems += megatron_model_problems(cfg)
-    if cfg.actor.strategy == "fsdp" and cfg.actor.fsdp.sequence_parallel > 1:
-        problems += sequence_parallel_problems(cfg)
+    settings = cfg.actor.megatron if cfg.actor.strategy == "megatron" else cfg.actor.fsdp
+    problems += check_buildable(cfg.actor.strategy, settings, engine_model_folders(cfg))
     model_type = folder_model_type(cfg.actor.model_path)
     if model_type in VISION_LANGUAGE_TYPES:
         problems += vision_language_problems(cfg, model_type, purpose)
@@ -217,61 +211,15 @@ def vision_language_problems(cfg: TandemConfig, model_type: str, purpose: str = 
     return problems
 
 
-def megatron_model_problems(cfg: TandemConfig) -> list[str]:
-    """What megatron cannot build from the configured model folders (architecture, sizes the parallel
-    layout does not divide), read from their config.json alone, before any worker starts."""
-    from tandem.engine.megatron.convert import check_supported
-
-    mp = cfg.actor.megatron
-
-    def check(config: Any) -> None:
-        check_supported(
-            config,
-            mp.tensor_parallel,
-            mp.pipeline_parallel,
-            mp.expert_parallel,
-            mp.sequence_parallel,
-            mp.context_parallel,
-        )
-        chunks = mp.pipeline_parallel * mp.virtual_pipeline
-        if config.num_hidden_layers % chunks:
-            raise ValueError(
-                f"num_hidden_layers={config.num_hidden_layers} is not a multiple of actor.megatron.pipeline_parallel "
-                f"x virtual_pipeline = {chunks} (each model chunk holds the same number of layers)"
-            )
-
-    return model_config_problems(cfg, check)
-
-
-def sequence_parallel_problems(cfg: TandemConfig) -> list[str]:
-    """Models whose attention heads actor.fsdp.sequence_parallel does not split (engine/fsdp/ulysses.py)."""
-    from tandem.engine.fsdp.ulysses import check_heads
-
-    return model_config_problems(cfg, lambda config: check_heads(config, cfg.actor.fsdp.sequence_parallel))
-
-
-def model_config_problems(cfg: TandemConfig, check: Any) -> list[str]:
-    """`check(config)`'s ValueErrors for the model folders the actor's engine strategy builds (the actor's, and the
-    critic's and the reward model's when the run has them), naming key and folder; a folder two roles share is
-    checked once."""
-    from tandem.engine import hf_io
-
+def engine_model_folders(cfg: TandemConfig) -> dict[str, str]:
+    """The model folders the actor's engine strategy builds, by key: the actor's, and the critic's and the reward
+    model's when the run has them (what `engine.check_buildable` reads)."""
     folders = {"actor.model_path": cfg.actor.model_path}
     if cfg.derived.critic_needed:
         folders["critic.model_path"] = cfg.critic.model_path
     if cfg.derived.reward_model_needed:
         folders["reward.reward_model.model_path"] = cfg.reward.reward_model.model_path
-    problems = []
-    checked = set()
-    for key, folder in folders.items():
-        if not folder or not (Path(folder) / "config.json").is_file() or folder in checked:
-            continue  # a missing folder is reported where it is read
-        checked.add(folder)
-        try:
-            check(hf_io.load_config(folder, "lm"))
-        except ValueError as err:
-            problems.append(f"{key}={folder}: {err}")
-    return problems
+    return folders
 
 
 # --- tokenizers ----------------------------------------------------------------------------------------

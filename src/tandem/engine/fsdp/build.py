@@ -3,15 +3,15 @@ adapters injected, every decoder layer and the root `fully_shard`-ed, the weight
 `fsdp.torch_compile`'s per-layer compile and warm-up; the start-up probes that switch packing and the
 chunked LM head off for a model they would change the numbers of.
 
-`ModelBuild` is a part of `FSDPEngine`, kept apart for length: it reads the engine's `rank`, `world_size`,
-`device`, `config`, `head`, `lora`, `param_dtype`, `packing`, `optimizer`, `lm_head_chunk` and calls its
-`_model_forward`."""
+`ModelBuild` is a part of `FSDPEngine`, kept apart for length: what it reads of the engine is `BuildHost`
+(tests/engine/test_host_contracts.py checks that FSDPEngine provides each entry and that the mixin reads no
+other)."""
 
 from __future__ import annotations
 
 import logging
 import time
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -22,9 +22,9 @@ from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from tandem.batch import Batch
-from tandem.config.schema import FSDPConfig
+from tandem.config.schema import FSDPConfig, LoraConfig
 from tandem.engine import hf_io, kernels
-from tandem.engine.base import DTYPES
+from tandem.engine.base import DTYPES, Head, ModelOutput
 from tandem.engine.fsdp import lora as lora_layers
 
 logger = logging.getLogger(__name__)
@@ -46,8 +46,32 @@ def compile_layers_wanted(setting: bool | str, device: torch.device, sequence_pa
     return device.type == "cuda" and sequence_parallel == 1
 
 
+class BuildHost(Protocol):
+    """What `ModelBuild` reads of the FSDPEngine it is part of."""
+
+    rank: int
+    world_size: int
+    device: torch.device
+    config: Any  # the model's Hugging Face config
+    model_path: str
+    head: Head
+    lora: LoraConfig | None
+    param_dtype: torch.dtype
+    packing: bool
+    varlen: bool  # packed rows go to the attention kernel as one row with their bounds
+    vocab_size: int
+    optimizer: torch.optim.Optimizer | None
+    lm_head_chunk: int | None
+    model: torch.nn.Module
+    _hf_class: type
+
+    def _model_forward(
+        self, micro: Batch, packed: bool | None = None, chunk: int | None = -1, router: bool = False
+    ) -> ModelOutput: ...
+
+
 class ModelBuild:
-    """The model's construction, compile and start-up probes of an FSDPEngine."""
+    """The model's construction, compile and start-up probes of an FSDPEngine (its host: `BuildHost`)."""
 
     def _build_model(
         self, fsdp: FSDPConfig, offload: CPUOffloadPolicy | None, activation_checkpointing: bool, seed: int

@@ -37,6 +37,7 @@ from torch.distributed.tensor import DTensor
 from torch.nn.utils import clip_grads_with_norm_, get_total_norm
 
 from tandem.batch import Batch, Partition
+from tandem.config.schema import FSDPConfig
 from tandem.data.packing import pack_model_inputs
 from tandem.engine import attention as packed_attention
 from tandem.engine import hf_io, kernels, moe
@@ -52,6 +53,7 @@ from tandem.engine.base import (
     strategy_param_dtype,
 )
 from tandem.engine.fsdp.build import ModelBuild, compile_layers_wanted
+from tandem.engine.fsdp.lora import WithoutAdapter
 from tandem.engine.fsdp.state import CheckpointAndOffload
 from tandem.engine.fsdp.ulysses import (
     check_heads,
@@ -305,17 +307,22 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         self.scheduler.step()
         return float(self.optimizer.param_groups[0]["lr"])
 
-    @property
-    def lr(self) -> float:
-        """The learning rate the next optimizer step uses."""
-        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
+    # ------------------------------------------------------------------ pre-flight, LoRA's reference policy
+    @staticmethod
+    def check_buildable(settings: FSDPConfig, folders: dict[str, str]) -> list[str]:
+        """The models of `folders` whose attention heads actor.fsdp.sequence_parallel (`settings`) does not split
+        (engine/fsdp/ulysses.py), read from their config.json alone."""
+        if settings.sequence_parallel <= 1:
+            return []
+        return hf_io.config_problems(folders, lambda config: check_heads(config, settings.sequence_parallel))
 
-    # ------------------------------------------------------------------ collectives
-    def all_reduce_sum(self, value: Tensor) -> Tensor:
-        reduced = value.detach().to(self.device, copy=True)
-        dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=self._dp_group)
-        return reduced.to(value.device)
+    def without_adapter(self) -> TrainEngine:
+        """This engine with its LoRA adapters off, frozen: a LoRA actor's reference policy (engine/fsdp/lora.py)."""
+        if self.lora is None:
+            raise RuntimeError("without_adapter: this engine trains no LoRA adapters (actor.lora.rank=0)")
+        return WithoutAdapter(self)
 
+    # ------------------------------------------------------------------ collectives (all_reduce_sum: base.py)
     def dispatch_info(self) -> tuple[int, int, bool]:
         """The ranks of a sequence-parallel group share one data-parallel index; its first answers."""
         return self.dp_rank, self.dp_size, self.sp is None or self.sp.rank == 0
@@ -324,11 +331,6 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         """Real tokens of this step's micro-batches on all data-parallel ranks (at least 1)."""
         local = torch.tensor(float(sum(real_token_count(m) for m in micros)), dtype=torch.float64)
         return max(float(self.all_reduce_sum(local)), 1.0)
-
-    def _max_over_ranks(self, count: int) -> int:
-        value = torch.tensor(count, dtype=torch.int64, device=self.device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return int(value)
 
     # ------------------------------------------------------------------ micro-batches and model calls
     def _micro_batches(self, batch: Batch, micro_batch_size: int) -> tuple[list[Batch], Partition | None]:

@@ -197,6 +197,12 @@ class WithoutAdapter(TrainEngine):
     def adapter_state(self) -> dict[str, Tensor]:
         raise NotImplementedError(self._frozen("adapter_state"))
 
+    def save_adapter(self, path: str | Path) -> int:
+        raise NotImplementedError(self._frozen("save_adapter"))
+
+    def without_adapter(self) -> TrainEngine:
+        return self
+
     def save(self, path: str | Path) -> None:
         raise NotImplementedError(self._frozen("save"))
 

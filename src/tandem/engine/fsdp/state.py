@@ -1,12 +1,12 @@
 """The FSDP2 engine's checkpoints (torch.distributed.checkpoint) and its offload to host memory.
 
-`CheckpointAndOffload` is a part of `FSDPEngine` (engine.py), kept apart for length: it reads the engine's
-`model`, `optimizer`, `scheduler`, `lora`, `rank`, `device`, `global_step`, `_cpu_offload` and `_offloaded`."""
+`CheckpointAndOffload` is a part of `FSDPEngine` (engine.py), kept apart for length: what it reads and writes
+of the engine is `StateHost` (checked by tests/engine/test_host_contracts.py)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
@@ -20,7 +20,23 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 
+from tandem.config.schema import LoraConfig
 from tandem.engine.base import load_engine_state, save_engine_state
+
+
+class StateHost(Protocol):
+    """What `CheckpointAndOffload` reads (and writes: the step counter, the offload marks) of its FSDPEngine."""
+
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer | None
+    scheduler: Any  # torch's LRScheduler, None for a frozen engine
+    lora: LoraConfig | None
+    rank: int
+    device: torch.device
+    global_step: int
+    _cpu_offload: bool  # fsdp.cpu_offload in effect: the state lives in host memory already
+    _is_offloaded: bool
+    _offloaded: list[tuple[dict, str]]  # optimizer-state entries moved by offload()
 
 
 class CheckpointAndOffload:

@@ -2,31 +2,50 @@
 rank's cut for a tensor-parallel rollout (`state_dict_cuts`, engine/fsdp/reshard.py), the adapters alone
 (`adapter_state`) and a Hugging Face folder (`export_hf`).
 
-`WeightsOut` is a part of `FSDPEngine` (engine.py), kept apart for length: it reads the engine's `model`,
-`rank`, `device`, `lora`, `head`, `config`, `model_path`, `_state_keys`, `_vision`, `_hf_class` and
-`_export_config`."""
+`WeightsOut` is a part of `FSDPEngine` (engine.py), kept apart for length: what it reads of the engine is
+`WeightsHost` (checked by tests/engine/test_host_contracts.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from itertools import chain
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 from torch.distributed.tensor import DTensor, Shard
 
+from tandem.config.schema import LoraConfig
 from tandem.engine import hf_io
+from tandem.engine.base import Head
 from tandem.engine.fsdp import lora as lora_layers
 from tandem.engine.fsdp import reshard
+from tandem.engine.fsdp.vision import VisionTower
 from tandem.models.tp_cuts import Cut
 
 ADAPTER_FOLDER = "lora_adapter"  # an export's PEFT adapter folder, inside the merged model's folder
 
 
+class WeightsHost(Protocol):
+    """What `WeightsOut` reads of the FSDPEngine it is part of."""
+
+    model: torch.nn.Module
+    rank: int
+    device: torch.device
+    lora: LoraConfig | None
+    head: Head
+    config: Any  # the model's Hugging Face config
+    model_path: str
+    _state_keys: set[str]  # the HF state_dict's names
+    _vision: VisionTower | None
+    _hf_class: type
+    _export_config: dict[str, Any]  # the config as the user wrote it
+
+
 class WeightsOut:
-    """state_dict_iter / state_dict_cuts / adapter_state / vision_adapters / export_hf of an FSDPEngine."""
+    """state_dict_iter / state_dict_cuts / adapter_state / save_adapter / vision_adapters / export_hf of an FSDPEngine."""
 
     @torch.no_grad()
     def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
@@ -88,6 +107,13 @@ class WeightsOut:
         if self.lora is None:
             raise RuntimeError("adapter_state: this engine trains no LoRA adapters (actor.lora.rank=0)")
         return lora_layers.adapter_state(self.model.named_parameters(), self._full)
+
+    def save_adapter(self, path: str | Path) -> int:
+        """actor.lora's adapters as a PEFT adapter folder in `path`, written by every rank (collective: each rank
+        gathers them all; give each its own folder). Returns the adapters' size in bytes."""
+        adapters = self.adapter_state()
+        lora_layers.save_adapter(path, self.lora, adapters, self.model_path)
+        return sum(t.numel() * t.element_size() for t in adapters.values())
 
     def vision_adapters(self) -> list[str]:
         """The LoRA layers inside a vision-language model's vision tower (none for a text model)."""

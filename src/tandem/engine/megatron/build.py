@@ -2,13 +2,13 @@
 this rank's GPTModel chunks (one per virtual pipeline stage) filled with their cuts of the folder's weights
 (convert.py), and megatron's DDP and optimizer around them when trainable.
 
-`ModelBuild` is a part of `MegatronEngine`, kept apart for length: it reads the engine's `config`, `head`,
-`model_path`, parallel sizes and ranks (`tp_*`, `pp_*`, `vp_size`, `ep_*`, `cp_size`), `sequence_parallel`,
-`param_dtype`, `device`, `shapes`, `chunks` and `_row_rotaries`; it keeps the TransformerConfig as `_layer_split`."""
+`ModelBuild` is a part of `MegatronEngine`, kept apart for length: what it reads of the engine is `BuildHost`
+(tests/engine/test_host_contracts.py checks that MegatronEngine provides each entry and that the mixin reads no
+other); it keeps the TransformerConfig as `_layer_split` and sets `models` (DDP-wrapped) and `optimizer`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import Tensor, nn
@@ -16,8 +16,31 @@ from torch import Tensor, nn
 from tandem.config.checks.megatron import CUDA_ONLY, resolved_overrides
 from tandem.config.schema import MegatronConfig, OptimConfig
 from tandem.engine import hf_io
+from tandem.engine.base import Head
 from tandem.engine.megatron import convert
 from tandem.engine.megatron.layers import ValueHead, layer_spec
+
+
+class BuildHost(Protocol):
+    """What `ModelBuild` reads of the MegatronEngine it is part of."""
+
+    config: Any  # the model's Hugging Face config
+    head: Head
+    model_path: str
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+    vp_size: int
+    ep_rank: int
+    ep_size: int
+    cp_size: int
+    sequence_parallel: bool
+    param_dtype: torch.dtype
+    device: torch.device
+    shapes: convert.Shapes
+    chunks: list[nn.Module]  # this rank's model chunks, one per virtual stage
+    _row_rotaries: list[nn.Module]  # context parallel: each chunk's RowRotary
 
 
 class ModelBuild:

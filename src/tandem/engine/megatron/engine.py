@@ -45,6 +45,7 @@ from torch import Tensor, nn
 from torch.nn.utils import clip_grads_with_norm_
 
 from tandem.batch import Batch, Partition
+from tandem.config.schema import MegatronConfig
 from tandem.engine import hf_io, moe
 from tandem.engine.base import (
     EngineSpec,
@@ -61,7 +62,7 @@ from tandem.engine.megatron import convert
 from tandem.engine.megatron.build import ModelBuild
 from tandem.engine.megatron.experts import RouterBalance
 from tandem.engine.megatron.offload import FORWARD, PARTS, TRAIN, StateOffload
-from tandem.engine.megatron.parallel import init_parallel_state
+from tandem.engine.megatron.parallel import init_parallel_state, megatron_available
 from tandem.engine.megatron.schedule import PipelineSchedule
 from tandem.engine.megatron.state import Checkpoints
 from tandem.engine.megatron.vocab_parallel import VocabParallel
@@ -217,6 +218,34 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
         if optim is not None:
             self._set_lr()
 
+    @staticmethod
+    def check_buildable(settings: MegatronConfig, folders: dict[str, str]) -> list[str]:
+        """megatron-core installed, and what megatron cannot build from the models of `folders` under the parallel
+        layout of `settings` (actor.megatron): architecture, sizes the layout does not divide, read from their
+        config.json alone. (LoRA is refused by the config's checks: config/checks/values.py.)"""
+        problems = []
+        if not megatron_available():
+            problems.append("actor.strategy=megatron needs megatron-core: pip install -e '.[megatron]'")
+
+        def check(config: Any) -> None:
+            convert.check_supported(
+                config,
+                settings.tensor_parallel,
+                settings.pipeline_parallel,
+                settings.expert_parallel,
+                settings.sequence_parallel,
+                settings.context_parallel,
+            )
+            chunks = settings.pipeline_parallel * settings.virtual_pipeline
+            if config.num_hidden_layers % chunks:
+                raise ValueError(
+                    f"num_hidden_layers={config.num_hidden_layers} is not a multiple of actor.megatron."
+                    f"pipeline_parallel x virtual_pipeline = {chunks} (each model chunk holds the same number of "
+                    "layers)"
+                )
+
+        return problems + hf_io.config_problems(folders, check)
+
     def dispatch_info(self) -> tuple[int, int, bool]:
         return self.dp_rank, self.dp_size, self.tp_rank == 0 and self.cp_rank == 0 and self.last_stage
 
@@ -320,11 +349,6 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
             batch, micro_batch_size, max_tokens=self.max_tokens_per_micro_batch, packing=self.packing
         )
 
-    def _max_over_ranks(self, count: int) -> int:
-        value = torch.tensor(count, dtype=torch.int64, device=self.device)
-        dist.all_reduce(value, op=dist.ReduceOp.MAX)
-        return int(value)
-
     def _from_last_stage(self, value: Any) -> Any:
         """`value` as the last pipeline stage has it, on every stage (pickled: small per-row outputs)."""
         if self.pp_size == 1:
@@ -336,16 +360,11 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
     def _pad_id(self) -> int:
         return self.config.pad_token_id if self.config.pad_token_id is not None else 0
 
-    # ------------------------------------------------------------------ schedule, collectives
+    # ------------------------------------------------------------------ schedule (lr, all_reduce_sum: engine/base.py)
     def _set_lr(self) -> None:
         lr = self._peak_lr * self._lr(self._schedule_step)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
-
-    @property
-    def lr(self) -> float:
-        """The learning rate the next optimizer step uses."""
-        return float(self.optimizer.param_groups[0]["lr"]) if self.optimizer is not None else 0.0
 
     def scheduler_step(self) -> float:
         if self.optimizer is None:
@@ -353,11 +372,6 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
         self._schedule_step += 1
         self._set_lr()
         return self.lr
-
-    def all_reduce_sum(self, value: Tensor) -> Tensor:
-        reduced = value.detach().to(self.device, copy=True)
-        dist.all_reduce(reduced, op=dist.ReduceOp.SUM, group=self._dp_group)
-        return reduced.to(value.device)
 
     # ------------------------------------------------------------------ memory (offload.py)
     def on_device(self, train: bool = False) -> contextlib.AbstractContextManager[None]:

@@ -2,14 +2,14 @@
 each micro-batch's GPTModel inputs (packed rows or padded ones, megatron's attention mask, the sequence- and
 context-parallel shares of the columns).
 
-`PipelineSchedule` is a part of `MegatronEngine`, kept apart for length: it reads the engine's `models`,
-`device`, `packing`, parallel sizes and ranks, `sequence_parallel`, `vocab_parallel`, `_balance`,
-`_row_rotaries`, `_cp_group`, `_scope` and calls its `_pad_id` and `_max_over_ranks`."""
+`PipelineSchedule` is a part of `MegatronEngine`, kept apart for length: what it reads of the engine is
+`ScheduleHost` (checked by tests/engine/test_host_contracts.py)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -19,8 +19,35 @@ from tandem.batch import Batch
 from tandem.data.packing import pack_model_inputs
 from tandem.engine import moe
 from tandem.engine.base import ModelOutput, pad_micro_batch
-from tandem.engine.megatron.experts import router_rows
+from tandem.engine.megatron.experts import RouterBalance, router_rows
+from tandem.engine.megatron.vocab_parallel import VocabParallel
 from tandem.engine.micro import real_token_count
+
+
+class ScheduleHost(Protocol):
+    """What `PipelineSchedule` reads of the MegatronEngine it is part of."""
+
+    models: list[nn.Module]  # what the schedule runs: the chunks, DDP-wrapped when trainable
+    device: torch.device
+    packing: bool
+    tp_rank: int
+    tp_size: int
+    pp_size: int
+    vp_size: int
+    cp_rank: int
+    cp_size: int
+    ep_size: int
+    dp_size: int
+    sequence_parallel: bool
+    vocab_parallel: VocabParallel | None
+    _balance: RouterBalance | None  # a mixture-of-experts model in training: its load-balancing term
+    _row_rotaries: list[nn.Module]
+    _cp_group: Any
+    _scope: Callable[[], AbstractContextManager[Any]]
+
+    def _pad_id(self) -> int: ...
+
+    def _max_over_ranks(self, count: int) -> int: ...
 
 
 class PipelineSchedule:

@@ -1,18 +1,39 @@
 """The megatron engine's checkpoints (megatron's distributed checkpointing).
 
-`Checkpoints` is a part of `MegatronEngine` (engine.py), kept apart for length: it reads the engine's model
-chunks (`chunks`), `optimizer`, `vp_size`, step counters and `_scope` (the CPU adapter's mode), and holds the
-state on the device while it reads or writes it (`on_device`, `_offload`: offload.py)."""
+`Checkpoints` is a part of `MegatronEngine` (engine.py), kept apart for length: what it reads and writes of the
+engine is `CheckpointHost` (checked by tests/engine/test_host_contracts.py); it holds the state on the device
+while it reads or writes it (`on_device`, `_offload`: offload.py)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
+from torch import nn
 
 from tandem.engine.base import load_engine_state, save_engine_state
-from tandem.engine.megatron.offload import FORWARD, TRAIN
+from tandem.engine.megatron.offload import FORWARD, TRAIN, StateOffload
+
+
+class CheckpointHost(Protocol):
+    """What `Checkpoints` reads (and writes: the step counters) of the MegatronEngine it is part of."""
+
+    chunks: list[nn.Module]
+    optimizer: Any  # megatron's optimizer, None for a frozen engine
+    vp_size: int
+    global_step: int
+    _schedule_step: int
+    _scope: Callable[[], AbstractContextManager[Any]]  # the CPU adapter's mode (a no-op on CUDA)
+    _offload: StateOffload
+
+    def on_device(self, train: bool = False) -> AbstractContextManager[None]: ...
+
+    def _check_onloaded(self, what: str) -> None: ...
+
+    def _set_lr(self) -> None: ...
 
 
 class Checkpoints:

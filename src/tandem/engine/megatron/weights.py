@@ -2,23 +2,52 @@
 a tensor-parallel rollout engine (`state_dict_cuts`) and a Hugging Face folder (`export_hf`); each megatron
 parameter's TP shards gathered on its stage (convert.py), then sent from that stage to the others.
 
-`WeightsOut` is a part of `MegatronEngine` (engine.py), kept apart for length: it reads the engine's `chunks`,
-`config`, `shapes`, `_hf_shapes`, `_hf_class`, `_export_config`, `model_path`, parallel sizes, ranks and
-groups, `param_dtype`, `device` and calls its `_slots` and `on_device` (offload.py)."""
+`WeightsOut` is a part of `MegatronEngine` (engine.py), kept apart for length: what it reads of the engine is
+`WeightsHost` (checked by tests/engine/test_host_contracts.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from pathlib import Path
+from typing import Any, Protocol
 
 import torch
 import torch.distributed as dist
-from torch import Tensor
+from torch import Tensor, nn
 
 from tandem.engine import hf_io
 from tandem.engine.megatron import convert
 from tandem.engine.megatron.experts import stack_experts
 from tandem.models.tp_cuts import Cut
+
+
+class WeightsHost(Protocol):
+    """What `WeightsOut` reads of the MegatronEngine it is part of."""
+
+    chunks: list[nn.Module]
+    config: Any  # the model's Hugging Face config
+    shapes: convert.Shapes
+    model_path: str
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+    vp_size: int
+    ep_size: int
+    param_dtype: torch.dtype
+    device: torch.device
+    _tp_group: Any  # process groups
+    _pp_group: Any
+    _ep_group: Any
+    _pp_ranks: list[int]  # the pipeline group's global ranks, stage order
+    _hf_shapes: dict[str, tuple]
+    _hf_class: type
+    _export_config: dict[str, Any]
+
+    def _slots(self, stage: int, chunk: int = 0) -> list[convert.Slot]: ...
+
+    def on_device(self, train: bool = False) -> AbstractContextManager[None]: ...
 
 
 class WeightsOut:

@@ -1,0 +1,90 @@
+"""Each engine mixin's host contract (a `typing.Protocol` in the mixin's module) is what the mixin reads of its
+engine, and the engine provides all of it: read from the source with `ast` and from the classes (nothing is
+built, megatron-core is not imported)."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import textwrap
+
+import pytest
+
+from tandem.engine.fsdp import build as fsdp_build
+from tandem.engine.fsdp import state as fsdp_state
+from tandem.engine.fsdp import weights as fsdp_weights
+from tandem.engine.fsdp.engine import FSDPEngine
+from tandem.engine.megatron import build as megatron_build
+from tandem.engine.megatron import schedule as megatron_schedule
+from tandem.engine.megatron import state as megatron_state
+from tandem.engine.megatron import weights as megatron_weights
+from tandem.engine.megatron.engine import MegatronEngine
+
+CONTRACTS = [
+    (FSDPEngine, fsdp_build.ModelBuild, fsdp_build.BuildHost),
+    (FSDPEngine, fsdp_weights.WeightsOut, fsdp_weights.WeightsHost),
+    (FSDPEngine, fsdp_state.CheckpointAndOffload, fsdp_state.StateHost),
+    (MegatronEngine, megatron_build.ModelBuild, megatron_build.BuildHost),
+    (MegatronEngine, megatron_weights.WeightsOut, megatron_weights.WeightsHost),
+    (MegatronEngine, megatron_state.Checkpoints, megatron_state.CheckpointHost),
+    (MegatronEngine, megatron_schedule.PipelineSchedule, megatron_schedule.ScheduleHost),
+]
+IDS = [f"{engine.__name__}-{mixin.__name__}" for engine, mixin, _ in CONTRACTS]
+
+
+def _self_attributes(cls: type) -> tuple[set[str], set[str]]:
+    """(names the class's methods read through `self`, names they assign through `self`)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+    reads, writes = set(), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            (writes if isinstance(node.ctx, ast.Store) else reads).add(node.attr)
+    return reads, writes
+
+
+def _members(protocol: type) -> set[str]:
+    """A Protocol's attributes (annotations) and methods."""
+    methods = {
+        name for name, value in vars(protocol).items() if callable(value) and not name.startswith("__")
+    }
+    return set(vars(protocol).get("__annotations__", {})) | methods
+
+
+def _provided(engine: type) -> set[str]:
+    """What an engine instance has: the attributes and methods of its classes, the names they annotate, and
+    every `self.x = ...` in their methods."""
+    names = set(dir(engine))
+    for cls in engine.__mro__[:-1]:  # not `object`
+        names |= set(vars(cls).get("__annotations__", {}))
+        if cls.__module__ != "abc":
+            names |= _self_attributes(cls)[1]
+    return names
+
+
+@pytest.mark.parametrize(("engine", "mixin", "host"), CONTRACTS, ids=IDS)
+def test_the_protocol_lists_what_the_mixin_reads(engine, mixin, host):
+    reads, writes = _self_attributes(mixin)
+    own = set(vars(mixin))  # the mixin's own methods
+    wanted = reads - own - writes  # what the mixin takes from its host: state it does not set itself
+    members = _members(host)
+    assert wanted - members == set(), f"{mixin.__name__} reads these, missing from {host.__name__}"
+    assert members - (reads | writes) == set(), f"{host.__name__} lists these, {mixin.__name__} reads none"
+
+
+@pytest.mark.parametrize(("engine", "mixin", "host"), CONTRACTS, ids=IDS)
+def test_the_engine_provides_its_mixins_hosts(engine, mixin, host):
+    assert issubclass(engine, mixin)
+    assert _members(host) - _provided(engine) == set(), f"{engine.__name__} lacks these of {host.__name__}"
+
+
+def test_the_check_sees_a_missing_attribute():
+    class Host:
+        def __init__(self) -> None:
+            self.rank = 0
+
+    class Mixin:
+        def where(self) -> int:
+            return self.rank + self.world_size
+
+    assert _self_attributes(Mixin)[0] - set(vars(Mixin)) == {"rank", "world_size"}
+    assert {"rank", "world_size"} - _provided(Host) == {"world_size"}
