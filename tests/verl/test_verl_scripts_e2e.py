@@ -7,6 +7,7 @@ changes in `cpu_changes` below: the model and data paths, and the sizes 2 CPU co
 from __future__ import annotations
 
 import json
+import math
 import sys
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from tandem.cli import main
 from tandem.data.synthetic import write_rows
 from tandem.models.tiny import save_tiny
 
+from .e2e_scripts import DAPO_QWEN3_30B_MATH, GRPO_QWEN25_VL_7B_GEO3K, REMAX_QWEN25_3B
 from .megatron_scripts import MEGATRON_SCRIPTS
 from .scripts import SCRIPTS
 from .test_translation import write_multiturn_config
@@ -219,3 +221,150 @@ def test_verls_expert_parallel_megatron_script_trains_a_moe_model(ray_local, tmp
     assert all(0 < m["actor/grad_norm"] < float("inf") for m in steps.values())
     assert "reward/overlong_mean" in steps[1]
     assert abs(steps[2]["rollout_mismatch/max_ratio"] - 1) < 1e-3, steps[2]
+
+
+# --- DAPO, vision (geo3k) and ReMax: tests/verl/e2e_scripts.py ------------------------------------------------------
+
+DAPO_INSTRUCTION = (
+    "Solve the following math problem step by step. The last line of your response should be of the form "
+    "Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n{}\n\nRemember to put your "
+    'answer on its own line after "Answer:".'
+)
+
+
+def dapo_math_rows(n: int) -> list[dict]:
+    """Rows as DAPO-Math-17k holds them (data_source math_dapo), with short made-up problems."""
+    return [
+        {
+            "data_source": "math_dapo",
+            "prompt": [{"role": "user", "content": DAPO_INSTRUCTION.format(f"What is {i} + {i + 2}?")}],
+            "ability": "MATH",
+            "reward_model": {"ground_truth": str(2 * i + 2), "style": "rule-lighteval/MATH_v2"},
+            "extra_info": {"index": str(i)},
+        }
+        for i in range(n)
+    ]
+
+
+def geo3k_rows(split: str, n: int) -> list[dict]:
+    """Rows as verl's examples/data_preprocess/geo3k.py writes them: one 56 x 56 image each (4 image tokens on the
+    tiny Qwen2-VL), an '<image>' in the problem; the same number of characters in every problem."""
+    from data.data_helpers import png  # tests/ is on sys.path
+
+    rows = []
+    for i in range(n):
+        problem = f"<image>Find x if angle A is {10 + i} degrees."
+        rows.append(
+            {
+                "data_source": "hiyouga/geometry3k",
+                "prompt": [{"role": "user", "content": f"{problem} Put the final answer in \\boxed{{}}."}],
+                "images": [{"bytes": png(56, 56, (30 * i % 255, 90, 200), diagonal=True), "path": None}],
+                "ability": "math",
+                "reward_model": {"style": "rule", "ground_truth": str(80 - i)},
+                "extra_info": {"split": split, "index": i, "answer": str(80 - i), "question": problem},
+            }
+        )
+    return rows
+
+
+def with_sizes(script: list[str], sizes: dict[str, str]) -> list[str]:
+    return [f"{o.partition('=')[0]}={sizes.get(o.partition('=')[0], o.partition('=')[2])}" for o in script]
+
+
+def step_metrics(out: Path, key: str) -> dict[int, dict]:
+    metrics = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    steps = {m["step"]: m for m in metrics if key in m and m["step"] > 0}
+    assert sorted(steps) == [1, 2], sorted(steps)
+    for m in steps.values():
+        bad = {k: v for k, v in m.items() if isinstance(v, float) and not math.isfinite(v)}
+        assert not bad, bad
+    return steps
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_verls_dapo_script_penalises_overlong_responses_with_the_geometric_mean_loss(
+    assets, ray_local, tmp_path
+):
+    """gmpo_trainer/test_dapo_qwen3_30b_math.sh for 2 steps on DAPO-Math rows: verl's dapo reward manager's
+    overlong buffer (reward.overlong) with buffer 8 of 16 response tokens, so a response of L > 8 tokens gets
+    (8 - L) / 8; with every response longer than 8 tokens the step's mean penalty is (8 - mean length) / 8."""
+    model, _, _ = assets
+    train = write_rows(dapo_math_rows(8), tmp_path / "dapo-math-17k.parquet")
+    val = write_rows(dapo_math_rows(4), tmp_path / "aime-2024.parquet")
+    out = tmp_path / "run"
+    sizes = {  # one CPU rank: no Ulysses split; the buffer within 16 response tokens; one node
+        "actor_rollout_ref.actor.ulysses_sequence_parallel_size": "1",
+        "actor_rollout_ref.ref.ulysses_sequence_parallel_size": "1",
+        "+reward_model.reward_kwargs.overlong_buffer_cfg.len": "8",
+        "+reward_model.reward_kwargs.max_resp_len": "16",
+        "trainer.nnodes": "1",
+    }
+    script = with_sizes(cpu_changes(DAPO_QWEN3_30B_MATH, model, train, val, out), sizes)
+    assert main(["train", *script]) == 0
+    config = (out / "config.yaml").read_text()
+    assert "policy_loss: geo_mean" in config and "buffer_len: 8" in config
+    steps = step_metrics(out, "reward/overlong_mean")
+    for m in steps.values():
+        assert -1.0 <= m["reward/overlong_mean"] <= 0.0
+        if m["response_length/min"] > 8:
+            expected = (8 - m["response_length/mean"]) / 8
+            assert m["reward/overlong_mean"] == pytest.approx(expected, abs=1e-6), m
+        if (
+            m["score/max"] == m["score/min"]
+        ):  # every sample scored alike: GRPO's advantages and gradient are 0
+            assert m["actor/grad_norm"] == 0 and m["advantages/max"] == m["advantages/min"] == 0, m
+    validation = [json.loads(line) for line in (out / "metrics.jsonl").open()]
+    assert [m["step"] for m in validation if "val/score_mean" in m] == [0, 2]  # val_before_train, and the end
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_verls_qwen25_vl_geo3k_script_trains_on_the_images(ray_local, tmp_path):
+    """grpo_trainer/run_qwen2_5_vl-7b.sh for 2 steps on geo3k rows (a tiny Qwen2-VL for Qwen2.5-VL-7B): each
+    prompt reaches the rollout and the actor with its image's 4 tokens (the actor's log-probs are vLLM's), and
+    geo3k's scorer (0.9 x correct + 0.1 x format) scores the samples."""
+    from tandem.models.tiny_vlm import IMAGE_PAD, save_tiny_vlm
+
+    model = save_tiny_vlm(tmp_path / "model")
+    train = write_rows(geo3k_rows("train", 8), tmp_path / "geo3k" / "train.parquet")
+    val = write_rows(geo3k_rows("test", 4), tmp_path / "geo3k" / "test.parquet")
+    out = tmp_path / "run"
+    script = cpu_changes(GRPO_QWEN25_VL_7B_GEO3K, model, train, val, out)
+    # The one change that is not a path or a size: vLLM (0.10 on) names the engine argument verl's script passes,
+    # disable_mm_preprocessor_cache=True, mm_processor_cache_gb=0; vLLM 0.32's EngineArgs refuses the old name.
+    old = "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache=True"
+    script[script.index(old)] = "+actor_rollout_ref.rollout.engine_kwargs.vllm.mm_processor_cache_gb=0"
+    assert main(["train", *script]) == 0
+    steps = step_metrics(out, "actor/kl_loss")
+    # The prompt as the chat template renders it: one image pad, which the processor widens to 4 tokens.
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    text = geo3k_rows("train", 1)[0]["prompt"]
+    rendered = tokenizer.apply_chat_template(text, add_generation_prompt=True, tokenize=True)
+    ids = list(rendered if isinstance(rendered, list) else rendered["input_ids"])
+    assert ids.count(tokenizer.convert_tokens_to_ids(IMAGE_PAD)) == 1
+    for m in steps.values():
+        assert m["prompt_length/min"] == m["prompt_length/max"] == len(ids) + 3, m
+        assert 0.0 <= m["score/mean"] <= 1.0
+        # the actor's log-probs, computed with the images, equal those vLLM generated with them
+        assert abs(m["rollout_mismatch/max_ratio"] - 1) < 1e-3, m
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_verls_remax_script_subtracts_the_greedy_baseline(assets, ray_local, tmp_path):
+    """remax_trainer/run_qwen2.5-3b_seq_balance.sh for 2 steps: a greedy sample per prompt is scored as the
+    baseline (reward_baselines), and each token's advantage is its return minus its sample's baseline. With every
+    response the full 16 tokens, the token means give returns/mean - advantages/mean = reward_baselines/mean."""
+    model, train, val = assets
+    out = tmp_path / "run"
+    assert main(["train", *cpu_changes(REMAX_QWEN25_3B, model, train, val, out)]) == 0
+    steps = step_metrics(out, "reward_baselines/mean")
+    for m in steps.values():
+        assert 0.0 <= m["reward_baselines/mean"] <= 1.0  # verl's strict GSM8K scorer on the greedy sample
+        assert "actor/reward_kl_penalty" in m  # algorithm.use_kl_in_reward=True, kl_penalty=kl
+        if m["response_length/min"] == 16:
+            baseline = m["returns/mean"] - m["advantages/mean"]
+            assert baseline == pytest.approx(m["reward_baselines/mean"], abs=1e-5), m

@@ -4,6 +4,7 @@ Names (each computed here and nowhere else):
   score/*            sequence score from the reward (rule scorers + reward model), before any KL
   rewards/*          sequence sum of the token-level rewards the advantages were computed from
   advantages/*, returns/*, values/*   over valid response tokens
+  reward_baselines/* ReMax: per sample, the score of its prompt's greedy response (the baseline)
   response_length/*  tokens per response; clip_ratio = share that hit data.max_response_length
   prompt_length/*    tokens per prompt
   actor/entropy      token-mean entropy of the policy on the sampled responses
@@ -58,6 +59,8 @@ def batch_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
     for key in ("advantages", "returns", "values"):
         if key in batch:
             metrics.update(_stats(key, batch[key][mask]))
+    if "reward_baselines" in batch:  # ReMax: each sample's baseline, its prompt's greedy response's score
+        metrics.update(_stats("reward_baselines", batch["reward_baselines"]))
     if "values" in batch and "returns" in batch:
         returns, values = batch["returns"][mask].double(), batch["values"][mask].double()
         # Explained variance: 1 - Var(R - V) / Var(R); 1 = the critic predicts the returns perfectly.
