@@ -120,10 +120,10 @@ def translate_overrides(overrides: Iterable[str], *, sft: bool = False) -> VerlT
         try:
             if key in GLOBAL_MICRO_BATCH_KEYS and not sft:  # read as its `_per_gpu` key, as verl reads it
                 key, value_text = _per_gpu(key, value_text, sizes)
-            if (
-                key == _ACTOR_TOKENS and not sft
-            ):  # verl's budget is per GPU of a Ulysses group; Tandem's per row set
-                value_text = str(int(parse_scalar(value_text.strip())) * _ulysses(sizes))
+            # verl's token budget is per GPU of a Ulysses group; Tandem's counts the whole rows
+            budget = parse_scalar(value_text.strip()) if key == _ACTOR_TOKENS and not sft else None
+            if isinstance(budget, int):
+                value_text = str(budget * _ulysses(sizes))
         except (UnsupportedValue, TypeError, ValueError) as err:
             out.problems.append((key, f"{key}={value_text.strip()}: {err}"))
             continue
