@@ -46,7 +46,8 @@ CLUSTER = {
     "ARNOLD_WORKER_GPU": "8",
 }
 # read by bash before the script (BASH_ENV): a missing command, `source` of a cluster's setup file, conda,
-# and sleep do nothing, srun runs its command, and `set -e` / `set -u` are dropped, so a script written for a GPU cluster
+# and sleep do nothing, srun runs its command, and `date` prints DATE (names stamped with the
+# time stay the same from one extraction to the next), and `set -e` / `set -u` are dropped, so a script written for a GPU cluster
 # runs on to its launcher line
 PRELUDE = """
 command_not_found_handle() { return 0; }
@@ -59,6 +60,7 @@ srun() {  # runs its command here: srun's own options dropped
     "$@"
 }
 sleep() { return 0; }
+date() { echo DATE; }
 set() { builtin set "$@"; builtin set +eu; }
 """
 HYDRA_FLAGS = {
