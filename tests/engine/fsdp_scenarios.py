@@ -23,6 +23,8 @@ from tandem.batch import Batch
 from tandem.config.schema import FSDPConfig, OptimConfig
 from tandem.engine import EngineSpec, FSDPEngine
 
+from .ranks import start_ranks
+
 PROMPT_LEN, RESPONSE_LEN = 5, 6
 # Rows per rank: uneven shards, and micro-batches that do not divide them.
 PROBE_SHARDS = {1: [5], 2: [3, 2]}  # forward check, micro-batches of 2
@@ -249,7 +251,7 @@ def spawn(rank_fn, world: int, model_path: str | Path, out_dir: str | Path, trie
             file.unlink(missing_ok=True)
         args = (world, file_store(out_dir), str(model_path), str(out_dir))
         try:
-            mp.start_processes(rank_fn, args=args, nprocs=world, join=True, start_method="spawn")
+            start_ranks(rank_fn, args, world)
         except mp.ProcessExitedException as error:  # killed by a signal: no Python exception inside the rank
             done = all(file.is_file() for file in files)
             print(f"spawn: {error} (attempt {attempt + 1}; every rank's results saved: {done})", flush=True)
@@ -320,11 +322,5 @@ def gpu_worker(rank: int, world: int, init_method: str, model_path: str, out_dir
 
 def run_gpu(model_path: str | Path, out_dir: str | Path) -> dict:
     out_dir = Path(out_dir)
-    mp.start_processes(
-        gpu_worker,
-        args=(1, file_store(out_dir), str(model_path), str(out_dir)),
-        nprocs=1,
-        join=True,
-        start_method="spawn",
-    )
+    start_ranks(gpu_worker, (1, file_store(out_dir), str(model_path), str(out_dir)), 1)
     return torch.load(out_dir / "gpu-rank0.pt", weights_only=False)

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from transformers import AutoModelForCausalLM, LlamaConfig, PretrainedConfig, Qwen3Config, Qwen3MoeConfig
 
 from tandem.config.schema import MegatronConfig
@@ -31,6 +30,7 @@ from tandem.roles.actor import Actor
 from tandem.roles.common import MODEL_INPUTS
 
 from . import megatron_scenarios as sc
+from .ranks import start_ranks
 
 LLAMA3_ROPE = {
     "rope_type": "llama3",
@@ -147,5 +147,5 @@ def run(runs: list, out_dir: Path, world: int = 2) -> list[dict]:
     """Spawn `world` ranks doing `runs` (see `worker`) in order; each rank's results by run name."""
     out_dir.mkdir(parents=True, exist_ok=True)
     init_method = f"file://{out_dir / f'store-{uuid.uuid4().hex}'}"
-    mp.spawn(worker, args=(world, init_method, runs, str(out_dir)), nprocs=world, join=True)
+    start_ranks(worker, (world, init_method, runs, str(out_dir)), world)
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from roles.roles_helpers import rollout_rows  # tests/ is on sys.path (pytest's rootdir)
 from tandem.batch import Batch
@@ -33,6 +32,8 @@ from tandem.roles.critic import Critic
 from tandem.roles.reference import Reference
 from tandem.roles.reward_model import RewardModel
 from tandem.roles.sft import SFT
+
+from .ranks import start_ranks
 
 PROMPT, RESPONSE = 5, 7
 # (prompt tokens, response tokens) per sample; an empty response included.
@@ -328,9 +329,7 @@ def run(
     (or FSDP); each rank's results."""
     out_dir.mkdir(parents=True, exist_ok=True)
     init_method = f"file://{out_dir / f'store-{uuid.uuid4().hex}'}"
-    mp.spawn(
-        worker, args=(world, init_method, strategy, layout, paths, str(out_dir)), nprocs=world, join=True
-    )
+    start_ranks(worker, (world, init_method, strategy, layout, paths, str(out_dir)), world)
     return [torch.load(out_dir / f"rank{r}.pt", weights_only=False) for r in range(world)]
 
 
@@ -383,5 +382,5 @@ def gpu_worker(rank: int, init_method: str, model_path: str, out_dir: str) -> No
 def run_gpu(model_path: str, out_dir: Path) -> dict:
     out_dir.mkdir(parents=True, exist_ok=True)
     init_method = f"file://{out_dir / f'store-{uuid.uuid4().hex}'}"
-    mp.spawn(gpu_worker, args=(init_method, model_path, str(out_dir)), nprocs=1, join=True)
+    start_ranks(gpu_worker, (init_method, model_path, str(out_dir)), 1)
     return torch.load(out_dir / "gpu-rank0.pt", weights_only=False)

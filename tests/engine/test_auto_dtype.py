@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from tandem.engine import auto_dtype
 from tandem.engine.base import resolve_param_dtype
 from tandem.models.tiny import save_tiny
 
 from .fsdp_scenarios import file_store, logits_fn, make_engine, rollout_batch
+from .ranks import start_ranks
 
 
 @pytest.fixture
@@ -100,7 +100,7 @@ def agree_worker(rank: int, init_method: str, model_path: str, out_dir: str) -> 
 def test_ranks_agree_on_the_probes_choice(tmp_path):
     model = save_tiny(tmp_path / "model")
     args = (file_store(tmp_path), str(model), str(tmp_path))
-    mp.start_processes(agree_worker, args=args, nprocs=2, join=True, start_method="spawn")
+    start_ranks(agree_worker, args, 2)
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
     for rank in ranks:
         assert rank[("bfloat16", "float32")][0] == torch.float32

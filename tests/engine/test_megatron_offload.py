@@ -21,9 +21,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from tandem.engine.megatron import offload
+
+from .ranks import start_ranks
 
 pytest.importorskip("megatron.core")
 
@@ -222,7 +223,7 @@ def test_an_engine_that_offloads_between_calls_equals_one_that_does_not(tmp_path
 
     path = str(save_tiny(tmp_path / "policy"))
     init_method = f"file://{tmp_path / f'store-{uuid.uuid4().hex}'}"
-    mp.spawn(megatron_worker, args=(init_method, path, str(tmp_path)), nprocs=1, join=True)
+    start_ranks(megatron_worker, (init_method, path, str(tmp_path)), 1)
     r = torch.load(tmp_path / "offload.pt", weights_only=False)
 
     assert r["switched"] == ALL and r["parked_at_start"] == ALL
@@ -337,7 +338,7 @@ def test_cuda_offload_between_calls_frees_the_gpu_and_changes_no_number(tmp_path
 
     path = str(save_tiny(tmp_path / "policy"))
     init_method = f"file://{tmp_path / f'store-{uuid.uuid4().hex}'}"
-    mp.spawn(cuda_worker, args=(init_method, path, str(tmp_path)), nprocs=1, join=True)
+    start_ranks(cuda_worker, (init_method, path, str(tmp_path)), 1)
     r = torch.load(tmp_path / "cuda.pt", weights_only=False)
     print({k: v for k, v in r.items() if k not in ("steps", "updates")})  # the numbers, for the log
     assert r["parked"] == ALL

@@ -7,11 +7,11 @@ import uuid
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from tandem.algos.core import entropy_from_logits, log_probs_from_logits, sum_pi_squared_from_logits
 
 from . import vocab_parallel_worker as w
+from .ranks import start_ranks
 
 pytest.importorskip("megatron.core")
 
@@ -20,7 +20,7 @@ pytest.importorskip("megatron.core")
 def ranks(tmp_path_factory):
     out = tmp_path_factory.mktemp("vocab_parallel")
     init_method = f"file://{out / f'store-{uuid.uuid4().hex}'}"
-    mp.spawn(w.worker, args=(2, init_method, str(out)), nprocs=2, join=True)
+    start_ranks(w.worker, (2, init_method, str(out)), 2)
     return [torch.load(out / f"rank{r}.pt") for r in range(2)]
 
 
