@@ -43,11 +43,15 @@ def _self_attributes(cls: type) -> tuple[set[str], set[str]]:
 
 
 def _members(protocol: type) -> set[str]:
-    """A Protocol's attributes (annotations) and methods."""
-    methods = {
-        name for name, value in vars(protocol).items() if callable(value) and not name.startswith("__")
-    }
-    return set(vars(protocol).get("__annotations__", {})) | methods
+    """A Protocol's attributes (annotations) and methods, those of the Protocols it extends included."""
+    names: set[str] = set()
+    for cls in protocol.__mro__:
+        if cls.__module__.startswith("tandem."):
+            names |= set(vars(cls).get("__annotations__", {}))
+            names |= {
+                name for name, value in vars(cls).items() if callable(value) and not name.startswith("__")
+            }
+    return names
 
 
 def _provided(engine: type) -> set[str]:

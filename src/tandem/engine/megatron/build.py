@@ -19,21 +19,16 @@ from tandem.engine import hf_io
 from tandem.engine.base import Head
 from tandem.engine.megatron import convert
 from tandem.engine.megatron.layers import ValueHead, layer_spec
+from tandem.engine.megatron.parallel import ParallelLayout
 
 
-class BuildHost(Protocol):
-    """What `ModelBuild` reads of the MegatronEngine it is part of."""
+class BuildHost(ParallelLayout, Protocol):
+    """What `ModelBuild` reads of the MegatronEngine it is part of (the layout's ranks and sizes, and:)."""
 
     config: Any  # the model's Hugging Face config
     head: Head
     model_path: str
-    tp_rank: int
-    tp_size: int
-    pp_rank: int
-    pp_size: int
-    vp_size: int
     ep_rank: int
-    ep_size: int
     cp_size: int
     sequence_parallel: bool
     param_dtype: torch.dtype

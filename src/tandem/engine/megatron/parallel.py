@@ -3,9 +3,20 @@ the default process group: built once per process, shared by every megatron engi
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Protocol
 
 import torch.distributed as dist
+
+
+class ParallelLayout(Protocol):
+    """This rank's place in the layout, as an engine's parts read it (the start of their host contracts)."""
+
+    tp_rank: int
+    tp_size: int
+    pp_rank: int
+    pp_size: int
+    vp_size: int  # virtual pipeline stages (model chunks) per pipeline rank
+    ep_size: int
 
 
 def megatron_available() -> bool:

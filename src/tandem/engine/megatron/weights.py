@@ -19,22 +19,17 @@ from torch import Tensor, nn
 from tandem.engine import hf_io
 from tandem.engine.megatron import convert
 from tandem.engine.megatron.experts import stack_experts
+from tandem.engine.megatron.parallel import ParallelLayout
 from tandem.models.tp_cuts import Cut
 
 
-class WeightsHost(Protocol):
-    """What `WeightsOut` reads of the MegatronEngine it is part of."""
+class WeightsHost(ParallelLayout, Protocol):
+    """What `WeightsOut` reads of the MegatronEngine it is part of (the layout's ranks and sizes, and:)."""
 
     chunks: list[nn.Module]
     config: Any  # the model's Hugging Face config
     shapes: convert.Shapes
     model_path: str
-    tp_rank: int
-    tp_size: int
-    pp_rank: int
-    pp_size: int
-    vp_size: int
-    ep_size: int
     param_dtype: torch.dtype
     device: torch.device
     _tp_group: Any  # process groups
