@@ -34,9 +34,11 @@ def test_several_unknown_sources_and_a_mix_each_named_with_file_and_rows(tmp_pat
         check_data_sources(_cfg(train, val))
     assert info.value.problems == [
         f"data.train_files: {train}: 2 of 6 rows have data_source 'hiyouga/geometry3kk', which no reward scorer "
-        "covers (did you mean 'hiyouga/geometry3k'?)",
-        f"data.train_files: {train}: 1 of 6 rows have data_source 'my_task', which no reward scorer covers",
-        f"data.val_files: {val}: 2 of 3 rows have data_source 'my_task', which no reward scorer covers",
+        "covers (did you mean 'hiyouga/geometry3k'?) (first: train.parquet row 3)",
+        f"data.train_files: {train}: 1 of 6 rows have data_source 'my_task', which no reward scorer covers "
+        "(first: train.parquet row 5)",
+        f"data.val_files: {val}: 2 of 3 rows have data_source 'my_task', which no reward scorer covers "
+        "(first: val.parquet row 1)",
         info.value.problems[-1],
     ]
     fix = info.value.problems[-1]
@@ -60,7 +62,7 @@ def test_a_style_that_names_no_scorer_is_named_with_the_source(tmp_path):
     (problem, _fix) = data_source_report(_cfg(train)).problems
     assert problem == (
         f"data.train_files: {train}: 1 of 2 rows have data_source 'my_task' and extra_info.style 'poetry', which "
-        "no reward scorer covers"
+        "no reward scorer covers (first: t.parquet row 0)"
     )
 
 
@@ -78,12 +80,13 @@ def test_missing_column_null_values_and_jsonl_rows(tmp_path):
     report = data_source_report(load_config(None, [f"data.train_files=[{no_column},{nulls},{lines}]"]))
     assert report.problems[:4] == [
         f"data.train_files: {no_column}: 2 of 2 rows have no data_source field; every row needs one: the task's "
-        "name, which picks its reward scorer",
+        "name, which picks its reward scorer (first: n.parquet row 0)",
         f"data.train_files: {nulls}: 1 of 2 rows have data_source None; every row needs one: the task's name, "
-        "which picks its reward scorer",
+        "which picks its reward scorer (first: nulls.parquet row 1)",
         f"data.train_files: {lines}: 1 of 3 rows have no data_source field; every row needs one: the task's "
-        "name, which picks its reward scorer",
-        f"data.train_files: {lines}: 1 of 3 rows have data_source 'my_task', which no reward scorer covers",
+        "name, which picks its reward scorer (first: rows.jsonl row 1)",
+        f"data.train_files: {lines}: 1 of 3 rows have data_source 'my_task', which no reward scorer covers "
+        "(first: rows.jsonl row 2)",
     ]
     assert len(report.problems) == 5 and report.unchecked == []
 

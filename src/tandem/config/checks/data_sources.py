@@ -26,6 +26,7 @@ STYLE = ("extra_info", "style")
 
 # (data_source, extra_info.style) -> rows; a data_source that is not a string is kept as it is
 SourceCounts = Counter[tuple[Any, Any]]
+FirstRows = dict[tuple[Any, Any], int]  # the same keys -> the index of the first row with them
 MISSING = "(no data_source field)"  # the key of rows without the field (a name no task has: it holds spaces)
 
 
@@ -48,28 +49,29 @@ def data_source_report(cfg: TandemConfig) -> DataSourceReport:
     for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
         for path in files:
             try:
-                counts, total = read_sources(path)
+                counts, first, total = read_sources(path)
             except _Unreadable as why:
                 report.unchecked.append(f"{key}: {path}: {why}")
                 continue
             for (source, style), rows in sorted(counts.items(), key=lambda item: (str(item[0]), -item[1])):
+                where = f" (first: {Path(path).name} row {first[(source, style)]})"
                 if source == MISSING:
                     report.problems.append(
-                        f"{key}: {path}: {rows} of {total} rows have no data_source field; every row needs one: "
-                        "the task's name, which picks its reward scorer"
+                        f"{key}: {path}: {rows} of {total} rows have no data_source field; every "
+                        f"row needs one: the task's name, which picks its reward scorer{where}"
                     )
                 elif not isinstance(source, str) or not source.strip():
                     report.problems.append(
-                        f"{key}: {path}: {rows} of {total} rows have data_source {source!r}; every row needs one: "
-                        "the task's name, which picks its reward scorer"
+                        f"{key}: {path}: {rows} of {total} rows have data_source {source!r}; every "
+                        f"row needs one: the task's name, which picks its reward scorer{where}"
                     )
                 elif scorer_name_for(source, style if isinstance(style, str) else None) is None:
                     close = closest(source, known_data_sources())
                     hint = f" (did you mean '{close}'?)" if close else ""
                     styled = f" and extra_info.style {style!r}" if style is not None else ""
                     report.problems.append(
-                        f"{key}: {path}: {rows} of {total} rows have data_source '{source}'{styled}, which no reward "
-                        f"scorer covers{hint}"
+                        f"{key}: {path}: {rows} of {total} rows have data_source '{source}'{styled}, "
+                        f"which no reward scorer covers{hint}{where}"
                     )
     if any("no reward scorer covers" in p for p in report.problems):
         report.problems.append(_fix(known_data_sources()))
@@ -97,9 +99,10 @@ class _Unreadable(Exception):
     """A data file the check cannot read; the message says why."""
 
 
-def read_sources(path: str) -> tuple[SourceCounts, int]:
-    """(rows per (data_source, extra_info.style), rows) of one parquet or jsonl file; style is None unless the
-    data_source has no scorer of its own (it is only read then). Raises _Unreadable."""
+def read_sources(path: str) -> tuple[SourceCounts, FirstRows, int]:
+    """(rows per (data_source, extra_info.style), the first row index of each, rows) of one parquet or jsonl
+    file; style is None unless the data_source has no scorer of its own (it is only read then). Raises
+    _Unreadable."""
     if "://" in path:
         raise _Unreadable("a remote file, not read here")
     file = Path(path).expanduser()
@@ -113,7 +116,7 @@ def read_sources(path: str) -> tuple[SourceCounts, int]:
     raise _Unreadable(f"not a .parquet or .jsonl file (suffix {suffix or 'none'!r})")
 
 
-def _parquet_sources(file: Path) -> tuple[SourceCounts, int]:
+def _parquet_sources(file: Path) -> tuple[SourceCounts, FirstRows, int]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -121,14 +124,14 @@ def _parquet_sources(file: Path) -> tuple[SourceCounts, int]:
         schema = pq.read_schema(file)
         if SOURCE not in schema.names:
             rows = pq.ParquetFile(file).metadata.num_rows
-            return Counter({(MISSING, None): rows}), rows
+            return Counter({(MISSING, None): rows}), {(MISSING, None): 0}, rows
         sources = pq.read_table(file, columns=[SOURCE]).column(SOURCE).to_pylist()
         styles: list[Any] = [None] * len(sources)
         if _has_style(schema) and any(_without_scorer(set(sources)).values()):
             styles = pq.read_table(file, columns=[".".join(STYLE)]).column(0).to_pylist()
     except (pa.ArrowException, OSError) as error:
         raise _Unreadable(f"not a readable parquet file ({error})") from None
-    return _count(sources, styles), len(sources)
+    return *_count(sources, styles), len(sources)
 
 
 def _has_style(schema: Any) -> bool:
@@ -140,7 +143,7 @@ def _has_style(schema: Any) -> bool:
     return pa.types.is_struct(kind) and kind.get_field_index(STYLE[1]) >= 0
 
 
-def _jsonl_sources(file: Path) -> tuple[SourceCounts, int]:
+def _jsonl_sources(file: Path) -> tuple[SourceCounts, FirstRows, int]:
     sources, styles = [], []
     try:
         with file.open(encoding="utf-8-sig") as lines:
@@ -155,7 +158,7 @@ def _jsonl_sources(file: Path) -> tuple[SourceCounts, int]:
                 styles.append(extra.get(STYLE[1]) if isinstance(extra, dict) else None)
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as error:
         raise _Unreadable(f"not readable as jsonl ({error})") from None
-    return _count(sources, styles), len(sources)
+    return *_count(sources, styles), len(sources)
 
 
 def _without_scorer(sources: set[Any]) -> dict[Any, bool]:
@@ -165,12 +168,16 @@ def _without_scorer(sources: set[Any]) -> dict[Any, bool]:
     return {s: isinstance(s, str) and s != MISSING and scorer_name_for(s) is None for s in sources}
 
 
-def _count(sources: list[Any], styles: list[Any]) -> SourceCounts:
-    """Rows per (data_source, style), the style kept only where the data_source has no scorer of its own."""
+def _count(sources: list[Any], styles: list[Any]) -> tuple[SourceCounts, FirstRows]:
+    """Rows per (data_source, style), the style kept only where the data_source has no scorer of its own, and
+    the index of the first row of each (counted among the file's rows, blank jsonl lines left out)."""
     needs = _without_scorer({s for s in sources if isinstance(s, str)})
     counts: SourceCounts = Counter()
-    for source, style in zip(sources, styles, strict=True):
+    first: FirstRows = {}
+    for index, (source, style) in enumerate(zip(sources, styles, strict=True)):
         if isinstance(source, list | dict):  # jsonl: not a name, and unhashable
             source = (json.dumps(source),)
-        counts[(source, style if needs.get(source) else None)] += 1
-    return counts
+        key = (source, style if needs.get(source) else None)
+        counts[key] += 1
+        first.setdefault(key, index)
+    return counts, first
