@@ -55,9 +55,17 @@ def test_a_simulated_user_needs_it_too_and_a_template_ending_at_a_stop_id_passes
     RLTrainer(run_config(assets, tmp_path, "grpo", *AGENT))
 
 
-def test_tandem_train_exits_2_before_ray_starts(assets, tmp_path, capsys):
+def test_tandem_train_exits_2_before_ray_starts(assets, tmp_path, capsys, monkeypatch):
     import ray
 
+    started = []
+
+    def refuse(*args, **kwargs):  # a Ray an earlier test left running must not hide a start from this one
+        started.append(kwargs)
+        raise RuntimeError("Ray started before the config error")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", refuse)
     done = main(
         [
             "train",
@@ -76,4 +84,4 @@ def test_tandem_train_exits_2_before_ray_starts(assets, tmp_path, capsys):
     err = capsys.readouterr().err
     assert done == 2, err
     assert "tandem train: config error" in err and "does not end an assistant turn with a stop token" in err
-    assert not ray.is_initialized()
+    assert started == []
