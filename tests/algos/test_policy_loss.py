@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from tandem.algos import POLICY_LOSSES, gspo, policy_loss, reinforce, value_loss, vanilla
+from tandem.config import ConfigError, load_config
 
 
 def ppo_batch():
@@ -294,6 +295,23 @@ def test_cispo_hand_computed_every_token_keeps_its_gradient():
     assert metrics["pg_clipfrac"].item() == pytest.approx(2 / 3)  # t0 and t2
     loss.backward()
     torch.testing.assert_close(logp.grad, torch.tensor([[-1.2 / 3, 0.9 / 3, -1.6 / 3]], dtype=torch.float64))
+
+
+def test_cispo_with_clip_ratio_low_of_one_or_more_has_no_lower_clip():
+    # verl's CISPO example sets clip_ratio_low=10: the weight clip(r, -9, 1.2) leaves every r < 1.2 as it is
+    ratios = [1.5, 0.9, 0.05]
+    logp = torch.tensor([[math.log(r) for r in ratios]], dtype=torch.float64, requires_grad=True)
+    old = torch.zeros(1, 3, dtype=torch.float64)
+    adv = torch.tensor([[1.0, -1.0, 2.0]], dtype=torch.float64)
+    mask = torch.ones(1, 3, dtype=torch.float64)
+    loss, metrics = POLICY_LOSSES.get("cispo")(old, logp, adv, mask, clip_ratio_low=10.0, clip_ratio_high=0.2)
+    expected = (-1.2 * math.log(1.5) + 0.9 * math.log(0.9) - 0.1 * math.log(0.05)) / 3
+    assert loss.item() == pytest.approx(expected, rel=1e-12)
+    assert metrics["pg_clipfrac"].item() == pytest.approx(1 / 3)  # t0 only
+    cfg = load_config("grpo", ["actor.policy_loss=cispo", "actor.clip_ratio_low=10"])
+    assert cfg.actor.clip_ratio_low == 10
+    with pytest.raises(ConfigError, match=r"actor.clip_ratio_low=10.0 must be in \[0, 1\)"):
+        load_config("grpo", ["actor.clip_ratio_low=10"])  # PPO's clip(r, 1 - low, ...) needs low < 1
 
 
 def test_geo_mean_hand_computed():

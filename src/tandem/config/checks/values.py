@@ -180,7 +180,14 @@ def check_model_values(cfg: TandemConfig, problems: Problems) -> None:
                 "actor.lora.rank",
                 f"actor.lora.rank={a.lora.rank} with rollout_sync=adapter: vLLM serves ranks up to 512",
             )
-    within(problems, "actor.clip_ratio_low", a.clip_ratio_low, 0, 1, "[)")
+    if (
+        a.policy_loss == "cispo"
+    ):  # clips a detached weight, not the loss: low >= 1 leaves no lower clip (verl's 10)
+        at_least(
+            problems, "actor.clip_ratio_low", a.clip_ratio_low, 0, " (cispo: 1 or more means no lower clip)"
+        )
+    else:
+        within(problems, "actor.clip_ratio_low", a.clip_ratio_low, 0, 1, "[)")
     at_least(problems, "actor.clip_ratio_high", a.clip_ratio_high, 0)
     if a.clip_ratio_c <= 1:
         problems.add(
