@@ -7,6 +7,7 @@ from tandem.rewards import (
     default_scorer_for,
     gsm8k_score,
     load_function,
+    math_dapo_score,
     math_score,
     register_scorer,
 )
@@ -27,8 +28,9 @@ def clean_registry():
 def test_builtin_data_sources():
     assert default_scorer_for("openai/gsm8k") is gsm8k_score
     assert default_scorer_for("gsm8k") is gsm8k_score
-    for source in ("math", "lighteval/MATH", "math_dapo"):
+    for source in ("math", "lighteval/MATH"):
         assert default_scorer_for(source) is math_score
+    assert default_scorer_for("math_dapo") is math_dapo_score  # verl's "Answer:" rule, not \boxed{}
     assert default_scorer_for("my_olympiad", style="math") is math_score
 
 

@@ -19,6 +19,7 @@ from tandem.rewards.scorers import (
     countdown_score,
     evaluate_arithmetic,
     gsm8k_score,
+    math_dapo_score,
     math_score,
 )
 from tandem.rewards.terms import (
@@ -51,6 +52,7 @@ __all__ = [
     "evaluate_arithmetic",
     "gsm8k_score",
     "load_function",
+    "math_dapo_score",
     "math_score",
     "register_scorer",
     "reward_components",

@@ -23,6 +23,8 @@ SCORERS: dict[str, ScorerFn] = {}
 GROUND_TRUTH_CHECKS: dict[str, GroundTruthCheck] = {}
 # extra data_source aliases -> scorer name (e.g. "openai/gsm8k" -> "gsm8k").
 DATA_SOURCES: dict[str, str] = {}
+# data_source prefix -> scorer name: any data_source starting with it (e.g. "aime" for "aime24", "aime-2025").
+DATA_SOURCE_PREFIXES: dict[str, str] = {}
 
 
 class UnknownDataSourceError(KeyError):
@@ -37,9 +39,13 @@ def _qualname(fn: Callable[..., Any]) -> str:
 
 
 def register_scorer(
-    name: str, *data_sources: str, check_ground_truth: GroundTruthCheck | None = None
+    name: str,
+    *data_sources: str,
+    check_ground_truth: GroundTruthCheck | None = None,
+    prefixes: tuple[str, ...] = (),
 ) -> Callable[[ScorerFn], ScorerFn]:
-    """Register `fn` as scorer `name`, used for data_source `name` and each of `data_sources`.
+    """Register `fn` as scorer `name`, used for data_source `name` and each of `data_sources`, and for
+    any data_source that starts with one of `prefixes` (an exact name or alias wins over a prefix).
 
     `check_ground_truth(data_source, ground_truth) -> str | None` declares what the scorer's ground
     truth must look like: every dataset row scored by it is checked when the data is loaded, and a
@@ -59,12 +65,18 @@ def register_scorer(
             owner = DATA_SOURCES.get(source) or (source if source in SCORERS else None)
             if owner is not None and owner != name:
                 raise ValueError(f"data_source '{source}' is already scored by scorer '{owner}'")
+        for prefix in prefixes:
+            owner = DATA_SOURCE_PREFIXES.get(prefix)
+            if owner is not None and owner != name:
+                raise ValueError(f"data_source prefix '{prefix}' is already taken by scorer '{owner}'")
         SCORERS[name] = fn
         GROUND_TRUTH_CHECKS.pop(name, None)
         if check_ground_truth is not None:
             GROUND_TRUTH_CHECKS[name] = check_ground_truth
         for source in data_sources:
             DATA_SOURCES[source] = name
+        for prefix in prefixes:
+            DATA_SOURCE_PREFIXES[prefix] = name
         return fn
 
     return wrap
@@ -76,14 +88,18 @@ def scorer_name_for(data_source: str, style: str | None = None) -> str | None:
         return data_source
     if data_source in DATA_SOURCES:
         return DATA_SOURCES[data_source]
+    if isinstance(data_source, str):
+        for prefix, name in DATA_SOURCE_PREFIXES.items():
+            if data_source.startswith(prefix):
+                return name
     if style is not None and style in SCORERS:
         return style
     return None
 
 
 def known_data_sources() -> list[str]:
-    """Every data_source a registered scorer takes (scorer names and their aliases), sorted."""
-    return sorted(set(SCORERS) | set(DATA_SOURCES))
+    """Every data_source a registered scorer takes (scorer names, aliases, and "prefix*"), sorted."""
+    return sorted(set(SCORERS) | set(DATA_SOURCES) | {f"{prefix}*" for prefix in DATA_SOURCE_PREFIXES})
 
 
 def unknown_data_source_message(data_source: str) -> str:

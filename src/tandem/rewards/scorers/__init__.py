@@ -9,6 +9,7 @@ from tandem.rewards.scorers.arithmetic import (
 from tandem.rewards.scorers.geo3k import geo3k_score
 from tandem.rewards.scorers.gsm8k import gsm8k_score
 from tandem.rewards.scorers.math_answer import math_score
+from tandem.rewards.scorers.math_dapo import math_dapo_score
 
 __all__ = [
     "addition_score",
@@ -16,6 +17,7 @@ __all__ = [
     "evaluate_arithmetic",
     "geo3k_score",
     "gsm8k_score",
+    "math_dapo_score",
     "math_score",
     "tool_multiply_score",
 ]

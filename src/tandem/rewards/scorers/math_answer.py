@@ -77,7 +77,6 @@ def check_math_truth(data_source: str, ground_truth: Any) -> str | None:
 @register_scorer(
     "math",
     "lighteval/MATH",
-    "math_dapo",
     "DigitalLearningGmbH/MATH-lighteval",
     check_ground_truth=check_math_truth,
 )
