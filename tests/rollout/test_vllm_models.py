@@ -12,6 +12,7 @@ from tandem.models.tiny_families import family_config
 from tandem.rollout.vllm_models import (
     CPU_ATTENTION_HEAD_SIZES,
     CPU_MLA_LATENT_SIZE,
+    current_engine_kwargs,
     default_engine_kwargs,
     engine_kwargs_problems,
     model_problems,
@@ -115,6 +116,27 @@ def test_engine_kwargs_reach_the_config_from_tandems_and_verls_keys_and_tandems_
     assert len(problems) == 2
     assert "rollout.engine_kwargs.seed" in problems[0] and "trainer.seed" in problems[0]
     assert "rollout.tensor_parallel" in problems[1]
+
+
+def test_engine_kwargs_older_vllm_names_are_read_as_todays_and_unknown_names_are_named():
+    """verl's vision scripts pass vLLM's older disable_mm_preprocessor_cache, which vLLM 0.32 refuses: it is read
+    as today's mm_processor_cache_gb=0 (False: vLLM's default, left out); a name vLLM's engine lacks is a
+    start-up problem naming it, with the close name, before the worker's vLLM would fail on it."""
+    assert current_engine_kwargs({"disable_mm_preprocessor_cache": True, "max_num_seqs": 8}) == {
+        "mm_processor_cache_gb": 0,
+        "max_num_seqs": 8,
+    }
+    assert current_engine_kwargs({"disable_mm_preprocessor_cache": False}) == {}
+    assert current_engine_kwargs({"disable_mm_preprocessor_cache": True, "mm_processor_cache_gb": 4}) == {
+        "mm_processor_cache_gb": 4
+    }
+    pytest.importorskip("vllm")
+    assert engine_kwargs_problems({"disable_mm_preprocessor_cache": True, "max_num_seqs": 8}) == []
+    (problem,) = engine_kwargs_problems({"max_num_seq": 8})
+    assert problem.startswith(
+        "rollout.engine_kwargs.max_num_seq: not an argument of the installed vLLM's engine"
+    )
+    assert "did you mean max_num_seqs?" in problem
 
 
 def test_the_start_up_checks_name_what_vllm_would_refuse(tmp_path):

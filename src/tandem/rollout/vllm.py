@@ -58,6 +58,7 @@ from tandem.rollout.base import (
     sample_keys,
 )
 from tandem.rollout.vllm_models import (
+    current_engine_kwargs,
     default_engine_kwargs,
     engine_kwargs_problems,
     model_problems,
@@ -165,7 +166,7 @@ class VLLMRollout(RolloutEngine):
         engine_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.device = torch.device(device)
-        engine_kwargs = dict(engine_kwargs or {})
+        engine_kwargs = current_engine_kwargs(engine_kwargs or {})
         config = text_config(model_path)
         problems = engine_kwargs_problems(engine_kwargs) + model_problems(config, self.device.type)
         if problems:

@@ -7,6 +7,9 @@ numbers are vLLM 0.32's (tests/rollout/test_vllm_models.py compares them with th
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
+import importlib.util
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -47,13 +50,54 @@ TANDEM_ENGINE_ARGS = {
 }
 
 
+# vLLM engine arguments older vLLM releases took (and verl's example scripts still pass) -> today's name and value
+RENAMED_ENGINE_ARGS = {
+    # later vLLM releases replaced the flag by a cache size: disabled is a size of 0
+    "disable_mm_preprocessor_cache": ("mm_processor_cache_gb", lambda disabled: 0 if disabled else None),
+}
+
+
+def current_engine_kwargs(engine_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """rollout.engine_kwargs with the older vLLM names of RENAMED_ENGINE_ARGS given as today's (a value that
+    asks for vLLM's default is left out)."""
+    current = {}
+    for name, value in engine_kwargs.items():
+        if name in RENAMED_ENGINE_ARGS:
+            new_name, convert = RENAMED_ENGINE_ARGS[name]
+            if new_name not in engine_kwargs and (converted := convert(value)) is not None:
+                current[new_name] = converted  # where both are given, today's name wins
+        else:
+            current[name] = value
+    return current
+
+
 def engine_kwargs_problems(engine_kwargs: Mapping[str, Any]) -> list[str]:
-    """rollout.engine_kwargs that Tandem sets itself, one line each naming the key to set instead."""
-    return [
+    """rollout.engine_kwargs that Tandem sets itself, and (where vLLM is installed) names vLLM's engine does not
+    take, one line each naming the key and what to do."""
+    engine_kwargs = current_engine_kwargs(engine_kwargs)
+    problems = [
         f"rollout.engine_kwargs.{name}: Tandem sets this vLLM argument itself from {TANDEM_ENGINE_ARGS[name]}; "
         "remove it from rollout.engine_kwargs"
         for name in sorted(set(engine_kwargs) & set(TANDEM_ENGINE_ARGS))
     ]
+    known = vllm_engine_arg_names() if engine_kwargs else None
+    for name in sorted(set(engine_kwargs) - set(TANDEM_ENGINE_ARGS) - (known or set(engine_kwargs))):
+        close = difflib.get_close_matches(name, sorted(known or ()), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        problems.append(
+            f"rollout.engine_kwargs.{name}: not an argument of the installed vLLM's engine (vllm.EngineArgs){hint}; "
+            "fix or remove it"
+        )
+    return problems
+
+
+def vllm_engine_arg_names() -> set[str] | None:
+    """The argument names of the installed vLLM's engine (EngineArgs' fields), or None without vLLM."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    from vllm.engine.arg_utils import EngineArgs
+
+    return {f.name for f in dataclasses.fields(EngineArgs)}
 
 
 def text_config(model_path: str | Path) -> dict[str, Any] | None:
