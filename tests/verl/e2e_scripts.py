@@ -1,170 +1,23 @@
-"""The override lists of three more of verl's example scripts (verl b178a3cd, examples/), written out as
-configuration facts, their shell variables expanded: DAPO's recipe as the GMPO example runs it
-(gmpo_trainer/test_dapo_qwen3_30b_math.sh: the overlong penalty of verl's dapo reward manager, the
-geometric-mean policy loss), GRPO on geo3k with Qwen2.5-VL (grpo_trainer/run_qwen2_5_vl-7b.sh, images in
-the rows) and ReMax (remax_trainer/run_qwen2.5-3b_seq_balance.sh, a greedy baseline per prompt). `$HOME/...`
-paths stand for the user's files. test_verl_scripts_e2e.py runs each for 2 steps, changing only paths and
-the sizes 2 CPU cores cannot hold.
+"""The override lists of three more of verl's example scripts, read from tests/verl/data/examples.json (the
+command lines of all of verl's examples/ at b178a3cd, written by scripts/extract_verl_examples.py, their shell
+variables expanded): DAPO's recipe as the GMPO example runs it (the overlong penalty of verl's dapo reward
+manager, the geometric-mean policy loss), GRPO on geo3k with Qwen2.5-VL (images in the rows) and ReMax (a
+greedy baseline per prompt). `$HOME/...` paths stand for the user's files. test_verl_scripts_e2e.py runs each
+for 2 steps, changing only paths and the sizes 2 CPU cores cannot hold.
 """
 
-# examples/gmpo_trainer/test_dapo_qwen3_30b_math.sh
-DAPO_QWEN3_30B_MATH = [
-    "data.train_files=$HOME/verl/data/dapo-math-17k.parquet",
-    "data.val_files=$HOME/verl/data/aime-2024.parquet",
-    "data.prompt_key=prompt",
-    "data.truncation=left",
-    "data.max_prompt_length=2048",
-    "data.max_response_length=8192",
-    "data.train_batch_size=512",
-    "actor_rollout_ref.rollout.n=16",
-    "algorithm.adv_estimator=grpo",
-    "algorithm.use_kl_in_reward=False",
-    "algorithm.kl_ctrl.kl_coef=0.0",
-    "actor_rollout_ref.actor.use_kl_loss=False",
-    "actor_rollout_ref.actor.kl_loss_coef=0.0",
-    "actor_rollout_ref.actor.policy_loss.loss_mode=geo_mean",
-    "actor_rollout_ref.actor.clip_ratio_low=0.4",
-    "actor_rollout_ref.actor.clip_ratio_high=0.4",
-    "actor_rollout_ref.model.use_remove_padding=True",
-    "actor_rollout_ref.actor.use_dynamic_bsz=True",
-    "actor_rollout_ref.ref.log_prob_use_dynamic_bsz=True",
-    "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz=True",
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=20480",
-    "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=30720",
-    "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu=30720",
-    "actor_rollout_ref.model.path=$HOME/verl/models/Qwen3-30B-A3B-Base",
-    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
-    "actor_rollout_ref.actor.optim.lr=1e-6",
-    "actor_rollout_ref.actor.optim.lr_warmup_steps=10",
-    "actor_rollout_ref.actor.optim.weight_decay=0.1",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=32",
-    "actor_rollout_ref.actor.fsdp_config.param_offload=True",
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=True",
-    "actor_rollout_ref.actor.entropy_coeff=0",
-    "actor_rollout_ref.actor.grad_clip=1.0",
-    "actor_rollout_ref.actor.loss_agg_mode=token-mean",
-    "actor_rollout_ref.actor.ulysses_sequence_parallel_size=4",
-    "actor_rollout_ref.rollout.gpu_memory_utilization=0.80",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=4",
-    "actor_rollout_ref.rollout.enable_chunked_prefill=True",
-    "actor_rollout_ref.rollout.max_num_batched_tokens=10240",
-    "actor_rollout_ref.rollout.temperature=1.0",
-    "actor_rollout_ref.rollout.top_p=1.0",
-    "actor_rollout_ref.rollout.top_k=-1",
-    "actor_rollout_ref.rollout.val_kwargs.temperature=1.0",
-    "actor_rollout_ref.rollout.val_kwargs.top_p=0.7",
-    "actor_rollout_ref.rollout.val_kwargs.top_k=-1",
-    "actor_rollout_ref.rollout.val_kwargs.do_sample=True",
-    "actor_rollout_ref.rollout.val_kwargs.n=1",
-    "actor_rollout_ref.rollout.name=vllm",
-    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
-    "actor_rollout_ref.ref.ulysses_sequence_parallel_size=4",
-    "actor_rollout_ref.actor.fsdp_config.fsdp_size=32",
-    "actor_rollout_ref.actor.checkpoint.save_contents=['model', 'optimizer', 'extra']",
-    "reward_model.reward_manager=dapo",
-    "+reward_model.reward_kwargs.overlong_buffer_cfg.enable=True",
-    "+reward_model.reward_kwargs.overlong_buffer_cfg.len=4096",
-    "+reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor=1.0",
-    "+reward_model.reward_kwargs.overlong_buffer_cfg.log=False",
-    "+reward_model.reward_kwargs.max_resp_len=8192",
-    'trainer.logger=["console","wandb"]',
-    "trainer.project_name=DAPO",
-    "trainer.experiment_name=DAPO-Qwen3-30B-A3B-Base-MATH-0527a1",
-    "trainer.n_gpus_per_node=8",
-    "trainer.nnodes=8",
-    "trainer.val_before_train=True",
-    "trainer.test_freq=10",
-    "trainer.save_freq=10",
-    "trainer.total_epochs=10",
-    "trainer.total_training_steps=300",
-    "trainer.default_local_dir=$HOME/verl/ckpts/DAPO/DAPO-Qwen3-30B-A3B-Base-MATH-0527a1",
-    "trainer.resume_mode=auto",
-    "trainer.log_val_generations=10",
-]
+import json
+from pathlib import Path
 
-# examples/grpo_trainer/run_qwen2_5_vl-7b.sh
-GRPO_QWEN25_VL_7B_GEO3K = [
-    "algorithm.adv_estimator=grpo",
-    "data.train_files=$HOME/data/geo3k/train.parquet",
-    "data.val_files=$HOME/data/geo3k/test.parquet",
-    "data.train_batch_size=512",
-    "data.max_prompt_length=1024",
-    "data.max_response_length=2048",
-    "data.filter_overlong_prompts=True",
-    "data.truncation=error",
-    "data.image_key=images",
-    "actor_rollout_ref.model.path=Qwen/Qwen2.5-VL-7B-Instruct",
-    "actor_rollout_ref.actor.optim.lr=1e-6",
-    "actor_rollout_ref.model.use_remove_padding=True",
-    "actor_rollout_ref.model.use_fused_kernels=True",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=128",
-    "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=10",
-    "actor_rollout_ref.actor.use_kl_loss=True",
-    "actor_rollout_ref.actor.kl_loss_coef=0.01",
-    "actor_rollout_ref.actor.kl_loss_type=low_var_kl",
-    "actor_rollout_ref.actor.entropy_coeff=0",
-    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
-    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=20",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-    "actor_rollout_ref.rollout.name=vllm",
-    "+actor_rollout_ref.rollout.engine_kwargs.vllm.disable_mm_preprocessor_cache=True",
-    "actor_rollout_ref.rollout.gpu_memory_utilization=0.6",
-    "actor_rollout_ref.rollout.enable_chunked_prefill=False",
-    "actor_rollout_ref.rollout.enforce_eager=False",
-    "actor_rollout_ref.rollout.free_cache_engine=True",
-    "actor_rollout_ref.rollout.n=5",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=20",
-    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
-    "algorithm.use_kl_in_reward=False",
-    "trainer.critic_warmup=0",
-    'trainer.logger=["console","wandb"]',
-    "trainer.project_name=verl_grpo_example_geo3k",
-    "trainer.experiment_name=qwen2_5_vl_7b_function_rm",
-    "trainer.n_gpus_per_node=8",
-    "trainer.nnodes=1",
-    "trainer.save_freq=20",
-    "trainer.test_freq=5",
-    "trainer.total_epochs=15",
-]
+_EXAMPLES = json.loads((Path(__file__).parent / "data" / "examples.json").read_text())["scripts"]
 
-# examples/remax_trainer/run_qwen2.5-3b_seq_balance.sh
-REMAX_QWEN25_3B = [
-    "algorithm.adv_estimator=remax",
-    "data.train_files=$HOME/data/gsm8k/train.parquet",
-    "data.val_files=$HOME/data/gsm8k/test.parquet",
-    "data.train_batch_size=512",
-    "data.max_prompt_length=512",
-    "data.max_response_length=1024",
-    "data.filter_overlong_prompts=True",
-    "data.truncation=error",
-    "actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct",
-    "actor_rollout_ref.actor.optim.lr=1e-6",
-    "actor_rollout_ref.model.use_remove_padding=True",
-    "actor_rollout_ref.actor.ppo_mini_batch_size=128",
-    "actor_rollout_ref.actor.use_dynamic_bsz=True",
-    "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=30000",
-    "actor_rollout_ref.actor.use_kl_loss=False",
-    "actor_rollout_ref.model.enable_gradient_checkpointing=True",
-    "actor_rollout_ref.actor.fsdp_config.param_offload=False",
-    "actor_rollout_ref.actor.fsdp_config.optimizer_offload=False",
-    "actor_rollout_ref.rollout.tensor_model_parallel_size=2",
-    "actor_rollout_ref.rollout.name=vllm",
-    "actor_rollout_ref.rollout.gpu_memory_utilization=0.8",
-    "actor_rollout_ref.rollout.n=4",
-    "actor_rollout_ref.ref.fsdp_config.param_offload=True",
-    "algorithm.use_kl_in_reward=True",
-    "algorithm.kl_penalty=kl",
-    "algorithm.kl_ctrl.kl_coef=0.001",
-    "trainer.critic_warmup=0",
-    'trainer.logger=["console","wandb"]',
-    "trainer.project_name=verl_remax_example_gsm8k",
-    "trainer.experiment_name=qwen2.5_3b_function_rm_kl1e-3",
-    "trainer.val_before_train=False",
-    "trainer.n_gpus_per_node=8",
-    "trainer.nnodes=1",
-    "trainer.save_freq=-1",
-    "trainer.test_freq=5",
-    "trainer.total_epochs=5",
-]
+
+def example_overrides(script: str) -> list[str]:
+    """The override list verl's example `script` (a path under verl's repository) passes to its entry point."""
+    (found,) = [entry["overrides"] for entry in _EXAMPLES if entry["script"] == script]
+    return list(found)
+
+
+DAPO_QWEN3_30B_MATH = example_overrides("examples/gmpo_trainer/test_dapo_qwen3_30b_math.sh")
+GRPO_QWEN25_VL_7B_GEO3K = example_overrides("examples/grpo_trainer/run_qwen2_5_vl-7b.sh")
+REMAX_QWEN25_3B = example_overrides("examples/remax_trainer/run_qwen2.5-3b_seq_balance.sh")
