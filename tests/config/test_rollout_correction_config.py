@@ -212,3 +212,28 @@ def test_rule_names_the_key_and_the_fix(overrides, needles):
 def test_verls_retired_keys_point_to_the_new_ones():
     msg = error_of(f"{RC}.rollout_token_veto_threshold=1e-4")
     assert f"{RC}.rollout_rs" in msg and "seq_max_k2" in msg
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"rollout_is": "token", "rollout_is_threshold": "0.5_2.0"},  # as loaded, before the resolution step
+        {"rollout_is_threshold": "0.5_2.0"},  # a band with no IS weights: a problem
+        {"rollout_is": "token", "rollout_is_threshold": "0.5_2.0", "rollout_is_band_low": 0.4},  # disagree
+        {"rollout_is": "sequence", "rollout_is_threshold": "3"},
+    ],
+)
+def test_the_check_reports_and_changes_nothing(settings):
+    """check_rollout_correction only reads: verl's lower_upper threshold is made a number and the band keys by
+    the resolution step (validate.resolve_is_threshold), not by the check."""
+    import copy
+
+    from tandem.config.checks.rollout_correction import check_rollout_correction
+    from tandem.config.errors import Problems
+
+    cfg = load_config(None, [])
+    for key, value in settings.items():
+        setattr(cfg.algorithm.rollout_correction, key, value)
+    before = copy.deepcopy(cfg.algorithm.rollout_correction)
+    check_rollout_correction(cfg, Problems())
+    assert cfg.algorithm.rollout_correction == before

@@ -116,3 +116,22 @@ def resolve(cfg: TandemConfig, info: dict[str, Any]) -> None:
     # One step stale: truncated IS against the rollout's log-probs is on unless chosen otherwise.
     if cfg.trainer.async_mode != "synchronous" and rc.rollout_is is None:
         rc.rollout_is = "token"
+    resolve_is_threshold(rc)
+
+
+def resolve_is_threshold(rc: Any) -> None:
+    """algorithm.rollout_correction.rollout_is_threshold as a number: verl's "lower_upper" (IcePop) gives the
+    band keys and leaves upper as the threshold. Left as it is where it does not read, disagrees with the band
+    keys or has no IS weights to act on (check_rollout_correction names the problem then)."""
+    from tandem.algos.rollout_correction import parse_rollout_is_threshold
+
+    try:
+        threshold, band = parse_rollout_is_threshold(rc.rollout_is_threshold)
+    except ValueError:
+        return
+    if band is not None:
+        given = (rc.rollout_is_band_low, rc.rollout_is_band_high)
+        if rc.rollout_is is None or any(v is not None and v != b for v, b in zip(given, band)):
+            return
+        rc.rollout_is_band_low, rc.rollout_is_band_high = band
+    rc.rollout_is_threshold = threshold

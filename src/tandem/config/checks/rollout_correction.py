@@ -66,37 +66,35 @@ def check_rollout_correction(cfg: TandemConfig, problems: Problems) -> None:
 
 
 def _read_is_threshold(rc: Any, problems: Problems) -> bool:
-    """rollout_is_threshold as a number; verl's "lower_upper" (IcePop) is copied into the band keys and
-    leaves upper as the threshold. False, with a problem, when it is malformed or the band keys disagree."""
+    """Whether rollout_is_threshold reads as a number (validate.resolve_is_threshold made verl's "lower_upper"
+    IcePop band a number and the band keys where it could): a problem, and False, when it is malformed, the
+    band keys disagree with it, or it is a band with no IS weights to act on. Changes nothing."""
     from tandem.algos.rollout_correction import parse_rollout_is_threshold
 
     key, given = f"{_RC}.rollout_is_threshold", rc.rollout_is_threshold
     try:
-        threshold, band = parse_rollout_is_threshold(given, key=_RC)
+        _, band = parse_rollout_is_threshold(given, key=_RC)
     except ValueError as e:
         problems.add(key, str(e))
         return False
-    if band is not None:
-        names = [f"{_RC}.rollout_is_band_low", f"{_RC}.rollout_is_band_high"]
-        set_keys = [rc.rollout_is_band_low, rc.rollout_is_band_high]
-        clash = [f"{n}={v}" for n, v, b in zip(names, set_keys, band) if v is not None and v != b]
-        if clash:
-            problems.add(
-                (key, *names),
-                f"{key}={given!r} sets the IcePop band to [{band[0]}, {band[1]}], but {' and '.join(clash)}: "
-                "give the band one way, as lower_upper in rollout_is_threshold or as the two band keys",
-            )
-            return False
-        if rc.rollout_is is None:
-            problems.add(
-                (key, f"{_RC}.rollout_is"),
-                f"{key}={given!r} is an IcePop band, which acts on IS weights: set {_RC}.rollout_is=token "
-                "or sequence",
-            )
-            return False
-        rc.rollout_is_band_low, rc.rollout_is_band_high = band
-    rc.rollout_is_threshold = threshold
-    return True
+    if band is None:
+        return True
+    names = [f"{_RC}.rollout_is_band_low", f"{_RC}.rollout_is_band_high"]
+    set_keys = [rc.rollout_is_band_low, rc.rollout_is_band_high]
+    clash = [f"{n}={v}" for n, v, b in zip(names, set_keys, band) if v is not None and v != b]
+    if clash:
+        problems.add(
+            (key, *names),
+            f"{key}={given!r} sets the IcePop band to [{band[0]}, {band[1]}], but {' and '.join(clash)}: "
+            "give the band one way, as lower_upper in rollout_is_threshold or as the two band keys",
+        )
+    elif rc.rollout_is is None:
+        problems.add(
+            (key, f"{_RC}.rollout_is"),
+            f"{key}={given!r} is an IcePop band, which acts on IS weights: set {_RC}.rollout_is=token "
+            "or sequence",
+        )
+    return False
 
 
 def _check_bypass_mode(cfg: TandemConfig, problems: Problems) -> None:
