@@ -18,21 +18,26 @@ from typing import Any
 
 from tandem.config.coerce import type_at
 from tandem.config.verl_hints import unknown_verl_key_message
-from tandem.config.verl_keys import (
-    GLOBAL_MICRO_BATCH_KEYS,
-    SGLANG_NOTE,
-    VERL_KEYS,
-    Rule,
-    UnsupportedValue,
-    is_verl_key,
-    verl_rule,
-)
+from tandem.config.verl_keys import SGLANG_NOTE, VERL_KEYS, is_verl_key, verl_rule
+from tandem.config.verl_rules import Rule, UnsupportedValue
 from tandem.config.verl_sft_keys import SFT_KEYS, SFT_ONLY_PREFIXES, sft_rule_key
 from tandem.config.yaml_io import parse_scalar
 
 # keys of a verl YAML not read: verl writes its own default there, which would not suit Tandem
 _TREE_DROPS = {
     "trainer.device": "verl's YAML always says cuda; Tandem's verl preset has auto (cuda where there is a GPU)",
+}
+
+# verl's older sizes over all GPUs: verl divides each by its data-parallel size (the GPUs over the role's Ulysses
+# size, the verl key named here; None: 1) when it builds the worker, and Tandem does the same (_per_gpu), then
+# applies the `_per_gpu` key's rule (Tandem's sizes are per rank, as verl's `_per_gpu` keys are)
+GLOBAL_MICRO_BATCH_KEYS = {
+    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
+    "critic.ppo_micro_batch_size": "critic.ulysses_sequence_parallel_size",
+    "critic.forward_micro_batch_size": "critic.ulysses_sequence_parallel_size",
+    "reward_model.micro_batch_size": None,
 }
 
 # Tandem keys several verl keys map to, combined with `or` (verl's param and optimizer offload)

@@ -60,6 +60,37 @@ _NO_MEGATRON_RM = (
     "changes memory and speed, not its scores"
 )
 
+# the override_config key verl's FSDP scripts use for the context length (the megatron ones nest it under
+# model_config): Tandem does not change the folder's config
+_CONTEXT_LENGTH = (
+    "Tandem does not change the model folder's config.json: its engines compute rotary positions for any "
+    "length, but vLLM's length check and a RoPE scaling that reads it (dynamic NTK) use the folder's "
+    "value; a run longer than it is refused at start-up: raise it in config.json"
+)
+_DIST_ONLY = "read only with use_dist_checkpointing=True (Tandem starts from the Hugging Face folder)"
+_FORWARD_ONLY = "verl's flag for a role that never trains; Tandem knows which roles train"
+_SEED = (
+    "Tandem seeds megatron's random state from trainer.seed: another seed draws another random stream "
+    "(dropout, new layers' initial weights), nothing else"
+)
+_PACKS = "Tandem packs sequences without padding for every role (actor.sequence_packing)"
+_DDP = "Tandem builds megatron-core's DDP config itself; passing fields to it is not built"
+_MCORE = (
+    "Tandem builds megatron-core's model from the Hugging Face config; passing fields to it is not built "
+    "(transformer fields: {role}.megatron.override_transformer_config.NAME)"
+)
+_DTYPE = "Tandem's megatron compute dtype is actor.megatron.param_dtype (auto: bfloat16 on CUDA)"
+_DTYPE_NOTE = "bfloat16: Tandem's megatron dtype on CUDA (actor.megatron.param_dtype=auto)"
+# megatron's optimizer schedule fields: verl's defaults are Tandem's schedule (optim.py); others are refused
+_DECAY_STEPS = "Tandem's decay spans the training steps after warm-up; another length is not built"
+_WARMUP_INIT = "Tandem's warm-up starts near 0 ((s + 1) / (W + 1) of the peak); another start is not built"
+_MIN_LR = "Tandem's floor is a ratio of the peak: optim.min_lr_ratio"
+_WSD_ONLY = "read only with lr_decay_style=WSD, a schedule Tandem refuses"
+_SCHEDULE_FROM_CONFIG = (
+    "Tandem's schedule comes from the config; a resumed run continues it from the checkpoint's step, and "
+    "taking the schedule's settings from the checkpoint is not built"
+)
+
 EXTRA_KEYS: dict[str, Rule] = {
     # actor / reference / critic copies and switches verl's workers read
     "actor_rollout_ref.actor.rollout_n": no_effect(_COPY_OF_N),
@@ -214,110 +245,95 @@ EXTRA_KEYS: dict[str, Rule] = {
         "Tandem converts megatron weights to Hugging Face names for the rollout itself (engine/megatron/)"
     ),
     "critic.nccl_timeout": no_effect("every worker call is bounded by trainer.worker_timeout_s"),
-}
-
-# the override_config key verl's FSDP scripts use for the context length (the megatron ones nest it under
-# model_config): Tandem does not change the folder's config
-for _role in ("actor_rollout_ref.model", "critic.model", "reward_model.model"):
-    EXTRA_KEYS[f"{_role}.override_config.max_position_embeddings"] = no_effect(
-        "Tandem does not change the model folder's config.json: its engines compute rotary positions for any "
-        "length, but vLLM's length check and a RoPE scaling that reads it (dynamic NTK) use the folder's "
-        "value; a run longer than it is refused at start-up: raise it in config.json"
-    )
-
-# megatron's engine settings of each role
-for _verl, _role in (
-    ("actor_rollout_ref.actor", "actor"),
-    ("actor_rollout_ref.ref", "reference"),
-    ("critic", "critic"),
-):
-    EXTRA_KEYS[f"{_verl}.load_weight"] = _true_only(_LOADS_WEIGHTS)
-    EXTRA_KEYS[f"{_verl}.megatron.dist_checkpointing_prefix"] = no_effect(
-        "read only with use_dist_checkpointing=True (Tandem starts from the Hugging Face folder)"
-    )
-    EXTRA_KEYS[f"{_verl}.megatron.forward_only"] = no_effect(
-        "verl's flag for a role that never trains; Tandem knows which roles train"
-    )
-    EXTRA_KEYS[f"{_verl}.megatron.seed"] = no_effect(
-        "Tandem seeds megatron's random state from trainer.seed: another seed draws another random stream "
-        "(dropout, new layers' initial weights), nothing else"
-    )
-    EXTRA_KEYS[f"{_verl}.megatron.use_remove_padding"] = no_effect(
-        "Tandem packs sequences without padding for every role (actor.sequence_packing)"
-    )
-    EXTRA_KEYS[f"{_verl}.megatron.override_ddp_config"] = default_only(
-        "Tandem builds megatron-core's DDP config itself; passing fields to it is not built"
-    )
-    EXTRA_KEYS[f"{_verl}.megatron.override_mcore_model_config"] = default_only(
-        "Tandem builds megatron-core's model from the Hugging Face config; passing fields to it is not built "
-        f"(transformer fields: {_verl}.megatron.override_transformer_config.NAME)"
-    )
-    EXTRA_KEYS[f"{_verl}.megatron.dtype"] = default_only(
-        "Tandem's megatron compute dtype is actor.megatron.param_dtype (auto: bfloat16 on CUDA)",
-        ("bfloat16", None),
-        "bfloat16: Tandem's megatron dtype on CUDA (actor.megatron.param_dtype=auto)",
-    )
-    if _role != "actor":
-        EXTRA_KEYS[f"{_verl}.megatron.use_distributed_optimizer"] = no_effect(
-            "the reference has no optimizer; the critic's engine follows actor.megatron.distributed_optimizer"
-        )
-EXTRA_KEYS["actor_rollout_ref.ref.megatron.override_transformer_config"] = no_effect(
-    "the reference is built with the actor's actor.megatron.override_transformer_config"
-)
-
-# megatron's optimizer schedule fields: verl's defaults are Tandem's schedule (optim.py); others are refused
-for _verl in ("actor_rollout_ref.actor.optim", "critic.optim"):
-    EXTRA_KEYS[f"{_verl}.lr_decay_steps"] = default_only(
-        "Tandem's decay spans the training steps after warm-up; another length is not built"
-    )
-    EXTRA_KEYS[f"{_verl}.lr_warmup_init"] = default_only(
-        "Tandem's warm-up starts near 0 ((s + 1) / (W + 1) of the peak); another start is not built",
-        (0.0, 0, None),
-    )
-    EXTRA_KEYS[f"{_verl}.min_lr"] = default_only(
-        "Tandem's floor is a ratio of the peak: optim.min_lr_ratio", (0.0, 0, None)
-    )
-    EXTRA_KEYS[f"{_verl}.lr_wsd_decay_steps"] = no_effect(
-        "read only with lr_decay_style=WSD, a schedule Tandem refuses"
-    )
-    EXTRA_KEYS[f"{_verl}.lr_wsd_decay_style"] = no_effect(
-        "read only with lr_decay_style=WSD, a schedule Tandem refuses"
-    )
-    EXTRA_KEYS[f"{_verl}.use_checkpoint_opt_param_scheduler"] = _false_only(
-        "Tandem's schedule comes from the config; a resumed run continues it from the checkpoint's step, and "
-        "taking the schedule's settings from the checkpoint is not built"
-    )
-    EXTRA_KEYS[f"{_verl}.weight_decay_incr_style"] = default_only(
+    # the override_config key of each model for the context length
+    "actor_rollout_ref.model.override_config.max_position_embeddings": no_effect(_CONTEXT_LENGTH),
+    "critic.model.override_config.max_position_embeddings": no_effect(_CONTEXT_LENGTH),
+    "reward_model.model.override_config.max_position_embeddings": no_effect(_CONTEXT_LENGTH),
+    # the actor's megatron engine settings
+    "actor_rollout_ref.actor.load_weight": _true_only(_LOADS_WEIGHTS),
+    "actor_rollout_ref.actor.megatron.dist_checkpointing_prefix": no_effect(_DIST_ONLY),
+    "actor_rollout_ref.actor.megatron.forward_only": no_effect(_FORWARD_ONLY),
+    "actor_rollout_ref.actor.megatron.seed": no_effect(_SEED),
+    "actor_rollout_ref.actor.megatron.use_remove_padding": no_effect(_PACKS),
+    "actor_rollout_ref.actor.megatron.override_ddp_config": default_only(_DDP),
+    "actor_rollout_ref.actor.megatron.override_mcore_model_config": default_only(
+        _MCORE.format(role="actor_rollout_ref.actor")
+    ),
+    "actor_rollout_ref.actor.megatron.dtype": default_only(_DTYPE, ("bfloat16", None), _DTYPE_NOTE),
+    # the reference's megatron engine settings
+    "actor_rollout_ref.ref.load_weight": _true_only(_LOADS_WEIGHTS),
+    "actor_rollout_ref.ref.megatron.dist_checkpointing_prefix": no_effect(_DIST_ONLY),
+    "actor_rollout_ref.ref.megatron.forward_only": no_effect(_FORWARD_ONLY),
+    "actor_rollout_ref.ref.megatron.seed": no_effect(_SEED),
+    "actor_rollout_ref.ref.megatron.use_remove_padding": no_effect(_PACKS),
+    "actor_rollout_ref.ref.megatron.override_ddp_config": default_only(_DDP),
+    "actor_rollout_ref.ref.megatron.override_mcore_model_config": default_only(
+        _MCORE.format(role="actor_rollout_ref.ref")
+    ),
+    "actor_rollout_ref.ref.megatron.dtype": default_only(_DTYPE, ("bfloat16", None), _DTYPE_NOTE),
+    "actor_rollout_ref.ref.megatron.use_distributed_optimizer": no_effect(
+        "the reference has no optimizer; the critic's engine follows actor.megatron.distributed_optimizer"
+    ),
+    "actor_rollout_ref.ref.megatron.override_transformer_config": no_effect(
+        "the reference is built with the actor's actor.megatron.override_transformer_config"
+    ),
+    # the critic's megatron engine settings
+    "critic.load_weight": _true_only(_LOADS_WEIGHTS),
+    "critic.megatron.dist_checkpointing_prefix": no_effect(_DIST_ONLY),
+    "critic.megatron.forward_only": no_effect(_FORWARD_ONLY),
+    "critic.megatron.seed": no_effect(_SEED),
+    "critic.megatron.use_remove_padding": no_effect(_PACKS),
+    "critic.megatron.override_ddp_config": default_only(_DDP),
+    "critic.megatron.override_mcore_model_config": default_only(_MCORE.format(role="critic")),
+    "critic.megatron.dtype": default_only(_DTYPE, ("bfloat16", None), _DTYPE_NOTE),
+    "critic.megatron.use_distributed_optimizer": no_effect(
+        "the reference has no optimizer; the critic's engine follows actor.megatron.distributed_optimizer"
+    ),
+    # actor_rollout_ref.actor.optim: megatron's optimizer schedule fields
+    "actor_rollout_ref.actor.optim.lr_decay_steps": default_only(_DECAY_STEPS),
+    "actor_rollout_ref.actor.optim.lr_warmup_init": default_only(_WARMUP_INIT, (0.0, 0, None)),
+    "actor_rollout_ref.actor.optim.min_lr": default_only(_MIN_LR, (0.0, 0, None)),
+    "actor_rollout_ref.actor.optim.lr_wsd_decay_steps": no_effect(_WSD_ONLY),
+    "actor_rollout_ref.actor.optim.lr_wsd_decay_style": no_effect(_WSD_ONLY),
+    "actor_rollout_ref.actor.optim.use_checkpoint_opt_param_scheduler": _false_only(_SCHEDULE_FROM_CONFIG),
+    "actor_rollout_ref.actor.optim.weight_decay_incr_style": default_only(
         "Tandem's weight decay is constant", ("constant", None)
-    )
-
-# the engine arguments of the rollout: accepted, with the reason above
-for _name in [
-    "dtype",
-    "gpu_memory_utilization_ratio",
-    "ignore_eos",
-    "enforce_eager",
-    "cudagraph_capture_sizes",
-    "data_parallel_size",
-    "expert_parallel_size",
-    "pipeline_model_parallel_size",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "max_num_seqs",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-    "logprobs_mode",
-    "scheduling_policy",
-    "disable_log_stats",
-    "skip_rollout",
-    "skip_dump_dir",
-    "skip_tokenizer_init",
-    "enable_rollout_routing_replay",
-    "quantization",
-    "quantization_config_file",
-    "limit_images",
-]:
-    EXTRA_KEYS[f"actor_rollout_ref.rollout.{_name}"] = no_effect(_ENGINE_ARG)
+    ),
+    # critic.optim: megatron's optimizer schedule fields
+    "critic.optim.lr_decay_steps": default_only(_DECAY_STEPS),
+    "critic.optim.lr_warmup_init": default_only(_WARMUP_INIT, (0.0, 0, None)),
+    "critic.optim.min_lr": default_only(_MIN_LR, (0.0, 0, None)),
+    "critic.optim.lr_wsd_decay_steps": no_effect(_WSD_ONLY),
+    "critic.optim.lr_wsd_decay_style": no_effect(_WSD_ONLY),
+    "critic.optim.use_checkpoint_opt_param_scheduler": _false_only(_SCHEDULE_FROM_CONFIG),
+    "critic.optim.weight_decay_incr_style": default_only(
+        "Tandem's weight decay is constant", ("constant", None)
+    ),
+    # the engine arguments of the rollout: accepted, with the reason of _ENGINE_ARG
+    "actor_rollout_ref.rollout.dtype": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.gpu_memory_utilization_ratio": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.ignore_eos": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.enforce_eager": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.cudagraph_capture_sizes": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.data_parallel_size": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.expert_parallel_size": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.pipeline_model_parallel_size": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.max_num_batched_tokens": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.max_model_len": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.max_num_seqs": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.enable_chunked_prefill": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.enable_prefix_caching": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.logprobs_mode": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.scheduling_policy": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.disable_log_stats": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.skip_rollout": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.skip_dump_dir": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.skip_tokenizer_init": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.enable_rollout_routing_replay": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.quantization": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.quantization_config_file": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.limit_images": no_effect(_ENGINE_ARG),
+}
 
 # sections of verl's data config Tandem does not have: a key under one is verl's
 EXTRA_PREFIXES = ("data.apply_chat_template_kwargs.", "data.custom_cls.", "data.datagen.", "data.sampler.")

@@ -110,21 +110,18 @@ GENERATION_KEYS: dict[str, Rule] = {
     "rollout.log_prob_micro_batch_size_per_gpu": no_effect("generation computes no log-prob pass"),
     "rollout.free_cache_engine": no_effect("the engine lives for the one generation"),
     "rollout.load_format": no_effect("the engine loads the model folder's weights"),
+    "rollout.enforce_eager": no_effect(_ENGINE_ARG),
+    "rollout.data_parallel_size": no_effect(_ENGINE_ARG),
+    "rollout.max_num_batched_tokens": no_effect(_ENGINE_ARG),
+    "rollout.max_model_len": no_effect(_ENGINE_ARG),
+    "rollout.max_num_seqs": no_effect(_ENGINE_ARG),
+    "rollout.disable_log_stats": no_effect(_ENGINE_ARG),
+    "rollout.enable_chunked_prefill": no_effect(_ENGINE_ARG),
+    "rollout.enable_prefix_caching": no_effect(_ENGINE_ARG),
     "trainer.nnodes": maps("nnodes"),
     "trainer.n_gpus_per_node": maps("workers_per_node"),
     "trainer.device": maps("device"),
 }
-for _name in (
-    "enforce_eager",
-    "data_parallel_size",
-    "max_num_batched_tokens",
-    "max_model_len",
-    "max_num_seqs",
-    "disable_log_stats",
-    "enable_chunked_prefill",
-    "enable_prefix_caching",
-):
-    GENERATION_KEYS[f"rollout.{_name}"] = no_effect(_ENGINE_ARG)
 
 GENERATION_PATTERNS: list[tuple[str, Rule]] = [
     ("rollout._target_", no_effect("verl's config class")),

@@ -8,6 +8,11 @@ section (`actor_rollout_ref.`, `critic.model.`, `reward_model.`, ...) is unknown
 error, never a guess at a Tandem key. Keys verl and Tandem share (`data.train_batch_size`,
 `algorithm.gamma`, `trainer.total_epochs`, ...) need no entry.
 
+Every key of verl's own configs with a rule of its own is written out here, in the megatron and extra tables
+merged below, or in verl_sft_keys.py / verl_generation_keys.py; a key a rule for many keys covers (a glob of
+VERL_PATTERNS, a subtree, a renamed section) is listed with the rule it resolves to in the generated
+verl_keys_index.py (scripts/gen_verl_keys.py). So grepping an exact key of verl's configs finds its line.
+
 The names and defaults follow verl's `ppo_trainer.yaml` (verl 0.7, read in 2026-11).
 """
 
@@ -15,76 +20,23 @@ from __future__ import annotations
 
 import fnmatch
 from collections.abc import Callable
-from typing import Any
 
-from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect, unsupported
-
-# --- value conversions -----------------------------------------------------------------------------
-
-
-def _compile_where_it_pays(value: Any) -> Any:
-    # verl's default is true on any device; auto compiles where it pays and can (engine/lm_head.py compile_wanted)
-    return "auto" if value is True else value
-
-
-def _as_list(value: Any) -> list:
-    if isinstance(value, str):  # `all-linear`, `console`
-        return [value]
-    return list(value or [])
-
-
-def _rollout_engine(value: Any) -> str:
-    if value in ("vllm", "hf"):
-        return value
-    if value == "sglang":
-        return "auto"  # the note printed with it says what runs instead
-    raise UnsupportedValue(f"Tandem's rollout engines are vllm and hf (Hugging Face generate), not {value!r}")
-
-
-def _strategy(value: Any) -> str:
-    if value in ("fsdp", "fsdp2"):
-        return "fsdp"  # Tandem's FSDP is FSDP2 (fully_shard) either way
-    if value == "megatron":
-        return "megatron"
-    raise UnsupportedValue(f"Tandem's training strategies are fsdp (FSDP2) and megatron, not {value!r}")
-
-
-def _resume_mode(value: Any) -> str:
-    if value in ("auto", "disable"):
-        return value
-    if value == "resume_path":  # read with trainer.resume_from_path (config/verl.py)
-        raise UnsupportedValue("it takes trainer.resume_from_path=PATH with it")
-    raise UnsupportedValue(f"verl's resume modes are auto, disable and resume_path, not {value!r}")
-
-
-def _device(value: Any) -> str:
-    if value in ("cuda", "cpu", "auto"):
-        return value
-    raise UnsupportedValue(f"Tandem runs on cuda or cpu (or auto), not {value!r}")
-
-
-def _profiler_tool(value: Any) -> bool:
-    if value == "torch_memory":
-        return True
-    if value == "torch":
-        return False
-    raise UnsupportedValue(
-        f"Tandem's profiler is torch.profiler (trainer.profile.*); it has no {value!r} hooks. "
-        "Use global_profiler.tool=torch or torch_memory"
-    )
-
-
-def _positive_or_none(value: Any) -> Any:
-    return None if value is not None and value <= 0 else value  # verl's -1 = "not set"
-
-
-def _lr_warmup_steps(value: Any) -> int:
-    return 0 if value is None or value < 0 else value
-
-
-def _hybrid_engine(value: Any) -> str:
-    return "hybrid" if value in (True, "true", "True") else "separate"
-
+from tandem.config.verl_extra_keys import EXTRA_KEYS, EXTRA_PATTERNS, EXTRA_PREFIXES
+from tandem.config.verl_megatron_keys import MEGATRON_KEYS, MEGATRON_PATTERNS, MEGATRON_SUBTREES
+from tandem.config.verl_rules import Rule, maps, no_effect, unsupported
+from tandem.config.verl_values import (
+    as_list,
+    compile_where_it_pays,
+    device,
+    hybrid_engine,
+    lr_decay_style,
+    lr_warmup_steps,
+    optimizer,
+    profiler_tool,
+    resume_mode,
+    rollout_engine,
+    strategy,
+)
 
 # --- the table ---------------------------------------------------------------------------------------
 
@@ -94,14 +46,33 @@ SGLANG_NOTE = (
 )
 _SAME_ACTOR_ENGINE = "the reference model is built like the actor (actor.fsdp / actor.megatron)"
 _PACKING = "Tandem packs sequences without padding for every role (actor.sequence_packing, on by default)"
+_AS_PER_GPU = (
+    "verl's size over all GPUs, divided by the data-parallel GPUs (nnodes x n_gpus_per_node / the Ulysses "
+    "size) as verl divides it"
+)
+_ADAMW = "Tandem's optimizer is AdamW"
+_HALF_CYCLE = "Tandem's cosine schedule makes one half cycle"
+_OWN_OPTIMIZER = "set actor.optim.* / critic.optim.*"
+_FROM_DISK = "Tandem reads the model folder from disk"
+_OWN_CLASSES = "Tandem builds models with transformers' own classes"
+_TRANSFORMERS_ONLY = "Tandem loads models with transformers only"
+_EDIT_CONFIG_JSON = "edit the model folder's config.json instead"
+# verl's megatron scripts raise the context length of a model config this way
+_ROPE_LENGTH = (
+    "Tandem's engines and vLLM compute rotary positions for any length and check no length against "
+    "it; only a RoPE scaling type that reads it (dynamic NTK) would change: edit config.json for that"
+)
+_NO_ACTIVATION_OFFLOAD = "Tandem has no activation offload"
 
 VERL_KEYS: dict[str, Rule] = {
+    **MEGATRON_KEYS,  # config/verl_megatron_keys.py (no key is in two tables: tests/verl/test_verl_keys_index.py)
+    **EXTRA_KEYS,  # config/verl_extra_keys.py: the data, reward-model, model and megatron details
     # model
     "actor_rollout_ref.model.path": maps("actor.model_path"),
     "actor_rollout_ref.model.tokenizer_path": maps("actor.tokenizer_path"),
     "actor_rollout_ref.model.lora_rank": maps("actor.lora.rank"),
     "actor_rollout_ref.model.lora_alpha": maps("actor.lora.alpha"),
-    "actor_rollout_ref.model.target_modules": maps("actor.lora.target_modules", convert=_as_list),
+    "actor_rollout_ref.model.target_modules": maps("actor.lora.target_modules", convert=as_list),
     "actor_rollout_ref.model.enable_gradient_checkpointing": maps("actor.activation_checkpointing"),
     "actor_rollout_ref.model.use_remove_padding": maps("actor.sequence_packing"),
     "actor_rollout_ref.model.use_fused_kernels": no_effect(
@@ -122,8 +93,14 @@ VERL_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.model.enable_activation_offload": no_effect(
         "Tandem has no activation offload; activation checkpointing is actor.activation_checkpointing"
     ),
+    "actor_rollout_ref.model.external_lib": unsupported(_TRANSFORMERS_ONLY),
+    "actor_rollout_ref.model.override_config": unsupported(_EDIT_CONFIG_JSON),
+    "actor_rollout_ref.model.override_config.model_config.max_position_embeddings": no_effect(_ROPE_LENGTH),
     # actor
-    "actor_rollout_ref.actor.strategy": maps("actor.strategy", convert=_strategy),
+    "actor_rollout_ref.actor.strategy": maps("actor.strategy", convert=strategy),
+    "actor_rollout_ref.actor.ppo_micro_batch_size": maps(
+        "(actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu)", _AS_PER_GPU
+    ),
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu": maps("actor.micro_batch_size_per_rank"),
     "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": maps(
         "actor.max_tokens_per_micro_batch",
@@ -137,6 +114,26 @@ VERL_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.actor.policy_loss.kl_cov_ratio": maps("actor.kl_cov_ratio"),
     "actor_rollout_ref.actor.policy_loss.ppo_kl_coef": maps("actor.ppo_kl_coef"),
     "actor_rollout_ref.actor.policy_loss.dro_beta": maps("actor.dro_beta"),
+    # the same name in Tandem's actor section
+    "actor_rollout_ref.actor.calculate_sum_pi_squared": maps("actor.calculate_sum_pi_squared"),
+    "actor_rollout_ref.actor.clip_ratio_c": maps("actor.clip_ratio_c"),
+    "actor_rollout_ref.actor.clip_ratio_high": maps("actor.clip_ratio_high"),
+    "actor_rollout_ref.actor.clip_ratio_low": maps("actor.clip_ratio_low"),
+    "actor_rollout_ref.actor.entropy_coeff": maps("actor.entropy_coeff"),
+    "actor_rollout_ref.actor.grad_clip": maps("actor.grad_clip"),
+    "actor_rollout_ref.actor.kl_loss_coef": maps("actor.kl_loss_coef"),
+    "actor_rollout_ref.actor.kl_loss_type": maps("actor.kl_loss_type"),
+    "actor_rollout_ref.actor.loss_agg_mode": maps("actor.loss_agg_mode"),
+    "actor_rollout_ref.actor.optim.betas": maps("actor.optim.betas"),
+    "actor_rollout_ref.actor.optim.lr": maps("actor.optim.lr"),
+    "actor_rollout_ref.actor.optim.min_lr_ratio": maps("actor.optim.min_lr_ratio"),
+    "actor_rollout_ref.actor.optim.weight_decay": maps("actor.optim.weight_decay"),
+    "actor_rollout_ref.actor.ppo_epochs": maps("actor.ppo_epochs"),
+    "actor_rollout_ref.actor.ppo_mini_batch_size": maps("actor.ppo_mini_batch_size"),
+    "actor_rollout_ref.actor.tau_neg": maps("actor.tau_neg"),
+    "actor_rollout_ref.actor.tau_pos": maps("actor.tau_pos"),
+    "actor_rollout_ref.actor.use_dynamic_bsz": maps("actor.use_dynamic_bsz"),
+    "actor_rollout_ref.actor.use_kl_loss": maps("actor.use_kl_loss"),
     "actor_rollout_ref.actor.ulysses_sequence_parallel_size": maps("actor.fsdp.sequence_parallel"),
     "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": maps(
         "actor.fsdp.sequence_parallel"
@@ -148,7 +145,7 @@ VERL_KEYS: dict[str, Rule] = {
         "actor.fsdp.cpu_offload", "one switch: parameters, gradients and optimizer state move together"
     ),
     "actor_rollout_ref.actor.optim.lr_warmup_steps": maps(
-        "actor.optim.warmup_steps", convert=_lr_warmup_steps
+        "actor.optim.warmup_steps", convert=lr_warmup_steps
     ),
     "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": maps("actor.optim.warmup_ratio"),
     "actor_rollout_ref.actor.optim.warmup_style": maps("actor.optim.lr_scheduler"),
@@ -157,12 +154,19 @@ VERL_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.actor.optim.total_training_steps": no_effect(
         "Tandem's schedule spans the run's steps (trainer.total_training_steps or the epochs)"
     ),
+    "actor_rollout_ref.actor.optim.optimizer": maps("", _ADAMW, convert=optimizer),
+    "actor_rollout_ref.actor.optim.optimizer_impl": no_effect(
+        "Tandem uses torch's AdamW, fused where it runs (actor.optim.implementation)"
+    ),
+    "actor_rollout_ref.actor.optim.num_cycles": no_effect(_HALF_CYCLE),
+    "actor_rollout_ref.actor.optim.lr_decay_style": maps("actor.optim.lr_scheduler", convert=lr_decay_style),
+    "actor_rollout_ref.actor.optim.override_optimizer_config": unsupported(_OWN_OPTIMIZER),
     "actor_rollout_ref.actor.use_torch_compile": maps(
         "actor.fsdp.lm_head_compile",
         "verl compiles its entropy function; Tandem compiles its LM head's chunk arithmetic, where "
         "it pays: true is auto, false is false. actor.fsdp.torch_compile (auto: on CUDA) compiles every "
         "decoder layer",
-        convert=_compile_where_it_pays,
+        convert=compile_where_it_pays,
     ),
     "actor_rollout_ref.actor.calculate_entropy": no_effect("Tandem logs the entropy of every update"),
     "actor_rollout_ref.actor.sum_pi_squared_checkpointing": no_effect(
@@ -182,7 +186,7 @@ VERL_KEYS: dict[str, Rule] = {
         "trainer.save_hf_model",
         "Tandem's checkpoints always hold model, optimizer and run state; 'hf_model' also writes the weights "
         "into global_step_N/actor/huggingface",
-        convert=lambda v: "hf_model" in _as_list(v),
+        convert=lambda v: "hf_model" in as_list(v),
     ),
     "actor_rollout_ref.actor.checkpoint.load_contents": no_effect("Tandem loads the whole checkpoint"),
     "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": maps("actor.megatron.tensor_parallel"),
@@ -197,6 +201,9 @@ VERL_KEYS: dict[str, Rule] = {
         "actor.megatron.distributed_optimizer"
     ),
     # reference
+    "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu": maps(
+        "reference.log_prob_micro_batch_size_per_rank"
+    ),
     "actor_rollout_ref.ref.fsdp_config.param_offload": no_effect(_SAME_ACTOR_ENGINE),
     "actor_rollout_ref.ref.log_prob_use_dynamic_bsz": no_effect(
         "the reference uses the actor's token budget"
@@ -204,11 +211,37 @@ VERL_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.ref.log_prob_max_token_len_per_gpu": no_effect(
         "the reference uses the actor's token budget"
     ),
+    "actor_rollout_ref.ref.log_prob_micro_batch_size": maps(
+        "(actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu)", _AS_PER_GPU
+    ),
     "actor_rollout_ref.ref.ulysses_sequence_parallel_size": no_effect(_SAME_ACTOR_ENGINE),
     "actor_rollout_ref.ref.strategy": no_effect(_SAME_ACTOR_ENGINE),
     "actor_rollout_ref.ref.use_torch_compile": no_effect(_SAME_ACTOR_ENGINE),
     # rollout
-    "actor_rollout_ref.rollout.name": maps("rollout.engine", convert=_rollout_engine),
+    # the same name in Tandem's rollout section
+    "actor_rollout_ref.rollout.gpu_memory_utilization": maps("rollout.gpu_memory_utilization"),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu": maps(
+        "rollout.log_prob_micro_batch_size_per_rank"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.max_assistant_turns": maps(
+        "rollout.multi_turn.max_assistant_turns"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.max_parallel_calls": maps("rollout.multi_turn.max_parallel_calls"),
+    "actor_rollout_ref.rollout.multi_turn.max_tool_response_length": maps(
+        "rollout.multi_turn.max_tool_response_length"
+    ),
+    "actor_rollout_ref.rollout.multi_turn.max_user_turns": maps("rollout.multi_turn.max_user_turns"),
+    "actor_rollout_ref.rollout.multi_turn.tool_response_truncate_side": maps(
+        "rollout.multi_turn.tool_response_truncate_side"
+    ),
+    "actor_rollout_ref.rollout.n": maps("rollout.n"),
+    "actor_rollout_ref.rollout.temperature": maps("rollout.temperature"),
+    "actor_rollout_ref.rollout.top_k": maps("rollout.top_k"),
+    "actor_rollout_ref.rollout.top_p": maps("rollout.top_p"),
+    "actor_rollout_ref.rollout.val_kwargs.n": maps("rollout.val.n"),
+    "actor_rollout_ref.rollout.val_kwargs.temperature": maps("rollout.val.temperature"),
+    "actor_rollout_ref.rollout.val_kwargs.top_p": maps("rollout.val.top_p"),
+    "actor_rollout_ref.rollout.name": maps("rollout.engine", convert=rollout_engine),
     "actor_rollout_ref.rollout.mode": no_effect(
         "verl's async mode serves single-turn sampling too; Tandem's rollout.mode=async is the multi-turn "
         "agent loop, turned on by rollout.multi_turn.enable=true or a tool config"
@@ -234,6 +267,9 @@ VERL_KEYS: dict[str, Rule] = {
     ),
     "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": no_effect(
         "log-prob passes use the actor's token budget"
+    ),
+    "actor_rollout_ref.rollout.log_prob_micro_batch_size": maps(
+        "(actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu)", _AS_PER_GPU
     ),
     "actor_rollout_ref.rollout.calculate_log_probs": no_effect(
         "Tandem's rollout engines always return the rollout log-probs"
@@ -271,26 +307,42 @@ VERL_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.rollout.agent.default_agent_loop": no_effect(
         "Tandem picks the agent loop from rollout.mode and each row's agent_name"
     ),
-    "actor_rollout_ref.hybrid_engine": maps("rollout.layout", convert=_hybrid_engine),
+    "actor_rollout_ref.hybrid_engine": maps("rollout.layout", convert=hybrid_engine),
     "actor_rollout_ref.nccl_timeout": no_effect("every worker call is bounded by trainer.worker_timeout_s"),
     # critic
     "critic.model.path": maps("critic.model_path"),
     "critic.model.tokenizer_path": maps("critic.tokenizer_path"),
     "critic.model.lora_rank": maps("critic.lora.rank"),
     "critic.model.lora_alpha": maps("critic.lora.alpha"),
-    "critic.model.target_modules": maps("critic.lora.target_modules", convert=_as_list),
+    "critic.model.target_modules": maps("critic.lora.target_modules", convert=as_list),
+    "critic.ppo_micro_batch_size": maps("(critic.ppo_micro_batch_size_per_gpu)", _AS_PER_GPU),
     "critic.ppo_micro_batch_size_per_gpu": maps("critic.micro_batch_size_per_rank"),
+    "critic.forward_micro_batch_size": maps("(critic.forward_micro_batch_size_per_gpu)", _AS_PER_GPU),
+    "critic.forward_micro_batch_size_per_gpu": no_effect("the critic's forward uses its micro-batch size"),
     "critic.model.use_remove_padding": no_effect(_PACKING),
     "critic.model.enable_gradient_checkpointing": no_effect(
         "the critic follows actor.activation_checkpointing"
     ),
     "critic.model.fsdp_config.param_offload": no_effect("the critic follows actor.fsdp.cpu_offload"),
     "critic.model.fsdp_config.optimizer_offload": no_effect("the critic follows actor.fsdp.cpu_offload"),
+    "critic.model.use_shm": no_effect(_FROM_DISK),
+    "critic.model.trust_remote_code": no_effect(_OWN_CLASSES),
+    "critic.model.external_lib": unsupported(_TRANSFORMERS_ONLY),
+    "critic.model.override_config": unsupported(_EDIT_CONFIG_JSON),
+    "critic.model.override_config.model_config.max_position_embeddings": no_effect(_ROPE_LENGTH),
+    "critic.model.enable_activation_offload": no_effect(_NO_ACTIVATION_OFFLOAD),
     "critic.optim.clip_grad": maps("critic.grad_clip"),
-    "critic.optim.lr_warmup_steps": maps("critic.optim.warmup_steps", convert=_lr_warmup_steps),
+    "critic.optim.lr_warmup_steps": maps("critic.optim.warmup_steps", convert=lr_warmup_steps),
     "critic.optim.lr_warmup_steps_ratio": maps("critic.optim.warmup_ratio"),
     "critic.optim.warmup_style": maps("critic.optim.lr_scheduler"),
     "critic.optim.lr_scheduler_type": maps("critic.optim.lr_scheduler"),
+    "critic.optim.optimizer": maps("", _ADAMW, convert=optimizer),
+    "critic.optim.optimizer_impl": no_effect(
+        "Tandem uses torch's AdamW, fused where it runs (critic.optim.implementation)"
+    ),
+    "critic.optim.num_cycles": no_effect(_HALF_CYCLE),
+    "critic.optim.lr_decay_style": maps("critic.optim.lr_scheduler", convert=lr_decay_style),
+    "critic.optim.override_optimizer_config": unsupported(_OWN_OPTIMIZER),
     "critic.ppo_max_token_len_per_gpu": no_effect("the critic uses the actor's token budget"),
     "critic.forward_max_token_len_per_gpu": no_effect("the critic uses the actor's token budget"),
     "critic.use_dynamic_bsz": no_effect("the critic follows actor.use_dynamic_bsz"),
@@ -300,7 +352,15 @@ VERL_KEYS: dict[str, Rule] = {
     # reward
     "reward_model.enable": maps("reward.reward_model.enable"),
     "reward_model.model.path": maps("reward.reward_model.model_path"),
+    "reward_model.micro_batch_size": maps("(reward_model.micro_batch_size_per_gpu)", _AS_PER_GPU),
     "reward_model.micro_batch_size_per_gpu": maps("reward.reward_model.micro_batch_size_per_rank"),
+    "reward_model.model.use_shm": no_effect(_FROM_DISK),
+    "reward_model.model.trust_remote_code": no_effect(_OWN_CLASSES),
+    "reward_model.model.external_lib": unsupported(_TRANSFORMERS_ONLY),
+    "reward_model.model.override_config": unsupported(_EDIT_CONFIG_JSON),
+    "reward_model.model.override_config.model_config.max_position_embeddings": no_effect(_ROPE_LENGTH),
+    "reward_model.model.use_remove_padding": no_effect(_PACKING),
+    "reward_model.model.enable_activation_offload": no_effect(_NO_ACTIVATION_OFFLOAD),
     "reward_model.overlong_buffer.enable": maps("reward.overlong.enable"),
     "reward_model.overlong_buffer.len": maps("reward.overlong.buffer_len"),
     "reward_model.overlong_buffer.penalty_factor": maps("reward.overlong.penalty_factor"),
@@ -370,12 +430,12 @@ VERL_KEYS: dict[str, Rule] = {
     "data.tool_config_path": no_effect("Tandem reads the tool config from rollout.multi_turn.tool_file"),
     # trainer
     "trainer.n_gpus_per_node": maps("trainer.workers_per_node"),
-    "trainer.logger": maps("trainer.loggers", convert=_as_list),
+    "trainer.logger": maps("trainer.loggers", convert=as_list),
     "trainer.default_local_dir": maps(
         "trainer.run_dir",
         "Tandem's run folder: checkpoints/global_step_N sit in its checkpoints/ folder beside the metrics",
     ),
-    "trainer.resume_mode": maps("trainer.resume", convert=_resume_mode),
+    "trainer.resume_mode": maps("trainer.resume", convert=resume_mode),
     "trainer.resume_from_path": maps(
         "trainer.resume", "only with trainer.resume_mode=resume_path, as in verl"
     ),
@@ -383,8 +443,8 @@ VERL_KEYS: dict[str, Rule] = {
     "trainer.max_critic_ckpt_to_keep": no_effect(
         "the critic's checkpoint is kept and deleted with the actor's (trainer.max_checkpoints_to_keep)"
     ),
-    "trainer.device": maps("trainer.device", convert=_device),
-    "trainer.profile_steps": maps("trainer.profile.steps", convert=_as_list),
+    "trainer.device": maps("trainer.device", convert=device),
+    "trainer.profile_steps": maps("trainer.profile.steps", convert=as_list),
     "trainer.balance_batch": no_effect(
         "Tandem always orders the rows so every data-parallel rank gets as many tokens"
     ),
@@ -400,8 +460,8 @@ VERL_KEYS: dict[str, Rule] = {
         "a checkpoint-before-preemption setting of one cloud; Tandem has none"
     ),
     # profiler
-    "global_profiler.tool": maps("trainer.profile.memory", convert=_profiler_tool),
-    "global_profiler.steps": maps("trainer.profile.steps", convert=_as_list),
+    "global_profiler.tool": maps("trainer.profile.memory", convert=profiler_tool),
+    "global_profiler.steps": maps("trainer.profile.steps", convert=as_list),
     "global_profiler.save_path": maps("trainer.profile.output_dir"),
     "global_profiler.profile_continuous_steps": no_effect("Tandem profiles each listed step on its own"),
 }
@@ -419,10 +479,12 @@ VERL_ONLY_PREFIXES = (
     "critic.megatron.",
     "critic.profiler.",
     "critic.optim.override_optimizer_config.",
+    *EXTRA_PREFIXES,
 )
 
 # verl section -> Tandem section: a verl key not in VERL_KEYS maps to the Tandem key of the same name in
-# the renamed section, when Tandem has that key (`_per_gpu` becomes `_per_rank`). Most specific first.
+# the renamed section, when Tandem has that key (`_per_gpu` becomes `_per_rank`). Most specific first. The keys
+# of verl's configs it covers are written in VERL_KEYS; it reads the verl names of Tandem's other keys.
 VERL_SECTIONS: list[tuple[str, str]] = [
     ("actor_rollout_ref.ref.", "reference."),
     ("actor_rollout_ref.rollout.val_kwargs.", "rollout.val."),
@@ -441,6 +503,8 @@ VERL_SUBTREES: list[tuple[str, str, str]] = [
 ]
 
 VERL_PATTERNS: list[tuple[str, Rule]] = [
+    *EXTRA_PATTERNS,
+    *MEGATRON_PATTERNS,
     ("*.profiler.*", no_effect("verl's per-role profiler; Tandem's profiler is trainer.profile.*")),
     (
         "global_profiler.global_tool_config.*",
@@ -477,72 +541,6 @@ VERL_PATTERNS: list[tuple[str, Rule]] = [
 ]
 
 
-def _lr_decay_style(value: Any) -> str:
-    """verl's megatron optimizer's schedule name (megatron-core's lr_decay_style) as actor.optim.lr_scheduler."""
-    if value not in ("constant", "cosine", "linear"):
-        raise UnsupportedValue(
-            f"Tandem's schedules after warm-up are constant, cosine and linear, not {value!r}"
-        )
-    return value
-
-
-def _optimizer(value: Any) -> None:
-    if str(value).lower() != "adamw":
-        raise UnsupportedValue(f"Tandem's optimizer is AdamW, not {value!r}")
-
-
-# settings with the same meaning in every role that has them
-for _role, _tandem in (("actor_rollout_ref.actor", "actor"), ("critic", "critic")):
-    VERL_KEYS[f"{_role}.optim.optimizer"] = maps("", "Tandem's optimizer is AdamW", convert=_optimizer)
-    VERL_KEYS[f"{_role}.optim.optimizer_impl"] = no_effect(
-        f"Tandem uses torch's AdamW, fused where it runs ({_tandem}.optim.implementation)"
-    )
-    VERL_KEYS[f"{_role}.optim.num_cycles"] = no_effect("Tandem's cosine schedule makes one half cycle")
-    VERL_KEYS[f"{_role}.optim.lr_decay_style"] = maps(
-        f"{_tandem}.optim.lr_scheduler", convert=_lr_decay_style
-    )
-    VERL_KEYS[f"{_role}.optim.override_optimizer_config"] = unsupported("set actor.optim.* / critic.optim.*")
-for _role in ("actor_rollout_ref.model", "critic.model", "reward_model.model"):
-    VERL_KEYS.setdefault(f"{_role}.use_shm", no_effect("Tandem reads the model folder from disk"))
-    VERL_KEYS.setdefault(
-        f"{_role}.trust_remote_code", no_effect("Tandem builds models with transformers' own classes")
-    )
-    VERL_KEYS.setdefault(f"{_role}.external_lib", unsupported("Tandem loads models with transformers only"))
-    VERL_KEYS.setdefault(
-        f"{_role}.override_config", unsupported("edit the model folder's config.json instead")
-    )
-    # verl's megatron scripts raise the context length of a model config this way
-    VERL_KEYS.setdefault(
-        f"{_role}.override_config.model_config.max_position_embeddings",
-        no_effect(
-            "Tandem's engines and vLLM compute rotary positions for any length and check no length against "
-            "it; only a RoPE scaling type that reads it (dynamic NTK) would change: edit config.json for that"
-        ),
-    )
-    VERL_KEYS.setdefault(f"{_role}.use_remove_padding", no_effect(_PACKING))
-    VERL_KEYS.setdefault(f"{_role}.enable_activation_offload", no_effect("Tandem has no activation offload"))
-# verl's older sizes over all GPUs: verl divides each by its data-parallel size (the GPUs over the role's Ulysses
-# size, the verl key named here; None: 1) when it builds the worker, and config/verl.py does the same, then
-# applies the `_per_gpu` key's rule (Tandem's sizes are per rank, as verl's `_per_gpu` keys are)
-GLOBAL_MICRO_BATCH_KEYS = {
-    "actor_rollout_ref.actor.ppo_micro_batch_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-    "actor_rollout_ref.rollout.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-    "actor_rollout_ref.ref.log_prob_micro_batch_size": "actor_rollout_ref.actor.ulysses_sequence_parallel_size",
-    "critic.ppo_micro_batch_size": "critic.ulysses_sequence_parallel_size",
-    "critic.forward_micro_batch_size": "critic.ulysses_sequence_parallel_size",
-    "reward_model.micro_batch_size": None,
-}
-for _key in GLOBAL_MICRO_BATCH_KEYS:
-    VERL_KEYS[_key] = maps(
-        f"({_key}_per_gpu)",
-        "verl's size over all GPUs, divided by the data-parallel GPUs (nnodes x n_gpus_per_node / the Ulysses "
-        "size) as verl divides it",
-    )
-VERL_KEYS["critic.forward_micro_batch_size_per_gpu"] = no_effect(
-    "the critic's forward uses its micro-batch size"
-)
-
-
 def verl_rule(key: str, is_tandem_key: Callable[[str], bool]) -> Rule | None:
     """The rule for verl key `key`, or None when it is not a verl-only key (a key Tandem shares, or a
     key of neither). `is_tandem_key` tells whether a dotted key exists in Tandem's schema."""
@@ -569,17 +567,3 @@ def verl_rule(key: str, is_tandem_key: Callable[[str], bool]) -> Rule | None:
 def is_verl_key(key: str) -> bool:
     """A key verl has and Tandem reads differently or not at all: in the table, or under a verl-only section."""
     return key.startswith(VERL_ONLY_PREFIXES) or key in VERL_KEYS
-
-
-# verl's megatron keys (config/verl_megatron_keys.py): imported last, it builds its rules with the helpers above
-from tandem.config.verl_megatron_keys import MEGATRON_KEYS, MEGATRON_PATTERNS, MEGATRON_SUBTREES  # noqa: E402
-
-VERL_KEYS.update(MEGATRON_KEYS)
-VERL_PATTERNS[:0] = MEGATRON_PATTERNS
-# the rest of verl's keys (config/verl_extra_keys.py): the data, reward-model, model and megatron details
-from tandem.config.verl_extra_keys import EXTRA_KEYS, EXTRA_PATTERNS, EXTRA_PREFIXES  # noqa: E402
-
-for _key, _rule in EXTRA_KEYS.items():
-    VERL_KEYS.setdefault(_key, _rule)
-VERL_PATTERNS[:0] = EXTRA_PATTERNS
-VERL_ONLY_PREFIXES += EXTRA_PREFIXES

@@ -92,13 +92,11 @@ def _offload_rule(role: str, kind: str) -> Rule:
 
 _MBRIDGE = "Tandem converts the Hugging Face weights to megatron-core itself (engine/megatron/convert.py), no mbridge"
 _REF_OVERRIDES = "the {role} is built with the actor's actor.megatron.override_transformer_config"
+_HF_START = "false: Tandem reads the Hugging Face folder"
+_DIST_ONLY = "read only with use_dist_checkpointing=True (Tandem starts from the Hugging Face folder)"
+_ETP_ONE = "Tandem's expert tensor parallel is 1"
 
 MEGATRON_KEYS: dict[str, Rule] = {
-    "actor_rollout_ref.actor.megatron.use_mbridge": no_effect(_MBRIDGE),
-    "actor_rollout_ref.actor.megatron.vanilla_mbridge": no_effect(_MBRIDGE),
-    "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size": maps(
-        "", "Tandem's expert tensor parallel is 1", _expert_tensor_parallel
-    ),
     "actor_rollout_ref.actor.megatron.override_transformer_config": unsupported(
         "give its keys one at a time: actor_rollout_ref.actor.megatron.override_transformer_config.NAME=VALUE"
     ),
@@ -113,34 +111,62 @@ MEGATRON_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.model.mtp.enable_train": maps(
         "", "Tandem has no multi-token prediction", _no_mtp_training
     ),
+    # the actor's megatron engine
+    "actor_rollout_ref.actor.megatron.param_offload": _offload_rule("actor", "param"),
+    "actor_rollout_ref.actor.megatron.grad_offload": _offload_rule("actor", "grad"),
+    "actor_rollout_ref.actor.megatron.optimizer_offload": _offload_rule("actor", "optimizer"),
+    "actor_rollout_ref.actor.megatron.use_dist_checkpointing": maps("", _HF_START, _no_dist_checkpoint),
+    "actor_rollout_ref.actor.megatron.dist_checkpointing_path": no_effect(_DIST_ONLY),
+    "actor_rollout_ref.actor.megatron.use_mbridge": no_effect(_MBRIDGE),
+    "actor_rollout_ref.actor.megatron.vanilla_mbridge": no_effect(_MBRIDGE),
+    "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size": maps(
+        "", _ETP_ONE, _expert_tensor_parallel
+    ),
+    # the reference's megatron engine
+    "actor_rollout_ref.ref.megatron.param_offload": _offload_rule("reference", "param"),
+    "actor_rollout_ref.ref.megatron.grad_offload": _offload_rule("reference", "grad"),
+    "actor_rollout_ref.ref.megatron.optimizer_offload": _offload_rule("reference", "optimizer"),
+    "actor_rollout_ref.ref.megatron.use_dist_checkpointing": maps("", _HF_START, _no_dist_checkpoint),
+    "actor_rollout_ref.ref.megatron.dist_checkpointing_path": no_effect(_DIST_ONLY),
+    "actor_rollout_ref.ref.megatron.use_mbridge": no_effect(_MBRIDGE),
+    "actor_rollout_ref.ref.megatron.vanilla_mbridge": no_effect(_MBRIDGE),
+    "actor_rollout_ref.ref.megatron.expert_tensor_parallel_size": maps("", _ETP_ONE, _expert_tensor_parallel),
+    "actor_rollout_ref.ref.megatron.tensor_model_parallel_size": same_as(
+        "actor.megatron.tensor_parallel", "reference"
+    ),
+    "actor_rollout_ref.ref.megatron.pipeline_model_parallel_size": same_as(
+        "actor.megatron.pipeline_parallel", "reference"
+    ),
+    "actor_rollout_ref.ref.megatron.virtual_pipeline_model_parallel_size": same_as(
+        "actor.megatron.virtual_pipeline", "reference", _null_is_one
+    ),
+    "actor_rollout_ref.ref.megatron.context_parallel_size": same_as(
+        "actor.megatron.context_parallel", "reference"
+    ),
+    "actor_rollout_ref.ref.megatron.expert_model_parallel_size": same_as(
+        "actor.megatron.expert_parallel", "reference"
+    ),
+    "actor_rollout_ref.ref.megatron.sequence_parallel": same_as(
+        "actor.megatron.sequence_parallel", "reference"
+    ),
+    # the critic's megatron engine
+    "critic.megatron.param_offload": _offload_rule("critic", "param"),
+    "critic.megatron.grad_offload": _offload_rule("critic", "grad"),
+    "critic.megatron.optimizer_offload": _offload_rule("critic", "optimizer"),
+    "critic.megatron.use_dist_checkpointing": maps("", _HF_START, _no_dist_checkpoint),
+    "critic.megatron.dist_checkpointing_path": no_effect(_DIST_ONLY),
+    "critic.megatron.use_mbridge": no_effect(_MBRIDGE),
+    "critic.megatron.vanilla_mbridge": no_effect(_MBRIDGE),
+    "critic.megatron.expert_tensor_parallel_size": maps("", _ETP_ONE, _expert_tensor_parallel),
+    "critic.megatron.tensor_model_parallel_size": same_as("actor.megatron.tensor_parallel", "critic"),
+    "critic.megatron.pipeline_model_parallel_size": same_as("actor.megatron.pipeline_parallel", "critic"),
+    "critic.megatron.virtual_pipeline_model_parallel_size": same_as(
+        "actor.megatron.virtual_pipeline", "critic", _null_is_one
+    ),
+    "critic.megatron.context_parallel_size": same_as("actor.megatron.context_parallel", "critic"),
+    "critic.megatron.expert_model_parallel_size": same_as("actor.megatron.expert_parallel", "critic"),
+    "critic.megatron.sequence_parallel": same_as("actor.megatron.sequence_parallel", "critic"),
 }
-
-_ROLE_NAMES = {"actor_rollout_ref.actor": "actor", "actor_rollout_ref.ref": "reference", "critic": "critic"}
-for _verl, _role in _ROLE_NAMES.items():
-    for _kind in ("param", "grad", "optimizer"):
-        MEGATRON_KEYS[f"{_verl}.megatron.{_kind}_offload"] = _offload_rule(_role, _kind)
-    MEGATRON_KEYS[f"{_verl}.megatron.use_dist_checkpointing"] = maps(
-        "", "false: Tandem reads the Hugging Face folder", _no_dist_checkpoint
-    )
-    MEGATRON_KEYS[f"{_verl}.megatron.dist_checkpointing_path"] = no_effect(
-        "read only with use_dist_checkpointing=True (Tandem starts from the Hugging Face folder)"
-    )
-    MEGATRON_KEYS[f"{_verl}.megatron.use_mbridge"] = no_effect(_MBRIDGE)
-    MEGATRON_KEYS[f"{_verl}.megatron.vanilla_mbridge"] = no_effect(_MBRIDGE)
-    if _role == "actor":
-        continue
-    MEGATRON_KEYS[f"{_verl}.megatron.expert_tensor_parallel_size"] = maps(
-        "", "Tandem's expert tensor parallel is 1", _expert_tensor_parallel
-    )
-    for _name, _target, _convert in (
-        ("tensor_model_parallel_size", "tensor_parallel", None),
-        ("pipeline_model_parallel_size", "pipeline_parallel", None),
-        ("virtual_pipeline_model_parallel_size", "virtual_pipeline", _null_is_one),
-        ("context_parallel_size", "context_parallel", None),
-        ("expert_model_parallel_size", "expert_parallel", None),
-        ("sequence_parallel", "sequence_parallel", None),
-    ):
-        MEGATRON_KEYS[f"{_verl}.megatron.{_name}"] = same_as(f"actor.megatron.{_target}", _role, _convert)
 
 # whole subtrees, key by key: verl prefix -> Tandem prefix (the rest of the key is a megatron field name)
 MEGATRON_SUBTREES: list[tuple[str, str, str]] = [

@@ -1,0 +1,82 @@
+"""verl's values as Tandem's: the conversions the rules of config/verl_keys.py apply (a verl value in, the Tandem
+value out; UnsupportedValue for a value Tandem has no meaning for)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from tandem.config.verl_rules import UnsupportedValue
+
+
+def compile_where_it_pays(value: Any) -> Any:
+    # verl's default is true on any device; auto compiles where it pays and can (engine/lm_head.py compile_wanted)
+    return "auto" if value is True else value
+
+
+def as_list(value: Any) -> list:
+    if isinstance(value, str):  # `all-linear`, `console`
+        return [value]
+    return list(value or [])
+
+
+def rollout_engine(value: Any) -> str:
+    if value in ("vllm", "hf"):
+        return value
+    if value == "sglang":
+        return "auto"  # the note printed with it says what runs instead
+    raise UnsupportedValue(f"Tandem's rollout engines are vllm and hf (Hugging Face generate), not {value!r}")
+
+
+def strategy(value: Any) -> str:
+    if value in ("fsdp", "fsdp2"):
+        return "fsdp"  # Tandem's FSDP is FSDP2 (fully_shard) either way
+    if value == "megatron":
+        return "megatron"
+    raise UnsupportedValue(f"Tandem's training strategies are fsdp (FSDP2) and megatron, not {value!r}")
+
+
+def resume_mode(value: Any) -> str:
+    if value in ("auto", "disable"):
+        return value
+    if value == "resume_path":  # read with trainer.resume_from_path (config/verl.py)
+        raise UnsupportedValue("it takes trainer.resume_from_path=PATH with it")
+    raise UnsupportedValue(f"verl's resume modes are auto, disable and resume_path, not {value!r}")
+
+
+def device(value: Any) -> str:
+    if value in ("cuda", "cpu", "auto"):
+        return value
+    raise UnsupportedValue(f"Tandem runs on cuda or cpu (or auto), not {value!r}")
+
+
+def profiler_tool(value: Any) -> bool:
+    if value == "torch_memory":
+        return True
+    if value == "torch":
+        return False
+    raise UnsupportedValue(
+        f"Tandem's profiler is torch.profiler (trainer.profile.*); it has no {value!r} hooks. "
+        "Use global_profiler.tool=torch or torch_memory"
+    )
+
+
+def lr_warmup_steps(value: Any) -> int:
+    return 0 if value is None or value < 0 else value
+
+
+def hybrid_engine(value: Any) -> str:
+    return "hybrid" if value in (True, "true", "True") else "separate"
+
+
+def lr_decay_style(value: Any) -> str:
+    """verl's megatron optimizer's schedule name (megatron-core's lr_decay_style) as actor.optim.lr_scheduler."""
+    if value not in ("constant", "cosine", "linear"):
+        raise UnsupportedValue(
+            f"Tandem's schedules after warm-up are constant, cosine and linear, not {value!r}"
+        )
+    return value
+
+
+def optimizer(value: Any) -> None:
+    if str(value).lower() != "adamw":
+        raise UnsupportedValue(f"Tandem's optimizer is AdamW, not {value!r}")
