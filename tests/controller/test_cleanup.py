@@ -21,7 +21,16 @@ class Fake:
 
 @pytest.fixture
 def fresh_registry(monkeypatch):
+    """A registry that has installed nothing yet, in a process whose Ctrl-C is Python's: a job started in the
+    background by a non-interactive shell (nohup, `&`) inherits SIGINT ignored, which cleanup leaves so."""
     monkeypatch.setattr(cleanup, "_live", weakref.WeakSet())
+    monkeypatch.setattr(cleanup, "_installed", False)
+    monkeypatch.setattr(cleanup.atexit, "register", lambda fn: fn)  # the session's own hook is enough
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
 
 
 def test_sigint_releases_groups_before_pools_then_raises_keyboard_interrupt(fresh_registry, monkeypatch):
