@@ -14,19 +14,13 @@ from tandem.config.verl import _reads_as_verl, _rule, is_tandem_key, translate_o
 from tandem.config.verl_extra_keys import EXTRA_KEYS
 from tandem.config.verl_generation_keys import generation_rule
 
+from .verl_keys_script import load_generator
+
 DATA = Path(__file__).parent / "data"
 
 
-def _leaves(tree: dict, prefix: str = ""):
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            yield from _leaves(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}"
-
-
 def _keys(name: str) -> list[str]:
-    return sorted(set(_leaves(yaml.safe_load((DATA / f"{name}.yaml").read_text()))))
+    return load_generator().config_keys(name)
 
 
 def _has_rule(key: str, sft: bool) -> bool:

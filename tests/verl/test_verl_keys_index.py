@@ -5,8 +5,6 @@ renamed section), in the generated index config/verl_keys_index.py, which must b
 from __future__ import annotations
 
 import ast
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,16 +14,12 @@ from tandem.config.verl_extra_keys import EXTRA_KEYS
 from tandem.config.verl_keys import VERL_KEYS
 from tandem.config.verl_megatron_keys import MEGATRON_KEYS
 
-ROOT = Path(__file__).resolve().parents[2]
+from .verl_keys_script import ROOT, load_generator
 
 
 @pytest.fixture(scope="module")
 def generator():
-    spec = importlib.util.spec_from_file_location("gen_verl_keys", ROOT / "scripts/gen_verl_keys.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return load_generator()
 
 
 def test_index_is_up_to_date(generator):
