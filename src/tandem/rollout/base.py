@@ -201,9 +201,10 @@ def assemble(
 
 
 def read_special_ids(
-    model_path: str | Path, tokenizer_path: str | Path | None = None
+    model_path: str | Path, tokenizer_path: str | Path | None = None, tokenizer: Any = None
 ) -> tuple[list[int], int]:
-    """Stop ids and pad id of a Hugging Face folder (its tokenizer read from `tokenizer_path` when given).
+    """Stop ids and pad id of a Hugging Face folder (its tokenizer read from `tokenizer_path` when given, or
+    `tokenizer` itself when the caller has already loaded it from there).
 
     Stop ids: ``generation_config.json``'s ``eos_token_id`` (an int or a list; else ``config.json``'s),
     plus the tokenizer's ``eos_token_id`` when not already there. Pad: the tokenizer's ``pad_token_id``,
@@ -216,7 +217,8 @@ def read_special_ids(
     if (path / "generation_config.json").is_file():
         generation_config = json.loads((path / "generation_config.json").read_text())
     config = AutoConfig.from_pretrained(path)
-    tokenizer = AutoTokenizer.from_pretrained(path if tokenizer_path is None else Path(tokenizer_path))
+    if tokenizer is None:
+        tokenizer = AutoTokenizer.from_pretrained(path if tokenizer_path is None else Path(tokenizer_path))
 
     eos = generation_config.get("eos_token_id", getattr(config, "eos_token_id", None))
     eos_ids = [] if eos is None else [int(t) for t in (eos if isinstance(eos, list) else [eos])]

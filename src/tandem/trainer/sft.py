@@ -64,7 +64,9 @@ class SFTTrainer(Trainer):
             truncation=d.truncation,
             chat_template=d.chat_template,
             tools=tool_schemas(cfg.rollout.multi_turn),
-            stop_token_ids=read_special_ids(cfg.actor.model_path, cfg.actor.tokenizer_path)[0],
+            stop_token_ids=read_special_ids(cfg.actor.model_path, cfg.actor.tokenizer_path, self.tokenizer)[
+                0
+            ],
             processor=self.processor,
             image_key=d.image_key,
         )

@@ -397,7 +397,7 @@ def check_chat_template_stops(cfg: TandemConfig, tokenizer: Any, tools: Any) -> 
     the rollout's stop ids (rollout/base.py's read_special_ids); else a ConfigError naming the tokenizer, its
     folder, the stop ids and the fix. The worker makes the same check; here it comes before any worker starts."""
     key, folder = actor_tokenizer_source(cfg)
-    stop_ids, _ = read_special_ids(cfg.actor.model_path, cfg.actor.tokenizer_path)
+    stop_ids, _ = read_special_ids(cfg.actor.model_path, cfg.actor.tokenizer_path, tokenizer)
     schemas = tools.schemas() if tools is not None and len(tools) else None
     try:
         ChatInserter(tokenizer, stop_ids, schemas)
