@@ -426,6 +426,12 @@ class TrainerConfig:
     # torch.mm measured at start-up on a CPU (engine/flops.py)
     peak_flops: float | None = None
     profile: ProfileConfig = field(default_factory=ProfileConfig)  # torch.profiler traces of chosen steps
+    # each training step's samples (texts, rewards, advantage, mismatch) as <dir>/<step>.jsonl; None = none.
+    # A relative folder is relative to the current directory; config.yaml in the run folder holds it absolute
+    rollout_data_dir: str | None = None
+    validation_data_dir: str | None = None  # each validation pass's samples as <dir>/<step>.jsonl
+    # >= 0: the first sample of the first N validation prompts, every pass, to each tracker that takes text
+    log_val_generations: int = 0
 
 
 @dataclass(frozen=True)

@@ -218,13 +218,6 @@ EXTRA_KEYS: dict[str, Rule] = {
     "reward_model.megatron.use_dist_checkpointing": _false_only(
         "Tandem starts the reward model from its Hugging Face folder, not a megatron distributed checkpoint"
     ),
-    # the trainer
-    "trainer.rollout_data_dir": default_only(
-        "Tandem logs each step's metrics; writing every generated sample to a folder is not built"
-    ),
-    "trainer.validation_data_dir": default_only(
-        "Tandem logs the validation metrics; writing every validation sample to a folder is not built"
-    ),
     # megatron: the model's and the rollout's weights
     "actor_rollout_ref.model.override_config.moe_config.freeze_moe_router": _false_only(
         "Tandem trains a MoE model's router with the rest; freezing it is not built"

@@ -449,7 +449,6 @@ VERL_KEYS: dict[str, Rule] = {
         "Tandem always orders the rows so every data-parallel rank gets as many tokens"
     ),
     "trainer.use_legacy_worker_impl": no_effect("Tandem has one worker implementation"),
-    "trainer.log_val_generations": no_effect("Tandem logs validation metrics, not sample texts"),
     "trainer.ray_wait_register_center_timeout": no_effect(
         "Tandem's workers start within trainer.worker_timeout_s"
     ),
