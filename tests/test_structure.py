@@ -11,7 +11,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tandem"
 
 # docs/DESIGN.md's layers, lowest first: a package may import packages of lower layers only.
 LAYERS = [
-    {"batch", "usercode", "models"},
+    {"batch", "usercode", "models", "view"},
     {"algos", "rewards", "controller"},
     {"tools"},
     {"config"},

@@ -16,6 +16,7 @@ or `tandem train --config-path DIR --config-name NAME ...` (the base is then the
 defaults); the run prints the translation once (tandem/config/verl.py).
     tandem presets                                  list the bundled presets
     tandem data TASK OUT_DIR [--n-train N] [--n-val N] [--seed S]   write a synthetic task
+    tandem view RUN_DIR [RUN_DIR ...] [--port N] [--static OUT.html]   a local page of runs: curves, samples
 
 Exit status: 0 done; 2 bad config, data, model folder or checkpoint, or a run folder another run
 holds: a message naming the key, row, file or holder, before any worker starts; 1 a failure while
@@ -114,7 +115,29 @@ def _parser() -> argparse.ArgumentParser:
     data.add_argument("--n-val", type=int, default=128)
     data.add_argument("--seed", type=int, default=0)
     data.add_argument("--format", default="parquet", choices=["parquet", "jsonl"])
+
+    view = sub.add_parser("view", help="a page of runs on 127.0.0.1: metric curves, the samples of any step")
+    view.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run folders (several: overlaid)")
+    view.add_argument("--port", type=int, default=8765, help="port on 127.0.0.1 (default: 8765; 0: any free)")
+    view.add_argument(
+        "--static", metavar="OUT.html", help="write one self-contained HTML file instead of serving"
+    )
     return parser
+
+
+def _view(args: argparse.Namespace) -> int:
+    from tandem.view import RunFolderError, open_runs, serve, write_static
+
+    try:
+        runs = open_runs(args.run_dirs)
+        if args.static:
+            print(f"tandem view: wrote {write_static(runs, args.static)} (opens from disk in a browser)")
+        else:
+            serve(runs, args.port)
+    except (RunFolderError, OSError) as err:
+        print(f"tandem view: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def _preset_and_overrides(args: argparse.Namespace, default: str) -> tuple[str, list[str]]:
@@ -292,6 +315,8 @@ def _generate(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(hydra_flags_first(sys.argv[1:] if argv is None else list(argv)))
     args.log_dir = None  # set by _run once the run folder is known
+    if args.command == "view":  # reads files only: none of the training stack is imported
+        return _view(args)
     from tandem.config import ConfigError
     from tandem.data import DataError
     from tandem.rewards import UnknownDataSourceError
