@@ -281,3 +281,101 @@ def test_close_twice(tmp_path):
     t.close()
     t.close()
     assert rows(tmp_path / "run" / "metrics.jsonl") == [{"step": 1, "x": 1.0}]
+
+
+# ---- validation generations (trainer.log_val_generations) ---------------------------------------------
+
+GENERATIONS = [
+    {
+        "sample": 0,
+        "data_source": "calc",
+        "input": "1+2=",
+        "output": "3",
+        "gts": "3",
+        "score": 1.0,
+        "acc": 1.0,
+    },
+    {
+        "sample": 4,
+        "data_source": "calc",
+        "input": "2+2=",
+        "output": "5\nno",
+        "gts": "4",
+        "score": 0.0,
+        "acc": 0.0,
+    },
+]
+
+
+def test_generations_go_to_every_tracker_that_takes_text(tmp_path, monkeypatch):
+    import json
+
+    import wandb
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    for name in ("WANDB_CONFIG_DIR", "WANDB_CACHE_DIR", "WANDB_DATA_DIR"):
+        monkeypatch.setenv(name, str(tmp_path / "wandb-home"))
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")
+    with tracker(tmp_path, ["jsonl", "tensorboard", "wandb", "mlflow"]) as t:
+        for step in (0, 10):
+            t.log({"val/acc": 0.5}, step)
+            t.log_generations(GENERATIONS, step)
+    wandb.teardown()
+    run = tmp_path / "run"
+
+    lines = read_jsonl(run / "val_generations.jsonl")
+    assert [(r["step"], r["sample"], r["output"]) for r in lines] == [
+        (0, 0, "3"),
+        (0, 4, "5\nno"),
+        (10, 0, "3"),
+        (10, 4, "5\nno"),
+    ]
+    assert lines[1] == {**GENERATIONS[1], "step": 0}
+
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"tensors": 0})
+    events.Reload()
+    texts = events.Tensors("val/generations/text_summary")
+    assert [e.step for e in texts] == [0, 10]
+    markdown = texts[0].tensor_proto.string_val[0].decode()
+    assert "sample 4 · calc · score 0.0" in markdown and "    5\n    no" in markdown
+
+    (table_file,) = run.glob("wandb/offline-run-*/files/media/table/val/generations_10_*.table.json")
+    table = json.loads(table_file.read_text())
+    assert table["columns"] == ["step", "sample", "data_source", "input", "output", "gts", "score"]
+    assert [row[:2] + row[5:] for row in table["data"]] == [
+        [0, 0, "3", 1.0],
+        [0, 4, "4", 0.0],
+        [10, 0, "3", 1.0],
+        [10, 4, "4", 0.0],
+    ]
+
+    client = MlflowClient((run / "mlruns").as_uri())
+    (found,) = client.search_runs([client.get_experiment_by_name("proj").experiment_id])
+    artifacts = [a.path for a in client.list_artifacts(found.info.run_id, "val_generations")]
+    assert artifacts == ["val_generations/step_000000.json", "val_generations/step_000010.json"]
+    local = client.download_artifacts(found.info.run_id, "val_generations/step_000010.json", str(tmp_path))
+    assert json.loads(Path(local).read_text()) == {"step": 10, "samples": GENERATIONS}
+
+
+def test_generations_jsonl_resume_drops_the_steps_after_start_step(tmp_path):
+    with tracker(tmp_path, ["jsonl"]) as t:
+        for step in (0, 5, 10):
+            t.log_generations(GENERATIONS[:1], step)
+    with tracker(tmp_path, ["jsonl"], start_step=5) as t:
+        t.log_generations(GENERATIONS[1:], 10)
+    lines = read_jsonl(tmp_path / "run" / "val_generations.jsonl")
+    assert [(r["step"], r["sample"]) for r in lines] == [(0, 0), (5, 0), (10, 4)]
+    with tracker(tmp_path, ["jsonl"]):  # a fresh run starts a fresh file
+        pass
+    assert not (tmp_path / "run" / "val_generations.jsonl").exists()
+
+
+def test_a_tracker_that_fails_on_generations_is_a_warning(tmp_path, caplog):
+    with tracker(tmp_path, ["jsonl"]) as t:
+        (tmp_path / "run" / "val_generations.jsonl").mkdir()  # a folder where the file should be
+        t.log_generations(GENERATIONS, 3)
+    assert "jsonl could not log the validation generations of step 3" in caplog.text

@@ -107,6 +107,7 @@ class Trajectory:
     tool_rewards: list[float] = field(default_factory=list)  # step rewards of the calls, in order
     turn_scores: list[float] = field(default_factory=list)  # the interaction's score of each answer
     tool_scores: dict[str, float] = field(default_factory=dict)  # calc_reward of each stateful tool
+    tool_call_errors: list[str | None] = field(default_factory=list)  # per tool message: None = it worked
 
     def add(self, ids: Sequence[int], *, model: bool, log_probs: Sequence[float] | None = None) -> None:
         self.token_ids.extend(ids)
@@ -127,6 +128,7 @@ class Trajectory:
             "tool_rewards": self.tool_rewards,
             "turn_scores": self.turn_scores,
             "tool_scores": self.tool_scores,
+            "tool_call_errors": self.tool_call_errors,
         }
 
 
@@ -347,6 +349,7 @@ class AgentLoop:
                 if result.reward is not None:
                     traj.tool_rewards.append(result.reward)
             traj.tool_errors += error is not None
+            traj.tool_call_errors.append(error)
             traj.tool_timeouts += error == "timeout"
             traj.tool_seconds += seconds
             message = {"role": "tool", "content": text}

@@ -98,6 +98,10 @@ class Trainer(ABC):
     def load_extra_state(self, state: dict[str, Any]) -> None:  # noqa: B027 - optional hook
         """Restore what extra_state returned."""
 
+    def take_generations(self) -> list[dict[str, Any]]:
+        """The last validation's samples for the trackers (trainer.log_val_generations), once; [] if none."""
+        return []
+
     def workers_started(self, groups: WorkerGroups) -> None:  # noqa: B027 - optional hook
         """`groups` were just started (before a resume loads a checkpoint into them)."""
 
@@ -213,6 +217,8 @@ class Trainer(ABC):
 
     def _log(self, tracker: Tracker, metrics: dict[str, float], step: int) -> None:
         tracker.log(metrics, step)
+        if generations := self.take_generations():
+            tracker.log_generations(generations, step)
         self.history.append({"step": step, **metrics})
 
     # ---- checkpoints -------------------------------------------------------------------------------------

@@ -15,6 +15,7 @@ tandem/trainer/base.py.
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from tandem.algos import apply_kl_penalty, compute_advantages, kl_controller_from_config
@@ -31,6 +32,7 @@ from tandem.roles.common import input_keys, model_inputs
 from tandem.roles.layout import WorkerGroups, build_worker_groups
 from tandem.rollout.agent import tool_schemas
 from tandem.trainer.base import Trainer
+from tandem.trainer.dumps import SampleDumps
 from tandem.trainer.metrics import Timer, batch_metrics, throughput_metrics
 from tandem.trainer.one_step_off import OneStepOffSource
 from tandem.trainer.rollout_source import RolloutSource
@@ -78,6 +80,7 @@ class RLTrainer(Trainer):
             cfg, self.rewards, pad_id, self.train_data, self.val_data, self.sampler, self.next_indices
         )
         self.source = rollout_source(self.rollouts, self.total_steps)
+        self.dumps = self.rollouts.dumps = SampleDumps(cfg, self.tokenizer)  # what the model wrote
 
     def _prompts(self, files: list[str], cfg: TandemConfig) -> PromptDataset:
         d = cfg.data
@@ -178,6 +181,7 @@ class RLTrainer(Trainer):
         metrics.update(batch_metrics(batch, cfg.data.max_response_length))
         metrics.update(throughput_metrics(batch, timer.seconds))
         metrics["reward/error_count_total"] = float(self.rollouts.reward_errors_total)
+        metrics.update(self.dumps.train(self.step, batch))
         return metrics
 
     def _flops(self, role: str) -> ModelFlops:
@@ -220,7 +224,14 @@ class RLTrainer(Trainer):
 
     def validate(self) -> dict[str, float]:
         """rollout.val sampling on the validation prompts: accuracy and score, overall and per data source."""
-        return self.rollouts.validate()
+        return self.rollouts.validate(self.step)
+
+    def take_generations(self) -> list[dict[str, Any]]:
+        return self.dumps.take_generations()
+
+    def resume(self, path: Path | None) -> None:
+        super().resume(path)
+        self.dumps.resume(self.step if path is not None else -1)  # a fresh run starts fresh dumps
 
     # ---- checkpoint state --------------------------------------------------------------------------------
 
@@ -244,6 +255,7 @@ class RLTrainer(Trainer):
         try:
             return super().fit(until_step)
         finally:
+            self.dumps.close()
             self.rewards.close()
 
     def evaluate(self, checkpoint: str | None = None) -> dict[str, float]:
@@ -260,6 +272,7 @@ class RLTrainer(Trainer):
             if self.groups is not None:
                 self.groups.shutdown()
                 self.groups = None
+            self.dumps.close()
             self.rewards.close()
 
 

@@ -27,6 +27,7 @@ from tandem.roles.layout import WorkerGroups
 from tandem.roles.reward_model import last_token_index
 from tandem.rollout import PROMPT_INDEX, SamplingParams
 from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY
+from tandem.trainer.dumps import REWARD_EXTRA_KEY, SampleDumps
 from tandem.trainer.metrics import agent_metrics
 
 PROMPT_SIDE = {"prompts": "pad", "input_ids": "pad", "attention_mask": 0, "position_ids": 0}
@@ -58,6 +59,7 @@ class Rollouts:
         self.actor_updates = 0  # the version of the actor's weights a generation starts from
         self.reward_errors_total = 0
         self._synced: int | None = None  # rollout.layout=separate: the update number the engines hold
+        self.dumps: SampleDumps | None = None  # validation's sample dumps and tracker generations
 
     def attach(self, groups: WorkerGroups) -> None:
         """New workers: generate and score on `groups`; a separate rollout pool gets the weights first."""
@@ -124,6 +126,7 @@ class Rollouts:
         else:
             batch["acc"] = scorer
         batch["score"] = scores.sum(-1)
+        batch[REWARD_EXTRA_KEY] = _reward_extra(result.extra, len(batch))  # the dumps' reward terms
         keys = self.cfg.algorithm.gdpo_reward_keys  # set only with adv_estimator=gdpo
         if train and keys:
             terms = reward_components(result, keys, batch["data_source"])
@@ -143,8 +146,9 @@ class Rollouts:
 
     # ---- validation ------------------------------------------------------------------------------------
 
-    def validate(self) -> dict[str, float]:
-        """rollout.val sampling on the validation prompts: accuracy and score, overall and per data source."""
+    def validate(self, step: int = 0) -> dict[str, float]:
+        """rollout.val sampling on the validation prompts: accuracy and score, overall and per data source.
+        With dumps, the pass's samples go to trainer.validation_data_dir as the dump of `step`."""
         data, r, d = self.val_data, self.cfg.rollout.val, self.cfg.data
         assert data is not None
         size = d.val_batch_size or len(data)
@@ -155,15 +159,20 @@ class Rollouts:
             top_p=r.top_p,
             seed=sampling_seed(self.cfg.trainer.seed, 0, 0) if r.temperature > 0 else None,
         )
-        scored = []
+        scored, whole = [], []
         for start in range(0, len(data), size):
             items = [data[i] for i in range(start, min(start + size, len(data)))]
             prompts = collate_prompts(items, self.pad_id)
             prompts = prompts.union(Batch.from_dict({PROMPT_INDEX: torch.arange(start, start + len(items))}))
             batch, _ = self.score(self.group().generate(prompts, sampling))
+            if self.dumps is not None and self.dumps.wants_validation:
+                whole.append(batch)
             agent_keys = [k for k in (*AGENT_COUNT_KEYS, AGENT_FINISH_KEY) if k in batch]
             scored.append(batch.select("acc", "score", "response_mask", "data_source", *agent_keys))
         batch = Batch.concat(scored, meta="first")
+        if whole:
+            assert self.dumps is not None
+            self.dumps.validation(step, whole)
         sources = np.asarray(batch["data_source"], dtype=object)
         metrics = {
             "val/acc": float(batch["acc"].mean()),
@@ -176,6 +185,19 @@ class Rollouts:
             metrics[f"val/{source}/acc"] = float(batch["acc"][rows].mean())
             metrics[f"val/{source}/score_mean"] = float(batch["score"][rows].mean())
         return metrics
+
+
+def _reward_extra(extra: dict[str, np.ndarray], n: int) -> list[dict[str, Any]]:
+    """Per sample: the reward terms and scorer fields of the reward result, and its scorer's error if any."""
+    names = [name for name in extra if name not in ("scorer_score", "error")]
+    errors = extra.get("error")
+    rows = []
+    for i in range(n):
+        row = {name: extra[name][i] for name in names}
+        if errors is not None and errors[i]:
+            row["reward_error"] = errors[i]
+        rows.append(row)
+    return rows
 
 
 def sampling_seed(seed: int, step: int, round_: int) -> int:

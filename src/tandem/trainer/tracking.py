@@ -3,6 +3,8 @@ and the progress bar with the ETA.
 
     <log_dir>/metrics.jsonl    jsonl: {"step": 3, "time": "2026-11-23T22:03:44.120+00:00", "score/mean": 0.5, ...}
                                per line (time: when the line was logged), non-finite -> null
+    <log_dir>/val_generations.jsonl   jsonl, with trainer.log_val_generations: one line per logged sample
+                               (`log_generations`); TensorBoard text, a W&B table, MLflow artifacts likewise
     <log_dir>/tensorboard/     tensorboard event files
     <log_dir>/wandb/           wandb, offline unless WANDB_MODE says otherwise
     <log_dir>/mlruns/          mlflow file store, unless MLFLOW_TRACKING_URI is set
@@ -17,6 +19,7 @@ from __future__ import annotations
 import datetime
 import importlib.util
 import json
+import logging
 import math
 import numbers
 import os
@@ -28,6 +31,8 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from tqdm import tqdm
+
+logger = logging.getLogger(__name__)
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 
@@ -51,6 +56,8 @@ _MLFLOW_MAX_PARAM_CHARS = 6000  # mlflow.utils.validation.MAX_PARAM_VAL_LENGTH; 
 
 Number = int | float
 Sink = Callable[[dict[str, Number], int], None]
+TextSink = Callable[[list[dict[str, Any]], int], None]
+GENERATION_COLUMNS = ("sample", "data_source", "input", "output", "gts", "score")  # W&B's table, TensorBoard
 
 
 class Tracker:
@@ -82,6 +89,7 @@ class Tracker:
         self._now = datetime.datetime.now().astimezone()
         self._stack = ExitStack()
         self._sinks: list[Sink] = []
+        self._text_sinks: list[tuple[str, TextSink]] = []  # (logger, sink) for log_generations
         self._bar: tqdm | None = None
         show_progress = progress and total_steps is not None
         if show_progress and _isatty(sys.stderr):
@@ -118,6 +126,15 @@ class Tracker:
             self._write_line(f"{self._step_label(step)} {self._eta(step)}", sys.stderr)
         if self._bar is not None and step > self._bar.n:
             self._bar.update(step - self._bar.n)
+
+    def log_generations(self, rows: Sequence[dict[str, Any]], step: int) -> None:
+        """Record validation samples (dicts of the sample dumps' fields) at `step` in every logger that
+        takes text: jsonl, tensorboard, wandb, mlflow. A logger that fails is a warning, never a failed run."""
+        for name, sink in self._text_sinks:
+            try:
+                sink(list(rows), step)
+            except Exception as err:
+                logger.warning("%s could not log the validation generations of step %d: %s", name, step, err)
 
     def close(self) -> None:
         """Flush and close every logger; safe to call more than once."""
@@ -183,6 +200,12 @@ class Tracker:
             file.write(json.dumps(row, allow_nan=False) + "\n")
             file.flush()
 
+        generations = self.log_dir / "val_generations.jsonl"
+        if self.start_step > 0:
+            _drop_steps_after(generations, self.start_step)
+        elif generations.exists():
+            generations.unlink()  # a fresh run starts a fresh file
+        self._text_sinks.append(("jsonl", lambda rows, step: _append_jsonl(generations, rows, step)))
         return write
 
     def _open_tensorboard(self, project: str, experiment: str, config: dict[str, Any]) -> Sink:
@@ -199,6 +222,11 @@ class Tracker:
                     writer.add_scalar(key, value, step)
             writer.flush()
 
+        def write_text(rows: list[dict[str, Any]], step: int) -> None:
+            writer.add_text("val/generations", _markdown(rows), step)
+            writer.flush()
+
+        self._text_sinks.append(("tensorboard", write_text))
         return write
 
     def _open_wandb(self, project: str, experiment: str, config: dict[str, Any]) -> Sink:
@@ -207,6 +235,14 @@ class Tracker:
         mode = os.environ.get("WANDB_MODE", "offline")
         run = wandb.init(project=project, name=experiment, config=config, dir=str(self.log_dir), mode=mode)
         self._stack.callback(lambda: run.finish(exit_code=1 if self._failed else 0))
+        table_rows: list[list[Any]] = []  # a W&B table is logged whole: every step's rows so far
+
+        def write_table(rows: list[dict[str, Any]], step: int) -> None:
+            table_rows.extend([step, *(_cell(row.get(c)) for c in GENERATION_COLUMNS)] for row in rows)
+            table = wandb.Table(columns=["step", *GENERATION_COLUMNS], data=table_rows)
+            run.log({"val/generations": table}, step=step)
+
+        self._text_sinks.append(("wandb", write_table))
         return lambda values, step: run.log(dict(values), step=step)
 
     def _open_mlflow(self, project: str, experiment: str, config: dict[str, Any]) -> Sink:
@@ -230,6 +266,10 @@ class Tracker:
             metrics = [Metric(k, float(v), now_ms, step) for k, v in values.items()]
             client.log_batch(run_id, metrics=metrics)
 
+        def write_artifact(rows: list[dict[str, Any]], step: int) -> None:
+            client.log_dict(run_id, {"step": step, "samples": rows}, f"val_generations/step_{step:06d}.json")
+
+        self._text_sinks.append(("mlflow", write_artifact))
         return write
 
 
@@ -277,6 +317,31 @@ def _drop_steps_after(path: Path, start_step: int) -> None:
     temp = path.with_name(path.name + ".tmp")
     temp.write_text("".join(kept), encoding="utf-8")
     os.replace(temp, path)
+
+
+def _append_jsonl(path: Path, rows: list[dict[str, Any]], step: int) -> None:
+    with path.open("a", encoding="utf-8") as file:
+        for row in rows:
+            file.write(json.dumps({**row, "step": step}, ensure_ascii=False) + "\n")
+
+
+def _cell(value: Any) -> Any:
+    """A table cell: text and numbers as they are, anything else as JSON."""
+    return value if value is None or isinstance(value, str | int | float) else json.dumps(value)
+
+
+def _markdown(rows: list[dict[str, Any]]) -> str:
+    """Validation samples as TensorBoard's text plugin shows them: a heading per sample, texts verbatim."""
+    parts = []
+    for row in rows:
+        head = f"### sample {row.get('sample')} · {row.get('data_source')} · score {row.get('score')}"
+        gts = f"ground truth: `{row.get('gts')}`"
+        texts = [
+            f"**{key}**\n\n    " + str(row.get(key, "")).replace("\n", "\n    ")
+            for key in ("input", "output")
+        ]
+        parts.append("\n\n".join([head, gts, *texts]))
+    return "\n\n---\n\n".join(parts)
 
 
 def _as_number(value: object) -> Number | None:
