@@ -297,6 +297,7 @@ def run(
         value = numbers[key]
         say(f"{key:<20}{value:.3f}" if isinstance(value, float) else f"{key:<20}{value}")
     return numbers
+    say(f"see what the model wrote: tandem view {rl_dir}")
 
 
 class WarmStart(SFTTrainer):

@@ -48,7 +48,10 @@
     return "#" + params.toString();
   }
   // a change that redraws the tab (goes in the history) or only the table (typing in a filter)
-  function go(changes) { location.hash = hashOf({ ...state, ...changes }); }
+  function go(changes) {
+    document.body.dataset.ready = ""; // set again once the new view is drawn
+    location.hash = hashOf({ ...state, ...changes });
+  }
   function quietly(changes) { Object.assign(state, changes); history.replaceState(null, "", hashOf(state)); }
 
   function el(tag, attrs, ...children) {
@@ -215,7 +218,7 @@
       const v = get(r.s, r.i);
       const cls = k === "output" || k === "terms" ? "snippet" : NUMERIC.has(k) ? "num" : "";
       const mark = k === "score" && typeof v === "number" ? (v > 0 ? " score-hi" : " score-lo") : k === "truncated" && v ? " yes" : k === "tool_errors" && v > 0 ? " yes" : "";
-      return el("td", { "data-col": k, class: cls + mark, title: k === "output" ? String(r.s.output ?? "").slice(0, 2000) : null }, fmt(v));
+      return el("td", { "data-col": k, "data-value": typeof v === "number" ? v : null, class: cls + mark, title: k === "output" ? String(r.s.output ?? "").slice(0, 2000) : null }, fmt(v));
     }))));
     $("sample-count").textContent = `${rows.length} of ${samples.length} samples · step ${where.step} (${KIND_LABEL[where.kind]})`;
     const open = samples.find((s, i) => String(sampleId(s, i)) === state.sample);

@@ -1,0 +1,153 @@
+"""`tandem view` in headless Chromium (Debian's package, skipped with the install line without it): the
+curves hold metrics.jsonl's values, the table the dump's samples, the filters and sorting reduce and order
+the rows, an opened multi-turn sample shows its tool calls, observations and errors, one validation prompt
+is shown across steps, and the static file does the same from disk. The page's state is in the URL's hash,
+so each check opens a URL. A real run's folder is checked after the quickstart test
+(tests/test_cli.py, `check_real_run`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tandem.view import open_runs, write_static
+
+from .browser import chromium_page, curves, expected_curves, serving, show, skip_without_chromium, table
+from .run_folders import metrics_rows, write_run
+
+DEFAULT_CHARTS = [
+    "score/mean",
+    "val/acc",
+    "response_length/mean",
+    "actor/kl_loss",
+    "actor/entropy",
+    "rollout_mismatch/kl",
+]
+
+
+@pytest.fixture(scope="module")
+def page():
+    skip_without_chromium()
+    with chromium_page() as page:
+        yield page
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    root = tmp_path_factory.mktemp("runs")
+    return {
+        "a": write_run(root / "a" / "grpo"),
+        "b": write_run(root / "b" / "grpo", steps=2, offset=0.5),
+        "calc": write_run(root / "c" / "calc", tools=True),
+    }
+
+
+@pytest.fixture(scope="module")
+def url(folders):
+    """One server of the three runs for the module (run 0: a/grpo, 1: b/grpo, 2: c/calc): each test opens
+    its view by the URL's hash, so the page and plotly.js load once."""
+    with serving([folders["a"], folders["b"], folders["calc"]]) as url:
+        yield url
+
+
+def test_curves_overlay_the_runs_with_their_metrics(page, url):
+    show(page, url)
+    drawn = curves(page)
+    assert list(drawn) == DEFAULT_CHARTS
+    assert drawn["score/mean"] == {
+        "a/grpo": list(expected_curves(metrics_rows(4), ["score/mean"])["score/mean"]),
+        "b/grpo": list(expected_curves(metrics_rows(2, 0.5), ["score/mean"])["score/mean"]),
+        "c/calc": list(expected_curves(metrics_rows(4), ["score/mean"])["score/mean"]),
+    }
+    assert drawn["val/acc"]["a/grpo"] == [[0, 2, 4], [0.25, 0.5, 0.75]]
+    # any metric, picked in the URL (a link to the view) or in the list
+    show(page, url + "#metrics=timing_s/step")
+    assert curves(page) == {
+        "timing_s/step": {
+            "a/grpo": [[1, 2, 3, 4], [2.5] * 4],
+            "b/grpo": [[1, 2], [2.5] * 2],
+            "c/calc": [[1, 2, 3, 4], [2.5] * 4],
+        }
+    }
+    page.click("#metric-picker summary")
+    page.check('#metric-list input[value="actor/entropy"]')
+    page.wait_for_function("document.body.dataset.ready === 'curves'")
+    assert list(curves(page)) == ["timing_s/step", "actor/entropy"]
+    assert "metrics=timing_s%2Fstep%2Cactor%2Fentropy" in page.url
+
+
+def test_the_table_filters_and_sorts_a_steps_samples(page, folders, url):
+    samples = open_runs([folders["a"]])[0].samples("rollouts", 3)
+    show(page, url + "#tab=samples&step=3")
+    rows = table(page)
+    assert [r["sample"] for r in rows] == list(range(8))
+    assert [r["score"] for r in rows] == [s["score"] for s in samples]
+    assert [r["response_length"] for r in rows] == [s["response_length"] for s in samples]
+    assert [r["terms"] for r in rows][:2] == ["acc=1 format=0.5", "acc=0 format=0.5"]
+    assert page.inner_text("#sample-count").startswith("8 of 8 samples")
+    page.fill("#f-smin", "0.5")  # typing filters at once
+    assert [r["sample"] for r in table(page)] == [0, 2, 4, 6]
+    page.select_option("#f-source", "addition_hard")
+    assert [r["sample"] for r in table(page)] == [0, 6]
+    assert page.inner_text("#sample-count").startswith("2 of 8 samples")
+    assert "smin=0.5" in page.url and "source=addition_hard" in page.url  # the filtered view is a link
+    show(page, url + "#tab=samples&step=3&truncated=yes")
+    assert [r["sample"] for r in table(page)] == [3, 7]
+    show(page, url + "#tab=samples&step=3&q=what+is+5")
+    assert [r["sample"] for r in table(page)] == [5]
+    show(page, url + "#tab=samples&step=3&lmin=4&lmax=6")
+    assert [r["sample"] for r in table(page)] == [2, 3, 4]
+    page.click('#sample-table th[data-col="rollout_mismatch"]')
+    page.click('#sample-table th[data-col="rollout_mismatch"]')  # twice: descending
+    assert [r["rollout_mismatch"] for r in table(page)] == [0.005, 0.004, 0.003]
+
+
+def test_an_opened_multi_turn_sample_shows_its_tool_calls_and_errors(page, folders, url):
+    show(page, url + "#tab=samples&run=2&errors=yes")
+    assert [r["sample"] for r in table(page)] == [1]
+    assert table(page)[0]["tool_errors"] == 1
+    page.click('#sample-table tr[data-sample="1"]')
+    page.wait_for_selector("#sample-card")
+    turns = page.locator("#sample-card .turn")
+    assert turns.count() == 5
+    assert (
+        page.inner_text('#sample-card .turn[data-turn="2"] .tool-call')
+        == 'calculator({"expression": "42/0"})'
+    )
+    observation = page.inner_text('#sample-card .turn[data-turn="3"]')
+    assert "tool observation" in observation and "error: division by zero" in observation
+    assert (
+        page.inner_text('#sample-card .turn[data-turn="3"] .tool-error')
+        == "ZeroDivisionError: division by zero"
+    )
+    assert page.get_attribute('#sample-card .turn[data-turn="3"]', "class") == "turn tool failed"
+    assert "term acc: 0" in page.inner_text("#sample-card .fields")
+    # the per-token mismatch as shading: one span per token, its difference as data
+    shading = page.eval_on_selector_all(
+        "#sample-card .tokens span", "s => s.map((x) => Number(x.dataset.mismatch))"
+    )
+    assert shading == open_runs([folders["calc"]])[0].samples("rollouts", 4)[1]["token_mismatch"]
+
+
+def test_one_validation_prompt_across_steps(page, url):
+    show(page, url + "#tab=samples&kind=validation&step=2&sample=1")
+    page.click("#sample-card a.link")  # "this prompt across steps"
+    page.wait_for_function("document.body.dataset.ready === 'prompt'")
+    cards = page.locator(".across .card")
+    assert [cards.nth(i).get_attribute("data-step") for i in range(cards.count())] == ["0", "2", "4"]
+    assert "val question 1" in page.inner_text("#prompt-view .card >> nth=0")
+    assert [cards.nth(i).inner_text().splitlines()[0] for i in range(3)] == [
+        "step 0 · score 0",
+        "step 2 · score 0",
+        "step 4 · score 0",
+    ]
+
+
+def test_the_static_file_opens_from_disk(page, folders, tmp_path):
+    out = write_static(open_runs([folders["a"], folders["calc"]]), tmp_path / "view.html")
+    show(page, out.as_uri())
+    assert curves(page)["score/mean"]["calc"] == list(
+        expected_curves(metrics_rows(4), ["score/mean"])["score/mean"]
+    )
+    show(page, out.as_uri() + "#tab=samples&run=1&sample=1&step=2")
+    assert page.locator("#sample-card .turn").count() == 5
+    assert page.inner_text("#run-names").endswith("(saved page)")
