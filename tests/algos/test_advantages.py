@@ -21,7 +21,7 @@ def outcome_rewards(scores, mask):
 
 
 # Six samples, non-contiguous string uids: p1 = {0, 2, 4} scores (1, 0, 1); p2 = {1, 5} scores
-# (0, 0) all equal; p3 = {3} a group of one. Padding in the middle of the batch (rows 1, 3, 5).
+# (0, 0) all equal; p3 = {3} a group of one (baseline 0: its score, as verl). Padding in the middle of the batch (rows 1, 3, 5).
 UIDS = ["p1", "p2", "p1", "p3", "p1", "p2"]
 SCORES = [1.0, 0.0, 0.0, 5.0, 1.0, 0.0]
 MASK = [[1, 1, 1], [1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 1], [1, 1, 0]]
@@ -58,27 +58,30 @@ def test_every_estimator_declares_its_needs():
             "needs_reward_baselines",
             "needs_sum_pi_squared",
             "needs_reward_components",
+            "needs_two_per_group",
         }
         assert all(isinstance(v, bool) for v in info.values())
     assert ADV_ESTIMATORS.info("gae")["needs_critic"]
     assert ADV_ESTIMATORS.info("remax")["needs_reward_baselines"]
     assert all(ADV_ESTIMATORS.info(n)["needs_groups"] for n in GROUP_ESTIMATORS)
+    assert [n for n in ADV_ESTIMATORS if ADV_ESTIMATORS.info(n).get("needs_two_per_group")] == ["grpo_passk"]
 
 
 def test_grpo_hand_computed():
     # p1: mean 2/3, deviations (1/3, -2/3, 1/3), unbiased var (1/9 + 4/9 + 1/9) / 2 = 1/3
     rewards, mask = grouped_batch()
     adv, ret = compute_advantages("grpo", rewards, mask, index=UIDS, epsilon=1e-6)
+    # p3 alone: mean 0, std 1 (verl's choice) -> 5 / (1 + 1e-6)
     s = math.sqrt(1 / 3) + 1e-6
-    expected = expect_broadcast([(1 / 3) / s, 0.0, (-2 / 3) / s, 0.0, (1 / 3) / s, 0.0])
+    expected = expect_broadcast([(1 / 3) / s, 0.0, (-2 / 3) / s, 5 / (1 + 1e-6), (1 / 3) / s, 0.0])
     torch.testing.assert_close(adv, expected)
     torch.testing.assert_close(ret, expected)
 
 
 def test_grpo_without_std_and_dr_grpo():
-    # score - group mean: p1 (1/3, -2/3, 1/3), p2 (0, 0), p3 alone -> 0
+    # score - group mean: p1 (1/3, -2/3, 1/3), p2 (0, 0), p3 alone -> 5 (baseline 0)
     rewards, mask = grouped_batch()
-    expected = expect_broadcast([1 / 3, 0.0, -2 / 3, 0.0, 1 / 3, 0.0])
+    expected = expect_broadcast([1 / 3, 0.0, -2 / 3, 5.0, 1 / 3, 0.0])
     adv, _ = compute_advantages("grpo", rewards, mask, index=UIDS, norm_adv_by_std=False)
     torch.testing.assert_close(adv, expected)
     adv, _ = compute_advantages("dr_grpo", rewards, mask, index=np.array(UIDS), norm_adv_by_std=True)
@@ -86,41 +89,49 @@ def test_grpo_without_std_and_dr_grpo():
 
 
 def test_rloo_hand_computed():
-    # p1: 1 - (0 + 1)/2 = 0.5; 0 - (1 + 1)/2 = -1; 1 - (1 + 0)/2 = 0.5
+    # p1: 1 - (0 + 1)/2 = 0.5; 0 - (1 + 1)/2 = -1; 1 - (1 + 0)/2 = 0.5; p3 alone: 5 - 0
     rewards, mask = grouped_batch()
     adv, ret = compute_advantages("rloo", rewards, mask, index=UIDS)
-    torch.testing.assert_close(adv, expect_broadcast([0.5, 0.0, -1.0, 0.0, 0.5, 0.0]))
+    torch.testing.assert_close(adv, expect_broadcast([0.5, 0.0, -1.0, 5.0, 0.5, 0.0]))
     torch.testing.assert_close(ret, adv)
 
 
 def test_opo_length_weighted_baseline():
     # a: lengths (1, 3), scores (1, 0) -> b = (1*1 + 3*0) / 4 = 0.25 -> (0.75, -0.25)
-    # b: scores (2, 2) equal -> 0; c: alone -> 0
+    # b: scores (2, 2) equal -> 0; c: alone -> baseline 0 -> 4
     mask = [[1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 1, 0], [1, 1, 1]]
     rewards, mask_t = outcome_rewards([1.0, 0.0, 2.0, 2.0, 4.0], mask)
     adv, _ = compute_advantages("opo", rewards, mask_t, index=["a", "a", "b", "b", "c"])
-    expected = torch.tensor([0.75, -0.25, 0.0, 0.0, 0.0])[:, None] * mask_t
+    expected = torch.tensor([0.75, -0.25, 0.0, 0.0, 4.0])[:, None] * mask_t
     torch.testing.assert_close(adv, expected)
 
 
 def test_gpg_scales_by_informative_fraction():
-    # groups 0: (1, 0) varies; 1: (2, 2) equal; 2: (9) alone -> M = 2 informative of B = 5
+    # groups 0: (1, 0) varies; 1: (2, 2) equal; 2: (0) alone with score 0 -> 2 informative of B = 5
     # alpha = 5 / 2; adv = 2.5 * (0.5, -0.5) = (1.25, -1.25), the rest 0
-    rewards, mask = outcome_rewards([1.0, 0.0, 2.0, 2.0, 9.0], torch.ones(5, 2))
+    rewards, mask = outcome_rewards([1.0, 0.0, 2.0, 2.0, 0.0], torch.ones(5, 2))
     adv, _ = compute_advantages("gpg", rewards, mask, index=torch.tensor([0, 0, 1, 1, 2]))
     torch.testing.assert_close(adv, torch.tensor([1.25, -1.25, 0.0, 0.0, 0.0])[:, None] * mask)
 
 
+def test_gpg_a_group_of_one_has_baseline_zero_and_counts_as_informative():
+    # as above but group 2 is (9) alone: baseline 0, informative (non-zero) -> 3 of B = 5, alpha = 5/3
+    # adv = 5/3 * (0.5, -0.5, 0, 0, 9) = (5/6, -5/6, 0, 0, 15)
+    rewards, mask = outcome_rewards([1.0, 0.0, 2.0, 2.0, 9.0], torch.ones(5, 2))
+    adv, _ = compute_advantages("gpg", rewards, mask, index=torch.tensor([0, 0, 1, 1, 2]))
+    torch.testing.assert_close(adv, torch.tensor([5 / 6, -5 / 6, 0.0, 0.0, 15.0])[:, None] * mask)
+
+
 def test_gpg_no_informative_group_is_zero():
-    rewards, mask = outcome_rewards([1.0, 1.0, 3.0], torch.ones(3, 2))
+    rewards, mask = outcome_rewards([1.0, 1.0, 0.0], torch.ones(3, 2))
     adv, _ = compute_advantages("gpg", rewards, mask, index=[0, 0, 1])
     assert torch.equal(adv, torch.zeros(3, 2))
 
 
 def test_reinforce_plus_plus_baseline_hand_computed():
     # centred scores (0.5, -0.5, 0, 0, 0) on 2 tokens each: 10 tokens, mean 0, sum sq 4 * 0.25 = 1
-    # unbiased var 1/9 -> whitened 0.5 / (1/3) = 1.5
-    rewards, mask = outcome_rewards([1.0, 0.0, 2.0, 2.0, 9.0], torch.ones(5, 2))
+    # unbiased var 1/9 -> whitened 0.5 / (1/3) = 1.5 (the loner scores 0: baseline 0 leaves it 0)
+    rewards, mask = outcome_rewards([1.0, 0.0, 2.0, 2.0, 0.0], torch.ones(5, 2))
     adv, _ = compute_advantages("reinforce_plus_plus_baseline", rewards, mask, index=[0, 0, 1, 1, 2])
     expected = torch.tensor([1.5, -1.5, 0.0, 0.0, 0.0])[:, None].expand(5, 2)
     torch.testing.assert_close(adv, expected, atol=1e-6, rtol=1e-6)
@@ -208,11 +219,38 @@ def test_missing_inputs_name_what_is_needed():
 
 
 @pytest.mark.parametrize("name", GROUP_ESTIMATORS)
-def test_singletons_and_equal_rewards_give_zero(name):
-    rewards, mask = outcome_rewards([1.0, 3.0, 2.0, 2.0], [[1, 1], [1, 0], [1, 1], [1, 1]])
-    adv, ret = compute_advantages(name, rewards, mask, index=["x", "y", "z", "z"])
+def test_equal_rewards_give_zero(name):
+    rewards, mask = outcome_rewards([3.0, 3.0, 2.0, 2.0], [[1, 1], [1, 0], [1, 1], [1, 1]])
+    adv, ret = compute_advantages(name, rewards, mask, index=["x", "x", "z", "z"])
     assert torch.equal(adv, torch.zeros_like(adv))
     assert torch.isfinite(ret).all()
+
+
+# Groups of one (rollout.n=1) as verl computes them: baseline (mean) 0 and std 1, so the advantage is
+# the score. Rows x = 1 (2 tokens), y = 3 (1 token), z = (2, 2) equal. grpo: s / (1 + 1e-6);
+# gpg: x, y informative (non-zero), z not: alpha = 4 / 2 -> (2, 6); reinforce_plus_plus_baseline:
+# tokens (1, 1, 3, 0, 0, 0, 0): mean 5/7, unbiased var (2 (2/7)^2 + (16/7)^2 + 4 (5/7)^2) / 6 = 26/21.
+# grpo_passk: 0 (verl raises for a group of one; rollout.n=1 is refused for it at start-up).
+_RPP = [(1 - 5 / 7) / math.sqrt(26 / 21), (3 - 5 / 7) / math.sqrt(26 / 21), (0 - 5 / 7) / math.sqrt(26 / 21)]
+GROUP_OF_ONE = {
+    "grpo": [1 / (1 + 1e-6), 3 / (1 + 1e-6), 0.0],
+    "dr_grpo": [1.0, 3.0, 0.0],
+    "rloo": [1.0, 3.0, 0.0],
+    "opo": [1.0, 3.0, 0.0],
+    "gpg": [2.0, 6.0, 0.0],
+    "reinforce_plus_plus_baseline": _RPP,
+    "grpo_passk": [0.0, 0.0, 0.0],
+}
+
+
+@pytest.mark.parametrize("name", GROUP_ESTIMATORS)
+def test_a_group_of_one_gets_its_score(name):
+    mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
+    rewards, _ = outcome_rewards([1.0, 3.0, 2.0, 2.0], mask)
+    adv, ret = compute_advantages(name, rewards, mask, index=["x", "y", "z", "z"])
+    x, y, z = GROUP_OF_ONE[name]
+    torch.testing.assert_close(adv, torch.tensor([x, y, z, z])[:, None] * mask)
+    torch.testing.assert_close(ret, adv)
 
 
 @pytest.mark.parametrize("name", sorted(ADV_ESTIMATORS))

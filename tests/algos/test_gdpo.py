@@ -72,14 +72,17 @@ def test_without_std_normalisation_components_are_only_centred():
     torch.testing.assert_close(raw, scaled)
 
 
-def test_a_group_of_one_adds_zero_before_the_whitening():
+def test_a_group_of_one_adds_its_weighted_rewards_before_the_whitening():
     components = torch.cat([COMPONENTS, torch.tensor([[5.0, 9.0]])])
     mask = torch.cat([MASK, torch.tensor([[1.0, 1.0]])])
     adv, _ = gdpo(components, mask, [*INDEX, "alone"], reward_weights=WEIGHTS)
-    # the loner's combined advantage is 0 (no baseline); the whitening then shifts it like the others
-    tokens = torch.tensor([*COMBINED, 0.0])[:, None].expand(-1, 2)[mask > 0]
+    # the loner's z_k = r_k / (1 + eps) (mean 0, std 1, as verl's grpo step): 5 + 0.5 * 9 = 9.5;
+    # the others are COMBINED in units of c = (1/3) / (sqrt(1/3) + eps); then one whitening over all
+    c = (1 / 3) / (math.sqrt(1 / 3) + 1e-6)
+    combined = torch.tensor([*(x * c for x in COMBINED), 9.5 / (1 + 1e-6)])
+    tokens = combined[:, None].expand(-1, 2)[mask > 0]
     mean, std = tokens.mean(), tokens.std()
-    torch.testing.assert_close(adv[-1], (0 - mean) / std * torch.ones(2))
+    torch.testing.assert_close(adv, (combined - mean)[:, None] / std * mask)
 
 
 def test_missing_or_mismatched_inputs_are_named():

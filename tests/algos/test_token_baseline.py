@@ -18,7 +18,7 @@ def otb(name, rewards, mask, index, old, spi, **kw):
 def two_samples_and_a_loner():
     """a: 2 tokens, pi = 0.5, sum pi^2 = 0.5 -> w = 0.5, W = [0.5, 1.0], reward 1 -> G = [1, 1];
     b: 1 token, pi = 0.25, sum pi^2 = 0.25 -> w = 0.75, W = [0.75], reward 0 -> G = [0];
-    c: alone in its group."""
+    c: alone in its group: baseline 0, A = G = [3, 3] (as verl)."""
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0]])
     rewards = torch.tensor([[0.0, 1.0], [0.0, 0.0], [0.0, 3.0]])
     old = torch.tensor([[LOG_HALF, LOG_HALF], [LOG_QUARTER, 0.0], [LOG_HALF, LOG_HALF]])
@@ -30,7 +30,7 @@ def test_otb_weights_each_return_by_its_path_energy():
     rewards, mask, index, old, spi = two_samples_and_a_loner()
     adv, returns = otb("optimal_token_baseline", rewards, mask, index, old, spi, handle_zero_tail=False)
     # t=0: B = (1 * 0.5 + 0 * 0.75) / (0.5 + 0.75) = 0.4; t=1: only a -> B = G_a = 1
-    expected = torch.tensor([[0.6, 0.0], [-0.4, 0.0], [0.0, 0.0]])
+    expected = torch.tensor([[0.6, 0.0], [-0.4, 0.0], [3.0, 3.0]])
     torch.testing.assert_close(adv, expected)
     torch.testing.assert_close(returns, torch.tensor([[1.0, 1.0], [0.0, 0.0], [3.0, 3.0]]))
 
@@ -39,7 +39,7 @@ def test_otb_zero_tail_gives_the_lone_longest_sample_its_return():
     rewards, mask, index, old, spi = two_samples_and_a_loner()
     adv, _ = otb("optimal_token_baseline", rewards, mask, index, old, spi)  # on by default, as verl
     # a is the only sample with a token at t=1 (second-longest length 1): baseline 0 there
-    torch.testing.assert_close(adv, torch.tensor([[0.6, 1.0], [-0.4, 0.0], [0.0, 0.0]]))
+    torch.testing.assert_close(adv, torch.tensor([[0.6, 1.0], [-0.4, 0.0], [3.0, 3.0]]))
 
 
 def test_otb_scales_the_energy_by_the_squared_is_weight():
@@ -48,7 +48,21 @@ def test_otb_scales_the_energy_by_the_squared_is_weight():
     adv, _ = otb("optimal_token_baseline", rewards, mask, index, old, spi, rollout_is_weights=rho)
     # W_a(0) = 0.5 * 2^2 = 2: B(0) = 2 / (2 + 0.75); t=1 is a's zero tail (baseline 0, A = G_a = 1)
     b0 = 2 / 2.75
-    torch.testing.assert_close(adv, torch.tensor([[1 - b0, 1.0], [-b0, 0.0], [0.0, 0.0]]))
+    torch.testing.assert_close(adv, torch.tensor([[1 - b0, 1.0], [-b0, 0.0], [3.0, 3.0]]))
+
+
+@pytest.mark.parametrize("name", ["optimal_token_baseline", "tir_optimal_token_baseline"])
+def test_a_group_of_one_gets_its_reward_to_go(name):
+    # rollout.n=1: every row alone. a: model, observation, model, rewards (1, 0, 2) -> G = (3, 0, 2) at
+    # model tokens; b: one token, reward -1; c: no response token (A = 0); d shares c's group, so b..d
+    # has b as its one non-empty member. Baseline 0 everywhere: A = G (verl: "no baseline")
+    mask = torch.tensor([[1.0, 0.0, 1.0], [1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    rewards = torch.tensor([[1.0, 0.0, 2.0], [-1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    old, spi = torch.full((4, 3), LOG_HALF), torch.full((4, 3), 0.5)
+    adv, returns = otb(name, rewards, mask, ["a", "b", "c", "b"], old, spi)
+    expected = torch.tensor([[3.0, 0.0, 2.0], [-1.0, 0.0, 0.0], [0.0, 0.0, 0.0], [0.0, 0.0, 0.0]])
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(returns, expected)
 
 
 def multi_turn_pair():

@@ -44,7 +44,15 @@ RULES = [
         ["algorithm.adv_estimator=gae", "critic.enable=false", "rollout.n=1"],
         ["algorithm.adv_estimator=gae needs a value model but critic.enable=false", "critic.enable=auto"],
     ),
-    (["rollout.n=1"], ["algorithm.adv_estimator=grpo", "rollout.n=1", "Set rollout.n>=2"]),
+    (
+        ["algorithm.adv_estimator=grpo_passk", "rollout.n=1"],
+        [
+            "algorithm.adv_estimator=grpo_passk",
+            "rollout.n=1",
+            "every advantage would be 0",
+            "Set rollout.n>=2",
+        ],
+    ),
     (["actor.clip_ratio_c=1.0"], ["actor.clip_ratio_c=1.0 must be > 1"]),
     (
         ["algorithm.adv_estimator=grpp"],
@@ -251,7 +259,7 @@ def test_programmatic_config_validates_and_derives():
     cfg = TandemConfig()
     with pytest.raises(ConfigError, match=r"call validate_config\(cfg\)"):
         _ = cfg.derived
-    cfg.rollout.n = 1
+    cfg.rollout.n = 0
     with pytest.raises(ConfigError, match="rollout.n"):
         validate_config(cfg)
     cfg.rollout.n = 2

@@ -16,6 +16,7 @@ trainer config (data/ppo_trainer.yaml) as `tandem config --config-path D --confi
 from __future__ import annotations
 
 import json
+import logging
 import sys
 from collections import Counter
 from pathlib import Path
@@ -44,7 +45,6 @@ NOT_READ_YET = "not read yet"  # a key or value verl takes that Tandem does not 
 # script -> (class, the text every problem line of it holds one of); a script refused otherwise, or one listed
 # here that is accepted, fails the test
 _DIST_CKPT = ("does not load a megatron distributed checkpoint",)
-_NO_BASELINE = ("a group of one has no baseline",)
 _NO_SAMPLER = ("a user's sampler class",)
 _NO_DATASET = ("a user's class is not loaded",)
 REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
@@ -83,7 +83,7 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     "examples/router_replay/run_qwen30_a3b_megatron_vllm.sh": (MISSING, ("no MoE router replay",)),
     "examples/rollout_correction/run_with_rollout_corr.sh": (
         MISSING,
-        ("rollout_is_batch_normalize needs every IS weight", *_NO_BASELINE),
+        ("rollout_is_batch_normalize needs every IS weight",),
     ),
     "examples/grpo_trainer/run_gptoss_20b.sh": (
         MISSING,
@@ -113,10 +113,8 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     # model.torch_dtype is no key of verl's config, which Hydra refuses without `+` (its clip_ratio_low=10, CISPO's
     # "no lower clip", is read as verl reads it)
     "examples/cispo_trainer/run_cispo_qwen2_5_0_5b_gsm8k.sh": (SCRIPT_ERROR, ("torch_dtype",)),
-    # not read yet: verl takes these values
-    # verl runs GRPO / RLOO with rollout.n=1 (each sample its own group: advantage 0 or the score itself)
-    "examples/rollout_correction/run_with_rollout_corr_multi_rs.sh": (NOT_READ_YET, _NO_BASELINE),
-    "examples/tuning/0.5b/qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm.sh": (NOT_READ_YET, _NO_BASELINE),
+    # not read yet: verl takes these values (none left; rollout.n=1 with GRPO / RLOO now runs as verl runs it,
+    # the raw score as the advantage, with a start-up warning)
 }
 
 
@@ -242,7 +240,7 @@ def test_every_example_script_is_accepted_or_refused_for_its_listed_reason(files
 
 
 ACCEPTED = {
-    "verl.trainer.main_ppo": 92,
+    "verl.trainer.main_ppo": 94,
     "verl.trainer.main_ppo_split": 1,
     "verl.trainer.fsdp_sft_trainer": 9,
     "verl.trainer.sft_trainer": 1,
@@ -253,3 +251,20 @@ ACCEPTED = {
 def test_every_refusal_names_its_class():
     assert {cls for cls, _ in REFUSED.values()} <= {HARDWARE, MISSING, SCRIPT_ERROR, NOT_READ_YET}
     assert set(REFUSED) <= set(SCRIPTS)
+
+
+ONE_SAMPLE_PER_PROMPT = (
+    "examples/rollout_correction/run_with_rollout_corr_multi_rs.sh",
+    "examples/tuning/0.5b/qwen2-0.5b_grpo-lora_1_h100_fsdp_vllm.sh",
+)
+
+
+def test_one_sample_per_prompt_runs_as_verl_with_a_warning(files, caplog):
+    # verl runs GRPO / RLOO with rollout.n=1: no baseline, the raw score as the advantage
+    tmp, paths = files
+    for path in ONE_SAMPLE_PER_PROMPT:
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="tandem.config.checks.algorithm"):
+            assert problems(SCRIPTS[path], tmp, paths) == []
+        (message,) = [r.getMessage() for r in caplog.records if r.name == "tandem.config.checks.algorithm"]
+        assert "rollout.n=1 gives one sample per prompt" in message and "its raw score" in message

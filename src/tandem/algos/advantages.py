@@ -6,8 +6,10 @@ them the same way. Outputs are 0 at padding (whatever the rewards hold there), c
 and are float32 at least (bf16 / fp16 inputs are upcast).
 
 Group-relative estimators (grpo, dr_grpo, grpo_passk, rloo, opo, gpg, gdpo, reinforce_plus_plus_baseline) compare a
-sample with the other samples of its prompt (`index` = the prompt's uid). A group of one has
-nothing to compare with, so its advantage is 0; a group whose scores are all equal also gets 0.
+sample with the other samples of its prompt (`index` = the prompt's uid); a group whose scores are
+all equal gets 0. A group of one (rollout.n=1) has nothing to compare with: as in verl, its baseline is
+0 (and its std 1), so its advantage is its own score (grpo: s / (1 + eps)). grpo_passk is the exception:
+verl raises there, and Tandem gives 0 (and refuses rollout.n=1 for it at start-up).
 """
 
 from __future__ import annotations
@@ -112,12 +114,14 @@ def _group_centered(
 def _group_centered_scores(
     scores: Tensor, index: GroupIndex | None, estimator: str, *, norm_by_std: bool, epsilon: float
 ) -> Tensor:
-    """s_i - mean_g(s) (over std_g(s) + eps with norm_by_std) per sample; 0 in a group of one."""
+    """s_i - mean_g(s) (over std_g(s) + eps with norm_by_std) per sample; a group of one takes mean 0 and
+    std 1, as verl's grpo does, so it gets s_i (over 1 + eps)."""
     mean, std, count = group_stats(scores, _index(index, estimator))
-    centered = scores - mean
+    single = count < 2
+    centered = scores - torch.where(single, torch.zeros_like(mean), mean)
     if norm_by_std:
-        centered = centered / (std + epsilon)
-    return torch.where(count > 1, centered, torch.zeros_like(centered))
+        centered = centered / (torch.where(single, torch.ones_like(std), std) + epsilon)
+    return centered
 
 
 def _group_relative(
@@ -173,12 +177,13 @@ def rloo(
     index: GroupIndex | None = None,
     **_: Any,
 ) -> tuple[Tensor, Tensor]:
-    """RLOO: A_i = s_i - (sum_g s - s_i) / (n_g - 1), the mean of the other samples; returns = A."""
+    """RLOO: A_i = s_i - (sum_g s - s_i) / (n_g - 1), the mean of the other samples; a group of one has
+    baseline 0 (A_i = s_i, as verl's rloo); returns = A."""
     rewards, mask = _prepare(token_level_rewards, response_mask)
     scores = _scores(rewards, mask)
     mean, _, count = group_stats(scores, _index(index, "rloo"))
     # s_i - (n s_bar - s_i) / (n - 1) = n / (n - 1) (s_i - s_bar): exactly 0 when the scores are equal.
-    adv = torch.where(count > 1, count / (count - 1).clamp(min=1) * (scores - mean), torch.zeros_like(scores))
+    adv = torch.where(count > 1, count / (count - 1).clamp(min=1) * (scores - mean), scores)
     advantages = _broadcast(adv, mask)
     return advantages, advantages.clone()
 
@@ -222,7 +227,7 @@ def reinforce_plus_plus_baseline(
     index: GroupIndex | None = None,
     **_: Any,
 ) -> tuple[Tensor, Tensor]:
-    """REINFORCE++-baseline: A = whiten_batch(s_i - mean_g(s)) over tokens; returns = A."""
+    """REINFORCE++-baseline: A = whiten_batch(s_i - mean_g(s)) over tokens (mean 0 in a group of one); returns = A."""
     rewards, mask = _prepare(token_level_rewards, response_mask)
     adv = _group_centered(
         rewards, mask, index, "reinforce_plus_plus_baseline", norm_by_std=False, epsilon=0.0
@@ -259,7 +264,8 @@ def opo(
     index: GroupIndex | None = None,
     **_: Any,
 ) -> tuple[Tensor, Tensor]:
-    """OPO: A_i = s_i - b_g, b_g = sum_g(l_j s_j) / sum_g(l_j), l_j = response length; returns = A."""
+    """OPO: A_i = s_i - b_g, b_g = sum_g(l_j s_j) / sum_g(l_j), l_j = response length (b = 0 in a group of
+    one, as verl's opo); returns = A."""
     rewards, mask = _prepare(token_level_rewards, response_mask)
     scores = _scores(rewards, mask)
     index = _index(index, "opo")
@@ -270,12 +276,18 @@ def opo(
     total_length = group_sum(lengths, index)
     baseline = group_sum(lengths * shifted, index) / total_length.clamp(min=1e-8)
     keep = (count > 1) & (total_length > 0)
-    adv = torch.where(keep, shifted - baseline, torch.zeros_like(scores))
+    adv = torch.where(keep, shifted - baseline, torch.where(count > 1, torch.zeros_like(scores), scores))
     advantages = _broadcast(adv, mask)
     return advantages, advantages.clone()
 
 
-@ADV_ESTIMATORS.register("grpo_passk", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
+@ADV_ESTIMATORS.register(
+    "grpo_passk",
+    needs_critic=False,
+    needs_groups=True,
+    needs_reward_baselines=False,
+    needs_two_per_group=True,
+)
 @torch.no_grad()
 def grpo_passk(
     token_level_rewards: Tensor,
@@ -289,7 +301,8 @@ def grpo_passk(
     """Pass@k training (Chen et al. 2025, arXiv 2503.19595, as verl's grpo_passk): only the best sample
     of each group learns, A = (s_max - s_second) / (std_g(s) + eps) (no division with norm_adv_by_std
     false); every other sample gets 0. Ties go to the first best sample (then s_max - s_second = 0).
-    A group of one gets 0, as in every group estimator here (verl raises instead)."""
+    A group of one gets 0 (verl raises: "Pass@k requires at least 2 samples per group"), and rollout.n=1
+    is refused at start-up, since every advantage would be 0."""
     rewards, mask = _prepare(token_level_rewards, response_mask)
     scores = _scores(rewards, mask)
     inverse, num_groups = group_ids(_index(index, "grpo_passk"), scores.shape[0])
@@ -325,23 +338,26 @@ def gpg(
 ) -> tuple[Tensor, Tensor]:
     """GPG (Chu et al. 2025, arXiv 2504.02546): A_i = alpha (s_i - mean_g(s)), alpha = B / (B - M).
 
-    M counts the paper's "invalid" samples, those of groups whose scores are all equal (and, here,
-    groups of one, which have no baseline): B - M is the number of samples whose group's scores vary.
-    No std normalisation (the paper's default). alpha rescales the batch mean so that groups with
-    no signal do not dilute the gradient; B - M = 0 gives alpha = 1 (every advantage is 0 anyway).
+    M counts the paper's "invalid" samples, those whose advantage is 0 for want of a signal: the samples
+    of groups whose scores are all equal. B - M is the number of samples that carry one. No std
+    normalisation (the paper's default). alpha rescales the batch mean so that groups with no signal
+    do not dilute the gradient; B - M = 0 gives alpha = 1 (every advantage is 0 anyway). A group of one
+    has baseline 0, as in verl, so its advantage is alpha * s_i; it counts in B - M unless s_i = 0.
 
-    verl 0.9.1 differs on purpose here: it takes alpha = B / (number of non-zero scores) and gives a
-    group of one the advantage alpha * s_i (baseline 0). The paper's accurate-gradient-estimation
-    section defines alpha through the samples of groups with identical rewards, so Tandem follows the
-    paper; with 0/1 rewards and every group mixed the two agree only when half the scores are 1.
+    verl 0.9.1 differs on purpose in alpha: it takes alpha = B / (number of non-zero scores). The
+    paper's accurate-gradient-estimation section defines alpha through the samples of groups with
+    identical rewards, so Tandem follows the paper; with 0/1 rewards and every group mixed the two agree
+    only when half the scores are 1 (with rollout.n=1, only groups of one, they agree exactly).
     """
     rewards, mask = _prepare(token_level_rewards, response_mask)
     scores = _scores(rewards, mask)
     mean, std, count = group_stats(scores, _index(index, "gpg"))
-    informative = (count > 1) & (std > 0)
+    single = count < 2
+    baseline = torch.where(single, torch.zeros_like(mean), mean)
+    informative = torch.where(single, scores != 0, std > 0)
     # Kept on the device (no .item() sync); where M = 0 every advantage is 0 whatever alpha is.
     alpha = scores.shape[0] / informative.sum().clamp(min=1).to(scores.dtype)
-    adv = torch.where(informative, alpha * (scores - mean), torch.zeros_like(scores))
+    adv = torch.where(informative, alpha * (scores - baseline), torch.zeros_like(scores))
     advantages = _broadcast(adv, mask)
     return advantages, advantages.clone()
 
@@ -372,8 +388,7 @@ def gdpo(
     Normalising each component before summing keeps reward combinations apart that GRPO on the summed
     reward maps to the same advantage (the paper's "reward advantage collapse"). The summed reward
     (`token_level_rewards`, hence a KL penalty in it) is not used. w defaults to all 1; std, eps and
-    `norm_adv_by_std` are grpo's. As verl's gdpo, except that a group of one gives z = 0 here (as every
-    group estimator in Tandem) where verl's GRPO step gives it r / (1 + eps).
+    `norm_adv_by_std` are grpo's, a group of one included (z = r_k / (1 + eps)), as verl's gdpo.
     """
     components = _require(
         reward_components, "reward_components", "gdpo", "one column per reward term, shape (batch, terms)"

@@ -64,7 +64,8 @@ class Registry:
 
 
 # The registries the rest of Tandem looks names up in. `import tandem.algos` fills them.
-ADV_ESTIMATORS = Registry("advantage estimator")  # info: needs_critic, needs_groups, needs_reward_baselines
+# info: needs_critic, needs_groups, needs_reward_baselines (+ needs_two_per_group: a group of one is refused)
+ADV_ESTIMATORS = Registry("advantage estimator")
 POLICY_LOSSES = Registry("policy loss")
 KL_ESTIMATORS = Registry("KL estimator")
 AGG_MODES = Registry("loss aggregation mode")

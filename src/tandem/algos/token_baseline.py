@@ -12,9 +12,9 @@ old-log-prob pass (actor.calculate_sum_pi_squared). With rollout IS weights rho,
 observation tokens (response_mask 0) that tools and interactions inserted: position k is each sample's
 k-th model token. On single-turn samples (contiguous masks) the two are the same.
 
-Where Tandem differs from verl (0.9.1): a group of one (or one non-empty sample) gets advantage 0, as
-every Tandem group estimator (verl gives it G_t, baseline 0); rows with no response tokens never count
-as group members in either variant (verl's plain variant counts them, which changes a group's
+A group of one (or one non-empty sample) has baseline 0, so its advantage is G_t, as in verl (and as
+every Tandem group estimator gives a group of one its own score). Where Tandem differs from verl
+(0.9.1): rows with no response tokens never count as group members in either variant (verl's plain variant counts them, which changes a group's
 second-longest length under handle_zero_tail). Both variants default to handle_zero_tail=True, as
 verl 0.9.1's functions do (its trainer passes nothing, so the default is what runs).
 """
@@ -57,7 +57,7 @@ def otb_advantages(
 
     handle_zero_tail: where one sample of a group is longer than all the others, its positions past the
     second-longest length have only itself to compare with (B*_t = G_t, A_t = 0); there the baseline is
-    set to 0 instead, so those tokens learn from G_t.
+    set to 0 instead, so those tokens learn from G_t. A group of one non-empty row has baseline 0 too.
     """
     lengths = mask.sum(-1)
     members = (lengths > 0).to(returns.dtype)
@@ -73,8 +73,8 @@ def otb_advantages(
         positions = torch.arange(mask.shape[-1], device=mask.device)
         tail = alone[:, None] & (positions[None, :] >= second[:, None])
         baseline = torch.where(tail, torch.zeros_like(baseline), baseline)
-    keep = (count > 1) & (lengths > 0)
-    return torch.where(keep[:, None], (returns - baseline) * mask, torch.zeros_like(returns))
+    baseline = torch.where((count > 1)[:, None], baseline, torch.zeros_like(baseline))  # alone: A = G
+    return torch.where((lengths > 0)[:, None], (returns - baseline) * mask, torch.zeros_like(returns))
 
 
 def _inputs(

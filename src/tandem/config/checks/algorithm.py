@@ -3,6 +3,7 @@ dynamic sampling, the KL controller."""
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from tandem.config.checks.common import at_least, within
@@ -11,6 +12,8 @@ from tandem.config.errors import Problems
 
 if TYPE_CHECKING:
     from tandem.config.schema import TandemConfig
+
+logger = logging.getLogger(__name__)
 
 
 def check_policy_loss_keys(cfg: TandemConfig, problems: Problems) -> None:
@@ -90,6 +93,20 @@ def _check_reward_components(cfg: TandemConfig, problems: Problems, info: dict[s
         )
 
 
+def group_of_one_warning(cfg: TandemConfig, info: dict[str, Any]) -> str | None:
+    """With rollout.n=1 a group estimator has no baseline: as in verl, the advantage is the raw score. A
+    warning that says so, else None."""
+    if not info.get("needs_groups") or info.get("needs_two_per_group") or cfg.rollout.n >= 2:
+        return None
+    est = cfg.algorithm.adv_estimator
+    return (
+        f"algorithm.adv_estimator={est} compares the samples of a prompt, but rollout.n={cfg.rollout.n} gives "
+        "one sample per prompt: there is no baseline, so each sample's advantage is its raw score (as in "
+        "verl: group mean 0, std 1). Every sample with a positive score is reinforced. Set rollout.n>=2 "
+        "(4-16 is usual) for a group baseline"
+    )
+
+
 def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any]) -> None:
     alg, est = cfg.algorithm, cfg.algorithm.adv_estimator
     if info.get("needs_critic") and cfg.critic.enable is False:
@@ -98,12 +115,16 @@ def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any])
             f"algorithm.adv_estimator={est} needs a value model but critic.enable=false: set "
             "critic.enable=auto (or true), or pick a critic-free estimator such as grpo or rloo",
         )
-    if info.get("needs_groups") and cfg.rollout.n < 2:
+    if info.get("needs_two_per_group") and cfg.rollout.n < 2:
         problems.add(
             ("rollout.n", "algorithm.adv_estimator"),
-            f"algorithm.adv_estimator={est} compares samples of the same prompt, but rollout.n="
-            f"{cfg.rollout.n}: a group of one has no baseline. Set rollout.n>=2 (4-16 is usual)",
+            f"algorithm.adv_estimator={est} learns from each prompt's best sample by its margin over the "
+            f"second best, but rollout.n={cfg.rollout.n} gives one sample per prompt: every advantage "
+            "would be 0 (verl stops there too). Set rollout.n>=2 (4-16 is usual)",
         )
+    warning = group_of_one_warning(cfg, info)
+    if warning is not None:
+        logger.warning("%s", warning)
     if info.get("needs_sum_pi_squared") and not cfg.actor.calculate_sum_pi_squared:
         problems.add(
             ("actor.calculate_sum_pi_squared", "algorithm.adv_estimator"),
