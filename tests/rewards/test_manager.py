@@ -284,7 +284,7 @@ def test_pool_reuses_workers_across_calls(pooled):
 
 
 def test_pool_recovers_from_a_crashed_worker(pooled):
-    batch = make_batch(["exit", "b", "\\boxed{3}"], ["flaky", "flaky", "math"], ["-", "b", "3"])
+    batch = make_batch(["exit", "b", "\\boxed{3}"], ["flaky", "flaky", "lighteval/MATH"], ["-", "b", "3"])
     result = pooled(batch)
     assert result.scores.tolist() == [0.0, 1.0, 1.0]
     assert result.extra["error"][0] == "the reward worker process died (exit code 3)"

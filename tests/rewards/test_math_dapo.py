@@ -48,13 +48,15 @@ def test_normaliser_leaves_plain_answers_alone():
     assert normalize_dapo_answer("\\text{(B)}") == "(B)"
 
 
-@pytest.mark.parametrize("source", ["math_dapo", "math_dapo_reasoning", "aime24", "aime-2025", "aime_2024"])
+@pytest.mark.parametrize(
+    "source", ["math", "math_dapo", "math_dapo_reasoning", "aime24", "aime-2025", "aime_2024"]
+)
 def test_verls_dapo_data_sources_route_to_it(source):
     assert default_scorer_for(source) is math_dapo_score
 
 
 def test_other_math_sources_keep_the_boxed_scorer():
-    for source in ("math", "lighteval/MATH", "my_olympiad_aime"):  # a prefix match only at the start
+    for source in ("lighteval/MATH", "my_olympiad_aime"):  # a prefix match only at the start
         assert default_scorer_for(source, style="math") is math_score
     assert "aime*" in known_data_sources() and "math_dapo" in known_data_sources()
 

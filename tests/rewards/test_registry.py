@@ -28,8 +28,11 @@ def clean_registry():
 def test_builtin_data_sources():
     assert default_scorer_for("openai/gsm8k") is gsm8k_score
     assert default_scorer_for("gsm8k") is gsm8k_score
-    for source in ("math", "lighteval/MATH"):
+    for source in ("lighteval/MATH", "HuggingFaceH4/MATH-500"):
         assert default_scorer_for(source) is math_score
+    assert (
+        default_scorer_for("math") is math_dapo_score
+    )  # as verl routes it; the scorer *named* math is \boxed{}
     assert default_scorer_for("math_dapo") is math_dapo_score  # verl's "Answer:" rule, not \boxed{}
     assert default_scorer_for("my_olympiad", style="math") is math_score
 

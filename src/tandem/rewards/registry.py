@@ -25,6 +25,11 @@ GROUND_TRUTH_CHECKS: dict[str, GroundTruthCheck] = {}
 DATA_SOURCES: dict[str, str] = {}
 # data_source prefix -> scorer name: any data_source starting with it (e.g. "aime" for "aime24", "aime-2025").
 DATA_SOURCE_PREFIXES: dict[str, str] = {}
+# data_source -> scorer name, looked up before everything else, for a data_source that is also the name of
+# another scorer. verl's default_compute_score sends data_source "math" to its DAPO rule; the scorer named
+# "math" (which extra_info.style and scorer_overrides name) stays the \boxed{} one, verl's rule for
+# lighteval/MATH.
+DATA_SOURCE_ROUTES: dict[str, str] = {"math": "math_dapo"}
 
 
 class UnknownDataSourceError(KeyError):
@@ -83,7 +88,10 @@ def register_scorer(
 
 
 def scorer_name_for(data_source: str, style: str | None = None) -> str | None:
-    """The registered scorer name for `data_source`, else for `style` (e.g. "math"), else None."""
+    """The registered scorer name for `data_source` (a route, a name, an alias, a prefix, in that order), else
+    the scorer named by `style` (e.g. "math"), else None."""
+    if data_source in DATA_SOURCE_ROUTES:
+        return DATA_SOURCE_ROUTES[data_source]
     if data_source in SCORERS:
         return data_source
     if data_source in DATA_SOURCES:

@@ -78,6 +78,7 @@ def check_math_truth(data_source: str, ground_truth: Any) -> str | None:
     "math",
     "lighteval/MATH",
     "DigitalLearningGmbH/MATH-lighteval",
+    "HuggingFaceH4/MATH-500",
     check_ground_truth=check_math_truth,
 )
 def math_score(

@@ -7,7 +7,8 @@ units and LaTeX wrappers dropped, "\\frac12" widened to "\\frac{1}{2}", "1,000" 
 text: score 1.0 when equal, -1.0 otherwise (no answer included). The result also holds `acc` (bool) and
 `pred` (the normalised answer), which land in the reward metrics as verl's do.
 
-verl also routes data_source "math" here; in Tandem "math" stays the math_verify scorer (math_answer.py).
+data_source "math" is scored here too, as verl's default_compute_score routes it (rewards/registry.py,
+DATA_SOURCE_ROUTES); the scorer *named* "math" (extra_info.style, scorer_overrides) is the \boxed{} one.
 """
 
 from __future__ import annotations
