@@ -254,3 +254,28 @@ def test_hydra_flags_anywhere_on_the_command_line(tmp_path, monkeypatch, capsys)
         "a=1",
         "b=2",
     ]
+
+
+def test_older_global_micro_batch_keys_are_divided_by_the_gpu_counts_of_file_and_command_line(
+    tmp_path, monkeypatch
+):
+    """verl divides its older global micro-batch keys by nnodes x n_gpus_per_node as the whole config gives
+    them: a --config-path YAML's counts, with the command line's over them (before: each side alone, and
+    verl's default 8 where the command line named no count)."""
+    write_multiturn_config(tmp_path)  # verl/trainer/config/ppo_trainer.yaml
+    examples = tmp_path / "examples"
+    (examples / "mine.yaml").write_text(
+        "hydra:\n  searchpath:\n    - file://verl/trainer/config\n"
+        "defaults:\n  - ppo_trainer\n  - _self_\n"
+        "trainer:\n  nnodes: 1\n  n_gpus_per_node: 2\n"
+        "actor_rollout_ref:\n  rollout:\n    log_prob_micro_batch_size: 16\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    path = str(examples / "mine.yaml")
+    # the file's 2 GPUs divide a command line's size: 16 / 2, not 16 / 8
+    cfg = load_config(path, ["actor_rollout_ref.actor.ppo_micro_batch_size=16"])
+    assert cfg.actor.micro_batch_size_per_rank == 8 and cfg.rollout.log_prob_micro_batch_size_per_rank == 8
+    # the command line's GPU count divides the file's size too (as Hydra applies it over the file)
+    cfg = load_config(path, ["trainer.n_gpus_per_node=4", "trainer.nnodes=2"])
+    assert cfg.rollout.log_prob_micro_batch_size_per_rank == 2  # 16 / (2 x 4)
+    assert cfg.trainer.nnodes == 2

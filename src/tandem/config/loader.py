@@ -25,7 +25,13 @@ from tandem.config.coerce import (
 from tandem.config.errors import ConfigError, Problems, closest
 from tandem.config.schema import TandemConfig
 from tandem.config.validate import finalize
-from tandem.config.verl import VerlTranslation, layout_problems, translate_overrides, translate_tree
+from tandem.config.verl import (
+    VerlTranslation,
+    layout_problems,
+    translate_overrides,
+    translate_tree,
+    verl_sizes,
+)
 from tandem.config.verl_yaml import compose, looks_like_verl
 from tandem.config.yaml_io import deep_merge, read_yaml
 
@@ -59,6 +65,7 @@ def load_config(
     raw: dict[str, Any] = {}
     problems = Problems()
     translation = VerlTranslation()
+    sizes: dict[str, str] | None = None  # a verl YAML's GPU counts (and the command line's over them)
     if preset_or_path is not None:
         path = resolve_ref(str(preset_or_path), Path.cwd())
         top = read_yaml(path)
@@ -66,12 +73,14 @@ def load_config(
             sft = sft or "model" in top or "optim" in top  # sections of verl's SFT configs alone
             raw = load_yaml_tree(PRESET_DIR / ("verl_sft.yaml" if sft else "verl.yaml"), (), problems.files)
             notes: list[str] = []
-            translation = translate_tree(compose(path, notes, top), sft=sft)
+            tree = compose(path, notes, top)
+            sizes = verl_sizes(tree, overrides)  # the command line's GPU counts over the file's, as Hydra
+            translation = translate_tree(tree, sft=sft, sizes=sizes)
             translation.notes, translation.source = notes, str(path)
         else:
             raw = load_yaml_tree(path, (), problems.files)
     from_file = translation.overrides
-    translation.merge(translate_overrides(overrides, sft=sft))
+    translation.merge(translate_overrides(overrides, sft=sft, sizes=sizes))
     for key, message in translation.problems:
         problems.notes[key] = "from a verl override"
         problems.add(key, message)

@@ -101,18 +101,19 @@ class VerlTranslation:
         return "\n".join(lines)
 
 
-def translate_overrides(overrides: Iterable[str], *, sft: bool = False) -> VerlTranslation:
+def translate_overrides(
+    overrides: Iterable[str], *, sft: bool = False, sizes: Mapping[str, str] | None = None
+) -> VerlTranslation:
     """verl's `key=value` overrides as Tandem's; other overrides are kept as they are. `sft`: the keys are
-    those of verl's SFT trainers (`model.partial_pretrain`, `optim.lr`, ...: config/verl_sft_keys.py)."""
+    those of verl's SFT trainers (`model.partial_pretrain`, `optim.lr`, ...: config/verl_sft_keys.py).
+    `sizes`: the settings verl reads together with others (GPU counts, Ulysses sizes, resume mode; see
+    `verl_sizes`) as the whole config gives them, over those of `overrides` alone."""
     out = VerlTranslation()
     combined: dict[str, int] = {}  # _ANY_OF key -> its index in out.overrides
     filter_overlong = False  # verl's data.filter_overlong_prompts wins over data.truncation
     overrides = [str(o) for o in overrides]
-    sizes = {  # the GPU counts and Ulysses sizes verl's older global micro-batch keys are divided by
-        k.strip().lstrip("+"): v
-        for k, _, v in (o.partition("=") for o in overrides)
-        if k.strip().lstrip("+") in _SIZES
-    }
+    # the GPU counts and Ulysses sizes verl's older global micro-batch keys are divided by
+    sizes = {**verl_sizes(None, overrides), **(sizes or {})}
     for text in overrides:
         key, sep, value_text = text.partition("=")
         key = key.strip().lstrip("+")
@@ -171,10 +172,28 @@ def translate_overrides(overrides: Iterable[str], *, sft: bool = False) -> VerlT
     return out
 
 
-def translate_tree(tree: Mapping[str, Any], *, sft: bool = False) -> VerlTranslation:
+def verl_sizes(tree: Mapping[str, Any] | None, overrides: Iterable[str] = ()) -> dict[str, str]:
+    """The settings verl reads other keys by (trainer.nnodes / n_gpus_per_node and the Ulysses sizes that divide
+    the older global micro-batch keys, the resume mode), as text: those of a composed verl config `tree`,
+    with the command line's `overrides` over them, as Hydra applies them."""
+    sizes = {
+        key: _override_text(value)
+        for key, value in _leaves(tree or {})
+        if key in _SIZES and value is not None and "${" not in str(value)  # unresolved: not set
+    }
+    for key, _, value in (str(o).partition("=") for o in overrides):
+        if key.strip().lstrip("+") in _SIZES:
+            sizes[key.strip().lstrip("+")] = value
+    return sizes
+
+
+def translate_tree(
+    tree: Mapping[str, Any], *, sft: bool = False, sizes: Mapping[str, str] | None = None
+) -> VerlTranslation:
     """A composed verl config tree as Tandem overrides. A null value (verl: not set) keeps Tandem's
     default; a key Tandem has no meaning for is dropped and named, not an error: a verl YAML holds
-    every verl default, most of them for parts Tandem does not have."""
+    every verl default, most of them for parts Tandem does not have. `sizes`: as for translate_overrides
+    (the command line's GPU counts over the tree's)."""
     out = VerlTranslation()
     texts: list[str] = []
     for key, value in _leaves(tree):
@@ -199,7 +218,7 @@ def translate_tree(tree: Mapping[str, Any], *, sft: bool = False) -> VerlTransla
             out.dropped.append((shown, rule.note))
         else:
             texts.append(f"{key}={_override_text(value)}")
-    translated = translate_overrides(texts, sft=sft)
+    translated = translate_overrides(texts, sft=sft, sizes=sizes)
     out.overrides, out.tree_keys = translated.overrides, len(translated.overrides)
     out.same = translated.same
     out.dropped += [(f"{k}", message) for k, message in translated.problems]
