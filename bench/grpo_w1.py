@@ -56,6 +56,8 @@ response length doubled, and 2 FSDP ranks of 1 CPU each. Sections `sizes` and `c
 model sizes (W1, 8x, ~100 M) before / after the trainer's changes, and eager / compiled decoder layers
 (actor.fsdp.torch_compile; the compile time, timing_s/compile, is paid before the first step). Section
 `tp_sync` (issue 18): a vLLM engine over 2 ranks refreshed with whole tensors or shard-only, W1 and 8x.
+Section `dumps`: the no-ref step with trainer.rollout_data_dir on and off (with and without the
+old-log-prob pass, whose rows carry per-token mismatch), 2 runs of each, alternating.
 """
 
 from __future__ import annotations
@@ -86,6 +88,7 @@ SECTIONS = (
     "compile",
     "lora",
     "tp_sync",
+    "dumps",
 )
 LR = 1e-5
 KL_COEF = 0.04
@@ -580,6 +583,8 @@ def main() -> None:
         tp_sync_section(runner, work, results)
     if "lora" in sections:
         lora_section(runner, work, results)
+    if "dumps" in sections:
+        dumps_section(runner, work, results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
         say(f"numbers in {args.json}")
@@ -1010,6 +1015,48 @@ def print_sizes(sizes: dict[str, Any], work: Workload) -> None:
         "MFU = achieved model FLOP/s / the matmul peak (train: against fp32, and against bf16 where bf16 is the "
         "faster: nan where this CPU has no native bf16)"
     )
+
+
+# Sample dumps on and off, each twice, alternating (off, on, off, on) so slow drift of the machine hits both.
+DUMP_CONFIGS = {
+    "dumps off": [],
+    "dumps on": ["trainer.rollout_data_dir={out}/rollouts"],
+    "dumps on, trainer log-probs": [
+        "trainer.rollout_data_dir={out}/rollouts",
+        "actor.old_log_probs_from_update=false",
+    ],
+    "trainer log-probs, dumps off": ["actor.old_log_probs_from_update=false"],
+}
+
+
+def dumps_section(runner: Runner, work: Workload, results: dict[str, Any]) -> None:
+    """No-ref step time with trainer.rollout_data_dir on and off: the step's part of the dump
+    (timing_s/dump), and the step itself while the background writer decodes and writes the previous
+    step's samples. 'trainer log-probs': the old-log-prob pass on, so each row also carries its tokens
+    and per-token mismatch (the heaviest rows); compared with the same pass and no dumps."""
+    rows: dict[str, list[dict[str, float]]] = {label: [] for label in DUMP_CONFIGS}
+    for repeat in range(2):
+        for label, extra in DUMP_CONFIGS.items():
+            name = f"dumps/{label.replace(' ', '-').replace(',', '')}-{repeat}"
+            out = runner.workdir / "runs" / name.replace("/", "-")
+            run = runner.tandem(
+                name, replace(work, steps=4), [*VARIANTS["no-ref"], *(e.format(out=out) for e in extra)]
+            )
+            results["runs"][name] = run
+            rows[label] += run["steps"][1:]
+    results["dumps"] = {
+        label: {
+            "step": statistics.median(m["timing_s/step"] for m in steps),
+            "step_wall": statistics.median(m["timing_s/step_wall"] for m in steps),
+            "dump": statistics.median(m.get("timing_s/dump", 0.0) for m in steps),
+            "steps": len(steps),
+        }
+        for label, steps in rows.items()
+    }
+    print("\nSample dumps (no-ref, medians over 2 runs x 4 measured steps)")
+    print(f"{'config':<32}{'step s':>10}{'step_wall s':>13}{'dump s':>10}")
+    for label, r in results["dumps"].items():
+        print(f"{label:<32}{r['step']:>10.3f}{r['step_wall']:>13.3f}{r['dump']:>10.4f}")
 
 
 def main_run(runner: Runner, work: Workload, variant: str, results: dict[str, Any]) -> dict[str, Any]:

@@ -88,7 +88,9 @@ def test_rows_without_trainer_log_probs_have_no_mismatch():
 def test_turns_show_tool_calls_observations_errors_and_timeouts():
     trajectory = {
         "num_turns": 3,
+        "num_prompt_messages": 1,
         "messages": [
+            {"role": "user", "content": "1+2?"},
             {
                 "role": "assistant",
                 "content": "let me add",

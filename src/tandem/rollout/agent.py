@@ -108,6 +108,7 @@ class Trajectory:
     turn_scores: list[float] = field(default_factory=list)  # the interaction's score of each answer
     tool_scores: dict[str, float] = field(default_factory=dict)  # calc_reward of each stateful tool
     tool_call_errors: list[str | None] = field(default_factory=list)  # per tool message: None = it worked
+    prompt_messages: int = 0  # how many of `messages` are the prompt's
 
     def add(self, ids: Sequence[int], *, model: bool, log_probs: Sequence[float] | None = None) -> None:
         self.token_ids.extend(ids)
@@ -129,6 +130,7 @@ class Trajectory:
             "turn_scores": self.turn_scores,
             "tool_scores": self.tool_scores,
             "tool_call_errors": self.tool_call_errors,
+            "num_prompt_messages": self.prompt_messages,
         }
 
 
@@ -228,7 +230,7 @@ class AgentLoop:
     ) -> Trajectory:
         """One trajectory of at most ``sampling.max_tokens`` tokens after the prompt; the row's tools_kwargs
         and interaction_kwargs (``sample["extra_info"]``) go to its tools and interaction."""
-        traj = Trajectory(messages=[dict(m) for m in prompt_messages])
+        traj = Trajectory(messages=[dict(m) for m in prompt_messages], prompt_messages=len(prompt_messages))
         extra_info = sample.get("extra_info") if isinstance(sample.get("extra_info"), dict) else {}
         single_turn = sample.get("agent_name") == SINGLE_TURN_AGENT
         session = (

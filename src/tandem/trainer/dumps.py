@@ -147,7 +147,7 @@ def sample_rows(
             diff = mismatch[i][trajectory_mask[i]]
             row["rollout_mismatch"] = float(diff.double().abs().sum() / n_tokens) if n_tokens else 0.0
             row["tokens"] = [next(pieces) for _ in range(trajectory_length)]
-            row["token_mismatch"] = [round(float(d), 4) for d in diff.tolist()]
+            row["token_mismatch"] = [round(d, 4) + 0.0 for d in diff.tolist()]  # + 0.0: no -0.0
         if TRAJECTORY_KEY in batch:
             trajectory = batch[TRAJECTORY_KEY][i]
             row["num_turns"] = int(trajectory.get("num_turns", 0))
@@ -164,7 +164,7 @@ def turns_of(trajectory: dict[str, Any]) -> list[dict[str, Any]]:
     calls, the tools' observations with their error (None when the call worked), the interaction's replies."""
     errors = iter(trajectory.get("tool_call_errors") or [])
     turns = []
-    for message in trajectory.get("messages", []):
+    for message in trajectory.get("messages", [])[int(trajectory.get("num_prompt_messages", 0)) :]:
         role = str(message.get("role", ""))
         turn: dict[str, Any] = {"role": role, "text": str(message.get("content", ""))}
         if role == "assistant":
@@ -286,17 +286,20 @@ class SampleDumps:
         self._queue(self.train_dir, step, _snapshot(batch), self.trainer_log_probs)
         return {"timing_s/dump": time.perf_counter() - start}
 
-    def validation(self, step: int, batches: list[Batch]) -> None:
+    def validation(self, step: int, batches: list[Batch]) -> dict[str, float]:
         """Queue a validation pass's samples (its scored batches, in order) for
         <validation_data_dir>/<step>.jsonl, and keep the rows of the first log_val_generations prompts
-        (first sample each) for the trackers (`take_generations`)."""
+        (first sample each) for the trackers (`take_generations`). `timing_s/dump_val`: the pass's part."""
+        start = time.perf_counter()
         batch = _concat([_snapshot(b) for b in batches])
         if self.val_dir is not None:
             self._queue(self.val_dir, step, batch, False)
-        rows = first_samples(batch, self.val_generations)
-        if not rows:
-            return
-        self._generations = sample_rows(
+        if rows := first_samples(batch, self.val_generations):
+            self._generations = self._decode_generations(batch, step, rows)
+        return {"timing_s/dump_val": time.perf_counter() - start}
+
+    def _decode_generations(self, batch: Batch, step: int, rows: list[int]) -> list[dict[str, Any]]:
+        return sample_rows(
             batch,
             step,
             self._tokenizer,

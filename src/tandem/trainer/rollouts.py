@@ -170,15 +170,14 @@ class Rollouts:
             agent_keys = [k for k in (*AGENT_COUNT_KEYS, AGENT_FINISH_KEY) if k in batch]
             scored.append(batch.select("acc", "score", "response_mask", "data_source", *agent_keys))
         batch = Batch.concat(scored, meta="first")
-        if whole:
-            assert self.dumps is not None
-            self.dumps.validation(step, whole)
+        dump_timing = self.dumps.validation(step, whole) if self.dumps is not None and whole else {}
         sources = np.asarray(batch["data_source"], dtype=object)
         metrics = {
             "val/acc": float(batch["acc"].mean()),
             "val/score_mean": float(batch["score"].mean()),
             "val/response_length/mean": float(batch["response_mask"].sum(-1).double().mean()),
             **agent_metrics(batch, "val/agent"),
+            **dump_timing,
         }
         for source in sorted(set(sources)):
             rows = torch.as_tensor(sources == source)
