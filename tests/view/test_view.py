@@ -24,6 +24,10 @@ def test_a_half_written_last_line_is_skipped(tmp_path):
     write_jsonl(path, [{"step": 1}, {"step": 2}], half_line='{"step": 3, "a')
     assert read_jsonl(path) == [{"step": 1}, {"step": 2}]
     assert read_jsonl(tmp_path / "absent.jsonl") == []
+    # a model's text with characters that are line breaks to Python's splitlines but not to JSON
+    odd = {"output": "a\u2028b\x85c\x1ed"}
+    path.write_text(json.dumps(odd, ensure_ascii=False) + "\n", encoding="utf-8")
+    assert read_jsonl(path) == [odd]
 
 
 def test_runs_read_metrics_and_dumps_from_the_folder(tmp_path):

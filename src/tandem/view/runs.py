@@ -29,7 +29,7 @@ def read_jsonl(path: Path) -> list[dict]:
         text = path.read_text(encoding="utf-8", errors="replace")
     except FileNotFoundError:
         return rows
-    for line in text.splitlines():
+    for line in text.split("\n"):  # not splitlines(): a JSON string may hold U+2028 or U+0085 unescaped
         try:
             row = json.loads(line)
         except ValueError:

@@ -16,6 +16,8 @@
     ["actor/entropy"],
     ["rollout_mismatch/kl", "rollout_mismatch/abs_diff_mean"],
     ["val/agent/tool_use_ratio"],
+    ["sft/loss"], // an SFT run's folder
+    ["val/loss"],
   ];
   const KIND_LABEL = { rollouts: "training", validation: "validation" };
   const $ = (id) => document.getElementById(id);
@@ -65,7 +67,7 @@
     return node;
   }
   const fmt = (v, digits = 4) => (v === null || v === undefined || v === "" ? "" :
-    typeof v === "number" ? (Number.isInteger(v) ? String(v) : v.toPrecision(digits).replace(/\.?0+$/, "")) :
+    typeof v === "number" ? (Number.isInteger(v) ? String(v) : String(Number(v.toPrecision(digits)))) :
     typeof v === "object" ? JSON.stringify(v) : String(v));
   function fnv(text) { // a short stable id of a prompt text, for the URL
     let h = 0x811c9dc5;
@@ -102,7 +104,7 @@
     $("metric-picker").querySelector("summary").textContent = `Metrics (${chosen.length} of ${all.length})`;
     const charts = $("charts");
     charts.replaceChildren();
-    if (!chosen.length) charts.append(el("p", { class: "empty" }, all.length ? "No metric chosen." : "No metrics.jsonl lines yet."));
+    if (!chosen.length) charts.append(el("p", { class: "empty" }, all.length ? "No metric chosen: tick some under Metrics." : "No metrics.jsonl lines yet."));
     for (const metric of chosen) {
       const div = el("div", { class: "chart", "data-metric": metric });
       charts.append(div);
@@ -182,6 +184,7 @@
     const sources = [...new Set(samples.map((s) => s.data_source).filter((v) => v !== undefined))].sort();
     $("f-source").replaceChildren(el("option", { value: "" }, "any"), ...sources.map((v) => el("option", { value: v, selected: v === state.source }, v)));
     for (const key of ["q", "smin", "smax", "lmin", "lmax", "truncated", "errors"]) $(`f-${key}`).value = state[key];
+    $("table-wrap").hidden = where.step === undefined;
     if (where.step === undefined) {
       $("sample-table").querySelector("tbody").replaceChildren();
       $("sample-count").textContent = "";
@@ -226,7 +229,7 @@
   }
 
   function fieldsOf(s) {
-    const keys = ["score", ...(s.reward_keys || []), "gts", "data_source", "uid", "finish_reason", "truncated",
+    const keys = ["score", ...(s.reward_keys || []), "reward_error", "gts", "data_source", "uid", "finish_reason", "truncated",
       "prompt_length", "response_length", "num_turns", "advantage", "rollout_mismatch"];
     return el("div", { class: "fields" }, keys.filter((k) => s[k] !== undefined && s[k] !== null).map((k) =>
       el("div", { "data-field": k }, el("span", {}, (s.reward_keys || []).includes(k) ? `term ${k}: ` : `${k}: `), fmt(s[k], 5))));
@@ -238,7 +241,7 @@
       return el("div", { class: `turn ${t.role}${failed ? " failed" : ""}`, "data-turn": n },
         el("div", { class: "turn-role" }, t.role === "tool" ? "tool observation" : t.role,
           t.timed_out ? el("span", { class: "badge" }, "timed out") : null,
-          t.error ? el("span", { class: "badge" }, "error") : null),
+          t.error && !t.timed_out ? el("span", { class: "badge" }, "error") : null),
         t.text ? templated(t.text) : null,
         (t.tool_calls || []).map((c) => el("div", { class: "tool-call" }, `${c.name}(${c.arguments ?? ""})`)),
         t.error ? el("div", { class: "tool-error" }, t.error) : null);
@@ -246,15 +249,17 @@
   }
 
   function tokenView(tokens, diffs) {
-    const largest = Math.max(1e-6, ...diffs.map((d) => Math.abs(d)));
+    const largest = Math.max(0, ...diffs.map((d) => Math.abs(d)));
     const strip = el("div", { class: "tokens" }, tokens.map((tok, i) => {
       const d = diffs[i] ?? 0;
-      const alpha = Math.min(1, Math.abs(d) / largest) * 0.85;
+      const alpha = largest ? Math.min(1, Math.abs(d) / largest) * 0.85 : 0;
       return el("span", { title: `${JSON.stringify(tok)}  rollout − trainer log-prob: ${d}`, "data-mismatch": d,
         style: `background: rgba(${d >= 0 ? "229,57,53" : "30,136,229"}, ${alpha.toFixed(3)})` }, tok);
     }));
-    return [el("p", { class: "legend" }, `Shading: rollout − trainer log-prob of each token (red: the rollout gave it more, ` +
-      `blue: less); darkest = ${fmt(largest, 3)}, the sample's largest. Hover a token for its value.`), strip];
+    const legend = largest ? `Shading: rollout − trainer log-prob of each token (red: the rollout gave it more, ` +
+      `blue: less); darkest = ${fmt(largest, 3)}, the sample's largest. Hover a token for its value.` :
+      "Rollout and trainer log-probs agree on every token (to 4 decimals): no shading.";
+    return [el("p", { class: "legend" }, legend), strip];
   }
 
   function sampleCard(s, where) {
