@@ -1,22 +1,11 @@
-"""The override lists of three more of verl's example scripts, read from tests/verl/data/examples.json (the
-command lines of all of verl's examples/ at b178a3cd, written by scripts/extract_verl_examples.py, their shell
-variables expanded): DAPO's recipe as the GMPO example runs it (the overlong penalty of verl's dapo reward
+"""The override lists of three more of verl's example scripts, read from tests/verl/data/examples.json
+(examples_data.py): DAPO's recipe as the GMPO example runs it (the overlong penalty of verl's dapo reward
 manager, the geometric-mean policy loss), GRPO on geo3k with Qwen2.5-VL (images in the rows) and ReMax (a
 greedy baseline per prompt). `$HOME/...` paths stand for the user's files. test_verl_scripts_e2e.py runs each
 for 2 steps, changing only paths and the sizes 2 CPU cores cannot hold.
 """
 
-import json
-from pathlib import Path
-
-_EXAMPLES = json.loads((Path(__file__).parent / "data" / "examples.json").read_text())["scripts"]
-
-
-def example_overrides(script: str) -> list[str]:
-    """The override list verl's example `script` (a path under verl's repository) passes to its entry point."""
-    (found,) = [entry["overrides"] for entry in _EXAMPLES if entry["script"] == script]
-    return list(found)
-
+from .examples_data import example_overrides
 
 DAPO_QWEN3_30B_MATH = example_overrides("examples/gmpo_trainer/test_dapo_qwen3_30b_math.sh")
 GRPO_QWEN25_VL_7B_GEO3K = example_overrides("examples/grpo_trainer/run_qwen2_5_vl-7b.sh")
