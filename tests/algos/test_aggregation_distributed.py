@@ -1,7 +1,8 @@
 """Data-parallel parity of the loss-aggregation contract, with real processes and torch.distributed.
 
-Two ranks (spawned, gloo on 127.0.0.1) each take 3 of 6 sequences of uneven lengths (one of them
-all padding) and split them further into 2 micro-batches, each cut to its own longest sequence.
+Two ranks (forked from the session's forkserver, tests/engine/ranks.py; gloo) each take 3 of 6
+sequences of uneven lengths (one of them all padding) and split them further into 2 micro-batches,
+each cut to its own longest sequence.
 Each rank:
   1. computes its local counts with `global_counts` and all_reduces them with SUM: the global
      counts of the whole mini-batch;
@@ -24,8 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
+from engine.ranks import start_ranks  # tests/ is on sys.path (pytest's rootdir)
 from tandem.algos import AGG_MODES, agg_loss, global_counts, kl_loss, log_probs_from_logits, policy_loss
 
 WORLD = 2
@@ -138,9 +139,7 @@ def single_process(case: str, data: dict, counts: dict | None) -> tuple[torch.Te
 @pytest.mark.slow
 def test_two_ranks_with_micro_batches_equal_one_full_batch(tmp_path):
     out_path = tmp_path / "rank0.pt"
-    mp.start_processes(
-        worker, args=(file_store(tmp_path), str(out_path)), nprocs=WORLD, join=True, start_method="spawn"
-    )
+    start_ranks(worker, (file_store(tmp_path), str(out_path)), WORLD)
     results = torch.load(out_path)
     data = problem()
     assert results["counts"] == global_counts(data["mask"]) == {"global_num_tokens": 15, "global_num_seqs": 5}

@@ -35,6 +35,13 @@ FORKSERVER_PRELOAD = [
 ]
 
 
+def forkserver() -> multiprocessing.context.ForkServerContext:
+    """The session's forkserver as a multiprocessing context, for a test's own Process or Event; what a process
+    it starts prints goes to the forkserver's stdout and stderr (see above), not to the test's capture."""
+    multiprocessing.set_forkserver_preload(FORKSERVER_PRELOAD)  # no effect once the forkserver runs
+    return multiprocessing.get_context("forkserver")
+
+
 def start_ranks(fn: Callable, args: tuple, nprocs: int) -> None:
     """Run `fn(rank, *args)` in `nprocs` processes forked from the session's forkserver; wait for all. A rank's
     exception is raised here (torch.multiprocessing's ProcessRaisedException), a signal that killed it as

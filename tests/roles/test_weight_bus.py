@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
+from engine.ranks import forkserver, start_ranks  # tests/ is on sys.path (pytest's rootdir)
 from tandem.roles.weight_bus import WeightBus, WeightBusError, free_address
 
 from . import weight_bus_worker as w
@@ -28,7 +28,7 @@ HERE = Path(__file__).parent
 def three(tmp_path_factory):
     """1 source + 2 receivers, 4 syncs (see weight_bus_worker.three_ranks)."""
     out = tmp_path_factory.mktemp("weight_bus")
-    mp.spawn(w.three_ranks, args=(3, free_address(), str(out)), nprocs=3, join=True)
+    start_ranks(w.three_ranks, (3, free_address(), str(out)), 3)
     return [torch.load(out / f"rank{r}.pt") for r in range(3)]
 
 
@@ -122,13 +122,13 @@ def test_mismatched_world_sizes_fail_both_sides():
 
 
 def _receiver_process(target, *args):
-    process = mp.get_context("spawn").Process(target=target, args=args)
+    process = forkserver().Process(target=target, args=args)
     process.start()
     return process
 
 
 def test_a_receiver_that_does_not_receive_fails_the_send_in_time():
-    address, started = free_address(), mp.get_context("spawn").Event()
+    address, started = free_address(), forkserver().Event()
     receiver = _receiver_process(w.idle_receiver, address, 30.0, started)
     try:
         assert started.wait(60)  # torch imported: it joins at once
