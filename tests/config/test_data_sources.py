@@ -57,6 +57,13 @@ def test_known_sources_a_scorer_named_by_style_and_a_custom_function_pass(tmp_pa
     assert check_data_sources(_cfg(unknown, None, f"reward.custom_reward_file={scorer}")) == []
 
 
+def test_with_a_reward_model_a_source_without_a_rule_scorer_is_scored_by_the_model(tmp_path):
+    train = _parquet(tmp_path / "t.parquet", ["hh_rlhf", "openai/gsm8k"])
+    model = ["reward.reward_model.enable=true", f"reward.reward_model.model_path={tmp_path}"]
+    assert check_data_sources(_cfg(train, None, *model)) == []
+    assert data_source_report(_cfg(train)).problems  # without the model: refused, as above
+
+
 def test_a_style_that_names_no_scorer_is_named_with_the_source(tmp_path):
     train = _parquet(tmp_path / "t.parquet", ["my_task", "my_task"], ["poetry", "math"])
     (problem, _fix) = data_source_report(_cfg(train)).problems

@@ -112,6 +112,16 @@ def test_unknown_data_source_is_an_error_not_a_zero():
         manager(make_batch(["1"], ["my_task"], ["1"]))
 
 
+def test_with_a_reward_model_an_unscored_data_source_gets_rule_score_zero():
+    # verl scores by the reward model alone; here the model's score is added to this 0 (trainer/rollouts.py)
+    manager = RewardManager(CharTokenizer(), num_workers=0, reward_model=True)
+    result = manager(make_batch(["1", "#### 2"], ["my_task", "gsm8k"], ["1", "2"]))
+    assert result.scores.tolist() == [0.0, 1.0]  # my_task: no rule scorer; gsm8k: its rule, as before
+    assert result.extra["scorer_score"].tolist() == [0.0, 1.0]
+    manager.check_data_sources([("my_task", None)])  # no error
+    assert list(manager.ground_truth_problems([("my_task", None, None)])) == []  # no ground truth needed
+
+
 def test_routing_overrides_and_style(tmp_path):
     scorer = tmp_path / "mine.py"
     scorer.write_text("def half(ds, s, gt, info=None):\n    return {'score': 0.5, 'seen': ds}\n")

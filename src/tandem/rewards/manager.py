@@ -40,6 +40,14 @@ TRAJECTORY_TO_EXTRA_INFO = ("tool_rewards", "turn_scores")
 RESERVED_EXTRA = ("score", "scorer_score", "error")
 
 
+def reward_model_only(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: dict | None = None
+) -> float:
+    """The rule score of a sample no rule scorer covers while a reward model scores every sample: 0, so the
+    sample's reward is the reward model's score alone (as verl scores every sample when a reward model is on)."""
+    return 0.0
+
+
 @dataclass
 class RewardResult:
     token_level_scores: torch.Tensor  # [N, R] float32: the total score on the last valid response token
@@ -55,7 +63,8 @@ class RewardManager:
     Which scorer scores a sample, first match wins: `scorer_overrides[data_source]` (a registered
     scorer name, or "path/file.py:function"), then `custom_reward_file` (for every data_source),
     then the scorer registered for the data_source, then the one named by `extra_info["style"]`.
-    A data_source none of these covers is an error naming the ways to fix it.
+    A data_source none of these covers is an error naming the ways to fix it, unless `reward_model`
+    (a reward model scores every sample too): then its rule score is 0 (`reward_model_only`).
 
     `num_workers=0` scores in this process, one sample after another: good for debugging, but
     there is no hard time limit there (a hung scorer hangs the call; slow ones are logged).
@@ -75,6 +84,7 @@ class RewardManager:
         num_workers: int = 2,
         max_response_length: int | None = None,
         chunk_size: int | None = None,
+        reward_model: bool = False,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"RewardManager timeout_s must be > 0, got {timeout_s}")
@@ -88,6 +98,7 @@ class RewardManager:
         self.timeout_s = float(timeout_s)
         self.num_workers = num_workers
         self.chunk_size = chunk_size
+        self.reward_model = reward_model
         self.terms = check_terms(terms, max_response_length)
         clashes = [t.name for t in self.terms if t.name in RESERVED_EXTRA]
         if clashes:
@@ -134,9 +145,9 @@ class RewardManager:
             spec = self._custom
         else:
             name = scorer_name_for(data_source, style)
-            if name is None:
+            if name is None and not self.reward_model:
                 raise UnknownDataSourceError(unknown_data_source_message(data_source))
-            spec = SCORERS[name]
+            spec = SCORERS[name] if name is not None else reward_model_only
         if self.num_workers > 0 and not isinstance(spec, tuple):
             try:
                 pickle.dumps(spec)
@@ -444,4 +455,5 @@ def reward_manager_from_config(cfg: Any, tokenizer: Any) -> RewardManager:
         timeout_s=reward.timeout_s,
         num_workers=reward.num_workers,
         max_response_length=cfg.data.max_response_length,
+        reward_model=cfg.reward.reward_model.enable,
     )

@@ -3,7 +3,8 @@ and by `tandem train` / `tandem eval` before they read the data or start any wor
 
 Every row of data.train_files and data.val_files is scored by the scorer its data_source names (a built-in or
 registered scorer, by name or alias), else by the one its extra_info.style names; reward.custom_reward_file
-scores every data_source. Only the data_source column is read (and extra_info.style, where a value has no
+scores every data_source. With reward.reward_model.enable a data_source no rule scorer covers is scored by the
+reward model alone (rule score 0, rewards/manager.py), as verl scores every sample when its reward model is on. Only the data_source column is read (and extra_info.style, where a value has no
 scorer), so a large parquet file costs little. A file that is not there or cannot be read is not checked
 (its own check, or the data loader, says what is wrong with it).
 """
@@ -44,6 +45,8 @@ def data_source_report(cfg: TandemConfig) -> DataSourceReport:
     report = DataSourceReport()
     if cfg.reward.custom_reward_file:  # the user's function scores every data_source
         return report
+    # with a reward model on, a data_source no rule scorer covers is scored by the model alone (rule score 0)
+    model_only = cfg.reward.reward_model.enable
     from tandem.rewards.registry import known_data_sources, scorer_name_for
 
     for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
@@ -65,7 +68,10 @@ def data_source_report(cfg: TandemConfig) -> DataSourceReport:
                         f"{key}: {path}: {rows} of {total} rows have data_source {source!r}; every "
                         f"row needs one: the task's name, which picks its reward scorer{where}"
                     )
-                elif scorer_name_for(source, style if isinstance(style, str) else None) is None:
+                elif (
+                    not model_only
+                    and scorer_name_for(source, style if isinstance(style, str) else None) is None
+                ):
                     close = closest(source, known_data_sources())
                     hint = f" (did you mean '{close}'?)" if close else ""
                     styled = f" and extra_info.style {style!r}" if style is not None else ""
