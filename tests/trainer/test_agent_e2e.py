@@ -8,6 +8,7 @@ tokens equal to the actor's, and a resumed run equal to an uninterrupted one."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +16,7 @@ from tandem.config import load_config
 from tandem.data import write_splits
 from tandem.models.tiny import save_tiny
 from tandem.trainer import RLTrainer, SFTTrainer
+from tandem.trainer.tracking import read_jsonl
 
 from .trainer_helpers import as_if_killed_after, assert_same_steps, by_step
 
@@ -100,6 +102,7 @@ def test_grpo_on_the_agent_loop_trains_counts_tools_and_resumes_exactly(warm_sta
             "trainer.total_training_steps=4",
             "trainer.save_freq=2",
             "trainer.test_freq=4",
+            f"trainer.rollout_data_dir={tmp_path / 'tandem' / experiment / 'rollouts'}",
         )
 
     straight = by_step(RLTrainer(config("straight")).fit())
@@ -125,6 +128,46 @@ def test_grpo_on_the_agent_loop_trains_counts_tools_and_resumes_exactly(warm_sta
     resumed = by_step(RLTrainer(config("resumed")).fit())
     assert {3, 4} <= set(resumed) and not {1, 2} & set(resumed)
     assert_same_steps(resumed, straight, (3, 4), skip=("tool_seconds",))
+    check_agent_dumps(tmp_path / "tandem", straight)
+
+
+def check_agent_dumps(root: Path, straight: dict) -> None:
+    """The straight run's dumps show the trajectories turn by turn; the resumed run's dump of each step
+    equals the straight one's (steps 3 and 4 written again, not appended)."""
+    dumps = {
+        run: {s: read_jsonl(root / run / "rollouts" / f"{s}.jsonl") for s in (1, 2, 3, 4)}
+        for run in ("straight", "resumed")
+    }
+    assert sorted(p.name for p in (root / "resumed" / "rollouts").iterdir()) == [
+        f"{s}.jsonl" for s in (1, 2, 3, 4)
+    ]
+    calls = 0
+    for step, rows in dumps["straight"].items():
+        assert len(rows) == 16 and [r["sample"] for r in rows] == list(range(16))
+        m = straight[step]
+        assert sum(r["score"] for r in rows) / 16 == pytest.approx(m["score/mean"], abs=1e-6)
+        assert sum(r["num_turns"] for r in rows) / 16 == pytest.approx(m["agent/turns/mean"], abs=1e-6)
+        for row in rows:
+            assistant = [t for t in row["turns"] if t["role"] == "assistant"]
+            assert len(assistant) == row["num_turns"] and row["output"].startswith(assistant[0]["text"])
+            tools = [t for t in row["turns"] if t["role"] == "tool"]
+            assert row["turns"][0]["role"] == "assistant"  # the prompt's messages are not turns
+            # a tool message per call run, parsed or not (an unparsable call is answered with its error);
+            # the calls of a last turn (out of turns or tokens) are not run
+            parsed = sum(len(t["tool_calls"]) for t in assistant)
+            assert parsed >= sum(t["error"] != "bad_call" for t in tools)
+            assert all(t["timed_out"] is False for t in tools)
+            assert row["rollout_mismatch"] < 1e-3 and len(row["tokens"]) == len(row["token_mismatch"])
+            calls += len(tools)
+    assert calls == pytest.approx(16 * sum(straight[s]["agent/tool_calls_per_sample"] for s in (1, 2, 3, 4)))
+    for step in (1, 2, 3, 4):
+        for a, b in zip(dumps["resumed"][step], dumps["straight"][step], strict=True):
+            assert a.keys() == b.keys()
+            for key in a:
+                if isinstance(a[key], float):
+                    assert a[key] == pytest.approx(b[key], rel=1e-5, abs=1e-6), (step, key)
+                elif key not in ("token_mismatch",):
+                    assert a[key] == b[key], (step, key)
 
 
 def test_ppo_critic_learns_values_on_multi_turn_trajectories(warm_start, tmp_path):
