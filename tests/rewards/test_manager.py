@@ -1,7 +1,6 @@
 import gc
 import multiprocessing as mp
 import os
-import time
 
 import numpy as np
 import pytest
@@ -240,7 +239,7 @@ def compute_score(data_source, solution_str, ground_truth, extra_info=None):
     if solution_str == "boom":
         raise ValueError("boom on purpose")
     if solution_str == "sleep":
-        time.sleep(30)
+        time.sleep(3600)  # only a kill ends it: a pool that waited would hit the test's timeout
     if solution_str == "exit":
         os._exit(3)
     return {"score": float(solution_str == ground_truth), "pid": os.getpid()}
@@ -263,12 +262,9 @@ def test_pool_survives_errors_and_hangs(pooled):
     batch = make_batch(texts, ["flaky"] * 6 + ["addition"], ["a", "-", "c", "-", "e", "x", "42"])
     pooled.chunk_size = 3  # the hang sits mid-chunk: "a" (done, unreported) and "c" (not started) are redone
     try:
-        started = time.monotonic()
         result = pooled(batch)
-        elapsed = time.monotonic() - started
     finally:
         pooled.chunk_size = None
-    assert elapsed < 15, elapsed  # not 30 s: the hung worker was killed after ~1 s
     assert result.scores.tolist() == [1.0, 0.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     assert result.metrics["reward/error_count"] == 1.0
     assert result.metrics["reward/timeout_count"] == 1.0
