@@ -93,7 +93,9 @@ def run_case(
     return result
 
 
-def worker(rank: int, world: int, init_method: str, model_path: str, out_dir: str) -> None:
+def worker(
+    rank: int, world: int, init_method: str, model_path: str, out_dir: str, sdpa_split: bool = True
+) -> None:
     dist.init_process_group(
         "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=120)
     )
@@ -106,11 +108,20 @@ def worker(rank: int, world: int, init_method: str, model_path: str, out_dir: st
         )
         results = {case: run_case(model_path, *case, world, rank) for case in cases}
         # test_attention.py: packed in one row, attention a sequence at a time (engine/attention.py)
-        results[SDPA_SPLIT] = run_case(model_path, CHUNK, True, False, world, rank, attention="sdpa_split")
+        if sdpa_split:
+            results[SDPA_SPLIT] = run_case(
+                model_path, CHUNK, True, False, world, rank, attention="sdpa_split"
+            )
         torch.save(results, Path(out_dir) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
 
 
-def run(world: int, model_path: str | Path, out_dir: str | Path) -> list[dict]:
-    return spawn(worker, world, model_path, out_dir)
+def worker_without_sdpa_split(rank: int, world: int, init_method: str, model_path: str, out_dir: str) -> None:
+    worker(rank, world, init_method, model_path, out_dir, sdpa_split=False)
+
+
+def run(world: int, model_path: str | Path, out_dir: str | Path, sdpa_split: bool = True) -> list[dict]:
+    """The cases on `world` ranks, by rank; `sdpa_split`: with the case test_attention.py reads (the untied
+    model's run, read by test_lm_head.py alone, goes without)."""
+    return spawn(worker if sdpa_split else worker_without_sdpa_split, world, model_path, out_dir)
