@@ -144,7 +144,48 @@ def test_quickstart_runs_sft_then_grpo_and_plots(ray_local, tmp_path, monkeypatc
     assert 0 <= numbers["accuracy_after_sft"] <= 1 and 0 <= numbers["accuracy_after_rl"] <= 1
     assert [step for step, _ in numbers["reward_per_step"]] == [1, 2]
     assert Path(numbers["plot"]).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    from view.browser import check_real_run  # tests/view/browser.py
+
+    check_real_run(tmp_path / "quickstart/grpo")  # `tandem view` of the run folder, in headless Chromium
     assert (tmp_path / "quickstart/sft/hf_model/model.safetensors").is_file()
+    check_quickstart_dumps(tmp_path / "quickstart/grpo", numbers["samples_per_step"])
+
+
+def check_quickstart_dumps(run: Path, samples_per_step: int) -> None:
+    """The quickstart's dumps in its run folder, one line per sample, agreeing with metrics.jsonl."""
+    import yaml
+
+    metrics = {m["step"]: m for m in map(json.loads, (run / "metrics.jsonl").open())}
+    trainer = yaml.safe_load((run / "config.yaml").read_text())["trainer"]
+    assert (trainer["rollout_data_dir"], trainer["validation_data_dir"]) == (
+        str(run / "rollouts"),
+        str(run / "validation"),
+    )
+    mean = lambda rows, key: sum(r[key] for r in rows) / len(rows)  # noqa: E731
+    for step in (1, 2):
+        rows = [json.loads(line) for line in (run / "rollouts" / f"{step}.jsonl").open()]
+        assert len(rows) == samples_per_step and {r["step"] for r in rows} == {step}
+        assert mean(rows, "score") == pytest.approx(metrics[step]["score/mean"], abs=1e-6)
+        assert mean(rows, "response_length") == pytest.approx(metrics[step]["response_length/mean"])
+        assert mean(rows, "prompt_length") == pytest.approx(metrics[step]["prompt_length/mean"])
+        # the texts decoded (an output of a few stray bytes may decode to nothing at all)
+        assert all("+" in r["input"] and r["data_source"] == "addition" for r in rows)
+        assert sum(bool(r["output"]) for r in rows) > len(rows) / 2
+        assert all(isinstance(r["advantage"], float) for r in rows)
+    validations = []
+    for step in (0, 1, 2):
+        rows = [json.loads(line) for line in (run / "validation" / f"{step}.jsonl").open()]
+        assert len(rows) == 256 and [r["sample"] for r in rows] == list(range(256))  # greedy, n=1
+        assert mean(rows, "score") == pytest.approx(metrics[step]["val/score_mean"], abs=1e-6)
+        assert mean(rows, "acc") == pytest.approx(metrics[step]["val/acc"], abs=1e-6)
+        assert all(r["advantage"] is None and r["rollout_mismatch"] is None for r in rows)
+        validations.append([r["input"] for r in rows])
+    assert validations[0] == validations[1] == validations[2]  # the same prompts every pass
+    generations = [json.loads(line) for line in (run / "val_generations.jsonl").open()]
+    assert [g["step"] for g in generations] == [0] * 4 + [1] * 4 + [2] * 4
+    assert (
+        [g["input"] for g in generations[:4]] == validations[0][:4] == [g["input"] for g in generations[8:]]
+    )
 
 
 @pytest.mark.slow

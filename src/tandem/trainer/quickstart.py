@@ -247,6 +247,7 @@ def run(
         [*recipe.common, *recipe.grpo, *paths, f"actor.model_path={sft.hf_dir}", *overrides],
         require_data=True,
     )
+    dump_into_run_folder(rl_cfg)
     a = rl_cfg.actor
     actor = (
         f"LoRA r{a.lora.rank} actor + reference (its adapters off)" if a.lora.rank else "actor + reference"
@@ -321,6 +322,15 @@ class WarmStart(SFTTrainer):
             "RL starts from a model that has learned less than the recipe expects, and may gain little. Try "
             "another --seed, or give SFT more steps (run(..., sft_overrides=['trainer.total_training_steps=N']))"
         )
+
+
+def dump_into_run_folder(cfg: TandemConfig, val_generations: int = 4) -> None:
+    """What the model writes, into the run folder: each step's samples in rollouts/, each validation's in
+    validation/, and the first `val_generations` validation samples to the trackers (unless set already)."""
+    t, folder = cfg.trainer, run_dir(cfg)
+    t.rollout_data_dir = t.rollout_data_dir or str(folder / "rollouts")
+    t.validation_data_dir = t.validation_data_dir or str(folder / "validation")
+    t.log_val_generations = t.log_val_generations or val_generations
 
 
 def prepare(out: Path, seed: int, recipe: Recipe = ADDITION) -> tuple[Path, list[str]]:
