@@ -147,9 +147,6 @@ def test_quickstart_runs_sft_then_grpo_and_plots(ray_local, tmp_path, monkeypatc
     from view.browser import check_real_run  # tests/view/browser.py
 
     check_real_run(tmp_path / "quickstart/grpo")  # `tandem view` of the run folder, in headless Chromium
-    from view.browser import check_real_run  # tests/view/browser.py
-
-    check_real_run(tmp_path / "quickstart/grpo")  # `tandem view` of the run folder, in headless Chromium
     assert (tmp_path / "quickstart/sft/hf_model/model.safetensors").is_file()
     check_quickstart_dumps(tmp_path / "quickstart/grpo", numbers["samples_per_step"])
 
