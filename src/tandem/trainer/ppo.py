@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import Any
 
 from tandem.algos import apply_kl_penalty, compute_advantages, kl_controller_from_config
-from tandem.algos.rollout_correction import rollout_diagnostics
 from tandem.batch import Batch
 from tandem.config.checks.data_sources import check_data_sources
 from tandem.config.errors import ConfigError
@@ -28,7 +27,9 @@ from tandem.config.validate import validate_config
 from tandem.data import PromptDataset
 from tandem.engine.flops import ModelFlops
 from tandem.rewards import reward_manager_from_config
+from tandem.roles.actor import UPDATE_KEYS
 from tandem.roles.common import input_keys, model_inputs
+from tandem.roles.correction import correction_from_config
 from tandem.roles.layout import WorkerGroups, build_worker_groups
 from tandem.rollout.agent import tool_schemas
 from tandem.trainer.base import Trainer
@@ -74,6 +75,8 @@ class RLTrainer(Trainer):
         super().__init__(cfg, num_items, cfg.derived.gen_prompts_per_round if train else 1)
         alg = cfg.algorithm
         self.kl_ctrl = kl_controller_from_config(alg.kl_ctrl) if alg.use_kl_in_reward else None
+        # where the old log-probs come from, how the rollout's are corrected for (roles/correction.py)
+        self.correction = correction_from_config(cfg)
         self._model_flops: dict[str, ModelFlops] = {}
         pad_id = self.tokenizer.pad_token_id
         self.rollouts = Rollouts(
@@ -110,9 +113,7 @@ class RLTrainer(Trainer):
 
             inputs = model_inputs(batch, "responses", "response_mask")
             values = groups.critic.compute_values.async_(inputs) if groups.critic else None
-            if alg.rollout_correction.bypass_mode:  # the rollout's log-probs are the old ones (verl's name)
-                batch["old_log_probs"] = batch["rollout_log_probs"]
-            elif not d.old_log_probs_from_update:  # else the actor's update computes them (roles/actor.py)
+            if self.correction.old_log_prob_pass:  # else the rollout's or the update's (roles/correction.py)
                 with timer("old_log_probs"):
                     batch = batch.union(groups.actor.compute_log_probs(inputs))
             if groups.ref is not None:
@@ -121,12 +122,9 @@ class RLTrainer(Trainer):
             if values is not None:
                 with timer("values"):
                     batch = batch.union(values.result())
-            is_weights = None  # the whole batch's rollout IS weights, for estimators that read them (OTB)
-            if "old_log_probs" in batch and not alg.rollout_correction.bypass_mode:  # else: the update's
-                is_weights, diagnostics = rollout_diagnostics(
-                    batch["old_log_probs"], batch["rollout_log_probs"], mask, alg.rollout_correction
-                )
-                metrics.update(diagnostics)
+            # the whole batch's rollout IS weights, for estimators that read them (OTB), and its diagnostics
+            batch, is_weights, diagnostics = self.correction.before_advantages(batch)
+            metrics.update(diagnostics)
 
             with timer("advantages"):
                 scores = batch["token_level_scores"]
@@ -199,17 +197,8 @@ class RLTrainer(Trainer):
         return devices
 
     def _actor_update_keys(self, batch: Batch) -> list[str]:
-        keys = [*input_keys(batch), "responses", "response_mask", "advantages"]
-        if self.cfg.derived.old_log_probs_from_update:
-            keys.append("rollout_log_probs")  # for rollout_mismatch/*, computed in the update
-        else:
-            keys.append("old_log_probs")
-        if self.cfg.actor.use_kl_loss:
-            keys.append("ref_log_probs")
-        rc = self.cfg.algorithm.rollout_correction
-        if (rc.rollout_is or rc.rollout_rs or rc.bypass_mode) and "rollout_log_probs" not in keys:
-            keys.append("rollout_log_probs")
-        return keys
+        kl = ["ref_log_probs"] if self.cfg.actor.use_kl_loss else []
+        return [*input_keys(batch), *UPDATE_KEYS, *self.correction.update_keys, *kl]
 
     # ---- generation, validation ---------------------------------------------------------------------
 
