@@ -144,6 +144,13 @@ def test_verl_multiturn_gsm8k_tool_script_puts_the_tools_step_rewards_in_the_sco
         else o
         for o in script
     ]
+    # verl's dump keys; the folders are relative to the current directory, as in verl
+    dumps = [
+        "rollout_data_dir=dumps/rollouts",
+        "validation_data_dir=dumps/validation",
+        "log_val_generations=2",
+    ]
+    script += [f"trainer.{key}" for key in dumps]
     argv = ["train", f"--config-path={examples}", "--config-name=gsm8k_multiturn_grpo", *script]
     assert main(argv) == 0
     printed = capsys.readouterr().err
@@ -158,6 +165,20 @@ def test_verl_multiturn_gsm8k_tool_script_puts_the_tools_step_rewards_in_the_sco
         assert m["reward/tool_reward_mean"] <= -0.05 / 8 + 1e-9
         assert m["reward/score_mean"] == pytest.approx(m["reward/tool_reward_mean"], abs=1e-6)
         assert m["score/mean"] == pytest.approx(m["reward/tool_reward_mean"], abs=1e-5)
+        rows = [json.loads(line) for line in (tmp_path / f"verl/dumps/rollouts/{m['step']}.jsonl").open()]
+        assert len(rows) == 8 and sum(r["score"] for r in rows) / 8 == pytest.approx(
+            m["score/mean"], abs=1e-6
+        )
+        tools = [t for r in rows for t in r["turns"] if t["role"] == "tool"]  # one per call, parsed or not
+        assert len(tools) == 8 * m["agent/tool_calls_per_sample"]
+        calls = [
+            c["name"] for r in rows for t in r["turns"] if t["role"] == "assistant" for c in t["tool_calls"]
+        ]
+        assert "calc_gsm8k_reward" in calls
+    assert sorted(p.name for p in (tmp_path / "verl/dumps/validation").iterdir()) == ["0.jsonl", "2.jsonl"]
+    generations = [json.loads(line) for line in (out / "val_generations.jsonl").open()]
+    assert [g["step"] for g in generations] == [0, 0, 2, 2]  # the same 2 prompts each pass
+    assert [g["input"] for g in generations[:2]] == [g["input"] for g in generations[2:]]
 
 
 @pytest.mark.slow
