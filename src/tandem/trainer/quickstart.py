@@ -297,8 +297,8 @@ def run(
     for key in (*keys, "seconds", "plot", "metrics"):
         value = numbers[key]
         say(f"{key:<20}{value:.3f}" if isinstance(value, float) else f"{key:<20}{value}")
-    return numbers
     say(f"see what the model wrote: tandem view {rl_dir}")
+    return numbers
 
 
 class WarmStart(SFTTrainer):
