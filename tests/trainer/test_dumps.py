@@ -76,6 +76,17 @@ def test_rows_carry_texts_rewards_advantage_and_mismatch():
     json.dumps(rows, allow_nan=False)  # every value is plain JSON
 
 
+def test_a_response_that_stops_exactly_at_the_length_budget_finished_and_was_not_cut():
+    eos = frozenset([TOKENIZER.eos_token_id])
+    first = sample_rows(hand_batch(), 7, TOKENIZER, max_response_length=3, trainer_log_probs=True)[0]
+    assert (first["finish_reason"], first["truncated"]) == ("length", True)  # no stop ids known: cut
+    rows = sample_rows(
+        hand_batch(), 7, TOKENIZER, max_response_length=3, trainer_log_probs=True, stop_ids=eos
+    )
+    assert (rows[0]["finish_reason"], rows[0]["truncated"]) == ("stop", False)  # "ab<|endoftext|>": 3 of 3
+    assert (rows[1]["finish_reason"], rows[1]["truncated"]) == ("length", True)  # "cdef": no stop id
+
+
 def test_rows_without_trainer_log_probs_have_no_mismatch():
     batch = hand_batch().exclude("advantages")  # a validation batch
     rows = sample_rows(batch, 0, TOKENIZER, max_response_length=8, trainer_log_probs=False)

@@ -33,6 +33,7 @@ from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.rollout import PROMPT_INDEX
 from tandem.rollout.agent import AGENT_FINISH_KEY, TRAJECTORY_KEY
+from tandem.rollout.base import read_special_ids
 
 logger = logging.getLogger(__name__)
 
@@ -86,6 +87,7 @@ def sample_rows(
     max_response_length: int,
     trainer_log_probs: bool,
     samples: list[int] | None = None,
+    stop_ids: frozenset[int] = frozenset(),
 ) -> list[dict[str, Any]]:
     """One dict per sample of `batch` (or of its rows `samples`), in order, with the dump's fields.
 
@@ -96,6 +98,8 @@ def sample_rows(
         max_response_length: a response this long (trajectory tokens) is truncated.
         trainer_log_probs: `old_log_probs` are the trainer's own, so the rollout mismatch is defined
             (False in rollout_correction.bypass_mode, where they are the rollout's).
+        stop_ids: the ids a response ends with when the model stopped: one that ends with one exactly at
+            max_response_length finished ("stop"), it was not cut ("length").
     """
     rows_of = list(range(len(batch))) if samples is None else samples
     width = batch["prompts"].shape[1]
@@ -126,7 +130,9 @@ def sample_rows(
         terms = {name: _plain(value) for name, value in extra.items() if name not in FIXED_FIELDS}
         row.update(terms)
         row["reward_keys"] = list(terms)
-        finish = "length" if trajectory_length >= max_response_length else "stop"
+        stopped = bool(response_ids[k]) and response_ids[k][-1] in stop_ids
+        cut = trajectory_length >= max_response_length and not stopped
+        finish = "length" if cut else "stop"
         if AGENT_FINISH_KEY in batch:
             finish = str(batch[AGENT_FINISH_KEY][i])
         row.update(
@@ -136,7 +142,7 @@ def sample_rows(
             prompt_length=len(prompt_ids[k]),
             response_length=n_tokens,
             finish_reason=finish,
-            truncated=trajectory_length >= max_response_length or finish in ("length", "budget"),
+            truncated=cut or finish in ("length", "budget"),
             advantage=None,
             rollout_mismatch=None,
         )
@@ -240,6 +246,15 @@ class DumpWriter:
             job()
 
 
+def stop_ids_of(cfg: TandemConfig, tokenizer: Any) -> frozenset[int]:
+    """The ids the rollout stops at (rollout/base.py's read_special_ids) where the actor's folder is a
+    Hugging Face model folder, else the tokenizer's end-of-sequence id."""
+    if cfg.actor.model_path and (Path(cfg.actor.model_path) / "config.json").is_file():
+        return frozenset(read_special_ids(cfg.actor.model_path, cfg.actor.tokenizer_path, tokenizer)[0])
+    eos = getattr(tokenizer, "eos_token_id", None)
+    return frozenset() if eos is None else frozenset([int(eos)])
+
+
 class SampleDumps:
     """The run's dumps, from trainer.rollout_data_dir, validation_data_dir and log_val_generations."""
 
@@ -257,6 +272,7 @@ class SampleDumps:
         self.max_response_length = cfg.data.max_response_length
         self.trainer_log_probs = not cfg.algorithm.rollout_correction.bypass_mode
         self._tokenizer = tokenizer
+        self.stop_ids = stop_ids_of(cfg, tokenizer)
         self._writer_tokenizer: Any = None  # a copy: the step's own decoding and the writer's never share one
         self._writer = DumpWriter()
 
@@ -306,6 +322,7 @@ class SampleDumps:
             max_response_length=self.max_response_length,
             trainer_log_probs=False,
             samples=rows,
+            stop_ids=self.stop_ids,
         )
 
     def close(self) -> None:
@@ -315,7 +332,7 @@ class SampleDumps:
     def _queue(self, folder: Path, step: int, batch: Batch, trainer_log_probs: bool) -> None:
         if self._writer_tokenizer is None:
             self._writer_tokenizer = copy.deepcopy(self._tokenizer)
-        tokenizer, max_length = self._writer_tokenizer, self.max_response_length
+        tokenizer, max_length, stop_ids = self._writer_tokenizer, self.max_response_length, self.stop_ids
 
         def job() -> None:
             path = folder / f"{step}.jsonl"
@@ -326,6 +343,7 @@ class SampleDumps:
                     tokenizer,
                     max_response_length=max_length,
                     trainer_log_probs=trainer_log_probs,
+                    stop_ids=stop_ids,
                 )
                 folder.mkdir(parents=True, exist_ok=True)
                 write_jsonl(path, rows)
