@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shlex
 from pathlib import Path
 
@@ -124,6 +125,14 @@ def test_verls_trainer_yaml_translates_to_a_tandem_config_that_loads_and_names_e
     assert len(dropped) == len(translation.dropped) > 300
     assert "#   actor_rollout_ref.rollout.enforce_eager: false  -- a vLLM/SGLang engine argument" in text
     assert "#   trainer.device: cuda  -- verl's YAML always says cuda" in text
+
+
+def test_the_docs_count_of_dropped_verl_keys_is_the_translations():
+    text = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
+    trainer = int(re.search(r"(\d+) keys are dropped", text).group(1))
+    megatron = int(re.search(r"`ppo_megatron_trainer.yaml` likewise \((\d+) dropped\)", text).group(1))
+    assert trainer == len(translate_tree(compose(DATA / "ppo_trainer.yaml")).dropped)
+    assert megatron == len(translate_tree(compose(DATA / "ppo_megatron_trainer.yaml")).dropped)
 
 
 def test_the_verl_preset_holds_verls_defaults():
