@@ -12,6 +12,7 @@ tokenizer), each file whole (temp file + rename); the step itself only copies th
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import logging
@@ -19,6 +20,7 @@ import math
 import numbers
 import os
 import queue
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -242,6 +244,10 @@ class DumpWriter:
             self._thread = None
 
     def _run(self) -> None:
+        if sys.platform == "linux":  # a Linux thread has a nice value of its own: the lowest, so that the
+            # dump's decoding waits for the cores rather than taking them from the workers beside it
+            with contextlib.suppress(OSError):
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
         while (job := self._jobs.get()) is not None:
             job()
 
