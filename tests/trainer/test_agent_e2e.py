@@ -129,6 +129,9 @@ def test_grpo_on_the_agent_loop_trains_counts_tools_and_resumes_exactly(warm_sta
     assert {3, 4} <= set(resumed) and not {1, 2} & set(resumed)
     assert_same_steps(resumed, straight, (3, 4), skip=("tool_seconds",))
     check_agent_dumps(tmp_path / "tandem", straight)
+    from view.browser import check_real_trajectory  # tests/view/browser.py
+
+    check_real_trajectory(tmp_path / "tandem/straight")  # an opened trajectory in headless Chromium
 
 
 def check_agent_dumps(root: Path, straight: dict) -> None:

@@ -132,3 +132,34 @@ def check_real_run(folder: Path) -> None:
             assert [r["score"] for r in shown] == [s["score"] for s in samples]
             show(page, url + f"#tab=samples&kind={kind}&step={steps[-1]}&sample={samples[0]['sample']}")
             assert samples[0]["input"].strip() in page.inner_text("#sample-card")
+
+
+def check_real_trajectory(folder: Path) -> None:
+    """`tandem view` of a real multi-turn run: the first dumped sample with a tool observation, opened,
+    shows every turn of the dump in order, its role, the assistant's tool calls as name(arguments) and
+    the tool's error. Returns quietly without Chromium, as check_real_run."""
+    if not have_chromium():
+        return
+    (run,) = open_runs([folder])
+    step, sample = next(
+        (step, s)
+        for step in run.dump_steps("rollouts")
+        for s in run.samples("rollouts", step)
+        if any(t["role"] == "tool" for t in s.get("turns") or [])
+    )
+
+    def words(text: str) -> str:  # the page wraps and collapses white space
+        return " ".join(text.split())
+
+    with serving([folder]) as url, chromium_page() as page:
+        show(page, url + f"#tab=samples&kind=rollouts&step={step}&sample={sample['sample']}")
+        assert page.locator("#sample-card .turn").count() == len(sample["turns"])
+        for n, turn in enumerate(sample["turns"]):
+            shown = page.locator(f'#sample-card .turn[data-turn="{n}"]')
+            assert shown.get_attribute("class").split()[1] == turn["role"], (step, sample["sample"], n)
+            calls = [f"{c['name']}({c.get('arguments') or ''})" for c in turn.get("tool_calls") or []]
+            assert [words(t) for t in shown.locator(".tool-call").all_inner_texts()] == [
+                words(c) for c in calls
+            ]
+            if turn.get("error"):
+                assert words(shown.locator(".tool-error").inner_text()) == words(turn["error"])
