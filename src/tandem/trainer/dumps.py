@@ -33,6 +33,7 @@ import torch
 from tandem.batch import Batch
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
+from tandem.data.padding import concat_left_padded
 from tandem.rollout import PROMPT_INDEX
 from tandem.rollout.agent import AGENT_FINISH_KEY, TRAJECTORY_KEY
 from tandem.rollout.base import read_special_ids
@@ -313,7 +314,7 @@ class SampleDumps:
         <validation_data_dir>/<step>.jsonl, and keep the rows of the first log_val_generations prompts
         (first sample each) for the trackers (`take_generations`). `timing_s/dump_val`: the pass's part."""
         start = time.perf_counter()
-        batch = _concat([_snapshot(b) for b in batches])
+        batch = concat_left_padded([_snapshot(b) for b in batches], pad_id=0)  # pads are masked
         if self.val_dir is not None:
             self._queue(self.val_dir, step, batch, False)
         if rows := first_samples(batch, self.val_generations):
@@ -369,17 +370,6 @@ def _snapshot(batch: Batch) -> Batch:
         if isinstance(part[key], torch.Tensor):
             part[key] = part[key].detach().cpu().clone()
     return part
-
-
-def _concat(batches: list[Batch]) -> Batch:
-    """Snapshots as one batch, their prompts left-padded (pad id 0, masked) to the widest."""
-    width = max(b["prompts"].shape[1] for b in batches)
-    for b in batches:
-        extra = width - b["prompts"].shape[1]
-        if extra:
-            b["prompts"] = torch.nn.functional.pad(b["prompts"], (extra, 0), value=0)
-            b["attention_mask"] = torch.nn.functional.pad(b["attention_mask"], (extra, 0), value=0)
-    return Batch.concat(batches)
 
 
 def _plain(value: Any) -> Any:

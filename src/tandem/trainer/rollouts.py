@@ -16,12 +16,12 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
 from tandem.controller import WorkerGroup
 from tandem.data import PromptDataset, StatefulSampler, collate_prompts
+from tandem.data.padding import concat_left_padded
 from tandem.rewards import RewardManager, reward_components
 from tandem.roles.layout import WorkerGroups
 from tandem.roles.reward_model import last_token_index
@@ -29,8 +29,6 @@ from tandem.rollout import PROMPT_INDEX, SamplingParams
 from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY
 from tandem.trainer.dumps import REWARD_EXTRA_KEY, SampleDumps
 from tandem.trainer.metrics import agent_metrics
-
-PROMPT_SIDE = {"prompts": "pad", "input_ids": "pad", "attention_mask": 0, "position_ids": 0}
 
 
 class Rollouts:
@@ -141,8 +139,7 @@ class Rollouts:
     def concat(self, batches: list[Batch]) -> Batch:
         """Rollout batches as one, their prompts left-padded to the widest (dynamic sampling's rounds, the
         stream's groups)."""
-        width = max(b["prompts"].shape[1] for b in batches)
-        return Batch.concat([_left_pad(b, width, self.pad_id) for b in batches])
+        return concat_left_padded(batches, self.pad_id)
 
     # ---- validation ------------------------------------------------------------------------------------
 
@@ -202,14 +199,3 @@ def _reward_extra(extra: dict[str, np.ndarray], n: int) -> list[dict[str, Any]]:
 def sampling_seed(seed: int, step: int, round_: int) -> int:
     """The sampling seed of a step's generation round: the same on a resumed run."""
     return (seed * 1_000_003 + step) * 101 + round_
-
-
-def _left_pad(batch: Batch, width: int, pad_id: int) -> Batch:
-    """The prompt side of a rollout batch left-padded to `width` tokens (to concatenate rounds)."""
-    extra = width - batch["prompts"].shape[1]
-    if extra == 0:
-        return batch
-    batch = batch.select(*batch.keys())
-    for key, value in PROMPT_SIDE.items():
-        batch[key] = F.pad(batch[key], (extra, 0), value=pad_id if value == "pad" else value)
-    return batch
