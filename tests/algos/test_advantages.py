@@ -8,7 +8,16 @@ import torch
 
 from tandem.algos import ADV_ESTIMATORS, compute_advantages, masked_whiten
 
-GROUP_ESTIMATORS = ["grpo", "dr_grpo", "grpo_passk", "rloo", "opo", "gpg", "reinforce_plus_plus_baseline"]
+GROUP_ESTIMATORS = [
+    "grpo",
+    "dr_grpo",
+    "grpo_passk",
+    "rloo",
+    "rloo_vectorized",
+    "opo",
+    "gpg",
+    "reinforce_plus_plus_baseline",
+]
 
 
 def outcome_rewards(scores, mask):
@@ -59,12 +68,16 @@ def test_every_estimator_declares_its_needs():
             "needs_sum_pi_squared",
             "needs_reward_components",
             "needs_two_per_group",
+            "zero_for_group_of_one",
         }
         assert all(isinstance(v, bool) for v in info.values())
     assert ADV_ESTIMATORS.info("gae")["needs_critic"]
     assert ADV_ESTIMATORS.info("remax")["needs_reward_baselines"]
     assert all(ADV_ESTIMATORS.info(n)["needs_groups"] for n in GROUP_ESTIMATORS)
     assert [n for n in ADV_ESTIMATORS if ADV_ESTIMATORS.info(n).get("needs_two_per_group")] == ["grpo_passk"]
+    assert [n for n in ADV_ESTIMATORS if ADV_ESTIMATORS.info(n).get("zero_for_group_of_one")] == [
+        "rloo_vectorized"
+    ]
 
 
 def test_grpo_hand_computed():
@@ -93,6 +106,22 @@ def test_rloo_hand_computed():
     rewards, mask = grouped_batch()
     adv, ret = compute_advantages("rloo", rewards, mask, index=UIDS)
     torch.testing.assert_close(adv, expect_broadcast([0.5, 0.0, -1.0, 5.0, 0.5, 0.0]))
+    torch.testing.assert_close(ret, adv)
+
+
+def test_rloo_vectorized_is_rloo_except_for_a_group_of_one():
+    # verl's rloo_vectorized: (n s_i - sum_g s) / max(n - 1, 1) * (n > 1). Group a = rows 0, 2, 3 with
+    # scores (2, 0, 1), sum 3: (6 - 3) / 2 = 1.5, (0 - 3) / 2 = -1.5, (3 - 3) / 2 = 0, as rloo's
+    # 2 - (0 + 1) / 2, 0 - (2 + 1) / 2, 1 - (2 + 0) / 2. Rows 1 (b: 5) and 4 (c: -1) are alone:
+    # rloo gives the score, rloo_vectorized 0.
+    mask = [[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 1], [1, 1, 0]]
+    rewards, mask_t = outcome_rewards([2.0, 5.0, 0.0, 1.0, -1.0], mask)
+    index = ["a", "b", "a", "a", "c"]
+    adv, ret = compute_advantages("rloo", rewards, mask_t, index=index)
+    torch.testing.assert_close(adv, torch.tensor([1.5, 5.0, -1.5, 0.0, -1.0])[:, None] * mask_t)
+    torch.testing.assert_close(ret, adv)
+    adv, ret = compute_advantages("rloo_vectorized", rewards, mask_t, index=index)
+    torch.testing.assert_close(adv, torch.tensor([1.5, 0.0, -1.5, 0.0, 0.0])[:, None] * mask_t)
     torch.testing.assert_close(ret, adv)
 
 
@@ -230,12 +259,14 @@ def test_equal_rewards_give_zero(name):
 # the score. Rows x = 1 (2 tokens), y = 3 (1 token), z = (2, 2) equal. grpo: s / (1 + 1e-6);
 # gpg: x, y informative (non-zero), z not: alpha = 4 / 2 -> (2, 6); reinforce_plus_plus_baseline:
 # tokens (1, 1, 3, 0, 0, 0, 0): mean 5/7, unbiased var (2 (2/7)^2 + (16/7)^2 + 4 (5/7)^2) / 6 = 26/21.
-# grpo_passk: 0 (verl raises for a group of one; rollout.n=1 is refused for it at start-up).
+# grpo_passk: 0 (verl raises for a group of one); rloo_vectorized: 0 (verl's multiplies by n > 1). Both
+# refuse rollout.n=1 at start-up.
 _RPP = [(1 - 5 / 7) / math.sqrt(26 / 21), (3 - 5 / 7) / math.sqrt(26 / 21), (0 - 5 / 7) / math.sqrt(26 / 21)]
 GROUP_OF_ONE = {
     "grpo": [1 / (1 + 1e-6), 3 / (1 + 1e-6), 0.0],
     "dr_grpo": [1.0, 3.0, 0.0],
     "rloo": [1.0, 3.0, 0.0],
+    "rloo_vectorized": [0.0, 0.0, 0.0],
     "opo": [1.0, 3.0, 0.0],
     "gpg": [2.0, 6.0, 0.0],
     "reinforce_plus_plus_baseline": _RPP,
@@ -244,13 +275,71 @@ GROUP_OF_ONE = {
 
 
 @pytest.mark.parametrize("name", GROUP_ESTIMATORS)
-def test_a_group_of_one_gets_its_score(name):
+def test_a_group_of_one_beside_larger_groups(name):
     mask = torch.tensor([[1.0, 1.0], [1.0, 0.0], [1.0, 1.0], [1.0, 1.0]])
     rewards, _ = outcome_rewards([1.0, 3.0, 2.0, 2.0], mask)
     adv, ret = compute_advantages(name, rewards, mask, index=["x", "y", "z", "z"])
     x, y, z = GROUP_OF_ONE[name]
     torch.testing.assert_close(adv, torch.tensor([x, y, z, z])[:, None] * mask)
     torch.testing.assert_close(ret, adv)
+
+
+# rollout.n=1: every sample alone, scores (1, 3, 0, -2) on 2, 1, 3, 2 tokens. The advantage verl's
+# core_algos.py (b178a3cd) gives each, per sample, for every group estimator it registers:
+#   grpo: mean 0, std 1 -> s / (1 + 1e-6)
+#   grpo_passk: verl raises ("Pass@k requires at least 2 samples per group"); Tandem gives 0
+#   reinforce_plus_plus_baseline: mean 0, then whitened over the 8 tokens (1, 1, 3, 0, 0, 0, -2, -2):
+#     mean 1/8, unbiased var 18.875 / 7 -> (s - 0.125) / sqrt(18.875 / 7 + 1e-8)
+#   rloo: baseline 0 -> s; rloo_vectorized: times (n > 1) -> 0
+#   opo: baseline 0 -> s
+#   gpg: mean 0, alpha = B / (non-zero scores) = 4 / 3 -> 4/3 s (Tandem's B / (B - M) agrees here)
+#   optimal_token_baseline, tir_optimal_token_baseline: baseline 0 -> G_t = s on every token
+# grpo_vectorized is the one verl group estimator Tandem does not register (its group of one is grpo's).
+VERL_GROUP_ESTIMATORS_MISSING = {"grpo_vectorized"}
+VERL_GROUP_OF_ONE = {
+    "grpo": [0.999999000001, 2.999997000003, 0.0, -1.999998000002],
+    "grpo_passk": [0.0, 0.0, 0.0, 0.0],
+    "reinforce_plus_plus_baseline": [0.5328605787, 1.7508276156, -0.0761229398, -1.2940899768],
+    "rloo": [1.0, 3.0, 0.0, -2.0],
+    "rloo_vectorized": [0.0, 0.0, 0.0, 0.0],
+    "opo": [1.0, 3.0, 0.0, -2.0],
+    "gpg": [1.3333333333, 4.0, 0.0, -2.6666666667],
+    "optimal_token_baseline": [1.0, 3.0, 0.0, -2.0],
+    "tir_optimal_token_baseline": [1.0, 3.0, 0.0, -2.0],
+}
+
+
+def test_every_verl_group_estimator_is_in_the_group_of_one_table():
+    # verl's AdvantageEstimator names at b178a3cd, less gae, reinforce_plus_plus and remax (no groups)
+    verl_group_names = {
+        "grpo",
+        "grpo_vectorized",
+        "grpo_passk",
+        "reinforce_plus_plus_baseline",
+        "rloo",
+        "rloo_vectorized",
+        "opo",
+        "gpg",
+        "optimal_token_baseline",
+        "tir_optimal_token_baseline",
+    }
+    assert set(VERL_GROUP_OF_ONE) == verl_group_names - VERL_GROUP_ESTIMATORS_MISSING
+    assert all(ADV_ESTIMATORS.info(name)["needs_groups"] for name in VERL_GROUP_OF_ONE)
+    assert not VERL_GROUP_ESTIMATORS_MISSING & set(ADV_ESTIMATORS)
+
+
+@pytest.mark.parametrize("name", sorted(VERL_GROUP_OF_ONE))
+def test_one_sample_per_prompt_gives_verls_advantage(name):
+    mask = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0], [1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    rewards, _ = outcome_rewards([1.0, 3.0, 0.0, -2.0], mask)
+    token_inputs = {  # what the old-log-prob pass gives OTB; a group of one ignores them
+        "old_log_probs": torch.linspace(-2, -0.1, 12).reshape(4, 3),
+        "sum_pi_squared": torch.linspace(0.2, 0.9, 12).reshape(4, 3),
+    }
+    adv, ret = compute_advantages(name, rewards, mask, index=["p0", "p1", "p2", "p3"], **token_inputs)
+    expected = torch.tensor(VERL_GROUP_OF_ONE[name])[:, None] * mask
+    torch.testing.assert_close(adv, expected)
+    torch.testing.assert_close(ret, adv)  # OTB's returns are G_t, here the same numbers
 
 
 @pytest.mark.parametrize("name", sorted(ADV_ESTIMATORS))

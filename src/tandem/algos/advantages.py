@@ -5,11 +5,12 @@ Every estimator takes the same keywords (`index`, `values`, `reward_baselines`, 
 them the same way. Outputs are 0 at padding (whatever the rewards hold there), carry no gradient,
 and are float32 at least (bf16 / fp16 inputs are upcast).
 
-Group-relative estimators (grpo, dr_grpo, grpo_passk, rloo, opo, gpg, gdpo, reinforce_plus_plus_baseline) compare a
-sample with the other samples of its prompt (`index` = the prompt's uid); a group whose scores are
-all equal gets 0. A group of one (rollout.n=1) has nothing to compare with: as in verl, its baseline is
-0 (and its std 1), so its advantage is its own score (grpo: s / (1 + eps)). grpo_passk is the exception:
-verl raises there, and Tandem gives 0 (and refuses rollout.n=1 for it at start-up).
+Group-relative estimators (grpo, dr_grpo, grpo_passk, rloo, rloo_vectorized, opo, gpg, gdpo,
+reinforce_plus_plus_baseline) compare a sample with the other samples of its prompt (`index` = the
+prompt's uid); a group whose scores are all equal gets 0. A group of one (rollout.n=1) has nothing to
+compare with: as in verl, its baseline is 0 (and its std 1), so its advantage is its own score (grpo:
+s / (1 + eps)). Two exceptions give it 0, and Tandem refuses rollout.n=1 for them at start-up:
+grpo_passk (verl raises there) and rloo_vectorized (verl gives 0, unlike its rloo).
 """
 
 from __future__ import annotations
@@ -168,6 +169,24 @@ def dr_grpo(
     return _group_relative("dr_grpo", token_level_rewards, response_mask, index, False, epsilon)
 
 
+def _leave_one_out(
+    estimator: str,
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    index: GroupIndex | None,
+    alone_keeps_score: bool,
+) -> tuple[Tensor, Tensor]:
+    """RLOO's advantage on every valid token; a group of one gets its score (alone_keeps_score) or 0."""
+    rewards, mask = _prepare(token_level_rewards, response_mask)
+    scores = _scores(rewards, mask)
+    mean, _, count = group_stats(scores, _index(index, estimator))
+    # s_i - (n s_bar - s_i) / (n - 1) = n / (n - 1) (s_i - s_bar): exactly 0 when the scores are equal.
+    alone = scores if alone_keeps_score else torch.zeros_like(scores)
+    adv = torch.where(count > 1, count / (count - 1).clamp(min=1) * (scores - mean), alone)
+    advantages = _broadcast(adv, mask)
+    return advantages, advantages.clone()
+
+
 @ADV_ESTIMATORS.register("rloo", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
 @torch.no_grad()
 def rloo(
@@ -179,13 +198,30 @@ def rloo(
 ) -> tuple[Tensor, Tensor]:
     """RLOO: A_i = s_i - (sum_g s - s_i) / (n_g - 1), the mean of the other samples; a group of one has
     baseline 0 (A_i = s_i, as verl's rloo); returns = A."""
-    rewards, mask = _prepare(token_level_rewards, response_mask)
-    scores = _scores(rewards, mask)
-    mean, _, count = group_stats(scores, _index(index, "rloo"))
-    # s_i - (n s_bar - s_i) / (n - 1) = n / (n - 1) (s_i - s_bar): exactly 0 when the scores are equal.
-    adv = torch.where(count > 1, count / (count - 1).clamp(min=1) * (scores - mean), scores)
-    advantages = _broadcast(adv, mask)
-    return advantages, advantages.clone()
+    return _leave_one_out("rloo", token_level_rewards, response_mask, index, alone_keeps_score=True)
+
+
+@ADV_ESTIMATORS.register(
+    "rloo_vectorized",
+    needs_critic=False,
+    needs_groups=True,
+    needs_reward_baselines=False,
+    zero_for_group_of_one=True,
+)
+@torch.no_grad()
+def rloo_vectorized(
+    token_level_rewards: Tensor,
+    response_mask: Tensor,
+    *,
+    index: GroupIndex | None = None,
+    **_: Any,
+) -> tuple[Tensor, Tensor]:
+    """RLOO as verl's rloo_vectorized: rloo's A_i for groups of 2+, but 0 for a group of one (verl
+    multiplies by n_g > 1); returns = A. With rollout.n=1 every advantage would be 0, so Tandem refuses
+    that at start-up (verl runs it)."""
+    return _leave_one_out(
+        "rloo_vectorized", token_level_rewards, response_mask, index, alone_keeps_score=False
+    )
 
 
 def _discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:

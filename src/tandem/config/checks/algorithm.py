@@ -95,8 +95,13 @@ def _check_reward_components(cfg: TandemConfig, problems: Problems, info: dict[s
 
 def group_of_one_warning(cfg: TandemConfig, info: dict[str, Any]) -> str | None:
     """With rollout.n=1 a group estimator has no baseline: as in verl, the advantage is the raw score. A
-    warning that says so, else None."""
-    if not info.get("needs_groups") or info.get("needs_two_per_group") or cfg.rollout.n >= 2:
+    warning that says so, else None (also for the estimators that give a group of one 0: refused instead)."""
+    if (
+        not info.get("needs_groups")
+        or info.get("needs_two_per_group")
+        or info.get("zero_for_group_of_one")
+        or cfg.rollout.n >= 2
+    ):
         return None
     est = cfg.algorithm.adv_estimator
     return (
@@ -121,6 +126,16 @@ def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any])
             f"algorithm.adv_estimator={est} learns from each prompt's best sample by its margin over the "
             f"second best, but rollout.n={cfg.rollout.n} gives one sample per prompt: every advantage "
             "would be 0 (verl stops there too). Set rollout.n>=2 (4-16 is usual)",
+        )
+    # Refused, not warned: verl runs this, but every policy-gradient advantage is 0, so the rewards teach
+    # nothing and the run's compute is spent on the KL and entropy terms alone.
+    if info.get("zero_for_group_of_one") and cfg.rollout.n < 2:
+        problems.add(
+            ("rollout.n", "algorithm.adv_estimator"),
+            f"algorithm.adv_estimator={est} gives a sample that is alone in its group advantage 0 (as in verl), "
+            f"and rollout.n={cfg.rollout.n} gives one sample per prompt: every advantage would be 0 and the "
+            "rewards would teach nothing. Set rollout.n>=2 (4-16 is usual), or pick an estimator "
+            "that gives a lone sample its raw score, such as rloo",
         )
     warning = group_of_one_warning(cfg, info)
     if warning is not None:
