@@ -144,8 +144,10 @@ def _preset_and_overrides(args: argparse.Namespace, default: str) -> tuple[str, 
     preset, overrides = args.preset, list(args.overrides)
     if "=" in preset:  # `tandem config a.b=1`: an override, not a preset name
         preset, overrides = default, [preset, *overrides]
-        if any(is_verl_sft_override(o) for o in overrides):  # verl's SFT command line: its SFT defaults
-            preset = "verl_sft"
+        if any(is_verl_sft_override(o) for o in overrides):  # verl's SFT command line: its trainer's defaults
+            from tandem.config.sft_trainers import verl_sft_preset
+
+            preset = verl_sft_preset(o.partition("=")[0].strip() for o in overrides)
         elif any(is_verl_override(o) for o in overrides):  # a verl command line: verl's defaults under it
             preset = "verl"
     if getattr(args, "config_name", None):  # verl's --config-path DIR --config-name NAME
@@ -180,7 +182,9 @@ def is_verl_sft_override(text: str) -> bool:
 def _is_sft(args: argparse.Namespace, preset: str) -> bool:
     """An SFT config: `tandem sft`, the sft presets, or verl's SFT YAML (--config-name sft_trainer...)."""
     return (
-        args.command == "sft" or preset in ("sft", "verl_sft") or Path(preset).stem.startswith("sft_trainer")
+        args.command == "sft"
+        or preset in ("sft", "verl_sft", "verl_sft_engine")
+        or Path(preset).stem.startswith("sft_trainer")
     )
 
 

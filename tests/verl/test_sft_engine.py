@@ -1,0 +1,132 @@
+"""`tandem sft` on the command lines of verl's newer SFT trainer, verl.trainer.sft_trainer (sft_trainer_engine.yaml
+composed with optim/fsdp.yaml, engine/fsdp.yaml and model/hf_model.yaml; `messages` rows; written as verl's
+tests/special_e2e/sft/run_sft_engine.sh writes them): its defaults, its keys, its trained tokens. The older
+trainer's (fsdp_sft_trainer) command lines keep that trainer's defaults."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from tandem.cli import main
+from tandem.config import ConfigError, load_config
+from tandem.config.sft_trainers import SFT_TRAINER_ONLY, sft_trainer_of, verl_sft_preset
+
+from .sft_scripts import SFT_SCRIPTS
+from .verl_keys_script import load_generator
+
+DATA = Path(__file__).parent / "data"
+
+# run_sft_engine.sh's FSDP command line (NUM_GPUS=1) without its optim.* numbers: the trainer's defaults apply
+ENGINE_LINE = [
+    "data.train_files=train.parquet",
+    "data.train_batch_size=128",
+    "data.pad_mode=no_padding",
+    "data.truncation=error",
+    "data.use_dynamic_bsz=True",
+    "data.max_token_len_per_gpu=2048",
+    "data.messages_key=messages",
+    "model.path=Qwen/Qwen2.5-0.5B",
+    "model.use_remove_padding=True",
+    "engine=fsdp",
+    "optim=fsdp",
+    "engine.ulysses_sequence_parallel_size=1",
+    "engine.strategy=fsdp",
+    "trainer.save_freq=-1",
+    "trainer.project_name=verl_sft_test",
+    "trainer.total_epochs=2",
+    "trainer.total_training_steps=2",
+    "trainer.resume_mode=disable",
+]
+
+
+def _composed(name: str) -> dict:
+    """verl's composed config `name` (tests/verl/data/NAME.yaml, verl b178a3c), read by OmegaConf as verl reads it
+    (`1e-3` a float)."""
+    return OmegaConf.to_container(OmegaConf.load(DATA / f"{name}.yaml"))
+
+
+def _resolved(overrides: list[str]):
+    preset = verl_sft_preset(o.partition("=")[0] for o in overrides)
+    return preset, load_config(preset, overrides, sft=True, on_verl=lambda t: None)
+
+
+def test_the_keys_of_one_trainer_alone_are_those_its_composed_yaml_alone_has():
+    keys = load_generator().config_keys
+    engine, older = set(keys("sft_trainer_engine")), set(keys("sft_trainer"))
+    assert len(engine - older) == 70 and len(older - engine) == 21
+    assert {k for k in engine - older if sft_trainer_of(k) != "sft_trainer"} == set()
+    assert {k for k in older - engine if sft_trainer_of(k) != "fsdp_sft_trainer"} == set()
+    assert {k for k in engine & older if sft_trainer_of(k) is not None} == set()
+    # each entry of the table names keys of that difference (or of verl 0.9.1's sft_trainer_engine.yaml, which
+    # adds data.num_workers, data.enable_thinking_default, trainer.balance_batch, optim.zero_indexed_step, model.lora)
+    added_in_091 = {
+        "data.num_workers",
+        "data.enable_thinking_default",
+        "trainer.balance_batch",
+        "optim.zero_indexed_step",
+        "model.lora",
+    }
+    for trainer, own in SFT_TRAINER_ONLY.items():
+        only = engine - older if trainer == "sft_trainer" else older - engine
+        for entry in own:
+            assert entry in added_in_091 or any(k == entry or k.startswith(entry + ".") for k in only), entry
+
+
+def test_the_newer_trainers_command_line_gets_its_optimizer_defaults():
+    """optim/fsdp.yaml's numbers, as verl's sft_trainer composes them, with no optim.* key on the line."""
+    preset, cfg = _resolved(ENGINE_LINE)
+    verl = _composed("sft_trainer_engine")["optim"]
+    assert preset == "verl_sft_engine"
+    assert (verl["lr"], verl["betas"], verl["weight_decay"]) == (1e-3, [0.9, 0.999], 0.01)
+    assert (verl["lr_warmup_steps_ratio"], verl["lr_scheduler_type"], verl["clip_grad"]) == (
+        0.0,
+        "constant",
+        1.0,
+    )
+    optim = cfg.actor.optim
+    assert optim.lr == verl["lr"] and list(optim.betas) == verl["betas"]
+    assert optim.weight_decay == verl["weight_decay"] and cfg.actor.grad_clip == verl["clip_grad"]
+    assert optim.warmup_ratio == verl["lr_warmup_steps_ratio"] and optim.warmup_steps == 0
+    assert optim.lr_scheduler == verl["lr_scheduler_type"] and optim.min_lr_ratio == verl["min_lr_ratio"]
+    # the line's own numbers
+    assert cfg.actor.use_dynamic_bsz and cfg.actor.max_tokens_per_micro_batch == 2048
+    assert cfg.data.train_batch_size == 128 and cfg.data.messages_key == "messages"
+
+
+def test_the_newer_trainers_defaults_hold_without_the_lines_data_keys():
+    """A line with the model and data files alone: the trainer's data defaults too (dynamic batches of 8192)."""
+    _, cfg = _resolved(["model.path=M", "data.train_files=train.parquet"])
+    verl = _composed("sft_trainer_engine")["data"]
+    assert cfg.actor.use_dynamic_bsz is verl["use_dynamic_bsz"] is True
+    assert cfg.actor.max_tokens_per_micro_batch == verl["max_token_len_per_gpu"] == 8192
+    assert cfg.data.max_length == verl["max_length"] and cfg.data.train_batch_size == verl["train_batch_size"]
+    assert cfg.actor.sequence_packing and cfg.actor.optim.lr == 1e-3
+
+
+def test_the_older_trainers_command_line_keeps_its_defaults():
+    """fsdp_sft_trainer's sft_trainer.yaml: lr 1e-5, betas (0.9, 0.95), cosine (its optim.lr_scheduler), warm-up 0.1."""
+    _, script = SFT_SCRIPTS["sft_gsm8k_run_gemma_2b"]
+    preset, cfg = _resolved(["trainer.n_gpus_per_node=8", *script])
+    verl = _composed("sft_trainer")["optim"]
+    assert preset == "verl_sft"
+    assert cfg.actor.optim.lr == verl["lr"] == 1e-5 and list(cfg.actor.optim.betas) == verl["betas"]
+    assert cfg.actor.optim.warmup_ratio == verl["lr_warmup_steps_ratio"] == 0.1
+    assert cfg.actor.optim.lr_scheduler == "cosine" and cfg.actor.grad_clip == verl["clip_grad"]
+    assert cfg.actor.optim.weight_decay == verl["weight_decay"]
+
+
+def test_the_cli_names_the_newer_trainers_preset(capsys):
+    assert main(["config", *ENGINE_LINE]) == 0
+    assert "tandem config verl_sft_engine" in capsys.readouterr().err
+
+
+def test_keys_of_both_trainers_on_one_line_are_refused_naming_both():
+    with pytest.raises(ConfigError, match="model.path .*model.partial_pretrain"):
+        verl_sft_preset(["model.path", "model.partial_pretrain", "data.train_files"])
+    # keys Tandem has too (data.prompt_key, data.messages_key) do not decide
+    assert verl_sft_preset(["model.path", "data.prompt_key"]) == "verl_sft_engine"
+    assert verl_sft_preset(["model.partial_pretrain", "data.messages_key"]) == "verl_sft"
+    assert verl_sft_preset(["+model.override_config.attn_implementation", "optim.lr"]) == "verl_sft_engine"
