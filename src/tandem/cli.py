@@ -7,9 +7,11 @@
     tandem export CHECKPOINT [OUT_DIR] [--role actor|critic]      a Hugging Face folder from a checkpoint
     tandem generate [FILE] key=value ... [--overwrite]   n samples per prompt of a parquet file (verl's
                                                     main_generation keys too; resumes an interrupted run)
+                    [--check]                         the checks and the resolved config alone, as YAML
     tandem config [PRESET|FILE] [key=value ...]     print the resolved, validated config as YAML
                   [--gpus-per-node N]                 (workers_per_node=auto resolved for N GPUs per node)
     tandem config --from-verl FILE                  a verl YAML (with its defaults) as a Tandem YAML
+    tandem config generate [FILE] key=value ...     tandem generate --check
 
 verl's keys and Hydra flags are read as Tandem's: `tandem train actor_rollout_ref.model.path=DIR ...`
 or `tandem train --config-path DIR --config-name NAME ...` (the base is then the `verl` preset, verl's
@@ -88,6 +90,12 @@ def _parser() -> argparse.ArgumentParser:
         "overrides", nargs="*", help="a YAML file of these keys first (optional), then key=value"
     )
     gen.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    gen.add_argument(
+        "--check",
+        action="store_true",
+        help="run the start-up checks (tokenizer, prompts, output file) and print the resolved config as "
+        "YAML; no model is loaded, nothing is written",
+    )
 
     config = sub.add_parser("config", help="print the resolved config")
     config.add_argument("preset", nargs="?", default="grpo", help="preset name or YAML path (default: grpo)")
@@ -263,6 +271,15 @@ def _run(args: argparse.Namespace) -> int:
         from tandem.config.loader import verl_yaml_to_tandem
 
         print(verl_yaml_to_tandem(args.from_verl), end="")
+    elif args.command == "config" and args.preset == "generate":  # an alias of `tandem generate --check`
+        if args.gpus_per_node is not None or args.config_name:
+            from tandem.config import ConfigError
+
+            raise ConfigError(
+                "tandem config generate takes tandem generate's keys; no --gpus-per-node or -cn"
+            )
+        args.overwrite, args.check = False, True
+        _generate(args)
     elif args.command == "config":
         preset, overrides = _preset_and_overrides(args, "grpo")
         cfg = load_config(
@@ -305,14 +322,18 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> None:
-    from tandem.config.generate import load_generate_config
-    from tandem.trainer.generate import run_generation
+    from tandem.config.generate import generate_config_to_yaml, load_generate_config
+    from tandem.trainer.generate import plan_generation, run_generation
 
     overrides = list(args.overrides)
     file = overrides.pop(0) if overrides and "=" not in overrides[0] else None
     if args.overwrite:
         overrides.append("overwrite=true")
     cfg, key_names = load_generate_config(file, overrides, on_verl=_print_translation("tandem generate"))
+    if args.check:  # the start-up checks alone: no engine, nothing written
+        print(plan_generation(cfg, key_names=key_names).summary(cfg), file=sys.stderr)
+        print(generate_config_to_yaml(cfg), end="")
+        return
     print(run_generation(cfg, key_names=key_names))
 
 

@@ -9,9 +9,11 @@ command line with verl's keys starts from verl's defaults (`VERL_GENERATION_DEFA
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+import yaml
 
 from tandem.config.coerce import parse_into
 from tandem.config.errors import ConfigError, Problems
@@ -56,6 +58,11 @@ class GenerateConfig:
     extra_columns: bool = True  # also write response_lengths (tokens) and finish_reasons (stop / length)
     overwrite: bool = False  # replace an existing output_path (else an error)
     progress_bar: bool = True  # a progress bar on a terminal (a line per batch otherwise)
+
+
+def generate_config_to_yaml(cfg: GenerateConfig) -> str:
+    """YAML text of every key, which `tandem generate FILE` reads back into an equal config."""
+    return yaml.safe_dump(asdict(cfg), sort_keys=False, default_flow_style=False)
 
 
 def is_verl_generation_key(key: str) -> bool:

@@ -9,6 +9,9 @@ finished batch is written to `<output_path>.parts/` at once; a run that stops (C
 machine) and is started again with the same settings skips the batches there, and the final file is the
 one an uninterrupted run writes: every sample is seeded by (seed, its row, its number), not by the batch it
 ran in. The parts folder is removed once the output is written.
+
+`plan_generation` runs the start-up checks alone (the tokenizer, every prompt, the output and its parts
+folder), writing nothing and building no engine: `tandem generate --check`.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import shutil
 import sys
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,21 +53,48 @@ def parts_folder(output_path: str | Path) -> Path:
     return output.with_name(output.name + ".parts")
 
 
-def run_generation(
-    cfg: GenerateConfig,
-    *,
-    key_names: Mapping[str, str] | None = None,
-    build_engine: Callable[..., RolloutEngine] = build_rollout,
-) -> Path:
-    """Generate, resume or start over as `cfg` says; returns the output path.
+@dataclass(frozen=True)
+class GenerationPlan:
+    """What a run of a config would do, as its start-up checks found it; nothing written, no engine built."""
+
+    tokenizer: Any
+    items: list[dict[str, Any]]  # one per prompt row (`data.generation.generation_items`)
+    batches: list[range]  # the rows of each engine call, and of each part of `parts`
+    engine: str  # vllm or hf (engine=auto resolved)
+    engine_kwargs: dict[str, Any]  # what the engine would be built with
+    fingerprint: dict[str, Any]  # what the parts depend on: a resumed run must match it
+    parts: Path
+    done: set[int]  # the batches an interrupted run finished in `parts`, which this run skips
+
+    def summary(self, cfg: GenerateConfig) -> str:
+        """A few lines: the work, the engine and device, the output (and what becomes of one there)."""
+        rows, batches, kwargs = len(self.items), len(self.batches), self.engine_kwargs
+        dtype = str(kwargs["dtype"]).removeprefix("torch.")
+        max_model_len = f", max_model_len {kwargs['max_model_len']}" if "max_model_len" in kwargs else ""
+        lines = [
+            f"{rows} prompts x n={cfg.n} = {rows * cfg.n} samples of up to {cfg.max_response_length} tokens, "
+            f"in {batches} batch{'es' if batches != 1 else ''} of up to {cfg.batch_size} prompts",
+            f"engine {self.engine} on {kwargs['device']} ({dtype}){max_model_len}",
+        ]
+        if self.done:
+            lines.append(f"resumes {self.parts}: {len(self.done)} of {batches} batches done")
+        elif cfg.overwrite and (Path(cfg.output_path).exists() or self.parts.exists()):
+            lines.append(f"writes {cfg.output_path}, replacing what is there (overwrite)")
+        else:
+            lines.append(f"writes {cfg.output_path}")
+        return "\n".join(f"tandem generate: {line}" for line in lines)
+
+
+def plan_generation(cfg: GenerateConfig, *, key_names: Mapping[str, str] | None = None) -> GenerationPlan:
+    """The start-up checks of `run_generation`, with nothing written and no engine built: the tokenizer
+    loads, every prompt renders within max_prompt_length (or is cut), and the output is new, replaced
+    (overwrite) or resumed with the same settings. Raises the ConfigError or DataError the run would.
 
     Args:
         cfg: the checked config (`config.generate.load_generate_config`).
         key_names: config key -> the key as the user wrote it (a verl key), for the messages.
-        build_engine: `build_rollout`'s signature; tests wrap it.
     """
     names = dict(key_names or {})
-    output, parts = Path(cfg.output_path), parts_folder(cfg.output_path)
     tokenizer_key = "tokenizer_path" if cfg.tokenizer_path else "model_path"
     tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.model_path, names.get(tokenizer_key, tokenizer_key))
     items = generation_items(
@@ -78,17 +109,39 @@ def run_generation(
     device = torch.device(
         cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     )
-    engine_name = resolve_engine(cfg.engine)
+    engine = resolve_engine(cfg.engine)
     batches = [
         range(first, min(first + cfg.batch_size, len(items)))
         for first in range(0, len(items), cfg.batch_size)
     ]
-    done = _open_parts(
-        parts, output, _fingerprint(cfg, items, engine_name), cfg.overwrite, len(batches), names
+    fingerprint = _fingerprint(cfg, items, engine)
+    parts = parts_folder(cfg.output_path)
+    done = _done_batches(parts, Path(cfg.output_path), fingerprint, cfg.overwrite, len(batches), names)
+    return GenerationPlan(
+        tokenizer, items, batches, engine, _engine_kwargs(cfg, engine, device), fingerprint, parts, done
     )
+
+
+def run_generation(
+    cfg: GenerateConfig,
+    *,
+    key_names: Mapping[str, str] | None = None,
+    build_engine: Callable[..., RolloutEngine] = build_rollout,
+) -> Path:
+    """Generate, resume or start over as `cfg` says; returns the output path.
+
+    Args:
+        cfg: the checked config (`config.generate.load_generate_config`).
+        key_names: config key -> the key as the user wrote it (a verl key), for the messages.
+        build_engine: `build_rollout`'s signature; tests wrap it.
+    """
+    plan = plan_generation(cfg, key_names=key_names)
+    tokenizer, items, batches, parts, done = plan.tokenizer, plan.items, plan.batches, plan.parts, plan.done
+    output = Path(cfg.output_path)
+    _start_parts(parts, plan.fingerprint, cfg.overwrite)
     todo = [i for i in range(len(batches)) if i not in done]
     if todo:
-        engine = build_engine(engine_name, **_engine_kwargs(cfg, engine_name, device))
+        engine = build_engine(plan.engine, **plan.engine_kwargs)
         sampling = SamplingParams(
             max_tokens=cfg.max_response_length,
             n=cfg.n,
@@ -195,7 +248,7 @@ def _fingerprint(cfg: GenerateConfig, items: list[dict[str, Any]], engine: str) 
     }
 
 
-def _open_parts(
+def _done_batches(
     parts: Path,
     output: Path,
     fingerprint: dict[str, Any],
@@ -203,12 +256,10 @@ def _open_parts(
     batches: int,
     names: Mapping[str, str],
 ) -> set[int]:
-    """The batches already done in `parts` (a resumed run), after checking they were made the same way;
-    an empty, fresh parts folder otherwise."""
+    """The batches an interrupted run finished in `parts` (none with overwrite), after checking they were
+    made the same way; an output that exists is an error unless overwrite. Reads only."""
     meta = parts / PARTS_META
-    if overwrite and parts.exists():
-        shutil.rmtree(parts)
-    if meta.is_file():
+    if not overwrite and meta.is_file():
         before = json.loads(meta.read_text())
         changed = [
             f"{k}: {before.get(k)!r} then, {v!r} now" for k, v in fingerprint.items() if before.get(k) != v
@@ -225,9 +276,17 @@ def _open_parts(
         raise ConfigError(
             f"{key}={output}: the file exists; give --overwrite (overwrite=true) to replace it, or another path"
         )
-    parts.mkdir(parents=True, exist_ok=True)
-    meta.write_text(json.dumps(fingerprint, indent=1))
     return set()
+
+
+def _start_parts(parts: Path, fingerprint: dict[str, Any], overwrite: bool) -> None:
+    """The parts folder of this run: kept (resumed), emptied (overwrite) or made, with its fingerprint."""
+    if overwrite and parts.exists():
+        shutil.rmtree(parts)
+    meta = parts / PARTS_META
+    if not meta.is_file():
+        parts.mkdir(parents=True, exist_ok=True)
+        meta.write_text(json.dumps(fingerprint, indent=1))
 
 
 def _part_name(batch: int) -> str:
