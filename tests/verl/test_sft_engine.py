@@ -130,3 +130,20 @@ def test_keys_of_both_trainers_on_one_line_are_refused_naming_both():
     assert verl_sft_preset(["model.path", "data.prompt_key"]) == "verl_sft_engine"
     assert verl_sft_preset(["model.partial_pretrain", "data.messages_key"]) == "verl_sft"
     assert verl_sft_preset(["+model.override_config.attn_implementation", "optim.lr"]) == "verl_sft_engine"
+
+
+def test_the_sft_token_budget_is_checked_against_data_max_length():
+    """An SFT row is at most data.max_length tokens; max_prompt_length + max_response_length (RL's, 1024 here
+    and unused by SFT) does not bound it."""
+    keys = ["data.use_dynamic_bsz=True", "data.max_token_len_per_gpu=160"]
+    _, cfg = _resolved([*ENGINE_LINE, *keys, "data.max_length=128"])
+    assert cfg.actor.max_tokens_per_micro_batch == 160 and cfg.data.max_length == 128
+    assert cfg.data.max_prompt_length + cfg.data.max_response_length > 160
+    with pytest.raises(ConfigError) as err:
+        _resolved([*ENGINE_LINE, *keys, "data.max_length=256"])
+    assert "cannot hold one full-length sample (data.max_length = 256 tokens)" in str(err.value)
+    # fsdp_sft_trainer has no token budget (micro-batches of data.micro_batch_size_per_gpu rows): its keys are
+    # the newer trainer's, so on its line they are refused naming both trainers, as verl's Hydra refuses them
+    _, script = SFT_SCRIPTS["sft_gsm8k_run_gemma_2b"]
+    with pytest.raises(ConfigError, match="data.use_dynamic_bsz is a key of verl.trainer.sft_trainer"):
+        _resolved([*script, *keys])

@@ -98,7 +98,8 @@ class ActorConfig:
     With use_dynamic_bsz (the default) the micro-batch sizes (here, the critic's, reference.log_prob_...,
     rollout.log_prob_... and the reward model's) are unused: each rank cuts its share into the fewest
     micro-batches of at most max_tokens_per_micro_batch tokens, balanced in tokens, the same count on
-    every rank; that budget must hold one full sample (data.max_prompt_length + max_response_length).
+    every rank; that budget must hold one full sample (data.max_prompt_length + max_response_length; SFT:
+    data.max_length when set).
     The loss is normalised by global counts, so how samples are cut into micro-batches changes no number.
     """
 

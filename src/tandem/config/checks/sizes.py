@@ -63,15 +63,23 @@ def check_batch_sizes(cfg: TandemConfig, problems: Problems) -> None:
                 f"{per_rank} samples ({role}.ppo_mini_batch_size={mini} x rollout.n={n} / {dp} ranks). "
                 f"Use one of: {_divisors(per_rank)}, or set actor.use_dynamic_bsz=true",
             )
-    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
     budget = cfg.actor.max_tokens_per_micro_batch
-    if cfg.actor.use_dynamic_bsz and budget is not None and budget < longest:
-        problems.add(
-            ("actor.max_tokens_per_micro_batch", "data.max_response_length"),
-            f"actor.max_tokens_per_micro_batch={cfg.actor.max_tokens_per_micro_batch} cannot hold one "
-            f"full-length sample (data.max_prompt_length + data.max_response_length = {longest} tokens). "
-            f"Raise it to at least {longest}",
-        )
+    if cfg.actor.use_dynamic_bsz and budget is not None:
+        # an SFT row is at most data.max_length tokens (set only in SFT configs), a rollout sample prompt + response
+        if cfg.data.max_length is not None:
+            longest, length_key, length = cfg.data.max_length, "data.max_length", "data.max_length"
+        else:
+            longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+            length_key, length = (
+                "data.max_response_length",
+                "data.max_prompt_length + data.max_response_length",
+            )
+        if budget < longest:
+            problems.add(
+                ("actor.max_tokens_per_micro_batch", length_key),
+                f"actor.max_tokens_per_micro_batch={budget} cannot hold one full-length sample "
+                f"({length} = {longest} tokens). Raise it to at least {longest}",
+            )
     warning = unused_micro_batch_warning(cfg, problems)
     if warning is not None:
         logger.warning("%s", warning)
