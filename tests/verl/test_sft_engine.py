@@ -5,14 +5,21 @@ trainer's (fsdp_sft_trainer) command lines keep that trainer's defaults."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+import torch
+import torch.distributed as dist
 from omegaconf import OmegaConf
 
 from tandem.cli import main
 from tandem.config import ConfigError, load_config
 from tandem.config.sft_trainers import SFT_TRAINER_ONLY, sft_trainer_of, verl_sft_preset
+from tandem.config.verl import translate_overrides
+from tandem.models.tiny import save_tiny
+from tandem.roles.engines import role_engine
+from tandem.trainer.start_checks import check_available
 
 from .sft_scripts import SFT_SCRIPTS
 from .verl_keys_script import load_generator
@@ -147,3 +154,98 @@ def test_the_sft_token_budget_is_checked_against_data_max_length():
     _, script = SFT_SCRIPTS["sft_gsm8k_run_gemma_2b"]
     with pytest.raises(ConfigError, match="data.use_dynamic_bsz is a key of verl.trainer.sft_trainer"):
         _resolved([*script, *keys])
+
+
+@pytest.mark.parametrize(
+    ("verl", "tandem"),
+    [
+        ("trainer.logger=['console','file']", 'trainer.loggers=["console", "jsonl"]'),
+        ("trainer.logger=[console,jsonl,file]", 'trainer.loggers=["console", "jsonl"]'),
+        (
+            "+engine.mixed_precision={param_dtype:fp32}",
+            'actor.fsdp={"param_dtype": "float32", "reduce_dtype": "float32"}',
+        ),
+        (
+            "+engine.mixed_precision={param_dtype:bf16,reduce_dtype:fp32,buffer_dtype:fp32}",
+            'actor.fsdp={"param_dtype": "bfloat16", "reduce_dtype": "float32"}',
+        ),
+        ("+engine.mixed_precision.param_dtype=fp16", "actor.fsdp.param_dtype=float16"),
+        ("+model.override_config.rms_norm_eps=0.001", "actor.override_config.rms_norm_eps=0.001"),
+        ("+model.override_config.model_config.rope_theta=5000", "actor.override_config.rope_theta=5000"),
+        ("+model.override_config.attn_implementation=eager", "actor.fsdp.attn_implementation=eager"),
+        (
+            "+model.override_config={rms_norm_eps:0.001,attn_implementation:sdpa}",
+            'actor={"override_config": {"rms_norm_eps": 0.001}, "fsdp": {"attn_implementation": "sdpa"}}',
+        ),
+    ],
+)
+def test_a_key_verls_sft_trainer_acts_on_maps(verl, tandem):
+    t = translate_overrides([verl], sft=True)
+    assert t.problems == [] and " ".join(t.overrides) == tandem
+
+
+def test_data_num_workers_has_no_effect_and_says_why():
+    t = translate_overrides(["data.num_workers=8"], sft=True)
+    assert t.problems == [] and t.overrides == []
+    assert "tokenizes every row once" in t.no_effect[0][1]
+
+
+@pytest.mark.parametrize(
+    ("verl", "words"),
+    [
+        ("+engine.mixed_precision={param_dtype:fp8}", "not 'fp8'"),
+        ("+engine.mixed_precision={buffer_dtype:bf16}", "buffers"),
+        ("+engine.mixed_precision={param:bf16}", "param_dtype, reduce_dtype and buffer_dtype"),
+        ("+model.override_config=7", "mapping"),
+    ],
+)
+def test_a_value_tandem_cannot_act_on_is_refused_naming_the_key(verl, words):
+    t = translate_overrides([verl], sft=True)
+    assert (
+        len(t.problems) == 1
+        and t.problems[0][0] == verl.split("=")[0].lstrip("+")
+        and words in t.problems[0][1]
+    )
+
+
+def test_the_compute_dtype_reaches_the_resolved_config():
+    _, cfg = _resolved([*ENGINE_LINE, "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:bf16}"])
+    assert (cfg.actor.fsdp.param_dtype, cfg.actor.fsdp.reduce_dtype) == ("float32", "bfloat16")
+    _, cfg = _resolved([*ENGINE_LINE, "trainer.logger=['console','file']"])
+    assert cfg.trainer.loggers == ["console", "jsonl"]
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """A 1-rank gloo process group in this process, and a tiny model's folder."""
+    root = tmp_path_factory.mktemp("sft_engine")
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=0, world_size=1)
+    yield save_tiny(root / "model")
+    if created:
+        dist.destroy_process_group()
+
+
+def test_model_override_config_is_set_on_the_sft_model_before_it_is_built(one_rank, tmp_path):
+    """The attributes are on the built model's config, the modules built from them use them, and the exported
+    config.json keeps them (verl's update_model_config before the model is built)."""
+    model = one_rank
+    line = [*ENGINE_LINE, f"model.path={model}", "+model.override_config.rms_norm_eps=0.001"]
+    line += ["+model.override_config.max_window_layers=1", "+model.override_config.attn_implementation=eager"]
+    _, cfg = _resolved(line)
+    assert cfg.actor.override_config == {"rms_norm_eps": 0.001, "max_window_layers": 1}
+    engine = role_engine(cfg, torch.device("cpu"), str(model), "lm", cfg.actor.optim, 1.0, 2, "actor")
+    built = engine.model.config
+    assert (
+        built.rms_norm_eps == 0.001 and built.max_window_layers == 1 and built._attn_implementation == "eager"
+    )
+    norms = [m for m in engine.model.modules() if type(m).__name__.endswith("RMSNorm")]
+    assert norms and {m.variance_epsilon for m in norms} == {0.001}
+    engine.export_hf(tmp_path / "hf")
+    exported = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert exported["rms_norm_eps"] == 0.001 and exported["max_window_layers"] == 1
+    # the folder's own config is untouched, and an RL run refuses the setting (its rollout reads config.json)
+    assert json.loads((model / "config.json").read_text())["rms_norm_eps"] != 0.001
+    with pytest.raises(ConfigError, match="applied by tandem sft only"):
+        check_available(cfg, "rl")

@@ -141,6 +141,10 @@ class ActorConfig:
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     lora: ActorLoraConfig = field(default_factory=ActorLoraConfig)
+    # tandem sft, FSDP2: attributes set on the model's Hugging Face config before the model is built (verl's
+    # model.override_config); a mapping value sets a sub-config's attributes (text_config: {...}). An RL run's
+    # rollout and reference read config.json as it is, so RL refuses it: write the attributes into config.json
+    override_config: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass

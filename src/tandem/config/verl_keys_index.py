@@ -315,7 +315,6 @@ SFT_INDEX: dict[str, str] = {
     "model.mtp.speculative_eagle_topk": "no effect <- as actor_rollout_ref.model.mtp.speculative_eagle_topk, glob *.mtp.*",
     "model.mtp.speculative_num_draft_tokens": "no effect <- as actor_rollout_ref.model.mtp.speculative_num_draft_tokens, glob *.mtp.*",
     "model.mtp.speculative_num_steps": "no effect <- as actor_rollout_ref.model.mtp.speculative_num_steps, glob *.mtp.*",
-    "model.override_config": "unsupported <- as actor_rollout_ref.model.override_config",
     "model.target_modules": "maps to actor.lora.target_modules <- as actor_rollout_ref.model.target_modules",
     "model.tiled_mlp.enabled": "no effect <- as actor_rollout_ref.model.tiled_mlp.enabled, glob *.tiled_mlp.*",
     "model.tiled_mlp.num_shards": "no effect <- as actor_rollout_ref.model.tiled_mlp.num_shards, glob *.tiled_mlp.*",

@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect, unsupported
+from tandem.config.verl_values import hydra_mapping, precision, verl_loggers
 
 
 def _sft_truncation(value: Any) -> str:
@@ -80,6 +81,63 @@ def _fsdp_size(value: Any) -> None:
 def _no_dynamic(value: Any) -> bool:
     return value in (True, "true", "True")
 
+
+def _float32_only(value: Any) -> str:
+    if precision(value) != "float32":
+        raise UnsupportedValue(
+            "Tandem keeps a model's buffers (rotary frequencies, ...) in float32; set it fp32"
+        )
+    return "float32"
+
+
+def _mixed_precision(value: Any) -> dict[str, str]:
+    """verl's engine.mixed_precision ({param_dtype, reduce_dtype, buffer_dtype}) as actor.fsdp's dtypes."""
+    value = hydra_mapping(value)
+    if not isinstance(value, dict):
+        raise UnsupportedValue("give a mapping: {param_dtype: bf16, reduce_dtype: fp32, buffer_dtype: fp32}")
+    unknown = set(value) - {"param_dtype", "reduce_dtype", "buffer_dtype"}
+    if unknown:
+        raise UnsupportedValue(
+            f"verl reads param_dtype, reduce_dtype and buffer_dtype, not {sorted(unknown)}"
+        )
+    _float32_only(value.get("buffer_dtype", "fp32"))
+    # verl's defaults where the mapping leaves one out: bf16 compute, fp32 reductions
+    return {
+        "param_dtype": precision(value.get("param_dtype", "bf16")),
+        "reduce_dtype": precision(value.get("reduce_dtype", "fp32")),
+    }
+
+
+_OVERRIDE_CONFIG = "actor.override_config"
+_ATTENTION = "actor.fsdp.attn_implementation"
+
+
+def _model_config(value: Any) -> dict[str, Any]:
+    """verl's model.override_config (its attributes, or under `model_config`) as the actor section's part:
+    `attn_implementation` is the attention kernel (verl builds the config with it), the rest config attributes."""
+    value = {} if value in (None, "", "null") else hydra_mapping(value)
+    if not isinstance(value, dict):
+        raise UnsupportedValue("give a mapping of config.json attributes: {rope_theta: 1000000.0, ...}")
+    value = dict(hydra_mapping(value.get("model_config", value)))
+    actor: dict[str, Any] = {"override_config": value}
+    if "attn_implementation" in value:
+        actor["fsdp"] = {"attn_implementation": value.pop("attn_implementation")}
+    return actor
+
+
+def _override_config_rule(key: str) -> Rule | None:
+    """The rule of `model.override_config.<attribute>` (verl's `.model_config.` nesting read through), or None."""
+    if key in ("model.override_config", "model.override_config.model_config"):
+        return maps("actor", _OVERRIDE_NOTE, convert=_model_config)
+    attribute = key.removeprefix("model.override_config.").removeprefix("model_config.")
+    if attribute == key:
+        return None
+    if attribute == "attn_implementation":
+        return maps(_ATTENTION, "verl builds the model config with this attention kernel")
+    return maps(f"{_OVERRIDE_CONFIG}.{attribute}", _OVERRIDE_NOTE)
+
+
+_OVERRIDE_NOTE = "set on the model's Hugging Face config before the model is built (tandem sft)"
 
 _TANDEM_PADS = "Tandem packs an SFT micro-batch's rows without padding (actor.sequence_packing)"
 
@@ -181,6 +239,24 @@ SFT_KEYS: dict[str, Rule] = {
     "engine": maps("actor.strategy", convert=_engine_group),
     "optim": no_effect("the optimizer's settings are optim.*"),
     "model": no_effect("the model's settings are model.*"),
+    "data.num_workers": no_effect(
+        "Tandem's SFT reads and tokenizes every row once at start-up; no data-loader workers feed the steps"
+    ),
+    "trainer.logger": maps(
+        "trainer.loggers",
+        "verl's file logger is Tandem's jsonl: a JSON line of metrics per step in <run folder>/metrics.jsonl",
+        convert=verl_loggers,
+    ),
+    "engine.mixed_precision": maps(
+        "actor.fsdp",
+        "verl's FSDP compute and reduce dtypes (bf16 and fp32 where left out)",
+        convert=_mixed_precision,
+    ),
+    "engine.mixed_precision.param_dtype": maps("actor.fsdp.param_dtype", convert=precision),
+    "engine.mixed_precision.reduce_dtype": maps("actor.fsdp.reduce_dtype", convert=precision),
+    "engine.mixed_precision.buffer_dtype": maps(
+        "", "fp32: Tandem keeps buffers in float32", convert=_float32_only
+    ),
     "trainer.max_ckpt_to_keep": maps("trainer.max_checkpoints_to_keep"),
     "trainer.profile_interval": no_effect("Tandem's profiler is trainer.profile.*"),
 }
@@ -212,6 +288,9 @@ def sft_rule_key(key: str) -> tuple[Rule | None, str]:
     """(its own rule, or None; the verl RL key whose rule applies otherwise, or '') for SFT key `key`."""
     if key in SFT_KEYS:
         return SFT_KEYS[key], ""
+    override = _override_config_rule(key)
+    if override is not None:
+        return override, ""
     for sft_prefix, rl_prefix in SFT_AS_RL:
         if key.startswith(sft_prefix):
             return None, rl_prefix + key.removeprefix(sft_prefix)

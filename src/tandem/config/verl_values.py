@@ -6,6 +6,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.config.verl_rules import UnsupportedValue
+from tandem.config.yaml_io import parse_scalar
 
 
 def compile_where_it_pays(value: Any) -> Any:
@@ -80,3 +81,41 @@ def lr_decay_style(value: Any) -> str:
 def optimizer(value: Any) -> None:
     if str(value).lower() != "adamw":
         raise UnsupportedValue(f"Tandem's optimizer is AdamW, not {value!r}")
+
+
+def verl_loggers(value: Any) -> list:
+    """verl's trainer.logger as trainer.loggers: verl's `file` backend (a JSON line of metrics per step) is Tandem's
+    `jsonl` (<run folder>/metrics.jsonl)."""
+    names = ["jsonl" if name == "file" else name for name in as_list(value)]
+    return list(dict.fromkeys(names))
+
+
+# verl's names of a precision (verl/utils/torch_dtypes.py's PrecisionType lists) -> Tandem's dtype
+_PRECISIONS = {
+    **dict.fromkeys((16, "16", "fp16", "float16"), "float16"),
+    **dict.fromkeys((32, "32", "fp32", "float32"), "float32"),
+    **dict.fromkeys(("bf16", "bfloat16"), "bfloat16"),
+}
+
+
+def precision(value: Any) -> str:
+    """One of verl's precision names (bf16, fp16, fp32, 16, 32, bfloat16, ...) as Tandem's dtype."""
+    if value not in _PRECISIONS:
+        raise UnsupportedValue(
+            f"verl's precisions are bf16, fp16 and fp32 (or 16, 32, bfloat16, ...), not {value!r}"
+        )
+    return _PRECISIONS[value]
+
+
+def hydra_mapping(value: Any) -> Any:
+    """A mapping as Hydra reads it from a command line: YAML reads Hydra's `{param_dtype:bf16}` (no space after the
+    colon) as {'param_dtype:bf16': None}; each such entry becomes {'param_dtype': 'bf16'}. Other values unchanged."""
+    if not isinstance(value, dict):
+        return value
+    out = {}
+    for key, item in value.items():
+        if item is None and isinstance(key, str) and ":" in key:
+            key, _, text = key.partition(":")
+            item = parse_scalar(text.strip())
+        out[key] = item
+    return out

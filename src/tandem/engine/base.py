@@ -143,6 +143,8 @@ class EngineSpec:
     max_tokens_per_micro_batch: cut micro-batches by this token budget instead of `micro_batch_size`.
     router_aux_loss_coef: a mixture-of-experts model's load-balancing weight (None: its own; engine/moe.py).
     lora: low-rank adapters (rank > 0; FSDP2 only), every other weight frozen but a value model's head.
+    override_config: attributes set on the folder's Hugging Face config before the model is built (FSDP2 only;
+    `hf_io.override_config`), kept in the exported config.json.
     """
 
     model_path: str | Path
@@ -160,6 +162,7 @@ class EngineSpec:
     max_tokens_per_micro_batch: int | None = None
     router_aux_loss_coef: float | None = None
     lora: LoraConfig | None = None
+    override_config: dict[str, Any] = field(default_factory=dict)
 
 
 def strategy_param_dtype(

@@ -69,5 +69,6 @@ def role_engine(
         max_tokens_per_micro_batch=token_budget(cfg, device),
         router_aux_loss_coef=a.router_aux_loss_coef,
         lora=lora,
+        override_config=a.override_config if optim is not None and head == "lm" else {},
     )
     return build_engine(spec)

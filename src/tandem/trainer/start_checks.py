@@ -155,6 +155,16 @@ def check_available(cfg: TandemConfig, purpose: str = "rl") -> None:
             "actor.lora.rollout_sync=adapter needs vLLM's LoRA support, and vllm is not installed (the rollout "
             "engine resolves to hf); use actor.lora.rollout_sync=merged"
         )
+    if cfg.actor.override_config and purpose != "sft":
+        problems.append(
+            "actor.override_config is applied by tandem sft only: an RL run's rollout and reference build from the "
+            "folder's config.json; write the attributes into config.json instead"
+        )
+    elif cfg.actor.override_config and cfg.actor.strategy == "megatron":
+        problems.append(
+            "actor.override_config is applied by the FSDP2 engine (actor.strategy=fsdp); megatron's own is "
+            "actor.megatron.override_transformer_config"
+        )
     settings = cfg.actor.megatron if cfg.actor.strategy == "megatron" else cfg.actor.fsdp
     problems += check_buildable(cfg.actor.strategy, settings, engine_model_folders(cfg))
     model_type = folder_model_type(cfg.actor.model_path)

@@ -131,6 +131,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
                 "attention: %s (actor.fsdp.attn_implementation=%s)", attention, fsdp.attn_implementation
             )
         config = hf_io.load_config(self.model_path, head, attention)
+        hf_io.override_config(config, spec.override_config, "actor.override_config")
         if self.sp is not None:
             check_heads(config, self.sp.size)
         self._export_config = config.to_dict()  # as the user wrote it (dropout included), for export_hf

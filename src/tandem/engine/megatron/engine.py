@@ -153,6 +153,11 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
             else None
         )
 
+        if spec.override_config:
+            raise ValueError(
+                "actor.override_config is applied by the FSDP2 engine; megatron's own is "
+                "actor.megatron.override_transformer_config"
+            )
         config = hf_io.load_config(self.model_path, head)
         self._export_config = config.to_dict()
         hf_io.disable_dropout(config)
