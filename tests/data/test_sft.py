@@ -148,6 +148,47 @@ def test_conversation_trains_exactly_the_assistant_turns_and_their_end_token(tmp
     assert dataset.report == {"total": 1, "kept": 1, "filtered": 0, "truncated": 0}
 
 
+def test_turn_mask_trains_each_assistant_turn_whole_as_verl_does(tmp_path, tokenizer):
+    """data.sft_loss_mask=turn (verl's MultiTurnSFTDataset: each message rendered alone, the assistant's trained
+    after the generation prompt): the `\\n` after <|im_end|> is trained too, on the Qwen-style template."""
+    path = write_jsonl(tmp_path / "c.jsonl", [{"messages": CONVERSATION}])
+    item = SFTDataset(path, tokenizer, max_length=256, tools=CALCULATOR, loss_mask="turn")[0]
+    header = [2, *char_ids("assistant\n")]
+    expected = [
+        (block("system", "tools: calculator"), 0),
+        (block("user", "2*3"), 0),
+        (header, 0),
+        ([*char_ids(CALL), IM_END, *char_ids("\n")], 1),  # the call, <|im_end|> and the newline after it
+        (block("tool", "6"), 0),
+        (header, 0),
+        ([*char_ids("6"), IM_END, *char_ids("\n")], 1),
+    ]
+    assert item == {
+        "input_ids": [token for ids, _ in expected for token in ids],
+        "loss_mask": [trained for ids, trained in expected for _ in ids],
+    }
+    stop = SFTDataset(path, tokenizer, max_length=256, tools=CALCULATOR, stop_token_ids=stop_ids(tokenizer))[
+        0
+    ]
+    assert stop["input_ids"] == item["input_ids"]
+    assert sum(item["loss_mask"]) == sum(stop["loss_mask"]) + 2 == len(CALL) + 2 + 3  # one newline per turn
+
+
+def test_turn_mask_needs_no_stop_token_in_the_template(tmp_path, tokenizer):
+    """A base model's folder (generation_config eos <|endoftext|> alone) with a template that ends turns with
+    <|im_end|>: verl trains these rows, and so does the turn mask; the stop mask refuses naming the ways out."""
+    path = write_jsonl(tmp_path / "c.jsonl", [{"messages": CONVERSATION}, {"messages": CONVERSATION[:2]}])
+    base = SFTDataset(path, tokenizer, max_length=256, stop_token_ids=[EOS], loss_mask="turn")
+    assert [sum(base[i]["loss_mask"]) for i in range(2)] == [len(CALL) + 2 + 3, len(CALL) + 2]
+    with pytest.raises(DataError) as err:
+        SFTDataset(path, tokenizer, max_length=256, stop_token_ids=[EOS])
+    assert "data.sft_loss_mask=turn" in str(err.value) and "generation_config.json's eos_token_id" in str(
+        err.value
+    )
+    with pytest.raises(ValueError, match="data.sft_loss_mask must be one of"):
+        SFTDataset(path, tokenizer, max_length=256, loss_mask="all")
+
+
 def test_conversation_prompt_is_the_rl_prompt(tmp_path, tokenizer):
     """The tokens before the first trained one are what the RL run (and the agent loop) feeds the
     model for the same prompt: with tools, render_prompt with the same tools; without, PromptDataset."""
@@ -222,7 +263,7 @@ def test_turns_must_end_with_a_stop_token(tmp_path, tokenizer):
     assert message.startswith(
         f"{path} row 0 (line 1): field 'messages' message 1: the chat template does not end"
     )
-    assert "stop token ('<|endoftext|>')" in message and "pass stop_token_ids" in message.lower()
+    assert "stop token of the model ('<|endoftext|>'" in message and "data.sft_loss_mask=turn" in message
     with pytest.raises(ValueError, match="stop_token_ids: 999 is not a token id"):
         SFTDataset(path, tokenizer, max_length=256, stop_token_ids=[999])
     with pytest.raises(ValueError, match="stop_token_ids is empty"):

@@ -17,6 +17,7 @@ from tandem.cli import main
 from tandem.config import ConfigError, load_config
 from tandem.config.sft_trainers import SFT_TRAINER_ONLY, sft_trainer_of, verl_sft_preset
 from tandem.config.verl import translate_overrides
+from tandem.data.synthetic import write_rows
 from tandem.models.tiny import save_tiny
 from tandem.roles.engines import role_engine
 from tandem.trainer.start_checks import check_available
@@ -249,3 +250,67 @@ def test_model_override_config_is_set_on_the_sft_model_before_it_is_built(one_ra
     assert json.loads((model / "config.json").read_text())["rms_norm_eps"] != 0.001
     with pytest.raises(ConfigError, match="applied by tandem sft only"):
         check_available(cfg, "rl")
+
+
+def test_both_trainers_lines_train_each_assistant_turn_whole_by_default():
+    """verl's MultiTurnSFTDataset (both trainers at b178a3c) trains the whole turn; Tandem's own preset the turn up to
+    its stop token."""
+    _, script = SFT_SCRIPTS["sft_multiturn_run_qwen_05_sp2"]
+    assert _resolved(ENGINE_LINE)[1].data.sft_loss_mask == "turn"
+    assert _resolved(["trainer.n_gpus_per_node=8", *script])[1].data.sft_loss_mask == "turn"
+    assert load_config("sft", ["data.train_files=[t.parquet]"]).data.sft_loss_mask == "stop"
+
+
+def conversations(n: int) -> list[dict]:
+    """Two-turn conversations whose assistant turns are `a{i}` and `b{i}{i}`."""
+    return [
+        {
+            "messages": [
+                {"role": "user", "content": f"q{i}"},
+                {"role": "assistant", "content": f"a{i}"},
+                {"role": "user", "content": "more"},
+                {"role": "assistant", "content": f"b{i}{i}"},
+            ]
+        }
+        for i in range(n)
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_newer_trainers_line_trains_a_base_models_multi_turn_rows(tmp_path, capsys):
+    """A base model's folder (generation_config eos <|endoftext|> alone; the template ends turns with <|im_end|>):
+    verl's sft_trainer line trains its multi-turn rows, every assistant turn whole (`<|im_end|>\\n` included), with
+    verl's keys of slice 3 on the line; metrics go to metrics.jsonl through verl's `file` logger."""
+    model = save_tiny(tmp_path / "model")
+    assert json.loads((model / "generation_config.json").read_text())["eos_token_id"] == 1  # <|endoftext|>
+    train = write_rows(conversations(8), tmp_path / "train.parquet")
+    out = tmp_path / "run"
+    line = [
+        o for o in ENGINE_LINE if not o.startswith(("data.train_files", "model.path", "data.train_batch"))
+    ]
+    line += [
+        f"data.train_files={train}",
+        f"model.path={model}",
+        f"trainer.default_local_dir={out}",
+        "data.train_batch_size=4",
+        "data.max_length=64",
+        "data.num_workers=8",
+        "trainer.logger=['console','file']",
+        "+engine.mixed_precision={param_dtype:fp32}",
+        "+model.override_config.rms_norm_eps=0.001",
+        "trainer.n_gpus_per_node=1",
+        "trainer.backend=inprocess",
+        "trainer.device=cpu",
+        "trainer.progress_bar=false",
+    ]
+    assert main(["sft", *line]) == 0
+    assert "tandem sft verl_sft_engine" in capsys.readouterr().err
+    steps = [m for m in map(json.loads, (out / "metrics.jsonl").open()) if "sft/loss" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    # one epoch of the 8 rows: each assistant turn's content + <|im_end|> + "\n" (one token each, the tiny
+    # tokenizer reads a character a token)
+    assert sum(m["sft/tokens"] for m in steps) == sum(
+        len(f"a{i}") + 2 + len(f"b{i}{i}") + 2 for i in range(8)
+    )
+    assert json.loads((out / "hf_model" / "config.json").read_text())["rms_norm_eps"] == 0.001

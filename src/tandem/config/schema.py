@@ -76,6 +76,11 @@ class DataConfig:
     messages_key: str | None = (
         "messages"  # SFT only: column of whole conversations (assistant turns trained); null: none
     )
+    # SFT only, conversations: the tokens of an assistant turn trained. stop: its content and the stop token that
+    # ends it (generation_config.json's eos), where the rollout stops; turn: the template's whole turn after the
+    # generation prompt, the text after the stop token included (`<|im_end|>\n`), as verl's SFT trains it (the
+    # verl_sft presets); needs no stop token in the template
+    sft_loss_mask: Literal["stop", "turn"] = "stop"
     train_batch_size: int = 8  # PROMPTS per training step, global (x rollout.n = samples per step)
     val_batch_size: int | None = None  # PROMPTS per validation generation call, global; None = all at once
     truncation: Truncation = "error"  # over-long prompt: error, filter (drop it), left / right (cut that end; `right` keeps the chat template's generation prompt); SFT: error or right

@@ -28,6 +28,7 @@ from tandem.models.model_type import IMAGE_PLACEHOLDER
 logger = logging.getLogger(__name__)
 
 TRUNCATION_MODES = ("error", "right")
+LOSS_MASKS = ("turn", "stop")  # data.sft_loss_mask: which tokens of an assistant turn are trained
 MAX_LOGGED_ROWS = 3  # filtered / truncated rows named in the log, as examples
 SAMPLE_ROWS = 8  # rendered rows kept (`sample_texts`) for the start-up tokenizer round-trip check
 
@@ -40,13 +41,15 @@ class SFTDataset:
 
     - a conversation, when it has a non-null ``messages_key`` field (``messages_key=None``: never):
       system / user / assistant / tool messages rendered whole by the chat template (with ``tools``,
-      OpenAI-style schemas, when given). ``loss_mask`` is 1 exactly on each assistant message's
-      content tokens and the token that ends its turn (the first of ``stop_token_ids`` after the
-      content; default: EOS), so the model learns to stop where the rollout stops it; 0 on the
-      turn headers, the text after the stop token, and every other message. The last message must
-      be the assistant's. Found by rendering growing prefixes of the conversation, which must each
-      start with the one before (a prefix-stable template), and checked: the pieces' tokens
-      together equal the tokens of the whole rendering.
+      OpenAI-style schemas, when given). ``loss_mask`` is 1 on each assistant message's turn after
+      the generation prompt, 0 on the turn headers and every other message; ``loss_mask="turn"``
+      (verl's MultiTurnSFTDataset) trains the whole turn as the template renders it, its text after
+      the stop token included (``<|im_end|>\n``); ``"stop"`` trains the content and the token that
+      ends the turn (the first of ``stop_token_ids`` after the content; default: EOS), where the
+      rollout stops the model, and nothing after it. The last message must be the assistant's.
+      Found by rendering growing prefixes of the conversation, which must each start with the one
+      before (a prefix-stable template), and checked: the pieces' tokens together equal the tokens
+      of the whole rendering.
     - a (prompt, response) pair otherwise: prompt tokens (rendered with the generation prompt, as
       :class:`PromptDataset` does, ``tools`` included) + response tokens + EOS, prompt and response
       tokenized separately so the response tokens are the ones the policy would generate after that
@@ -81,7 +84,10 @@ class SFTDataset:
         stop_token_ids: Sequence[int] | None = None,
         processor: Any = None,
         image_key: str = "images",
+        loss_mask: str = "stop",
     ) -> None:
+        if loss_mask not in LOSS_MASKS:
+            raise ValueError(f"data.sft_loss_mask must be one of {LOSS_MASKS}, got {loss_mask!r}")
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation must be one of {TRUNCATION_MODES} for SFT, got {truncation!r}")
         if max_length < 2:
@@ -114,7 +120,12 @@ class SFTDataset:
                             location, messages, row[image_key], image_key, path.parent, mode, processor
                         )
                     pieces, whole = _conversation_pieces(
-                        location, messages, messages_key, tokenizer, tools, stop_ids
+                        location,
+                        messages,
+                        messages_key,
+                        tokenizer,
+                        tools,
+                        stop_ids if loss_mask == "stop" else None,
                     )
                     rows.append((location, pieces, whole))
                     continue
@@ -145,7 +156,14 @@ class SFTDataset:
         eos = tokenizer.eos_token_id
         for i, ((location, pieces, whole), ids_of_pieces) in enumerate(zip(rows, pieces_ids)):
             if whole is not None:
-                _check_conversation_ids(location, pieces, ids_of_pieces, whole_ids[i], stop_ids, tokenizer)
+                _check_conversation_ids(
+                    location,
+                    pieces,
+                    ids_of_pieces,
+                    whole_ids[i],
+                    stop_ids if loss_mask == "stop" else None,
+                    tokenizer,
+                )
             image_inputs = None
             if images.get(i):  # the text as the model reads it: each image widened to its tokens
                 ids_of_pieces, image_inputs = _widen_pieces(pieces, ids_of_pieces, images[i], processor)
@@ -305,13 +323,13 @@ def _conversation_pieces(
     key: str,
     tokenizer: Any,
     tools: list[dict] | None,
-    stops: dict[int, str],
+    stops: dict[int, str] | None,
 ) -> tuple[list[Piece], str]:
     """The conversation's rendering cut into (text, trained) pieces, and the whole rendering.
 
     For each assistant message i, the rendering of messages[:i] with the generation prompt ends
-    where its content starts, and its turn is trained up to the first stop token after the content
-    in the rendering of messages[:i+1]."""
+    where its content starts, and its turn is trained to the end of the rendering of messages[:i+1]
+    (`stops` None), or up to the first stop token after the content there."""
     last = messages[-1]["role"]
     if last != "assistant":
         raise DataError(
@@ -336,14 +354,21 @@ def _conversation_pieces(
                 )
             previous = text
         turn = after[len(before) :]
+        if stops is None:  # the whole turn, as verl's MultiTurnSFTDataset trains it
+            pieces += [(before[len(done) :], 0), (turn, 1)]
+            done = after
+            continue
         content = message["content"]
         content_end = turn.find(content) + len(content) if content in turn else 0
         ends = [(turn.find(stop, content_end), stop) for stop in stops.values() if stop in turn[content_end:]]
         if not ends:
             raise DataError(
                 f"{location}: field {key!r} message {i}: the chat template does not end assistant turns with "
-                f"a stop token ({', '.join(map(repr, stops.values()))}); it renders the turn as {turn!r}. "
-                f"Pass stop_token_ids with the token that ends its turns (the one generation stops at)"
+                f"a stop token of the model ({', '.join(map(repr, stops.values()))}: generation_config.json's "
+                f"eos_token_id and the tokenizer's EOS); it renders the turn as {turn!r}. Set "
+                f"data.sft_loss_mask=turn to train the whole turn as the template renders it (verl's way), or "
+                f"add the token that ends its turns to generation_config.json's eos_token_id (the rollout "
+                f"stops there too)"
             )
         position, stop = min(ends)
         cut = len(before) + position + len(stop)
@@ -359,10 +384,11 @@ def _check_conversation_ids(
     pieces: list[Piece],
     ids_of_pieces: list[list[int]],
     whole_ids: list[int],
-    stops: dict[int, str],
+    stops: dict[int, str] | None,
     tokenizer: Any,
 ) -> None:
-    """The pieces' tokens must be those of the whole rendering, each trained piece ending in a stop id."""
+    """The pieces' tokens must be those of the whole rendering; with `stops`, each trained piece ends in a
+    stop id."""
     joined = [token for ids in ids_of_pieces for token in ids]
     if joined != list(whole_ids):
         at = next(
@@ -375,7 +401,7 @@ def _check_conversation_ids(
             f"special tokens"
         )
     for (text, trained), ids in zip(pieces, ids_of_pieces):
-        if trained and (not ids or ids[-1] not in stops):
+        if stops is not None and trained and (not ids or ids[-1] not in stops):
             end = tokenizer.convert_ids_to_tokens(ids[-1]) if ids else None
             raise DataError(
                 f"{location}: an assistant turn {text!r:.60} ends in token {end!r}, not one stop token "

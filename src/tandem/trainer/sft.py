@@ -69,6 +69,7 @@ class SFTTrainer(Trainer):
             ],
             processor=self.processor,
             image_key=d.image_key,
+            loss_mask=d.sft_loss_mask,
         )
 
     def train_step(self) -> dict[str, float]:
