@@ -23,7 +23,9 @@ from pathlib import Path
 
 import pytest
 
+from tandem.cli import is_verl_sft_override
 from tandem.config import ConfigError, load_config
+from tandem.config.sft_trainers import verl_sft_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]
@@ -203,8 +205,12 @@ def test_documented_tandem_commands_name_real_keys(block):
         if args and "=" not in args[0] and args[0] != "...":
             preset, *args = args
         overrides = [arg for arg in args if "=" in arg and not arg.startswith("--")]
+        sft = command == "sft"
+        # verl's SFT keys: the preset of their trainer, as the CLI picks it
+        if sft and preset == "sft" and any(is_verl_sft_override(o) for o in overrides):
+            preset = verl_sft_preset(o.partition("=")[0] for o in overrides)
         try:
-            load_config(str(ROOT / preset) if preset.endswith(".yaml") else preset, overrides)
+            load_config(str(ROOT / preset) if preset.endswith(".yaml") else preset, overrides, sft=sft)
         except ConfigError as error:
             real = [problem for problem in error.problems if not ABSENT_FILE.search(problem)]
             if block.kind == "console" and "unknown key" in str(error):
