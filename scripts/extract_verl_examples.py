@@ -11,11 +11,12 @@ command line runs verl when it names `-m verl.trainer.<module>` or `main_ppo_spl
 
 Written to OUT_DIR:
 - examples.json: the verl commit, the count of scripts per entry point, and per script its path, entry point,
-  `--config-path` (relative to the checkout) / `--config-name`, and override list (key=value texts in order;
-  the checkout's folder written `$PROJECT_DIR`); `configs`: the example YAML files the scripts name by
-  `--config-name` outside verl/trainer/config, as parsed trees.
-- ppo_megatron_trainer.yaml, sft_trainer.yaml, sft_trainer_engine.yaml, generation.yaml: verl's configs
-  composed with their defaults (tandem/config/verl_yaml.py), keys and default values only.
+  `--config-path` (relative to the checkout) / `--config-name`, `config_file` (the primary YAML Hydra composes,
+  relative to the checkout: the entry point's own when the command line names none), and override list (key=value texts in order;
+  the checkout's folder written `$PROJECT_DIR`); `configs`: the primary YAML files outside verl/trainer/config
+  (examples' own configs), as parsed trees.
+- verl_config/: verl's config folder (verl/trainer/config, every YAML with its defaults list), as OmegaConf
+  reads each file (comments dropped): what `--config-path=<verl>/verl/trainer/config` names.
 The lists and trees are configuration facts; no code of verl is copied.
 """
 
@@ -23,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -69,8 +71,6 @@ HYDRA_FLAGS = {
     "--config-name": "config_name",
     "-cn": "config_name",
 }
-# composed from verl/trainer/config into OUT_DIR (ppo_trainer.yaml is there already, composed the same way)
-CONFIGS = ("ppo_megatron_trainer", "sft_trainer", "sft_trainer_engine", "generation")
 
 
 def entry_point(argv: list[str]) -> tuple[str, list[str]] | None:
@@ -81,6 +81,26 @@ def entry_point(argv: list[str]) -> tuple[str, list[str]] | None:
         if text.endswith("main_ppo_split.py"):
             return "verl.trainer.main_ppo_split", argv[i + 1 :]
     return None
+
+
+# each entry point's @hydra.main config (its folder in the checkout, its name): what a command line without
+# --config-path / --config-name composes; a relative --config-path is relative to that module's folder
+ENTRY_CONFIGS = {
+    "verl.trainer.main_ppo": ("verl/trainer/config", "ppo_trainer"),
+    "verl.trainer.main_ppo_split": ("examples/split_placement/config", "ppo_trainer_split"),
+    "verl.trainer.fsdp_sft_trainer": ("verl/trainer/config", "sft_trainer"),
+    "verl.trainer.sft_trainer": ("verl/trainer/config", "sft_trainer_engine"),
+    "verl.trainer.main_generation": ("verl/trainer/config", "generation"),
+}
+
+
+def config_file(entry: dict) -> str:
+    """The primary YAML (relative to the checkout) that Hydra composes for an entry's command line."""
+    folder, name = ENTRY_CONFIGS[entry["entry_point"]]
+    given = entry["config_path"]
+    if given:  # "config" (verl's own folder, relative to the module) or a folder in the checkout
+        folder = given if (given != "config" and "/" in given) else str(Path(folder).parent / given)
+    return f"{folder}/{(entry['config_name'] or name).removesuffix('.yaml')}.yaml"
 
 
 def split_arguments(args: list[str]) -> dict:
@@ -151,33 +171,32 @@ def extract(root: Path) -> dict:
                     entry["config_path"] = str(
                         (root / entry["config_path"]).resolve().relative_to(root.resolve())
                     )
-                    named = (
-                        root / entry["config_path"] / (entry["config_name"].removesuffix(".yaml") + ".yaml")
-                    )
-                    if named.is_file() and not entry["config_path"].startswith("verl/trainer/config"):
-                        configs[str(named.relative_to(root))] = yaml.safe_load(named.read_text())
+                named = root / config_file(entry)
+                entry["config_file"] = str(named.relative_to(root))
+                if named.is_file() and not entry["config_file"].startswith("verl/trainer/config"):
+                    configs[entry["config_file"]] = yaml.safe_load(named.read_text())
                 scripts.append(entry)
                 break  # a script's first verl command line (none runs two)
     counts = Counter(s["entry_point"] for s in scripts)
     return {"counts": dict(sorted(counts.items())), "scripts": scripts, "configs": configs}
 
 
-def write_composed(root: Path, out: Path, commit: str) -> None:
-    from tandem.config.verl_yaml import compose
+def write_config_folder(root: Path, out: Path, commit: str) -> None:
+    """verl's verl/trainer/config YAML tree into OUT_DIR/verl_config, file for file, as OmegaConf reads each
+    (its `defaults:` lists, `${...}` interpolations and values kept; comments dropped). A user's
+    `--config-path=<verl>/verl/trainer/config` is this folder."""
+    from omegaconf import OmegaConf
 
-    def strip(node):
-        if isinstance(node, dict):
-            return {k: strip(v) for k, v in node.items() if k != "_target_"}
-        return node
-
-    for name in CONFIGS:
-        tree = strip(compose(root / "verl" / "trainer" / "config" / f"{name}.yaml"))
+    src, dest = root / "verl" / "trainer" / "config", out / "verl_config"
+    shutil.rmtree(dest, ignore_errors=True)
+    for path in sorted(src.rglob("*.yaml")):
+        rel = path.relative_to(src)
         head = (
-            f"# verl's verl/trainer/config/{name}.yaml (verl {commit[:8]}) composed with its defaults: the keys\n"
-            "# and default values only, as configuration facts for tests/verl (no comments, no _target_\n"
-            "# classes). Written by scripts/extract_verl_examples.py.\n"
+            f"# verl's verl/trainer/config/{rel} at verl {commit[:8]} (Apache-2.0), as OmegaConf reads it: keys,\n"
+            "# values, defaults lists and interpolations (comments dropped). Written by scripts/extract_verl_examples.py.\n"
         )
-        (out / f"{name}.yaml").write_text(head + yaml.safe_dump(tree, sort_keys=False))
+        (dest / rel).parent.mkdir(parents=True, exist_ok=True)
+        (dest / rel).write_text(head + OmegaConf.to_yaml(OmegaConf.load(path), sort_keys=False))
 
 
 def checkout(verl: Path, tmp: Path) -> tuple[Path, str]:
@@ -200,7 +219,7 @@ def main(argv: list[str]) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         root, commit = checkout(Path(argv[0]).resolve(), Path(tmp).resolve())
         data = {"verl_commit": commit, **extract(root)}
-        write_composed(root, out, commit)
+        write_config_folder(root, out, commit)
     (out / "examples.json").write_text(json.dumps(data, indent=1) + "\n")
     print(f"verl {commit[:8]}: {len(data['scripts'])} scripts", data["counts"])
     return 0

@@ -13,8 +13,6 @@ import fnmatch
 import re
 from pathlib import Path
 
-import yaml
-
 from tandem.config.verl import _reads_as_verl, is_tandem_key
 from tandem.config.verl_generation_keys import (
     _VLLM_KWARGS,
@@ -67,8 +65,10 @@ def _leaves(tree: dict, prefix: str = ""):
 
 
 def config_keys(*names: str) -> list[str]:
-    """The keys of verl's composed configs `names` (tests/verl/data/NAME.yaml)."""
-    return sorted({k for n in names for k in _leaves(yaml.safe_load((DATA / f"{n}.yaml").read_text()))})
+    """The keys of verl's configs `names` composed from its config folder (tests/verl/data/verl_config/NAME.yaml)."""
+    from tandem.config.verl_yaml import compose
+
+    return sorted({k for n in names for k in _leaves(compose(DATA / "verl_config" / f"{n}.yaml"))})
 
 
 def named_in_tables() -> set[str]:

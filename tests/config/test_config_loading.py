@@ -28,6 +28,7 @@ PRESETS = [
     "sft",
     "verl",
     "verl_sft",
+    "verl_sft_engine",
 ]
 
 

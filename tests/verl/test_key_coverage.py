@@ -8,12 +8,12 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tandem.config.verl import _reads_as_verl, _rule, is_tandem_key, translate_overrides
 from tandem.config.verl_extra_keys import EXTRA_KEYS
 from tandem.config.verl_generation_keys import generation_rule
 
+from .verl_config import composed
 from .verl_keys_script import load_generator
 
 DATA = Path(__file__).parent / "data"
@@ -34,7 +34,7 @@ def _has_rule(key: str, sft: bool) -> bool:
     ("config", "covered", "total"),
     [
         ("ppo_trainer", lambda k: _has_rule(k, False), 533),
-        ("ppo_megatron_trainer", lambda k: _has_rule(k, False), 586),
+        ("ppo_megatron_trainer", lambda k: _has_rule(k, False), 594),
         ("sft_trainer", lambda k: _has_rule(k, True), 72),
         ("sft_trainer_engine", lambda k: _has_rule(k, True), 121),
         ("generation", lambda k: generation_rule(k) is not None, 43),
@@ -73,7 +73,7 @@ def _default_values(name: str) -> dict:
             else:
                 out[f"{prefix}{key}"] = value
 
-    walk(yaml.safe_load((DATA / f"{name}.yaml").read_text()))
+    walk(composed(name))
     return out
 
 

@@ -107,12 +107,24 @@ def test_a_reference_layout_other_than_the_actors_is_refused_naming_both():
                 "trainer.n_gpus_per_node=2",
                 "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
                 "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=1",
+                "actor_rollout_ref.actor.use_kl_loss=True",  # a run that builds the reference
             ],
         )
     assert (
         "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=1 differs from the actor's "
         "actor.megatron.tensor_parallel=2: Tandem builds the reference with the actor's megatron layout"
     ) in str(info.value)
+    # with no KL (loss or reward) there is no reference: its layout is never read, as on verl
+    no_kl = load_config(
+        "verl",
+        [
+            *MEGATRON_TRAINER,
+            "trainer.n_gpus_per_node=2",
+            "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+            "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=1",
+        ],
+    )
+    assert not no_kl.derived.reference_needed and no_kl.actor.megatron.tensor_parallel == 2
     # on FSDP2 the reference's megatron sizes are not read
     load_config("verl", ["actor_rollout_ref.ref.megatron.tensor_model_parallel_size=4"])
 

@@ -11,7 +11,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.distributed as dist
-from omegaconf import OmegaConf
 
 from tandem.cli import main
 from tandem.config import ConfigError, load_config
@@ -23,6 +22,7 @@ from tandem.roles.engines import role_engine
 from tandem.trainer.start_checks import check_available
 
 from .sft_scripts import SFT_SCRIPTS
+from .verl_config import composed
 from .verl_keys_script import load_generator
 
 DATA = Path(__file__).parent / "data"
@@ -48,12 +48,6 @@ ENGINE_LINE = [
     "trainer.total_training_steps=2",
     "trainer.resume_mode=disable",
 ]
-
-
-def _composed(name: str) -> dict:
-    """verl's composed config `name` (tests/verl/data/NAME.yaml, verl b178a3c), read by OmegaConf as verl reads it
-    (`1e-3` a float)."""
-    return OmegaConf.to_container(OmegaConf.load(DATA / f"{name}.yaml"))
 
 
 def _resolved(overrides: list[str]):
@@ -86,7 +80,7 @@ def test_the_keys_of_one_trainer_alone_are_those_its_composed_yaml_alone_has():
 def test_the_newer_trainers_command_line_gets_its_optimizer_defaults():
     """optim/fsdp.yaml's numbers, as verl's sft_trainer composes them, with no optim.* key on the line."""
     preset, cfg = _resolved(ENGINE_LINE)
-    verl = _composed("sft_trainer_engine")["optim"]
+    verl = composed("sft_trainer_engine")["optim"]
     assert preset == "verl_sft_engine"
     assert (verl["lr"], verl["betas"], verl["weight_decay"]) == (1e-3, [0.9, 0.999], 0.01)
     assert (verl["lr_warmup_steps_ratio"], verl["lr_scheduler_type"], verl["clip_grad"]) == (
@@ -107,7 +101,7 @@ def test_the_newer_trainers_command_line_gets_its_optimizer_defaults():
 def test_the_newer_trainers_defaults_hold_without_the_lines_data_keys():
     """A line with the model and data files alone: the trainer's data defaults too (dynamic batches of 8192)."""
     _, cfg = _resolved(["model.path=M", "data.train_files=train.parquet"])
-    verl = _composed("sft_trainer_engine")["data"]
+    verl = composed("sft_trainer_engine")["data"]
     assert cfg.actor.use_dynamic_bsz is verl["use_dynamic_bsz"] is True
     assert cfg.actor.max_tokens_per_micro_batch == verl["max_token_len_per_gpu"] == 8192
     assert cfg.data.max_length == verl["max_length"] and cfg.data.train_batch_size == verl["train_batch_size"]
@@ -118,7 +112,7 @@ def test_the_older_trainers_command_line_keeps_its_defaults():
     """fsdp_sft_trainer's sft_trainer.yaml: lr 1e-5, betas (0.9, 0.95), cosine (its optim.lr_scheduler), warm-up 0.1."""
     _, script = SFT_SCRIPTS["sft_gsm8k_run_gemma_2b"]
     preset, cfg = _resolved(["trainer.n_gpus_per_node=8", *script])
-    verl = _composed("sft_trainer")["optim"]
+    verl = composed("sft_trainer")["optim"]
     assert preset == "verl_sft"
     assert cfg.actor.optim.lr == verl["lr"] == 1e-5 and list(cfg.actor.optim.betas) == verl["betas"]
     assert cfg.actor.optim.warmup_ratio == verl["lr_warmup_steps_ratio"] == 0.1

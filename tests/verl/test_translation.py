@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from tandem.config.verl_yaml import compose
 from .scripts import MULTITURN_GSM8K_CONFIG, SCRIPTS
 
 DATA = Path(__file__).parent / "data"
+VERL_CONFIG = DATA / "verl_config"  # verl's verl/trainer/config, the real folder
 
 
 def test_every_key_of_verls_four_example_scripts_runs_as_it_is():
@@ -115,13 +117,13 @@ def test_the_printed_tandem_command_gives_the_same_config_as_the_verl_keys(tmp_p
 
 
 def test_verls_trainer_yaml_translates_to_a_tandem_config_that_loads_and_names_every_dropped_key(tmp_path):
-    text = verl_yaml_to_tandem(DATA / "ppo_trainer.yaml")
+    text = verl_yaml_to_tandem(VERL_CONFIG / "ppo_trainer.yaml")
     path = tmp_path / "from_verl.yaml"
     path.write_text(text)
     cfg = load_config(str(path))
     assert cfg.algorithm.adv_estimator == "gae" and cfg.trainer.total_epochs == 30
     dropped = [line for line in text.splitlines() if line.startswith("#   ")]
-    translation = translate_tree(compose(DATA / "ppo_trainer.yaml"))
+    translation = translate_tree(compose(VERL_CONFIG / "ppo_trainer.yaml"))
     assert len(dropped) == len(translation.dropped) > 300
     assert "#   actor_rollout_ref.rollout.enforce_eager: false  -- a vLLM/SGLang engine argument" in text
     assert "#   trainer.device: cuda  -- verl's YAML always says cuda" in text
@@ -131,14 +133,14 @@ def test_the_docs_count_of_dropped_verl_keys_is_the_translations():
     text = (Path(__file__).parents[2] / "docs" / "configuration.md").read_text()
     trainer = int(re.search(r"(\d+) keys are dropped", text).group(1))
     megatron = int(re.search(r"`ppo_megatron_trainer.yaml` likewise \((\d+) dropped\)", text).group(1))
-    assert trainer == len(translate_tree(compose(DATA / "ppo_trainer.yaml")).dropped)
-    assert megatron == len(translate_tree(compose(DATA / "ppo_megatron_trainer.yaml")).dropped)
+    assert trainer == len(translate_tree(compose(VERL_CONFIG / "ppo_trainer.yaml")).dropped)
+    assert megatron == len(translate_tree(compose(VERL_CONFIG / "ppo_megatron_trainer.yaml")).dropped)
 
 
 def test_the_verl_preset_holds_verls_defaults():
     """Every verl default with a Tandem meaning, read over the verl preset, changes only the keys whose
     difference the preset's comments give a reason for (and the paths verl's YAML names)."""
-    translation = translate_tree(compose(DATA / "ppo_trainer.yaml"))
+    translation = translate_tree(compose(VERL_CONFIG / "ppo_trainer.yaml"))
     preset = config_to_dict(load_config("verl"))
     composed = config_to_dict(load_config("verl", translation.overrides))
     changed = {
@@ -187,31 +189,42 @@ def test_hydra_defaults_are_composed_as_hydra_does(tmp_path, monkeypatch):
     examples.mkdir()
     (examples / "mine.yaml").write_text(
         "hydra:\n  searchpath:\n    - file://verl_config\n"
-        "defaults:\n  - ppo_trainer\n  - missing_part\n  - _self_\n"
+        "defaults:\n  - ppo_trainer\n  - _self_\n"
         "actor_rollout_ref:\n  actor:\n    optim:\n      lr: 3e-6\n"
     )
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("TANDEM_TEST_TOKENS", "4096")
-    notes: list[str] = []
-    tree = compose(examples / "mine.yaml", notes)
+    tree = compose(examples / "mine.yaml")
     actor = tree["actor_rollout_ref"]["actor"]
     assert actor["ppo_mini_batch_size"] == 64  # ppo_trainer's own keys come after its defaults
-    assert actor["optim"] == {"lr": "3e-6"}  # the including file wins; PyYAML reads 3e-6 as text
+    assert actor["optim"] == {"lr": 3e-6}  # the including file wins; OmegaConf reads 3e-6 as a number
     assert actor["use_remove_padding"] is False and actor["ppo_max_token_len_per_gpu"] == "4096"
     assert actor["loss"] == 0.2
     assert tree["trainer"]["default_local_dir"] == "ckpt/p"
-    assert len(notes) == 1 and "'missing_part' not found" in notes[0]
     cfg = load_config(str(examples / "mine.yaml"))  # a verl YAML given as the config file
     assert cfg.actor.ppo_mini_batch_size == 64 and cfg.actor.optim.lr == 3e-6
     assert cfg.actor.max_tokens_per_micro_batch == 4096 and cfg.trainer.run_dir == "ckpt/p"
+    # the command line's keys are applied before the interpolations resolve, as verl's Hydra applies them
+    tree = compose(
+        examples / "mine.yaml", ["trainer.project_name=q", "actor_rollout_ref.actor.clip_ratio=0.3"]
+    )
+    assert (
+        tree["trainer"]["default_local_dir"] == "ckpt/q" and tree["actor_rollout_ref"]["actor"]["loss"] == 0.3
+    )
+    # a defaults entry that names no file stops the run, as it stops verl, naming the entry and what to do
+    (examples / "broken.yaml").write_text(
+        "hydra:\n  searchpath:\n    - file://verl_config\ndefaults:\n  - ppo_trainer\n  - missing_part\n  - _self_\n"
+    )
+    with pytest.raises(ConfigError, match="missing_part.*Give --config-path the folder"):
+        load_config(str(examples / "broken.yaml"))
 
 
 def write_multiturn_config(root: Path) -> Path:
-    """verl's examples/sglang_multiturn/config/gsm8k_multiturn_grpo.yaml beside a verl config folder holding
-    ppo_trainer.yaml (the composed one from data/), as in a verl checkout; returns its folder."""
+    """verl's examples/sglang_multiturn/config/gsm8k_multiturn_grpo.yaml beside verl's config folder (the real
+    one, data/verl_config), as in a verl checkout; returns its folder."""
     verl_config = root / "verl" / "trainer" / "config"
     verl_config.mkdir(parents=True)
-    (verl_config / "ppo_trainer.yaml").write_text((DATA / "ppo_trainer.yaml").read_text())
+    shutil.copytree(VERL_CONFIG, verl_config, dirs_exist_ok=True)
     examples = root / "examples" / "sglang_multiturn" / "config"
     examples.mkdir(parents=True)
     (examples / "gsm8k_multiturn_grpo.yaml").write_text(
@@ -288,3 +301,38 @@ def test_older_global_micro_batch_keys_are_divided_by_the_gpu_counts_of_file_and
     cfg = load_config(path, ["trainer.n_gpus_per_node=4", "trainer.nnodes=2"])
     assert cfg.rollout.log_prob_micro_batch_size_per_rank == 2  # 16 / (2 x 4)
     assert cfg.trainer.nnodes == 2
+
+
+def test_verls_real_megatron_config_resolves_after_the_command_line_as_verl_does():
+    """verl's ppo_megatron_trainer.yaml makes the reference's sizes `${oc.select:<the actor's>,1}`: the command
+    line's actor sizes reach them (they were resolved before the command line, so the reference kept 1 and a
+    GRPO megatron script was refused); the critic keeps its own engine default (1), read only when it is built."""
+    sizes = [
+        "actor_rollout_ref.actor.megatron.tensor_model_parallel_size=2",
+        "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size=2",
+    ]
+    tree = compose(VERL_CONFIG / "ppo_megatron_trainer.yaml", sizes)
+    ref, critic = tree["actor_rollout_ref"]["ref"]["megatron"], tree["critic"]["megatron"]
+    assert (ref["tensor_model_parallel_size"], ref["pipeline_model_parallel_size"]) == (2, 2)
+    assert (critic["tensor_model_parallel_size"], critic["pipeline_model_parallel_size"]) == (1, 1)
+    # a GRPO run with KL loss (the reference is built at the actor's layout; no critic), as verl's script gives it
+    cfg = load_config(
+        str(VERL_CONFIG / "ppo_megatron_trainer.yaml"),
+        [*sizes, "algorithm.adv_estimator=grpo", "actor_rollout_ref.actor.use_kl_loss=True"],
+        on_verl=lambda t: None,
+    )
+    assert cfg.actor.megatron.tensor_parallel == 2 and cfg.derived.reference_needed
+    assert not cfg.derived.critic_needed
+    # the command line naming another reference size is still refused, naming both
+    with pytest.raises(
+        ConfigError, match="ref.megatron.tensor_model_parallel_size=1 differs from the actor's"
+    ):
+        load_config(
+            str(VERL_CONFIG / "ppo_megatron_trainer.yaml"),
+            [
+                *sizes,
+                "actor_rollout_ref.actor.use_kl_loss=True",
+                "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=1",
+            ],
+            on_verl=lambda t: None,
+        )

@@ -37,7 +37,7 @@ def test_every_key_of_verls_configs_is_written_in_a_table_or_the_index(generator
         "sft": [k for k in generator.config_keys(*generator.SFT_CONFIGS) if _reads_as_verl(k, True)],
         "generation": generator.config_keys("generation"),
     }
-    assert {name: len(keys) for name, keys in configs.items()} == {"rl": 638, "sft": 126, "generation": 43}
+    assert {name: len(keys) for name, keys in configs.items()} == {"rl": 646, "sft": 126, "generation": 43}
     assert {name: [k for k in keys if k not in named] for name, keys in configs.items()} == {
         "rl": [],
         "sft": [],

@@ -72,11 +72,11 @@ def load_config(
         if isinstance(top, dict) and looks_like_verl(top):  # a verl (Hydra) YAML: verl's defaults under it
             sft = sft or "model" in top or "optim" in top  # sections of verl's SFT configs alone
             raw = load_yaml_tree(PRESET_DIR / ("verl_sft.yaml" if sft else "verl.yaml"), (), problems.files)
-            notes: list[str] = []
-            tree = compose(path, notes, top)
-            sizes = verl_sizes(tree, overrides)  # the command line's GPU counts over the file's, as Hydra
+            overrides = [str(o) for o in overrides]
+            tree = compose(path, overrides)  # by Hydra, with the command line's verl keys applied before
+            sizes = verl_sizes(tree, overrides)  # interpolations resolve, as verl composes its config
             translation = translate_tree(tree, sft=sft, sizes=sizes)
-            translation.notes, translation.source = notes, str(path)
+            translation.source = str(path)
         else:
             raw = load_yaml_tree(path, (), problems.files)
     from_file = translation.overrides
@@ -331,8 +331,7 @@ def verl_yaml_to_tandem(path: str | Path) -> str:
     path = Path(path).expanduser()
     if not path.is_file():
         raise ConfigError(f"verl config file '{path}' does not exist")
-    notes: list[str] = []
-    translation = translate_tree(compose(path, notes))
+    translation = translate_tree(compose(path))
     problems = Problems()
     raw: dict[str, Any] = {}
     apply_overrides(raw, translation.overrides, problems)
@@ -340,7 +339,6 @@ def verl_yaml_to_tandem(path: str | Path) -> str:
     lines = [
         f"# Translated from verl config {path} by `tandem config --from-verl`.",
         "# The base is Tandem's `verl` preset: verl's defaults in Tandem's keys.",
-        *(f"# note: {note}" for note in notes),
         yaml.safe_dump({"base": "verl", **raw}, sort_keys=False, default_flow_style=False).rstrip(),
         f"# Dropped: {len(translation.dropped)} keys of the verl config have no Tandem setting:",
         *(f"#   {key}  -- {why}" for key, why in translation.dropped),

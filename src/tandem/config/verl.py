@@ -56,7 +56,6 @@ class VerlTranslation:
     # (verl text, Tandem key, value): a verl size that must equal the resolved Tandem key's (the reference's
     # and critic's megatron layout is the actor's); checked by load_config against the resolved config
     same: list[tuple[str, str, Any]] = field(default_factory=list)
-    notes: list[str] = field(default_factory=list)  # what composing a verl YAML could not follow
     tree_keys: int = 0  # keys of a verl YAML read as Tandem's
 
     source: str = ""  # the verl YAML file a tree translation came from
@@ -84,7 +83,6 @@ class VerlTranslation:
                 f"{len(self.dropped)} with no Tandem setting dropped (`tandem config --from-verl "
                 f"{self.source}` writes the Tandem YAML and names each dropped key)"
             )
-            lines += [f"  note: {note}" for note in self.notes]
         if self.mapped or self.no_effect:
             lines.append(
                 f"tandem: read {_count(len(self.mapped) + len(self.no_effect), 'verl key')} as Tandem's"
@@ -220,7 +218,17 @@ def translate_tree(
             texts.append(f"{key}={_override_text(value)}")
     translated = translate_overrides(texts, sft=sft, sizes=sizes)
     out.overrides, out.tree_keys = translated.overrides, len(translated.overrides)
-    out.same = translated.same
+    # a file's reference / critic megatron size (verl's YAML gives the critic its own, 1 by default): Tandem builds
+    # those roles with the actor's layout, which computes the same values (verl's layout changes memory and
+    # speed); a size the command line gives that differs is refused (layout_problems)
+    out.dropped += [
+        (
+            f"{text}",
+            f"the {'critic' if text.startswith('critic.') else 'reference'} is built with the actor's "
+            f"megatron layout ({target}): the same values, another memory use",
+        )
+        for text, target, _ in translated.same
+    ]
     out.dropped += [(f"{k}", message) for k, message in translated.problems]
     out.dropped += [(verl, why) for verl, why in translated.no_effect]
     return out
@@ -333,8 +341,10 @@ def _rule(key: str, sft: bool) -> Rule | None:
 
 
 def is_verl_sft_key(key: str) -> bool:
-    """A key only verl's SFT configs have (`model.partial_pretrain`, `optim.lr`, ...): a verl SFT command line."""
-    return (key in SFT_KEYS or key.startswith(SFT_ONLY_PREFIXES)) and not is_tandem_key(key)
+    """A key only verl's SFT configs have (`model.partial_pretrain`, `optim.lr`, ...): a verl SFT command line.
+    A key verl's PPO trainer reads as well (`trainer.logger`) says nothing of which trainer it is."""
+    sft_only = key.startswith(SFT_ONLY_PREFIXES) or (key in SFT_KEYS and not is_verl_key(key))
+    return sft_only and not is_tandem_key(key)
 
 
 def _apply_rule(key: str, rule: Rule, value_text: str) -> list[tuple[str, str]] | None:
@@ -395,16 +405,22 @@ def _shell_quote(text: str) -> str:
 
 def layout_problems(translation: VerlTranslation, cfg: Any) -> list[tuple[str, str]]:
     """(verl key, message) for each reference / critic megatron size of `translation` that differs from the
-    actor's in the resolved config `cfg` (read only when actor.strategy=megatron)."""
+    actor's in the resolved config `cfg` (read only when actor.strategy=megatron, and only for a role the run
+    builds: a GRPO run without KL has neither)."""
     if cfg.actor.strategy != "megatron":
         return []
     out = []
+    # cfg.derived's critic_needed / reference_needed, read from their keys: derived waits for the other checks
+    critic_built = cfg.critic.enable is True
+    reference_built = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     for verl_text, target, value in translation.same:
+        key = verl_text.partition("=")[0]
+        if not (critic_built if key.startswith("critic.") else reference_built):
+            continue  # a role the run does not build: its layout is never read, as on verl
         actual: Any = cfg
         for part in target.split("."):
             actual = getattr(actual, part)
         if value != actual:
-            key = verl_text.partition("=")[0]
             role = "critic" if key.startswith("critic.") else "reference"
             out.append(
                 (
