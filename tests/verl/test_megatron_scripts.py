@@ -87,14 +87,18 @@ def test_reference_and_critic_layout_equal_to_the_actors_is_accepted_and_said():
             "actor_rollout_ref.ref.megatron.tensor_model_parallel_size=2",
             "(the same as actor.megatron.tensor_parallel)",
         ),
-        (
-            "actor_rollout_ref.ref.megatron.virtual_pipeline_model_parallel_size=null",
-            "(the same as actor.megatron.virtual_pipeline)",
-        ),
         ("critic.megatron.pipeline_model_parallel_size=1", "(the same as actor.megatron.pipeline_parallel)"),
     ]
+    # null, verl's default: not set (the actor's layout), as in verl's YAML
+    assert t.no_effect == [
+        (
+            "actor_rollout_ref.ref.megatron.virtual_pipeline_model_parallel_size=null",
+            "null: verl's default, not set; Tandem's default stays",
+        )
+    ]
     assert "the engines of one process share megatron's parallel state" in t.mapped[1][2]
-    cfg = load_config("verl", [*MEGATRON_TRAINER, "trainer.n_gpus_per_node=2", *(v for v, _, _ in t.mapped)])
+    given = [*(v for v, _, _ in t.mapped), *(v for v, _ in t.no_effect)]
+    cfg = load_config("verl", [*MEGATRON_TRAINER, "trainer.n_gpus_per_node=2", *given])
     assert cfg.actor.megatron.tensor_parallel == 2
 
 

@@ -336,3 +336,17 @@ def test_verls_real_megatron_config_resolves_after_the_command_line_as_verl_does
             ],
             on_verl=lambda t: None,
         )
+
+
+@pytest.mark.parametrize("name", ["ppo_trainer", "ppo_megatron_trainer"])
+def test_composing_verls_folder_gives_verls_own_generated_config(name):
+    """verl writes _generated_<name>.yaml from its own Hydra composition: Tandem's (Hydra's, before resolving)
+    equals it key for key, value for value."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from omegaconf import OmegaConf
+
+    with initialize_config_dir(config_dir=str(VERL_CONFIG), version_base=None):
+        ours = OmegaConf.to_container(hydra_compose(config_name=name))
+    theirs = OmegaConf.to_container(OmegaConf.load(VERL_CONFIG / f"_generated_{name}.yaml"))
+    assert ours == theirs

@@ -17,7 +17,8 @@ import yaml
 
 from tandem.config.coerce import parse_into
 from tandem.config.errors import ConfigError, Problems
-from tandem.config.verl import VerlTranslation, _apply_rule
+from tandem.config.verl import VerlTranslation, _apply_rule, accept_default
+from tandem.config.verl_defaults import GENERATION_DEFAULTS
 from tandem.config.verl_generation_keys import VERL_GENERATION_DEFAULTS, generation_rule
 from tandem.config.verl_rules import UnsupportedValue
 from tandem.config.yaml_io import parse_scalar, read_yaml
@@ -93,7 +94,8 @@ def translate_generation_overrides(overrides: Iterable[str]) -> VerlTranslation:
         try:
             pairs = _apply_rule(key, rule, value_text)
         except UnsupportedValue as err:
-            out.problems.append((key, f"{key}={value_text.strip()}: {err}"))
+            if not accept_default(out, text, GENERATION_DEFAULTS, rule.note or str(err)):
+                out.problems.append((key, f"{key}={value_text.strip()}: {err}"))
             continue
         if pairs is None:
             out.no_effect.append((text.lstrip("+"), rule.note))

@@ -17,10 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.config.coerce import type_at
+from tandem.config.verl_defaults import RL_DEFAULTS, SFT_DEFAULTS
 from tandem.config.verl_hints import unknown_verl_key_message
 from tandem.config.verl_keys import SGLANG_NOTE, VERL_KEYS, is_verl_key, verl_rule
 from tandem.config.verl_rules import Rule, UnsupportedValue
 from tandem.config.verl_sft_keys import SFT_KEYS, SFT_ONLY_PREFIXES, sft_rule_key
+from tandem.config.verl_values import hydra_value
 from tandem.config.yaml_io import parse_scalar
 
 # keys of a verl YAML not read: verl writes its own default there, which would not suit Tandem
@@ -115,6 +117,9 @@ def translate_overrides(
     for text in overrides:
         key, sep, value_text = text.partition("=")
         key = key.strip().lstrip("+")
+        if sep and hydra_value(value_text.strip()) is None and at_verl_default(key, "null", _defaults(sft)):
+            out.no_effect.append((text.lstrip("+"), "null: verl's default, not set; Tandem's default stays"))
+            continue  # verl's `null` is "not set", as in a YAML (translate_tree); keys Tandem shares too
         if not sep or key.startswith("~") or not _reads_as_verl(key, sft):
             out.overrides.append(text)
             continue
@@ -129,7 +134,8 @@ def translate_overrides(
             if isinstance(budget, int):
                 value_text = str(budget * _ulysses(sizes))
         except (UnsupportedValue, TypeError, ValueError) as err:
-            out.problems.append((key, f"{key}={value_text.strip()}: {err}"))
+            if not accept_default(out, text, _defaults(sft)):
+                out.problems.append((key, f"{key}={value_text.strip()}: {err}"))
             continue
         rule = _rule(key, sft)
         if rule is None:
@@ -138,7 +144,8 @@ def translate_overrides(
         try:
             pairs = _apply_rule(key, rule, value_text)
         except UnsupportedValue as err:
-            out.problems.append((key, f"{key}={value_text.strip()}: {err}"))
+            if not accept_default(out, text, _defaults(sft), rule.note or str(err)):
+                out.problems.append((key, f"{key}={value_text.strip()}: {err}"))
             continue
         if rule.effect == "same":
             value = parse_scalar(pairs[0][1].partition("=")[2]) if pairs else None
@@ -168,6 +175,44 @@ def translate_overrides(
         out.overrides = [o for o in out.overrides if not o.startswith("data.truncation=")]
         out.overrides.append("data.truncation=filter")
     return out
+
+
+def at_verl_default(key: str, value_text: str, defaults: Mapping[str, tuple]) -> bool:
+    """Whether `key=value_text` gives verl's own default value of `key` (`defaults`: a table of
+    config/verl_defaults.py, the configs of the trainer the command line is for), the value read as Hydra reads
+    it (`null`, `False`, `[a,b]`, `1e-6`)."""
+    if key not in defaults:
+        return False
+    value = hydra_value(value_text)
+    return any(_same_value(value, default) for default in defaults[key])
+
+
+def _defaults(sft: bool) -> Mapping[str, tuple]:
+    return SFT_DEFAULTS if sft else RL_DEFAULTS
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    if isinstance(a, bool) or isinstance(b, bool) or a is None or b is None:
+        return a is b
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        return float(a) == float(b)
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    return type(a) is type(b) and a == b
+
+
+def accept_default(out: VerlTranslation, text: str, defaults: Mapping[str, tuple], why: str = "") -> bool:
+    """A verl key given at verl's default value (`defaults`, see at_verl_default) is accepted as if absent (what
+    verl does then is what Tandem does), with a note; True when it was. Any other value keeps its refusal."""
+    key, _, value_text = text.partition("=")
+    key = key.strip().lstrip("+")
+    if not at_verl_default(key, value_text.strip(), defaults):
+        return False
+    note = "verl's default, the same as leaving it out"
+    out.no_effect.append((text.lstrip("+"), f"{note} ({why})" if why else note))
+    return True
 
 
 def verl_sizes(tree: Mapping[str, Any] | None, overrides: Iterable[str] = ()) -> dict[str, str]:

@@ -119,3 +119,15 @@ def hydra_mapping(value: Any) -> Any:
             item = parse_scalar(text.strip())
         out[key] = item
     return out
+
+
+def hydra_value(text: str) -> Any:
+    """A command line's value as verl's Hydra reads it (`null` None, `False` False, `[a,b]` a list, `{a:1}` a dict,
+    `1e-6` a float, quotes dropped); text Hydra's grammar does not take (`~/data`) stays the text."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+
+    try:
+        return OverridesParser.create().parse_override(f"key={text}").value()
+    except HydraException:
+        return text
