@@ -350,3 +350,23 @@ def test_composing_verls_folder_gives_verls_own_generated_config(name):
         ours = OmegaConf.to_container(hydra_compose(config_name=name))
     theirs = OmegaConf.to_container(OmegaConf.load(VERL_CONFIG / f"_generated_{name}.yaml"))
     assert ours == theirs
+
+
+def test_verls_sft_yamls_load_over_their_own_trainers_defaults():
+    """--config-name sft_trainer_engine (verl.trainer.sft_trainer) is read over the newer trainer's preset,
+    sft_trainer (fsdp_sft_trainer) over the older one's: each gets its own trainer's optimizer and batching."""
+    quiet = {"on_verl": lambda translation: None, "sft": True}
+    engine = load_config(str(VERL_CONFIG / "sft_trainer_engine.yaml"), ["model.path=m"], **quiet)
+    assert (engine.actor.optim.lr, engine.actor.optim.lr_scheduler, engine.actor.optim.betas) == (
+        1e-3,
+        "constant",
+        (0.9, 0.999),
+    )
+    assert engine.actor.sequence_packing and engine.actor.max_tokens_per_micro_batch == 8192
+    older = load_config(str(VERL_CONFIG / "sft_trainer.yaml"), ["model.partial_pretrain=m"], **quiet)
+    assert (older.actor.optim.lr, older.actor.optim.lr_scheduler, older.actor.optim.betas) == (
+        1e-5,
+        "cosine",
+        (0.9, 0.95),
+    )
+    assert not older.actor.sequence_packing

@@ -24,6 +24,7 @@ from tandem.config.coerce import (
 )
 from tandem.config.errors import ConfigError, Problems, closest
 from tandem.config.schema import TandemConfig
+from tandem.config.sft_trainers import verl_sft_preset
 from tandem.config.validate import finalize
 from tandem.config.verl import (
     VerlTranslation,
@@ -59,7 +60,8 @@ def load_config(
     With `require_data=True` the training files must be given (and exist): use it when about to train.
     `gpus_per_node`: the GPUs workers_per_node=auto takes per node (None: counted, config/gpus.py).
     `sft`: verl keys are those of verl's SFT trainers (config/verl_sft_keys.py); a verl SFT YAML (with top-level
-    `model:` / `optim:` sections) is read so without it, over the `verl_sft` preset.
+    `model:` / `optim:` sections) is read so without it, over its trainer's preset (`verl_sft_engine` for
+    sft_trainer_engine.yaml, `verl_sft` for fsdp_sft_trainer's sft_trainer.yaml).
     Raises ConfigError listing every problem found.
     """
     raw: dict[str, Any] = {}
@@ -71,9 +73,11 @@ def load_config(
         top = read_yaml(path)
         if isinstance(top, dict) and looks_like_verl(top):  # a verl (Hydra) YAML: verl's defaults under it
             sft = sft or "model" in top or "optim" in top  # sections of verl's SFT configs alone
-            raw = load_yaml_tree(PRESET_DIR / ("verl_sft.yaml" if sft else "verl.yaml"), (), problems.files)
             overrides = [str(o) for o in overrides]
             tree = compose(path, overrides)  # by Hydra, with the command line's verl keys applied before
+            # verl's defaults under it: its SFT trainer's (sft_trainer_engine.yaml's keys: the newer trainer's)
+            preset = verl_sft_preset(_dotted_keys(tree)) if sft else "verl"
+            raw = load_yaml_tree(PRESET_DIR / f"{preset}.yaml", (), problems.files)
             sizes = verl_sizes(tree, overrides)  # interpolations resolve, as verl composes its config
             translation = translate_tree(tree, sft=sft, sizes=sizes)
             translation.source = str(path)
