@@ -403,7 +403,7 @@ def _apply_rule(key: str, rule: Rule, value_text: str) -> list[tuple[str, str]] 
         return [(rule.target, f"{rule.target}={value_text.strip()}")]
     value_text = value_text.strip()
     if rule.convert is not None:
-        parsed = parse_scalar(value_text)
+        parsed = hydra_value(value_text)  # as verl's Hydra reads it: {a:b} a mapping, 1e-6 a number
         try:
             value = rule.convert(parsed)
         except UnsupportedValue:
