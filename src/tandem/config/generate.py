@@ -17,9 +17,10 @@ import yaml
 
 from tandem.config.coerce import parse_into
 from tandem.config.errors import ConfigError, Problems
-from tandem.config.verl import VerlTranslation, _apply_rule, accept_default
+from tandem.config.verl import VerlTranslation, _apply_rule, accept_default, accept_old_default
 from tandem.config.verl_defaults import GENERATION_DEFAULTS
 from tandem.config.verl_generation_keys import VERL_GENERATION_DEFAULTS, generation_rule
+from tandem.config.verl_removed import removed_key_message
 from tandem.config.verl_rules import UnsupportedValue
 from tandem.config.yaml_io import parse_scalar, read_yaml
 
@@ -81,20 +82,23 @@ def translate_generation_overrides(overrides: Iterable[str]) -> VerlTranslation:
             out.overrides.append(text)
             continue
         rule = generation_rule(key)
-        if rule is None:
-            out.problems.append(
-                (
-                    key,
-                    f"{key}: a key verl's main_generation config (generation.yaml) does not have, or one "
-                    "Tandem does not support (tandem/config/verl_generation_keys.py); tandem generate's own "
-                    "keys are flat: model_path, data_path, n, ... (`tandem generate --help`)",
+        if rule is None:  # a key of an older verl release is accepted at its old default
+            if not accept_old_default(out.no_effect, text, "generation"):
+                out.problems.append(
+                    (
+                        key,
+                        removed_key_message(key, "generation", value_text)
+                        or f"{key}: a key verl's main_generation config (generation.yaml) does not have, or one "
+                        "Tandem does not support (tandem/config/verl_generation_keys.py); tandem generate's own "
+                        "keys are flat: model_path, data_path, n, ... (`tandem generate --help`)",
+                    )
                 )
-            )
             continue
         try:
             pairs = _apply_rule(key, rule, value_text)
         except UnsupportedValue as err:
-            if not accept_default(out, text, GENERATION_DEFAULTS, rule.note or str(err)):
+            old_default = accept_old_default(out.no_effect, text, "generation")
+            if not old_default and not accept_default(out, text, GENERATION_DEFAULTS, rule.note or str(err)):
                 out.problems.append((key, f"{key}={value_text.strip()}: {err}"))
             continue
         if pairs is None:

@@ -20,6 +20,7 @@ from tandem.config.coerce import type_at
 from tandem.config.verl_defaults import RL_DEFAULTS, SFT_DEFAULTS
 from tandem.config.verl_hints import unknown_verl_key_message
 from tandem.config.verl_keys import SGLANG_NOTE, VERL_KEYS, is_verl_key, verl_rule
+from tandem.config.verl_removed import Trainer, old_defaults, removed_key, removed_note
 from tandem.config.verl_rules import Rule, UnsupportedValue
 from tandem.config.verl_sft_keys import SFT_KEYS, SFT_ONLY_PREFIXES, sft_rule_key
 from tandem.config.verl_values import hydra_value
@@ -138,13 +139,15 @@ def translate_overrides(
                 out.problems.append((key, f"{key}={value_text.strip()}: {err}"))
             continue
         rule = _rule(key, sft)
-        if rule is None:
-            out.problems.append((key, unknown_verl_key_message(key, sft)))
+        if rule is None:  # a key of an older verl release is accepted at its old default
+            if not accept_old_default(out.no_effect, text, "sft" if sft else "ppo"):
+                out.problems.append((key, unknown_verl_key_message(key, sft, value_text)))
             continue
         try:
             pairs = _apply_rule(key, rule, value_text)
         except UnsupportedValue as err:
-            if not accept_default(out, text, _defaults(sft), rule.note or str(err)):
+            old_default = accept_old_default(out.no_effect, text, "sft" if sft else "ppo")
+            if not old_default and not accept_default(out, text, _defaults(sft), rule.note or str(err)):
                 out.problems.append((key, f"{key}={value_text.strip()}: {err}"))
             continue
         if rule.effect == "same":
@@ -215,6 +218,16 @@ def accept_default(out: VerlTranslation, text: str, defaults: Mapping[str, tuple
     return True
 
 
+def accept_old_default(notes: list[tuple[str, str]], text: str, trainer: Trainer) -> bool:
+    """A key verl removed since a release of the last year (config/verl_removed.py) given at a default it had there:
+    accepted as if absent, with a note added to `notes`; True when it was. Other values are the caller's."""
+    key, _, value_text = text.lstrip("+").partition("=")
+    if not at_verl_default(key.strip(), value_text.strip(), old_defaults(trainer)):
+        return False
+    notes.append((text.lstrip("+"), removed_note(key.strip(), trainer)))
+    return True
+
+
 def verl_sizes(tree: Mapping[str, Any] | None, overrides: Iterable[str] = ()) -> dict[str, str]:
     """The settings verl reads other keys by (trainer.nnodes / n_gpus_per_node and the Ulysses sizes that divide
     the older global micro-batch keys, the resume mode), as text: those of a composed verl config `tree`,
@@ -255,7 +268,10 @@ def translate_tree(
                 out.dropped.append((shown, "Tandem has no setting for it"))
             continue
         rule = _rule(key, sft)
-        if rule is None:
+        if rule is None and removed_key(key, "sft" if sft else "ppo"):  # at its old default, else refused
+            if not accept_old_default(out.dropped, f"{key}={_override_text(value)}", "sft" if sft else "ppo"):
+                out.problems.append((key, unknown_verl_key_message(key, sft, _override_text(value))))
+        elif rule is None:
             out.dropped.append((shown, "Tandem has no setting for it"))
         elif rule.effect not in ("maps", "same"):
             out.dropped.append((shown, rule.note))
@@ -373,7 +389,8 @@ def _reads_as_verl(key: str, sft: bool = False) -> bool:
     has with the same meaning (data.train_batch_size, algorithm.gamma, ...) is Tandem's."""
     if sft and (key in SFT_KEYS or key.startswith(SFT_ONLY_PREFIXES)):
         return True
-    return key in VERL_KEYS or (is_verl_key(key) and not is_tandem_key(key))
+    older = removed_key(key, "sft" if sft else "ppo") is not None  # a key of verl's releases of the last year
+    return key in VERL_KEYS or ((is_verl_key(key) or older) and not is_tandem_key(key))
 
 
 def _rule(key: str, sft: bool) -> Rule | None:
