@@ -52,4 +52,5 @@ def test_what_gdpo_would_ignore_is_refused():
 
 def test_verls_gdpo_reward_manager_points_to_the_keys():
     translation = translate_overrides(["reward.reward_manager.name=gdpo"])
-    assert translation.overrides == [] and "algorithm.gdpo_reward_keys" in translation.no_effect[0][1]
+    assert translation.overrides == ["reward.manager=naive"]  # the per-sample manager keeps every field
+    assert "algorithm.gdpo_reward_keys" in translation.mapped[0][2]

@@ -38,6 +38,7 @@ RolloutLayout = Literal["hybrid", "separate"]
 TruncateSide = Literal["left", "right", "middle"]
 ToolCallFormat = Literal["hermes"]
 Device = Literal["cpu", "cuda", "auto"]
+RewardManagerSource = Literal["register", "importlib"]
 LoggerName = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
 SamplingMetric = Literal["score", "acc"]
 Backend = Literal["ray", "inprocess"]
@@ -286,7 +287,15 @@ class RewardConfig:
     custom_reward_file: str | None = None  # Python file with your scoring function; None = built-in scorers
     custom_reward_function: str = "compute_score"  # name of the function in that file
     custom_reward_kwargs: dict[str, Any] = field(default_factory=dict)  # extra keyword arguments passed to it
-    timeout_s: float = 10.0  # SECONDS one scoring call may take, > 0; a timeout scores 0
+    # How your function is called (verl's reward manager): naive = once per sample; batch = once per scored batch
+    # with lists (data_sources=, solution_strs=, ground_truths=, extra_infos=), returning one score per sample.
+    # With manager_source=importlib: the name of a reward-manager class (verl's interface) in manager_file
+    manager: str = "naive"
+    manager_source: RewardManagerSource = "register"  # register: naive / batch; importlib: a class of yours
+    manager_file: str | None = None  # Python file (or pkg://package/module) of an importlib manager class
+    # keyword arguments of each batch call (manager=batch), or of the class's constructor (verl's reward_kwargs)
+    manager_kwargs: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 10.0  # SECONDS a sample's scoring may take, > 0 (batch: x its samples); timeout = 0
     num_workers: int = 1  # processes scoring in parallel, >= 0; 0 = in the controller process
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
     overlong: OverlongConfig = field(default_factory=OverlongConfig)

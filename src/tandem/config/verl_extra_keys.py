@@ -1,6 +1,7 @@
-"""verl's keys beyond config/verl_keys.py's main table: the data section's, the reward model's, the model's and
-the megatron engine's details, and the rollout engine's arguments. Merged into the table (`EXTRA_KEYS`,
-`EXTRA_PATTERNS`); tests/verl/test_key_coverage.py checks that every key of verl's generated configs has a rule.
+"""verl's keys beyond config/verl_keys.py's main table: the data section's, the rewards' (the rule scorers, the
+reward manager, the reward model), the model's and the megatron engine's details, and the rollout engine's
+arguments. Merged into the table (`EXTRA_KEYS`, `EXTRA_PATTERNS`); tests/verl/test_key_coverage.py checks that
+every key of verl's generated configs has a rule.
 
 Many of them only name something verl can be asked for (a user's dataset class, a LoRA adapter to start from):
 `default_only` accepts verl's default (which asks for nothing, so dropping it changes nothing) and refuses any
@@ -12,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect
+from tandem.config.verl_values import hydra_mapping, reward_manager_name
 
 _UNSET = (None, "null", "", {}, [], -1)
 
@@ -66,6 +68,32 @@ _CONTEXT_LENGTH = (
     "Tandem does not change the model folder's config.json: its engines compute rotary positions for any "
     "length, but vLLM's length check and a RoPE scaling that reads it (dynamic NTK) use the folder's "
     "value; a run longer than it is refused at start-up: raise it in config.json"
+)
+_REWARD_LOOP_CLASS = (
+    "a class of verl's reward loop (RewardManagerBase: built with verl's whole config, called per sample) is not "
+    "loaded; a class of verl's AbstractRewardManager interface is: reward_manager.source=importlib "
+    "reward_manager.module.path=FILE reward_manager.name=CLASS"
+)
+# verl's prime reward manager (verl/workers/reward_manager/prime.py) against Tandem's per-sample scoring
+_PRIME = (
+    "prime: as in verl each sample is scored in a process of a pool, and one that raises or runs past its limit "
+    "scores 0 while the rest of the batch is scored. Unlike verl: the limit is reward.timeout_s from when the "
+    "sample starts (verl: 300 s from when the batch is handed to the pool, waiting in its queue included; set "
+    "reward.timeout_s=300 for the same limit), the pool is reward.num_workers processes kept between batches "
+    "(verl: 64, new for each batch), failures are counted in reward/error_count and reward/timeout_count (verl "
+    "prints them), a dict's score and fields are kept (verl's prime scores the whole batch 0 when the function "
+    "returns a dict) and a list or tuple is an error (verl takes its first item)"
+)
+_REWARD_MANAGER = (
+    "naive, dapo, gdpo and prime call your function once per sample (Tandem's naive; dapo's overlong penalty is "
+    "reward.overlong, gdpo's terms are the fields of your function's dict, named by algorithm.gdpo_reward_keys); "
+    "batch calls it once per batch with lists, as verl's batch manager, in Tandem's scoring processes; with "
+    "reward_manager.source=importlib it names your class. verl 0.7 runs batch and prime only with "
+    "reward_model.use_reward_loop=false. " + _PRIME
+)
+REWARD_KWARGS = (
+    "reward_manager=batch: passed to each call of your function; a class of your own: to its constructor (dapo's "
+    "overlong_buffer_cfg and max_resp_len are reward.overlong.*)"
 )
 _DIST_ONLY = "read only with use_dist_checkpointing=True (Tandem starts from the Hugging Face folder)"
 _FORWARD_ONLY = "verl's flag for a role that never trains; Tandem knows which roles train"
@@ -187,6 +215,44 @@ EXTRA_KEYS: dict[str, Rule] = {
     "data.sampler.class_name": default_only(
         "Tandem's sampler shuffles with data.shuffle and trainer.seed; a user's sampler class is not loaded"
     ),
+    # the rule scorers and the reward manager
+    "reward_model.overlong_buffer.enable": maps("reward.overlong.enable"),
+    "reward_model.overlong_buffer.len": maps("reward.overlong.buffer_len"),
+    "reward_model.overlong_buffer.penalty_factor": maps("reward.overlong.penalty_factor"),
+    # verl's DAPO scripts set the same penalty as the DAPO reward manager's arguments (with reward_manager=batch or
+    # a class of your own verl passes these to it; Tandem applies the penalty, reward.overlong, and passes them not)
+    "reward_model.reward_kwargs.overlong_buffer_cfg.enable": maps("reward.overlong.enable"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.len": maps("reward.overlong.buffer_len"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": maps("reward.overlong.penalty_factor"),
+    "reward_model.reward_kwargs.overlong_buffer_cfg.log": no_effect(
+        "Tandem logs every reward term's mean (reward/overlong_mean)"
+    ),
+    "reward_model.reward_kwargs.max_resp_len": maps("reward.overlong.max_length"),
+    "reward_model.reward_manager": maps("reward.manager", _REWARD_MANAGER, convert=reward_manager_name),
+    "reward_model.launch_reward_fn_async": no_effect(
+        "Tandem's rewards are scored by reward.num_workers processes while the step goes on"
+    ),
+    "reward_model.use_reward_loop": no_effect(
+        "Tandem scores each batch once on its own path: batch, prime and a class of your own run as verl runs "
+        "them with use_reward_loop=false (its reward loop has neither batch nor prime, nor calls such a class)"
+    ),
+    # the processes verl's reward loop scores in: Tandem's scoring processes
+    "reward_model.num_workers": maps("reward.num_workers"),
+    "reward.reward_manager.name": maps("reward.manager", _REWARD_MANAGER, convert=reward_manager_name),
+    "reward_manager.name": maps("reward.manager", _REWARD_MANAGER, convert=reward_manager_name),
+    "reward_manager.source": maps(
+        "reward.manager_source",
+        "importlib: reward_manager.name is a class in reward_manager.module.path, built and called on each batch "
+        "as verl's trainer does (verl 0.7 builds it but calls it only with reward_model.use_reward_loop=false)",
+    ),
+    "reward_manager.module.path": maps("reward.manager_file", "read with reward_manager.source=importlib"),
+    "reward_manager.module.name": no_effect(
+        "verl's trainer loads the class from module.path by reward_manager.name; module.name is not read there"
+    ),
+    "reward_model.reward_kwargs": maps("reward.manager_kwargs", REWARD_KWARGS, convert=hydra_mapping),
+    "custom_reward_function.path": maps("reward.custom_reward_file"),
+    "custom_reward_function.name": maps("reward.custom_reward_function"),
+    "custom_reward_function.reward_kwargs": maps("reward.custom_reward_kwargs", convert=hydra_mapping),
     # the reward model
     "reward_model.enable_resource_pool": no_effect(_PLACEMENT),
     "reward_model.n_gpus_per_node": no_effect(_PLACEMENT),
@@ -202,14 +268,11 @@ EXTRA_KEYS: dict[str, Rule] = {
     ),
     "reward_model.load_weight": _true_only(_LOADS_WEIGHTS),
     "reward_model.nccl_timeout": no_effect("every worker call is bounded by trainer.worker_timeout_s"),
-    "reward_model.reward_loop_source": no_effect("Tandem has one reward manager"),
-    "reward_model.reward_loop_module_path": default_only(
-        "Tandem has one reward manager; a user's reward-loop class is not loaded (reward.custom_reward_file "
-        "scores with a user's function)"
+    "reward_model.reward_loop_source": no_effect(
+        "read with reward_loop_module_path / reward_loop_class_name, which Tandem refuses (see them)"
     ),
-    "reward_model.reward_loop_class_name": default_only(
-        "Tandem has one reward manager; a user's reward-loop class is not loaded"
-    ),
+    "reward_model.reward_loop_module_path": default_only(_REWARD_LOOP_CLASS),
+    "reward_model.reward_loop_class_name": default_only(_REWARD_LOOP_CLASS),
     "reward_model.model.input_tokenizer": no_effect(
         "Tandem's reward model reads the actor's token ids; its tokenizer is checked to match the actor's at "
         "start-up, so verl's re-tokenizing is not needed"

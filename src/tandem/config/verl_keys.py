@@ -21,7 +21,7 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable
 
-from tandem.config.verl_extra_keys import EXTRA_KEYS, EXTRA_PATTERNS, EXTRA_PREFIXES
+from tandem.config.verl_extra_keys import EXTRA_KEYS, EXTRA_PATTERNS, EXTRA_PREFIXES, REWARD_KWARGS
 from tandem.config.verl_megatron_keys import MEGATRON_KEYS, MEGATRON_PATTERNS, MEGATRON_SUBTREES
 from tandem.config.verl_rules import Rule, maps, no_effect, unsupported
 from tandem.config.verl_values import (
@@ -361,34 +361,6 @@ VERL_KEYS: dict[str, Rule] = {
     "reward_model.model.override_config.model_config.max_position_embeddings": no_effect(_ROPE_LENGTH),
     "reward_model.model.use_remove_padding": no_effect(_PACKING),
     "reward_model.model.enable_activation_offload": no_effect(_NO_ACTIVATION_OFFLOAD),
-    "reward_model.overlong_buffer.enable": maps("reward.overlong.enable"),
-    "reward_model.overlong_buffer.len": maps("reward.overlong.buffer_len"),
-    "reward_model.overlong_buffer.penalty_factor": maps("reward.overlong.penalty_factor"),
-    # verl's DAPO scripts set the same penalty as the DAPO reward manager's arguments
-    "reward_model.reward_kwargs.overlong_buffer_cfg.enable": maps("reward.overlong.enable"),
-    "reward_model.reward_kwargs.overlong_buffer_cfg.len": maps("reward.overlong.buffer_len"),
-    "reward_model.reward_kwargs.overlong_buffer_cfg.penalty_factor": maps("reward.overlong.penalty_factor"),
-    "reward_model.reward_kwargs.overlong_buffer_cfg.log": no_effect(
-        "Tandem logs every reward term's mean (reward/overlong_mean)"
-    ),
-    "reward_model.reward_kwargs.max_resp_len": maps("reward.overlong.max_length"),
-    "reward_model.reward_manager": no_effect(
-        "Tandem has one reward manager; it keeps every field of the scorer's dict (for gdpo name the "
-        "terms in algorithm.gdpo_reward_keys)"
-    ),
-    "reward_model.launch_reward_fn_async": no_effect(
-        "Tandem's rewards are scored by reward.num_workers processes while the step goes on"
-    ),
-    "reward_model.use_reward_loop": no_effect("Tandem has one reward manager"),
-    # the processes verl's reward loop scores in: Tandem's scoring processes
-    "reward_model.num_workers": maps("reward.num_workers"),
-    "reward.reward_manager.name": no_effect(
-        "Tandem has one reward manager; it keeps every field of the scorer's dict (for gdpo name the "
-        "terms in algorithm.gdpo_reward_keys)"
-    ),
-    "custom_reward_function.path": maps("reward.custom_reward_file"),
-    "custom_reward_function.name": maps("reward.custom_reward_function"),
-    "custom_reward_function.reward_kwargs": maps("reward.custom_reward_kwargs"),
     # algorithm
     "algorithm.norm_adv_by_std_in_grpo": maps("algorithm.norm_adv_by_std"),
     "algorithm.filter_groups.enable": maps("algorithm.dynamic_sampling.enable"),
@@ -499,6 +471,7 @@ ENGINE_KWARGS = "actor_rollout_ref.rollout.engine_kwargs"
 # whole subtrees, key by key: verl prefix -> Tandem prefix (the rest of the key is the library's field name)
 VERL_SUBTREES: list[tuple[str, str, str]] = [
     (ENGINE_KWARGS + ".vllm.", "rollout.engine_kwargs.", "an argument of vLLM's engine"),
+    ("reward_model.reward_kwargs.", "reward.manager_kwargs.", REWARD_KWARGS),
 ]
 
 VERL_PATTERNS: list[tuple[str, Rule]] = [
@@ -536,7 +509,6 @@ VERL_PATTERNS: list[tuple[str, Rule]] = [
     ("reward_model.sandbox_fusion.*", unsupported("Tandem has no Sandbox Fusion client")),
     ("ray_kwargs.*", no_effect("Tandem starts Ray itself; trainer.ray_address joins a running cluster")),
     ("transfer_queue.*", no_effect("Tandem moves batches through Ray's object store")),
-    ("reward_manager.*", no_effect("Tandem has one reward manager")),
 ]
 
 

@@ -131,3 +131,9 @@ def hydra_value(text: str) -> Any:
         return OverridesParser.create().parse_override(f"key={text}").value()
     except HydraException:
         return text
+
+def reward_manager_name(value: Any) -> str:
+    """verl's reward manager name as reward.manager: its naive, dapo, gdpo and prime managers call the function once
+    per sample, as Tandem's naive does; any other name is kept (batch; a class's name with
+    reward_manager.source=importlib; anything else is refused by the reward checks, naming the choices)."""
+    return "naive" if value in ("dapo", "gdpo", "prime") else str(value)

@@ -2,7 +2,8 @@
 responses into token-level scores, with time limits and process isolation for user code."""
 
 from tandem.rewards.custom import load_function
-from tandem.rewards.manager import RewardManager, RewardResult, reward_components, reward_manager_from_config
+from tandem.rewards.from_config import reward_manager_from_config
+from tandem.rewards.manager import RewardManager, RewardResult, reward_components
 from tandem.rewards.pool import ScorerPool
 from tandem.rewards.registry import (
     DATA_SOURCES,
@@ -30,6 +31,7 @@ from tandem.rewards.terms import (
     ToolRewardTerm,
     soft_overlong_penalty,
 )
+from tandem.rewards.verl_manager import ManagerClassRewards, VerlData
 
 __all__ = [
     "DATA_SOURCES",
@@ -38,6 +40,7 @@ __all__ = [
     "FormatTerm",
     "GroundTruthCheck",
     "LengthTerm",
+    "ManagerClassRewards",
     "RewardManager",
     "RewardResult",
     "ScorerFn",
@@ -46,6 +49,7 @@ __all__ = [
     "TermInput",
     "ToolRewardTerm",
     "UnknownDataSourceError",
+    "VerlData",
     "addition_score",
     "countdown_score",
     "default_scorer_for",

@@ -25,8 +25,17 @@ from tandem.rewards.registry import (
     scorer_name_of,
     unknown_data_source_message,
 )
-from tandem.rewards.scoring import Outcome, ScorerSpec, Task, resolve, score_tasks, spec_key
-from tandem.rewards.terms import FormatTerm, LengthTerm, Term, TermInput, ToolRewardTerm, check_terms
+from tandem.rewards.scoring import (
+    BATCH_ARGUMENTS,
+    BatchTask,
+    Outcome,
+    ScorerSpec,
+    Task,
+    resolve,
+    score_tasks,
+    spec_key,
+)
+from tandem.rewards.terms import Term, TermInput, check_terms
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +58,18 @@ def reward_model_only(
 
 
 @dataclass
+class _Samples:
+    """What scoring reads of a batch (RewardManager._read)."""
+
+    responses: torch.Tensor  # [N, R]
+    mask: torch.Tensor  # [N, R] response_mask
+    data_sources: list[str]
+    ground_truths: list[Any]
+    extra_infos: list[Any]
+    texts: list[str]  # each decoded response (a trajectory's final answer)
+
+
+@dataclass
 class RewardResult:
     token_level_scores: torch.Tensor  # [N, R] float32: the total score on the last valid response token
     scores: torch.Tensor  # [N] float32: scorer score + terms (0 where the scorer failed)
@@ -65,6 +86,12 @@ class RewardManager:
     then the scorer registered for the data_source, then the one named by `extra_info["style"]`.
     A data_source none of these covers is an error naming the ways to fix it, unless `reward_model`
     (a reward model scores every sample too): then its rule score is 0 (`reward_model_only`).
+
+    `batch=True` is verl's batch reward manager: `custom_reward_file`'s function is called once per
+    batch, `fn(data_sources=..., solution_strs=..., ground_truths=..., extra_infos=..., **manager_kwargs)`
+    (`custom_reward_kwargs` bound to it as well), and returns one score (a number, or a dict with
+    "score") per sample. The call may take `timeout_s` per sample of the batch; a call that raises,
+    times out or returns a list of another length scores every sample of the batch 0 and counts each.
 
     `num_workers=0` scores in this process, one sample after another: good for debugging, but
     there is no hard time limit there (a hung scorer hangs the call; slow ones are logged).
@@ -85,6 +112,8 @@ class RewardManager:
         max_response_length: int | None = None,
         chunk_size: int | None = None,
         reward_model: bool = False,
+        batch: bool = False,
+        manager_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"RewardManager timeout_s must be > 0, got {timeout_s}")
@@ -116,9 +145,36 @@ class RewardManager:
         self._overrides = {
             source: self._override_spec(source, target) for source, target in (scorer_overrides or {}).items()
         }
+        self.batch = batch
+        self._batch_kwargs = self._check_batch(batch, custom_reward_kwargs or {}, manager_kwargs or {})
         self._resolved: dict[tuple[str, str | None], tuple[str, ScorerSpec]] = {}
         self._pool: ScorerPool | None = None
         self.first_error: str | None = None  # the first failure over this manager's life
+
+    def _check_batch(
+        self, batch: bool, custom_kwargs: Mapping[str, Any], manager_kwargs: Mapping[str, Any]
+    ) -> tuple[tuple[str, Any], ...]:
+        """The keyword arguments of each batch call (verl's reward_model.reward_kwargs; custom_reward_kwargs, bound
+        to the function, win where both name one, as in verl), after checking batch=True can be built."""
+        if not batch:
+            if manager_kwargs:
+                raise ValueError(
+                    f"manager_kwargs {sorted(manager_kwargs)} are passed to a batch function's calls (batch=True); "
+                    "a per-sample function takes custom_reward_kwargs (verl's naive manager refuses them too)"
+                )
+            return ()
+        if self._custom is None:
+            raise ValueError(
+                "batch=True calls custom_reward_file's function with lists of samples: give custom_reward_file"
+            )
+        if self._overrides:
+            raise ValueError("batch=True calls one function for every sample: scorer_overrides cannot apply")
+        clash = sorted(set(BATCH_ARGUMENTS) & (set(custom_kwargs) | set(manager_kwargs)))
+        if clash:
+            raise ValueError(
+                f"reward kwargs {clash} clash with the batch call's own arguments {BATCH_ARGUMENTS}: rename them"
+            )
+        return tuple(sorted((k, v) for k, v in manager_kwargs.items() if k not in custom_kwargs))
 
     @staticmethod
     def _override_spec(data_source: str, target: str) -> ScorerSpec:
@@ -217,9 +273,11 @@ class RewardManager:
         return [self.tokenizer.decode(x, skip_special_tokens=True) for x in ids]
 
     def _score(self, tasks: list[Task], specs: dict[str, ScorerSpec]) -> list[Outcome]:
+        if self.batch:
+            return self._score_batch(tasks, specs)
         if self.num_workers == 0:
             cache = {key: resolve(spec) for key, spec in specs.items()}
-            outcomes = []
+            outcomes: list[Outcome] = []
             for i, task in enumerate(tasks):
                 started = time.monotonic()
                 outcomes.extend(score_tasks([task], specs, cache))
@@ -233,12 +291,54 @@ class RewardManager:
                         self.timeout_s,
                     )
             return outcomes
+        chunk_size = self.chunk_size or max(1, min(64, math.ceil(len(tasks) / (4 * self.num_workers))))
+        return self._scorer_pool().run(tasks, specs, chunk_size)  # a Task gives an Outcome
+
+    def _score_batch(self, tasks: list[Task], specs: dict[str, ScorerSpec]) -> list[Outcome]:
+        """verl's batch reward manager: the function called once over all the samples, with verl's plural keyword
+        arguments and reward kwargs. The call may take timeout_s per sample; one that fails fails every sample."""
+        n = len(tasks)
+        if n == 0:
+            return []
+        sources = np.empty(n, dtype=object)
+        sources[:] = [task.data_source for task in tasks]
+        infos = np.empty(n, dtype=object)
+        # as verl's batch manager: {} for a missing extra_info, and rollout_reward_scores set on each ({} in verl too)
+        infos[:] = [
+            {**(task.extra_info if isinstance(task.extra_info, dict) else {}), "rollout_reward_scores": {}}
+            for task in tasks
+        ]
+        texts, truths = [task.solution_str for task in tasks], [task.ground_truth for task in tasks]
+        call = BatchTask(tasks[0].scorer_key, sources, texts, truths, infos, self._batch_kwargs)
+        limit = self.timeout_s * n
+        if self.num_workers == 0:
+            started = time.monotonic()
+            (result,) = score_tasks([call], specs, {})
+            if time.monotonic() - started > limit:
+                logger.warning(
+                    "reward: the batch call over %d samples took %.1f s > %d x timeout_s=%g; num_workers=0 has no "
+                    "hard time limit",
+                    n,
+                    time.monotonic() - started,
+                    n,
+                    self.timeout_s,
+                )
+        else:
+            (result,) = self._scorer_pool().run([call], specs, chunk_size=1, time_limits=[limit])
+        return result if isinstance(result, list) else [result] * n  # a timeout or crash: every sample's
+
+    def _scorer_pool(self) -> ScorerPool:
         if self._pool is None:
             self._pool = ScorerPool(self.num_workers, self.timeout_s)
-        chunk_size = self.chunk_size or max(1, min(64, math.ceil(len(tasks) / (4 * self.num_workers))))
-        return self._pool.run(tasks, specs, chunk_size)
+        return self._pool
 
     def __call__(self, batch: Any) -> RewardResult:
+        samples = self._read(batch)
+        tasks, specs = self._tasks(samples)
+        return self._result(samples, self._score(tasks, specs))
+
+    def _read(self, batch: Any) -> _Samples:
+        """What scoring reads of `batch`: the decoded responses (a trajectory's final answer), their rows."""
         for key in ("responses", "response_mask", "data_source", "ground_truth"):
             if key not in batch:
                 raise KeyError(f"RewardManager needs '{key}' in the batch (has: {', '.join(batch.keys())})")
@@ -250,7 +350,6 @@ class RewardManager:
             )
         n = len(batch)
         data_sources = [str(s) for s in batch["data_source"]]
-        ground_truths = list(batch["ground_truth"])
         extra_infos = list(batch["extra_info"]) if "extra_info" in batch else [None] * n
         texts = self._decode(responses, mask)
         if TRAJECTORY_KEY in batch:  # multi-turn (rollout/agent.py): score the final answer, show the rest
@@ -264,43 +363,62 @@ class RewardManager:
                 }
                 for info, t in zip(extra_infos, trajectories, strict=True)
             ]
-        lengths = mask.sum(-1).tolist()
+        return _Samples(responses, mask, data_sources, list(batch["ground_truth"]), extra_infos, texts)
 
+    def _tasks(self, samples: _Samples) -> tuple[list[Task], dict[str, ScorerSpec]]:
+        """One Task per sample, with the scorer that scores it."""
+        n = len(samples.texts)
         specs: dict[str, ScorerSpec] = {}
         tasks = []
         for i in range(n):
-            info = extra_infos[i] if isinstance(extra_infos[i], dict) else None
+            info = samples.extra_infos[i] if isinstance(samples.extra_infos[i], dict) else None
             style = info.get("style") if info is not None else None
+            source = samples.data_sources[i]
             try:
-                key, spec = self._scorer_for(data_sources[i], style if isinstance(style, str) else None)
+                key, spec = self._scorer_for(source, style if isinstance(style, str) else None)
             except UnknownDataSourceError as error:  # before any scoring: nothing is half done
-                count = data_sources.count(data_sources[i])
+                count = samples.data_sources.count(source)
                 raise UnknownDataSourceError(
                     f"sample {i} of {n} ({count} with this data_source): {error}"
                 ) from None
             specs[key] = spec
-            tasks.append(Task(key, data_sources[i], texts[i], ground_truths[i], extra_infos[i]))
-        outcomes = self._score(tasks, specs)
+            tasks.append(
+                Task(key, source, samples.texts[i], samples.ground_truths[i], samples.extra_infos[i])
+            )
+        return tasks, specs
 
+    def _result(
+        self, samples: _Samples, outcomes: list[Outcome], token_level: torch.Tensor | None = None
+    ) -> RewardResult:
+        """The RewardResult of per-sample `outcomes`, with the reward terms added. Each total goes on the sample's
+        last valid response token; with `token_level` (a reward manager class's [N, R] rewards, each outcome's
+        score their row sum) those stay where they are and the terms go on the last valid token."""
+        responses, mask, data_sources = samples.responses, samples.mask, samples.data_sources
+        n = len(outcomes)
+        lengths = mask.sum(-1).tolist()
         term_values = {t.name: np.zeros(n) for t in self.terms}
         for i, outcome in enumerate(outcomes):
             if outcome.error is None:  # a failed sample scores 0 in total: no format bonus on a crash
-                sample = TermInput(texts[i], int(lengths[i]), data_sources[i], extra_infos[i])
+                sample = TermInput(samples.texts[i], int(lengths[i]), data_sources[i], samples.extra_infos[i])
                 for term in self.terms:
                     term_values[term.name][i] = float(term(sample))
         scorer_scores = np.array([o.score for o in outcomes], dtype=np.float64)
-        totals = scorer_scores + sum(term_values.values(), np.zeros(n))
-        scores = torch.tensor(totals, dtype=torch.float32)
-
+        terms_total = sum(term_values.values(), np.zeros(n))
+        totals = scorer_scores + terms_total
         # Built on the responses' device, so a batch on the GPU gets its scores there too.
-        scores = scores.to(responses.device)
-        token_level_scores = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
+        scores = torch.tensor(totals, dtype=torch.float32).to(responses.device)
         valid = mask.bool().to(responses.device)
         has_tokens = valid.any(-1)
         positions = torch.arange(valid.shape[-1], device=valid.device).expand_as(valid)
         last = torch.where(valid, positions, -1).max(-1).values
         rows = torch.nonzero(has_tokens).squeeze(-1)
-        token_level_scores[rows, last[rows]] = scores[rows]
+        if token_level is None:
+            token_level_scores = torch.zeros(responses.shape, dtype=torch.float32, device=responses.device)
+            token_level_scores[rows, last[rows]] = scores[rows]
+        else:
+            token_level_scores = token_level.to(device=responses.device, dtype=torch.float32).clone()
+            added = torch.tensor(terms_total, dtype=torch.float32).to(responses.device)
+            token_level_scores[rows, last[rows]] += added[rows]
 
         errors = [o.error or "" for o in outcomes]
         extra: dict[str, np.ndarray] = {"scorer_score": scorer_scores, **term_values}
@@ -420,40 +538,3 @@ def _term_problem(value: Any) -> str | None:
     if math.isnan(value):  # a numeric column holds NaN where a scorer left the field out
         return "is missing or NaN"
     return None if math.isfinite(value) else f"is {value}, not a finite number"
-
-
-def reward_manager_from_config(cfg: Any, tokenizer: Any) -> RewardManager:
-    """The RewardManager that a TandemConfig's `reward` section (and `data.max_response_length`) describes."""
-    reward = cfg.reward
-    terms: list[Term] = []
-    if reward.format.enable:
-        terms.append(
-            FormatTerm(
-                reward.format.pattern,
-                match_reward=reward.format.match_reward,
-                mismatch_reward=reward.format.mismatch_reward,
-                fullmatch=reward.format.fullmatch,
-            )
-        )
-    if reward.overlong.enable:
-        terms.append(
-            LengthTerm(
-                overlong_buffer=reward.overlong.buffer_len,
-                penalty_factor=reward.overlong.penalty_factor,
-                max_response_length=reward.overlong.max_length or cfg.data.max_response_length,
-            )
-        )
-    m = cfg.rollout.multi_turn
-    if reward.tool_rewards and (m.tools or m.tool_file):
-        terms.append(ToolRewardTerm())
-    return RewardManager(
-        tokenizer,
-        custom_reward_file=reward.custom_reward_file,
-        custom_reward_function=reward.custom_reward_function,
-        custom_reward_kwargs=reward.custom_reward_kwargs,
-        terms=terms,
-        timeout_s=reward.timeout_s,
-        num_workers=reward.num_workers,
-        max_response_length=cfg.data.max_response_length,
-        reward_model=cfg.reward.reward_model.enable,
-    )

@@ -1,9 +1,10 @@
 """Worker processes that run scorers with a hard per-sample time limit.
 
 Each worker owns a pipe: the parent sends it a chunk of samples, it scores them one by one and
-sends back the chunk's outcomes in one message (one round trip per chunk, not per sample).
-Before each sample the worker bumps a shared counter, so the parent knows which sample is
-running and since when. A sample running longer than `timeout_s` gets its worker killed
+sends back the chunk's outcomes in one message (one round trip per chunk, not per sample). A task
+may also be one call of a batch function over several samples (scoring.BatchTask), with a time
+limit of its own. Before each task the worker bumps a shared counter, so the parent knows which
+one is running and since when. A task running longer than its limit gets its worker killed
 (SIGKILL: works for C-level hangs too); that sample is marked timed out, the rest of the chunk
 (the ones done but not yet reported, and the ones not yet started) is queued again, and a
 fresh worker takes the slot. A worker that dies on its own (segfault, os._exit) is handled
@@ -21,10 +22,11 @@ import signal
 import time
 import weakref
 from collections import deque
+from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any
 
-from tandem.rewards.scoring import Outcome, ScorerSpec, Task, score_tasks
+from tandem.rewards.scoring import BatchTask, Outcome, ScorerSpec, Task, score_tasks
 
 STARTUP_LIMIT_S = 120.0  # a worker that has not begun its first sample by then is broken
 MAX_START_FAILURES = 3  # workers dying in a row before scoring anything: give up with an error
@@ -73,7 +75,7 @@ class _Worker:
         self.seen = 0  # samples of the chunk started, as last seen by the parent
         self.seen_at = 0.0  # when the parent saw `seen` change
 
-    def dispatch(self, chunk: list[int], tasks: list[Task], specs: dict[str, ScorerSpec]) -> None:
+    def dispatch(self, chunk: list[int], tasks: list[Task | BatchTask], specs: dict[str, ScorerSpec]) -> None:
         self.chunk, self.seen, self.seen_at = chunk, 0, time.monotonic()
         with contextlib.suppress(BrokenPipeError, OSError):  # a dead worker: the poll loop notices
             self.conn.send((specs, tasks))
@@ -128,6 +130,7 @@ class ScorerPool:
         self._poll_s = min(0.05, self.timeout_s / 4)
         self._workers: list[_Worker | None] = [None] * num_workers
         self.restarts = 0  # workers killed or lost and replaced, over the pool's life
+        self._limits: list[float] = []  # the time limit of each task of the running `run`
         self._closed = False
         # Stops the workers on close(), garbage collection or interpreter exit, whichever is first.
         self._finalizer = weakref.finalize(self, _stop_all, self._workers)
@@ -140,10 +143,18 @@ class ScorerPool:
         self._closed = True
         self._finalizer()
 
-    def run(self, tasks: list[Task], specs: dict[str, ScorerSpec], chunk_size: int) -> list[Outcome]:
-        """Outcomes of `tasks` in order; timed-out or crashed samples get an error Outcome."""
+    def run(
+        self,
+        tasks: Sequence[Task | BatchTask],
+        specs: dict[str, ScorerSpec],
+        chunk_size: int,
+        time_limits: Sequence[float] | None = None,
+    ) -> list[Outcome | list[Outcome]]:
+        """Results of `tasks` in order (an Outcome per Task, a list of them per BatchTask); a task that timed
+        out or crashed gets one error Outcome. `time_limits`: each task's limit in seconds (default timeout_s)."""
         if self._closed:
             raise RuntimeError("this reward worker pool is closed; create a new RewardManager")
+        self._limits = list(time_limits) if time_limits is not None else [self.timeout_s] * len(tasks)
         try:
             return self._run(tasks, specs, chunk_size)
         except BaseException:  # e.g. Ctrl-C: busy workers would answer stale chunks next call
@@ -153,8 +164,10 @@ class ScorerPool:
                     self._workers[slot] = None
             raise
 
-    def _run(self, tasks: list[Task], specs: dict[str, ScorerSpec], chunk_size: int) -> list[Outcome]:
-        outcomes: list[Outcome | None] = [None] * len(tasks)
+    def _run(
+        self, tasks: Sequence[Task | BatchTask], specs: dict[str, ScorerSpec], chunk_size: int
+    ) -> list[Outcome | list[Outcome]]:
+        outcomes: list[Outcome | list[Outcome] | None] = [None] * len(tasks)
         pending = deque(
             list(range(i, min(i + chunk_size, len(tasks)))) for i in range(0, len(tasks), chunk_size)
         )
@@ -206,7 +219,7 @@ class ScorerPool:
             for o in outcomes
         ]
 
-    def _collect(self, worker: _Worker, outcomes: list[Outcome | None]) -> bool:
+    def _collect(self, worker: _Worker, outcomes: list[Outcome | list[Outcome] | None]) -> bool:
         """Take a finished chunk's outcomes if they have arrived."""
         try:
             if not worker.conn.poll():
@@ -230,10 +243,9 @@ class ScorerPool:
         if not worker.process.is_alive():
             worker.seen = worker.started_in_chunk()  # final now: blame the sample it died on
             return Outcome(0.0, {}, f"the reward worker process died (exit code {worker.process.exitcode})")
-        if started > 0 and now - worker.seen_at > self.timeout_s:
-            return Outcome(
-                0.0, {}, f"timed out after {self.timeout_s:g} s (worker process killed)", timed_out=True
-            )
+        limit = self._limits[worker.chunk[started - 1]] if started > 0 and worker.chunk else self.timeout_s
+        if started > 0 and now - worker.seen_at > limit:
+            return Outcome(0.0, {}, f"timed out after {limit:g} s (worker process killed)", timed_out=True)
         if started == 0 and now - worker.seen_at > STARTUP_LIMIT_S:
             return Outcome(0.0, {}, f"the reward worker process did not start within {STARTUP_LIMIT_S:g} s")
         return None

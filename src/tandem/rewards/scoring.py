@@ -1,4 +1,5 @@
-"""Score one sample with one scorer and turn whatever happens into an `Outcome`.
+"""Score one sample with one scorer, or one list of samples with a batch function (verl's batch reward manager),
+and turn whatever happens into `Outcome`s.
 
 Shared by the in-process path and the worker processes, so both treat results the same way.
 """
@@ -9,7 +10,7 @@ import functools
 import math
 import os
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -30,6 +31,22 @@ class Task(NamedTuple):
     solution_str: str
     ground_truth: Any
     extra_info: Any
+
+
+# the keyword arguments verl's batch reward manager calls a batch function with, besides its reward kwargs
+BATCH_ARGUMENTS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")
+
+
+class BatchTask(NamedTuple):
+    """One call of a batch function over several samples, with verl's batch manager's arguments: data_sources and
+    extra_infos are numpy object arrays (verl passes its non-tensor columns so), the texts and ground truths lists."""
+
+    scorer_key: str
+    data_sources: np.ndarray
+    solution_strs: list[str]
+    ground_truths: list[Any]
+    extra_infos: np.ndarray
+    kwargs: tuple[tuple[str, Any], ...]  # verl's reward_model.reward_kwargs, as sorted (name, value) pairs
 
 
 class Outcome(NamedTuple):
@@ -66,7 +83,7 @@ def describe_error(error: BaseException) -> str:
     return text[:MAX_ERROR_CHARS]
 
 
-def _plain(value: Any) -> Any:
+def plain_field(value: Any) -> Any:
     """Per-sample extra fields travel between processes and into numpy arrays: keep them plain."""
     if value is None or isinstance(value, bool | int | float | str):
         return value
@@ -81,7 +98,7 @@ def to_outcome(value: Any) -> Outcome:
     if isinstance(value, dict):
         if "score" not in value:
             raise TypeError(f"a scorer's dict must hold 'score'; got keys {sorted(map(str, value))}")
-        fields = {str(k): _plain(v) for k, v in value.items() if k != "score"}
+        fields = {str(k): plain_field(v) for k, v in value.items() if k != "score"}
         value = value["score"]
     if isinstance(value, str | bytes) or value is None:
         raise TypeError(f"a scorer must return a number or a dict with 'score', got {value!r}")
@@ -104,15 +121,50 @@ def score_task(fn: Callable[..., Any], task: Task) -> Outcome:
         return Outcome(0.0, {}, describe_error(error))
 
 
+def score_batch(fn: Callable[..., Any], task: BatchTask) -> list[Outcome]:
+    """Call batch function `fn` once over the samples of `task`, as verl's batch reward manager calls it; one
+    Outcome per sample. A call that raises (or returns no list of the batch's length) fails every sample of the
+    call; a returned item that is neither a number nor a dict with "score" fails its own sample."""
+    n = len(task.solution_strs)
+    try:
+        values = fn(
+            data_sources=task.data_sources,
+            solution_strs=task.solution_strs,
+            ground_truths=task.ground_truths,
+            extra_infos=task.extra_infos,
+            **dict(task.kwargs),
+        )
+        if isinstance(values, str | bytes | dict) or not hasattr(values, "__len__"):
+            raise TypeError(
+                "a batch reward function must return a list with one score (a number, or a dict with 'score') "
+                f"per sample; got {type(values).__name__}"
+            )
+        if len(values) != n:
+            raise ValueError(f"the batch reward function returned {len(values)} scores for {n} samples")
+    except (Exception, SystemExit) as error:
+        failed = Outcome(
+            0.0, {}, f"the batch call over {n} samples failed (each scores 0): {describe_error(error)}"
+        )
+        return [failed] * n
+    outcomes = []
+    for value in values:
+        try:
+            outcomes.append(to_outcome(value))
+        except (TypeError, ValueError) as error:
+            outcomes.append(Outcome(0.0, {}, describe_error(error)))
+    return outcomes
+
+
 def score_tasks(
-    tasks: list[Task],
+    tasks: Sequence[Task | BatchTask],
     specs: dict[str, ScorerSpec],
     cache: dict[str, Callable[..., Any]],
     on_start: Callable[[], None] | None = None,
-) -> list[Outcome]:
-    """Score `tasks` one after another here; `cache` maps scorer keys to loaded functions.
+) -> list[Outcome | list[Outcome]]:
+    """Score `tasks` one after another here; `cache` maps scorer keys to loaded functions. A Task gives one
+    Outcome, a BatchTask a list of them (one per sample of the call).
 
-    `on_start()` runs before each sample (the worker processes count progress with it).
+    `on_start()` runs before each task (the worker processes count progress with it).
     """
     outcomes = []
     for task in tasks:
@@ -125,5 +177,5 @@ def score_tasks(
             except (Exception, SystemExit) as error:
                 outcomes.append(Outcome(0.0, {}, f"cannot load the scorer: {describe_error(error)}"))
                 continue
-        outcomes.append(score_task(fn, task))
+        outcomes.append(score_batch(fn, task) if isinstance(task, BatchTask) else score_task(fn, task))
     return outcomes

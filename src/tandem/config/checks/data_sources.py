@@ -43,7 +43,8 @@ class DataSourceReport:
 def data_source_report(cfg: TandemConfig) -> DataSourceReport:
     """Each data_source of the configured files that no reward scorer covers, per file, with the fix."""
     report = DataSourceReport()
-    if cfg.reward.custom_reward_file:  # the user's function scores every data_source
+    # the user's function scores every data_source; a reward-manager class of the user's decides itself
+    if cfg.reward.custom_reward_file or cfg.reward.manager_source == "importlib":
         return report
     # with a reward model on, a data_source no rule scorer covers is scored by the model alone (rule score 0)
     model_only = cfg.reward.reward_model.enable

@@ -222,7 +222,78 @@ def check_reward_values(cfg: TandemConfig, problems: Problems) -> None:
             ("reward.reward_model.enable", "reward.reward_model.model_path"),
             "reward.reward_model.enable=true needs reward.reward_model.model_path",
         )
+    _check_reward_manager(cfg, problems)
     _check_reward_terms(cfg, problems)
+
+
+# verl's keys of the reward manager, named beside Tandem's in the messages
+_VERL_MANAGER = "verl: reward_manager.name / reward_model.reward_manager"
+_VERL_CLASS = (
+    "verl: reward_manager.source=importlib reward_manager.module.path=FILE reward_manager.name=CLASS"
+)
+_BATCH_ARGUMENTS = ("data_sources", "solution_strs", "ground_truths", "extra_infos")  # rewards/scoring.py's
+
+
+def _check_reward_manager(cfg: TandemConfig, problems: Problems) -> None:
+    """reward.manager / manager_source / manager_file / manager_kwargs: verl's batch manager, or a class of yours."""
+    r = cfg.reward
+    if r.manager_source == "importlib":
+        if not r.manager_file:
+            problems.add(
+                ("reward.manager_source", "reward.manager_file"),
+                "reward.manager_source=importlib loads the class reward.manager names from reward.manager_file: "
+                f"set reward.manager_file=path/to/file.py ({_VERL_CLASS})",
+            )
+        elif (
+            not r.manager_file.startswith("pkg://")
+            and not Path(r.manager_file.removeprefix("file://")).is_file()
+        ):
+            problems.add(
+                "reward.manager_file",
+                f"reward.manager_file: '{r.manager_file}' does not exist (relative paths start at the current folder)",
+            )
+        if not r.manager.isidentifier():
+            problems.add(
+                ("reward.manager", "reward.manager_source"),
+                f"reward.manager={r.manager!r} must name the class in reward.manager_file ({_VERL_MANAGER})",
+            )
+        return
+    if r.manager not in ("naive", "batch"):
+        problems.add(
+            "reward.manager",
+            f"reward.manager={r.manager!r} is not a reward manager Tandem has ({_VERL_MANAGER}): naive calls your "
+            "function once per sample (as verl's naive, dapo, gdpo and prime do), batch once per batch with lists. "
+            "A class of your own: reward.manager_source=importlib reward.manager_file=path/to/file.py "
+            f"reward.manager=ClassName ({_VERL_CLASS}); a class your reward file registers with verl's @register "
+            "is not seen",
+        )
+        return
+    if r.manager_file:
+        problems.add(
+            ("reward.manager_file", "reward.manager_source"),
+            "reward.manager_file is read with reward.manager_source=importlib only (verl's reward_manager.module.path "
+            "with reward_manager.source=importlib); set that, or drop reward.manager_file",
+        )
+    if r.manager == "naive" and r.manager_kwargs:
+        problems.add(
+            ("reward.manager_kwargs", "reward.manager"),
+            f"reward.manager_kwargs {sorted(r.manager_kwargs)} (verl's reward_model.reward_kwargs) go to a batch "
+            "function's calls (reward.manager=batch) or a class of your own; the per-sample manager takes none, as "
+            "verl's naive manager refuses them. Pass your function's arguments in reward.custom_reward_kwargs",
+        )
+    if r.manager == "batch":
+        if not r.custom_reward_file:
+            problems.add(
+                ("reward.manager", "reward.custom_reward_file"),
+                "reward.manager=batch calls your function once per batch with lists: set reward.custom_reward_file "
+                "(verl: custom_reward_function.path); the built-in scorers score one sample per call",
+            )
+        clash = sorted(set(_BATCH_ARGUMENTS) & (set(r.manager_kwargs) | set(r.custom_reward_kwargs)))
+        if clash:
+            problems.add(
+                ("reward.manager_kwargs", "reward.custom_reward_kwargs"),
+                f"reward kwargs {clash} are the batch call's own arguments {_BATCH_ARGUMENTS}: rename them",
+            )
 
 
 def _check_reward_terms(cfg: TandemConfig, problems: Problems) -> None:
