@@ -3,6 +3,7 @@ reward processes, the tiny model. A few steps each; every test checks numbers, n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from pathlib import Path
@@ -120,6 +121,19 @@ def test_grpo_trains_validates_checkpoints_exports_and_evaluates(ray_local, asse
     evaluated = RLTrainer(cfg, train=False).evaluate(str(checkpoint))
     assert evaluated["val/acc"] == pytest.approx(history[2]["val/acc"])
     assert evaluated["val/score_mean"] == pytest.approx(history[2]["val/score_mean"])
+
+    # verl's trainer.val_only=True on the same command line: the resumed actor (step 2) validated once, logged
+    # at its step, and no step trained (no new checkpoint); the same numbers as the run's own step-2 validation
+    val_only = dataclasses.replace(cfg, trainer=dataclasses.replace(cfg.trainer, val_only=True))
+    (only,) = RLTrainer(val_only).fit()
+    assert only["step"] == 2 and only["val/acc"] == pytest.approx(history[2]["val/acc"])
+    assert "actor/pg_loss" not in only and only["val/score_mean"] == pytest.approx(
+        history[2]["val/score_mean"]
+    )
+    assert [line["step"] for line in read_jsonl(tmp_path / "tandem/grpo/metrics.jsonl")] == [0, 1, 2, 2]
+    assert sorted(p.name for p in (tmp_path / "tandem/grpo/checkpoints").glob("global_step_*")) == [
+        "global_step_2"
+    ]
 
 
 def test_ppo_with_critic_on_sequence_parallel_warms_up_the_critic_first(ray_local, assets, tmp_path):

@@ -79,6 +79,11 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
         ("no multi-token prediction",),
     ),
     "examples/ppo_trainer/run_deepseek7b_llm_pfppo.sh": (MISSING, ("no PF-PPO reweighting",)),
+    # actor fsdp_config.model_dtype=bfloat16: verl keeps the actor's weights and optimizer state in bf16
+    "examples/sglang_multiturn/run_qwen2.5-0.5b_gsm8k_multiturn_w_interaction.sh": (
+        MISSING,
+        ("weights kept in bfloat16 are not built",),
+    ),
     "examples/ppo_trainer/run_deepseek7b_llm_sandbox_fusion.sh": (MISSING, ("no Sandbox Fusion client",)),
     "examples/ppo_trainer/run_deepseek_math_gsm8k_megatron_nsys.sh": (MISSING, ("no 'nsys' hooks",)),
     "examples/ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh": (MISSING, ("no 'nsys' hooks",)),
@@ -242,7 +247,7 @@ def test_every_example_script_is_accepted_or_refused_for_its_listed_reason(files
 
 
 ACCEPTED = {
-    "verl.trainer.main_ppo": 93,
+    "verl.trainer.main_ppo": 92,
     "verl.trainer.main_ppo_split": 1,
     "verl.trainer.fsdp_sft_trainer": 9,
     "verl.trainer.sft_trainer": 1,

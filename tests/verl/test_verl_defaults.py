@@ -66,8 +66,8 @@ def test_the_defaults_table_is_up_to_date():
     )
     generator = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(generator)
-    assert (ROOT / "src/tandem/config/verl_defaults.py").read_text() == generator.render(), (
-        "src/tandem/config/verl_defaults.py is stale: run `python scripts/gen_verl_defaults.py`"
+    assert (ROOT / "src/tandem/config/verl_defaults.json").read_text() == generator.render(), (
+        "src/tandem/config/verl_defaults.json is stale: run `python scripts/gen_verl_defaults.py`"
     )
 
 
@@ -80,11 +80,13 @@ def test_every_key_at_verls_default_is_accepted_one_at_a_time(name):
 
 
 def test_the_examples_the_issue_names_are_accepted_at_their_default_and_refused_otherwise():
-    for text in ("trainer.default_hdfs_dir=null", "trainer.val_only=false", "trainer.val_only=False"):
-        translation = translate_overrides([text])
-        assert translation.problems == []
-        ((_, why),) = translation.no_effect
-        assert "verl's default" in why
+    translation = translate_overrides(["trainer.default_hdfs_dir=null"])
+    assert translation.problems == [] and translation.overrides == []
+    ((_, why),) = translation.no_effect
+    assert "verl's default" in why
+    # trainer.val_only is built (validate once and stop, as verl): both values are read
+    assert translate_overrides(["trainer.val_only=false"]).overrides == ["trainer.val_only=false"]
+    assert translate_overrides(["trainer.val_only=True"]).overrides == ["trainer.val_only=True"]
     ((key, message),) = translate_overrides(["trainer.default_hdfs_dir=hdfs://backup"]).problems
     assert key == "trainer.default_hdfs_dir" and "Tandem saves checkpoints to a local folder only" in message
     # an older global micro-batch key at verl's default (null) is "not set", not a Python error
@@ -134,3 +136,25 @@ def test_all_of_verls_generation_defaults_at_once(model):
     overrides = [o for o in overrides if o != "trainer.n_gpus_per_node=8"]
     cfg, _ = load_generate_config(None, overrides)
     assert cfg.n == composed("generation")["data"]["n_samples"]
+
+
+def test_fsdp_dtypes_verl_acts_on_are_read_not_swallowed():
+    """verl's actor FSDP mixed precision sets the compute and reduce dtypes; its model_dtype keeps weights in that
+    dtype (fp32 by default, Tandem's too); the reference's and critic's follow the actor's in Tandem."""
+    mixed = translate_overrides(["+actor_rollout_ref.actor.fsdp_config.mixed_precision={param_dtype:fp32}"])
+    assert mixed.problems == [] and mixed.overrides == [
+        'actor.fsdp={"param_dtype": "float32", "reduce_dtype": "float32"}'
+    ]
+    one = translate_overrides(["+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype=bf16"])
+    assert one.overrides == ["actor.fsdp.param_dtype=bfloat16"]
+    assert translate_overrides(["actor_rollout_ref.actor.fsdp_config.model_dtype=fp32"]).problems == []
+    ((key, message),) = translate_overrides(["actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"]).problems
+    assert key.endswith("model_dtype") and "Tandem keeps float32 master weights" in message
+    ((_, message),) = translate_overrides(
+        ["+critic.model.fsdp_config.mixed_precision={param_dtype:bf16}"]
+    ).problems
+    assert "at the actor's dtypes" in message
+    # verl's `file` logger is Tandem's jsonl on a PPO command line too
+    assert translate_overrides(["trainer.logger=[console,file]"]).overrides == [
+        'trainer.loggers=["console", "jsonl"]'
+    ]

@@ -423,6 +423,9 @@ class TrainerConfig:
     save_final: bool = True  # checkpoint after the last step; false + save_freq=-1 = no checkpoints at all
     test_freq: int = -1  # steps between validations, >= 1; -1 = never
     val_before_train: bool = False  # validate once before the first step
+    # with val_before_train: validate the starting (or resumed) actor once, log it, and stop; no step is trained
+    # (verl's trainer.val_only; as on verl it does nothing without val_before_train and validation data)
+    val_only: bool = False
     output_dir: str = "outputs"  # root folder of checkpoints and logs
     run_dir: str | None = None  # the run folder itself (verl's default_local_dir); None = the nesting above
     resume: str = "auto"  # auto = latest checkpoint of this experiment if any, disable, or a checkpoint path

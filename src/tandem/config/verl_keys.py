@@ -28,14 +28,19 @@ from tandem.config.verl_values import (
     as_list,
     compile_where_it_pays,
     device,
+    float32_master,
+    float32_only,
+    fsdp_mixed_precision,
     hybrid_engine,
     lr_decay_style,
     lr_warmup_steps,
     optimizer,
+    precision,
     profiler_tool,
     resume_mode,
     rollout_engine,
     strategy,
+    verl_loggers,
 )
 
 # --- the table ---------------------------------------------------------------------------------------
@@ -43,6 +48,11 @@ from tandem.config.verl_values import (
 SGLANG_NOTE = (
     "Tandem has no SGLang engine yet: rollout.engine=auto runs vLLM (Hugging Face generate where vLLM "
     "is not installed), with the same sampling settings"
+)
+_FP32_MASTER = "fp32: Tandem keeps float32 master weights (its compute dtype is actor.fsdp.param_dtype)"
+_ACTOR_DTYPES = (
+    "Tandem runs the reference and the critic at the actor's dtypes: set the actor's "
+    "(actor_rollout_ref.actor.fsdp_config.mixed_precision, or actor.fsdp.param_dtype)"
 )
 _SAME_ACTOR_ENGINE = "the reference model is built like the actor (actor.fsdp / actor.megatron)"
 _PACKING = "Tandem packs sequences without padding for every role (actor.sequence_packing, on by default)"
@@ -138,6 +148,26 @@ VERL_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size": maps(
         "actor.fsdp.sequence_parallel"
     ),
+    # verl's FSDP compute / reduce dtypes (bf16 / fp32 where not given) and the master weights' (fp32)
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision": maps(
+        "actor.fsdp",
+        "verl's FSDP compute and reduce dtypes (bf16 and fp32 where left out)",
+        fsdp_mixed_precision,
+    ),
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype": maps(
+        "actor.fsdp.param_dtype", convert=precision
+    ),
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.reduce_dtype": maps(
+        "actor.fsdp.reduce_dtype", convert=precision
+    ),
+    "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype": maps(
+        "", "fp32: Tandem keeps buffers in float32", convert=float32_only
+    ),
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": maps("", _FP32_MASTER, convert=float32_master),
+    "actor_rollout_ref.ref.fsdp_config.model_dtype": maps("", _FP32_MASTER, convert=float32_master),
+    "critic.model.fsdp_config.model_dtype": maps("", _FP32_MASTER, convert=float32_master),
+    "actor_rollout_ref.ref.fsdp_config.mixed_precision": unsupported(_ACTOR_DTYPES),
+    "critic.model.fsdp_config.mixed_precision": unsupported(_ACTOR_DTYPES),
     "actor_rollout_ref.actor.fsdp_config.param_offload": maps(
         "actor.fsdp.cpu_offload", "one switch: parameters, gradients and optimizer state move together"
     ),
@@ -402,7 +432,11 @@ VERL_KEYS: dict[str, Rule] = {
     "data.tool_config_path": no_effect("Tandem reads the tool config from rollout.multi_turn.tool_file"),
     # trainer
     "trainer.n_gpus_per_node": maps("trainer.workers_per_node"),
-    "trainer.logger": maps("trainer.loggers", convert=as_list),
+    "trainer.logger": maps(
+        "trainer.loggers",
+        "verl's file logger is Tandem's jsonl: a JSON line of metrics per step in <run folder>/metrics.jsonl",
+        convert=verl_loggers,
+    ),
     "trainer.default_local_dir": maps(
         "trainer.run_dir",
         "Tandem's run folder: checkpoints/global_step_N sit in its checkpoints/ folder beside the metrics",
@@ -424,7 +458,7 @@ VERL_KEYS: dict[str, Rule] = {
     "trainer.ray_wait_register_center_timeout": no_effect(
         "Tandem's workers start within trainer.worker_timeout_s"
     ),
-    "trainer.val_only": unsupported("run `tandem eval` with the same config instead"),
+    "trainer.val_only": maps("trainer.val_only"),
     "trainer.default_hdfs_dir": unsupported("Tandem saves checkpoints to a local folder only"),
     "trainer.del_local_ckpt_after_load": unsupported("Tandem never deletes a checkpoint it loaded"),
     "trainer.esi_redundant_time": no_effect(

@@ -13,7 +13,13 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect, unsupported
-from tandem.config.verl_values import hydra_mapping, precision, verl_loggers
+from tandem.config.verl_values import (
+    float32_only,
+    fsdp_mixed_precision,
+    hydra_mapping,
+    precision,
+    verl_loggers,
+)
 
 
 def _sft_truncation(value: Any) -> str:
@@ -80,32 +86,6 @@ def _fsdp_size(value: Any) -> None:
 
 def _no_dynamic(value: Any) -> bool:
     return value in (True, "true", "True")
-
-
-def _float32_only(value: Any) -> str:
-    if precision(value) != "float32":
-        raise UnsupportedValue(
-            "Tandem keeps a model's buffers (rotary frequencies, ...) in float32; set it fp32"
-        )
-    return "float32"
-
-
-def _mixed_precision(value: Any) -> dict[str, str]:
-    """verl's engine.mixed_precision ({param_dtype, reduce_dtype, buffer_dtype}) as actor.fsdp's dtypes."""
-    value = hydra_mapping(value)
-    if not isinstance(value, dict):
-        raise UnsupportedValue("give a mapping: {param_dtype: bf16, reduce_dtype: fp32, buffer_dtype: fp32}")
-    unknown = set(value) - {"param_dtype", "reduce_dtype", "buffer_dtype"}
-    if unknown:
-        raise UnsupportedValue(
-            f"verl reads param_dtype, reduce_dtype and buffer_dtype, not {sorted(unknown)}"
-        )
-    _float32_only(value.get("buffer_dtype", "fp32"))
-    # verl's defaults where the mapping leaves one out: bf16 compute, fp32 reductions
-    return {
-        "param_dtype": precision(value.get("param_dtype", "bf16")),
-        "reduce_dtype": precision(value.get("reduce_dtype", "fp32")),
-    }
 
 
 _OVERRIDE_CONFIG = "actor.override_config"
@@ -250,12 +230,12 @@ SFT_KEYS: dict[str, Rule] = {
     "engine.mixed_precision": maps(
         "actor.fsdp",
         "verl's FSDP compute and reduce dtypes (bf16 and fp32 where left out)",
-        convert=_mixed_precision,
+        convert=fsdp_mixed_precision,
     ),
     "engine.mixed_precision.param_dtype": maps("actor.fsdp.param_dtype", convert=precision),
     "engine.mixed_precision.reduce_dtype": maps("actor.fsdp.reduce_dtype", convert=precision),
     "engine.mixed_precision.buffer_dtype": maps(
-        "", "fp32: Tandem keeps buffers in float32", convert=_float32_only
+        "", "fp32: Tandem keeps buffers in float32", convert=float32_only
     ),
     "trainer.max_ckpt_to_keep": maps("trainer.max_checkpoints_to_keep"),
     "trainer.profile_interval": no_effect("Tandem's profiler is trainer.profile.*"),

@@ -107,6 +107,43 @@ def precision(value: Any) -> str:
     return _PRECISIONS[value]
 
 
+def float32_only(value: Any) -> str:
+    if precision(value) != "float32":
+        raise UnsupportedValue(
+            "Tandem keeps a model's buffers (rotary frequencies, ...) in float32; set it fp32"
+        )
+    return "float32"
+
+
+def float32_master(value: Any) -> str:
+    """verl's fsdp_config.model_dtype (the dtype the weights are loaded and kept in): Tandem's are float32."""
+    if precision(value) != "float32":
+        raise UnsupportedValue(
+            "Tandem keeps float32 master weights (and optimizer state); weights kept in "
+            f"{precision(value)} are not built. The compute dtype is actor.fsdp.param_dtype"
+        )
+    return "float32"
+
+
+def fsdp_mixed_precision(value: Any) -> dict[str, str]:
+    """verl's FSDP mixed_precision ({param_dtype, reduce_dtype, buffer_dtype}: the SFT engine's, the PPO actor's
+    fsdp_config) as actor.fsdp's dtypes."""
+    value = hydra_mapping(value)
+    if not isinstance(value, dict):
+        raise UnsupportedValue("give a mapping: {param_dtype: bf16, reduce_dtype: fp32, buffer_dtype: fp32}")
+    unknown = set(value) - {"param_dtype", "reduce_dtype", "buffer_dtype"}
+    if unknown:
+        raise UnsupportedValue(
+            f"verl reads param_dtype, reduce_dtype and buffer_dtype, not {sorted(unknown)}"
+        )
+    float32_only(value.get("buffer_dtype", "fp32"))
+    # verl's defaults where the mapping leaves one out: bf16 compute, fp32 reductions
+    return {
+        "param_dtype": precision(value.get("param_dtype", "bf16")),
+        "reduce_dtype": precision(value.get("reduce_dtype", "fp32")),
+    }
+
+
 def hydra_mapping(value: Any) -> Any:
     """A mapping as Hydra reads it from a command line: YAML reads Hydra's `{param_dtype:bf16}` (no space after the
     colon) as {'param_dtype:bf16': None}; each such entry becomes {'param_dtype': 'bf16'}. Other values unchanged."""
@@ -131,6 +168,7 @@ def hydra_value(text: str) -> Any:
         return OverridesParser.create().parse_override(f"key={text}").value()
     except HydraException:
         return text
+
 
 def reward_manager_name(value: Any) -> str:
     """verl's reward manager name as reward.manager: its naive, dapo, gdpo and prime managers call the function once

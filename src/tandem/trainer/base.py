@@ -133,7 +133,7 @@ class Trainer(ABC):
         stop = min(self.total_steps, until_step) if until_step is not None else self.total_steps
         self.checkpoints.remove_partial()
         resume_from = self.checkpoints.resolve(t.resume)  # before any worker: a damaged one is an error now
-        if resume_from is not None and checkpoint_step(resume_from) >= self.total_steps:
+        if resume_from is not None and checkpoint_step(resume_from) >= self.total_steps and not t.val_only:
             print(
                 f"[tandem] run folder {self.run_dir} finished at step {checkpoint_step(resume_from)} "
                 f"(of {self.total_steps}); use trainer.resume=disable or another trainer.experiment_name "
@@ -160,8 +160,14 @@ class Trainer(ABC):
                 console_keys=self.console_keys,
                 progress=t.progress_bar,
             ) as tracker:
-                if self.step == 0 and t.val_before_train and self.has_validation():
-                    self._log(tracker, self._timed_validation(), 0)
+                # trainer.val_only, as verl: the starting or resumed actor validated once, then no step
+                validate_first = (
+                    t.val_before_train and self.has_validation() and (self.step == 0 or t.val_only)
+                )
+                if validate_first:
+                    self._log(tracker, self._timed_validation(), self.step)
+                if validate_first and t.val_only:
+                    return self.history
                 while self.step < stop:
                     self.step += 1
                     if t.profile.steps:  # trainer.profile: the workers trace the calls of chosen steps
