@@ -17,7 +17,8 @@ not found, `+` on a key that exists, an override Hydra cannot parse) is a Config
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import functools
+from collections.abc import Iterable, Mapping, Set
 from pathlib import Path
 from typing import Any
 
@@ -55,8 +56,7 @@ def compose(path: Path, overrides: Iterable[str] = ()) -> dict[str, Any]:
     given = [str(o) for o in overrides]
     try:
         with initialize_config_dir(config_dir=str(path.parent), version_base=None):
-            keys = _leaf_and_node_keys(OmegaConf.to_container(hydra_compose(config_name=path.stem)))
-            applied = hydra_overrides(given, keys)
+            applied = hydra_overrides(given, _tree_keys(path, path.stat().st_mtime_ns))
             cfg = hydra_compose(config_name=path.stem, overrides=applied)
         tree = OmegaConf.to_container(cfg, resolve=True)
     except (HydraException, OmegaConfBaseException) as err:
@@ -64,7 +64,17 @@ def compose(path: Path, overrides: Iterable[str] = ()) -> dict[str, Any]:
     return _without_targets(tree)
 
 
-def hydra_overrides(overrides: Iterable[str], keys: set[str]) -> list[str]:
+@functools.lru_cache(maxsize=32)
+def _tree_keys(path: Path, mtime_ns: int) -> frozenset[str]:
+    """The keys (every level) of the config at `path` composed without overrides, inside compose's Hydra context:
+    the same for each command line of one file (`mtime_ns`: a file written anew is read anew)."""
+    from hydra import compose as hydra_compose
+    from omegaconf import OmegaConf
+
+    return frozenset(_leaf_and_node_keys(OmegaConf.to_container(hydra_compose(config_name=path.stem))))
+
+
+def hydra_overrides(overrides: Iterable[str], keys: Set[str]) -> list[str]:
     """The overrides Hydra applies to a verl tree with these `keys` (dotted, every level): those of a key
     the tree has, and those marked `+`, `++` or `~`; the rest are left to the verl translation."""
     out = []
