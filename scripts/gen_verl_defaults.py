@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 
 from tandem.config.verl_yaml import compose
+from tandem.config.yaml_io import dotted_leaves
 
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "src/tandem/config/verl_defaults.json"
@@ -24,18 +25,10 @@ TABLES = (
 )
 
 
-def leaves(tree: dict, prefix: str = ""):
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            yield from leaves(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
-
-
 def table(names: tuple[str, ...]) -> dict[str, list]:
     out: dict[str, list] = {}
     for name in names:
-        for key, value in leaves(compose(VERL_CONFIG / f"{name}.yaml")):
+        for key, value in dotted_leaves(compose(VERL_CONFIG / f"{name}.yaml")):
             if value not in out.setdefault(key, []):
                 out[key].append(value)
     return out

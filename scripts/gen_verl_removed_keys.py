@@ -30,6 +30,8 @@ from io import BytesIO
 from pathlib import Path
 from typing import Any
 
+from tandem.config.yaml_io import dotted_leaves
+
 ROOT = Path(__file__).resolve().parents[1]
 OUT = ROOT / "src/tandem/config/verl_removed_keys.py"
 VERL_CONFIG = ROOT / "tests/verl/data/verl_config"  # the current config (b178a3cd)
@@ -132,14 +134,6 @@ def select_releases(tags: dict[str, date], as_of: date) -> list[str]:
     return within if len(within) >= 3 else [t for t in by_date if tags[t] <= as_of][-3:]
 
 
-def leaves(tree: dict, prefix: str = ""):
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            yield from leaves(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
-
-
 def composed_keys(folder: Path, configs: tuple[str, ...]) -> dict[str, list]:
     """key -> its defaults in `configs` of a verl config folder (those the folder has), composed by Hydra."""
     from tandem.config.verl_yaml import compose
@@ -147,7 +141,7 @@ def composed_keys(folder: Path, configs: tuple[str, ...]) -> dict[str, list]:
     out: dict[str, list] = {}
     for name in configs:
         if (folder / f"{name}.yaml").is_file():
-            for key, value in leaves(compose(folder / f"{name}.yaml")):
+            for key, value in dotted_leaves(compose(folder / f"{name}.yaml")):
                 if value not in out.setdefault(key, []):
                     out[key].append(value)
     return out

@@ -13,6 +13,7 @@ import pytest
 from tandem.config import ConfigError, load_config
 from tandem.config.generate import load_generate_config, translate_generation_overrides
 from tandem.config.verl import translate_overrides
+from tandem.config.yaml_io import dotted_leaves
 from tandem.models.tiny import save_tiny
 
 from .verl_config import VERL_CONFIG, composed
@@ -25,14 +26,6 @@ CONFIGS = {  # verl config -> how its keys are read (False: PPO, True: SFT, "gen
     "sft_trainer_engine": True,
     "generation": "generation",
 }
-
-
-def leaves(tree: dict, prefix: str = ""):
-    for key, value in tree.items():
-        if isinstance(value, dict) and value:
-            yield from leaves(value, f"{prefix}{key}.")
-        else:
-            yield f"{prefix}{key}", value
 
 
 def hydra_text(value) -> str:
@@ -51,7 +44,7 @@ def hydra_text(value) -> str:
 
 
 def default_overrides(name: str) -> list[str]:
-    return [f"{key}={hydra_text(value)}" for key, value in leaves(composed(name))]
+    return [f"{key}={hydra_text(value)}" for key, value in dotted_leaves(composed(name))]
 
 
 def problems_of(text: str, how) -> list[tuple[str, str]]:

@@ -24,7 +24,7 @@ from tandem.config.verl_removed import Trainer, old_defaults, removed_key, remov
 from tandem.config.verl_rules import Rule, UnsupportedValue
 from tandem.config.verl_sft_keys import SFT_KEYS, SFT_ONLY_PREFIXES, sft_rule_key
 from tandem.config.verl_values import hydra_value
-from tandem.config.yaml_io import parse_scalar
+from tandem.config.yaml_io import dotted_leaves, parse_scalar
 
 # keys of a verl YAML not read: verl writes its own default there, which would not suit Tandem
 _TREE_DROPS = {
@@ -234,7 +234,7 @@ def verl_sizes(tree: Mapping[str, Any] | None, overrides: Iterable[str] = ()) ->
     with the command line's `overrides` over them, as Hydra applies them."""
     sizes = {
         key: _override_text(value)
-        for key, value in _leaves(tree or {})
+        for key, value in dotted_leaves(tree or {})
         if key in _SIZES and value is not None and "${" not in str(value)  # unresolved: not set
     }
     for key, _, value in (str(o).partition("=") for o in overrides):
@@ -252,7 +252,7 @@ def translate_tree(
     (the command line's GPU counts over the tree's)."""
     out = VerlTranslation()
     texts: list[str] = []
-    for key, value in _leaves(tree):
+    for key, value in dotted_leaves(tree):
         if key.endswith("._target_") or key == "_target_" or key.startswith("hydra."):
             continue
         shown = f"{key}: {_override_text(value)}"
@@ -443,15 +443,6 @@ def _override_text(value: Any) -> str:
 
 def _truthy(text: str) -> bool:
     return str(parse_scalar(text.strip())).lower() == "true"
-
-
-def _leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
-    for key, value in tree.items():
-        path = f"{prefix}{key}"
-        if isinstance(value, Mapping) and value:
-            yield from _leaves(value, path + ".")
-        else:
-            yield path, value
 
 
 def _count(n: int, noun: str) -> str:

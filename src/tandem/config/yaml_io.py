@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -77,3 +77,13 @@ def parse_scalar(text: str) -> Any:
         return yaml.safe_load(text) if text else None
     except yaml.YAMLError:
         return text
+
+
+def dotted_leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
+    """(dotted key, value) of every leaf of a nested mapping; an empty mapping is a leaf (`{}`)."""
+    for key, value in tree.items():
+        path = f"{prefix}{key}"
+        if isinstance(value, Mapping) and value:
+            yield from dotted_leaves(value, path + ".")
+        else:
+            yield path, value
