@@ -2,7 +2,7 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM
 
 from tandem.algos.core import log_probs_from_logits
 from tandem.models.tiny import save_tiny
@@ -79,6 +79,19 @@ def test_layout_stops_and_log_probs_equal_the_trainer_forward(engine, model, pro
     assert float(diff) < TOLERANCE
     metrics = out.meta[METRICS_KEY]
     assert metrics["generated_tokens"] == int(out["response_mask"].sum()) and metrics["samples"] == rows
+
+
+def test_override_config_reaches_vllms_model_config_and_its_log_probs(tiny_dir, prompts):
+    """actor.override_config goes to vLLM as hf_overrides: its model config carries the attribute, and its
+    log-probs are those of the transformers model built with the same override (eps 0.25: far from the file's)."""
+    overridden = start(tiny_dir, override_config={"rms_norm_eps": 0.25})
+    assert overridden.llm.llm_engine.model_config.hf_config.rms_norm_eps == 0.25
+    config = AutoConfig.from_pretrained(tiny_dir)
+    config.rms_norm_eps = 0.25
+    same = AutoModelForCausalLM.from_pretrained(tiny_dir, config=config, dtype=torch.float32).eval()
+    out = overridden.generate(prompts, SAMPLED)
+    diff = (recomputed(same, out, SAMPLED.temperature) - out["rollout_log_probs"]).abs().max()
+    assert float(diff) < TOLERANCE
 
 
 def test_seeded_samples_depend_on_the_prompt_index_not_the_split(engine, tokenizer):

@@ -19,7 +19,6 @@ from tandem.config.verl import translate_overrides
 from tandem.data.synthetic import write_rows
 from tandem.models.tiny import save_tiny
 from tandem.roles.engines import role_engine
-from tandem.trainer.start_checks import check_available
 
 from .sft_scripts import SFT_SCRIPTS
 from .verl_config import composed
@@ -230,7 +229,17 @@ def test_model_override_config_is_set_on_the_sft_model_before_it_is_built(one_ra
     line += ["+model.override_config.max_window_layers=1", "+model.override_config.attn_implementation=eager"]
     _, cfg = _resolved(line)
     assert cfg.actor.override_config == {"rms_norm_eps": 0.001, "max_window_layers": 1}
-    engine = role_engine(cfg, torch.device("cpu"), str(model), "lm", cfg.actor.optim, 1.0, 2, "actor")
+    engine = role_engine(
+        cfg,
+        torch.device("cpu"),
+        str(model),
+        "lm",
+        cfg.actor.optim,
+        1.0,
+        2,
+        "actor",
+        override_config=cfg.actor.override_config,  # as the worker builds the actor
+    )
     built = engine.model.config
     assert (
         built.rms_norm_eps == 0.001 and built.max_window_layers == 1 and built._attn_implementation == "eager"
@@ -240,10 +249,8 @@ def test_model_override_config_is_set_on_the_sft_model_before_it_is_built(one_ra
     engine.export_hf(tmp_path / "hf")
     exported = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert exported["rms_norm_eps"] == 0.001 and exported["max_window_layers"] == 1
-    # the folder's own config is untouched, and an RL run refuses the setting (its rollout reads config.json)
+    # the folder's own config is untouched
     assert json.loads((model / "config.json").read_text())["rms_norm_eps"] != 0.001
-    with pytest.raises(ConfigError, match="applied by tandem sft only"):
-        check_available(cfg, "rl")
 
 
 def test_both_trainers_lines_train_each_assistant_turn_whole_by_default():

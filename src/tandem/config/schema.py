@@ -147,9 +147,10 @@ class ActorConfig:
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     lora: ActorLoraConfig = field(default_factory=ActorLoraConfig)
-    # tandem sft, FSDP2: attributes set on the model's Hugging Face config before the model is built (verl's
-    # model.override_config); a mapping value sets a sub-config's attributes (text_config: {...}). An RL run's
-    # rollout and reference read config.json as it is, so RL refuses it: write the attributes into config.json
+    # FSDP2: attributes set on the model's Hugging Face config before the model is built (verl's
+    # model.override_config), for the actor, the reference and the rollout engine alike (vLLM: as its
+    # hf_overrides); a mapping value sets a sub-config's attributes (text_config: {...}). Kept in the export.
+    # The attention kernel is actor.fsdp.attn_implementation, not an attribute here
     override_config: dict[str, Any] = field(default_factory=dict)
 
 
@@ -246,6 +247,13 @@ class CriticConfig:
     lora: LoraConfig = field(
         default_factory=LoraConfig
     )  # adapters on the critic; its value head trains whole
+    # FSDP2: attributes set on the critic's Hugging Face config before it is built (verl's
+    # critic.model.override_config: the critic's own; it does not take the actor's)
+    override_config: dict[str, Any] = field(default_factory=dict)
+    # the critic's attention kernel (as actor.fsdp.attn_implementation); null = the actor's
+    attn_implementation: (
+        Literal["auto", "sdpa", "eager", "flash_attention_2", "varlen", "flex_attention", "sdpa_split"] | None
+    ) = None
 
 
 @dataclass

@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 from tandem.config.verl_extra_keys import EXTRA_KEYS, EXTRA_PATTERNS, EXTRA_PREFIXES, REWARD_KWARGS
 from tandem.config.verl_megatron_keys import MEGATRON_KEYS, MEGATRON_PATTERNS, MEGATRON_SUBTREES
+from tandem.config.verl_model_overrides import ACTOR_MODEL, CRITIC_MODEL, model_override_rule
 from tandem.config.verl_rules import Rule, maps, no_effect, unsupported
 from tandem.config.verl_values import (
     as_list,
@@ -104,7 +105,7 @@ VERL_KEYS: dict[str, Rule] = {
         "Tandem has no activation offload; activation checkpointing is actor.activation_checkpointing"
     ),
     "actor_rollout_ref.model.external_lib": unsupported(_TRANSFORMERS_ONLY),
-    "actor_rollout_ref.model.override_config": unsupported(_EDIT_CONFIG_JSON),
+    "actor_rollout_ref.model.override_config": ACTOR_MODEL.rule(ACTOR_MODEL.verl_key),
     "actor_rollout_ref.model.override_config.model_config.max_position_embeddings": no_effect(_ROPE_LENGTH),
     # actor
     "actor_rollout_ref.actor.strategy": maps("actor.strategy", convert=strategy),
@@ -358,7 +359,7 @@ VERL_KEYS: dict[str, Rule] = {
     "critic.model.use_shm": no_effect(_FROM_DISK),
     "critic.model.trust_remote_code": no_effect(_OWN_CLASSES),
     "critic.model.external_lib": unsupported(_TRANSFORMERS_ONLY),
-    "critic.model.override_config": unsupported(_EDIT_CONFIG_JSON),
+    "critic.model.override_config": CRITIC_MODEL.rule(CRITIC_MODEL.verl_key),
     "critic.model.override_config.model_config.max_position_embeddings": no_effect(_ROPE_LENGTH),
     "critic.model.enable_activation_offload": no_effect(_NO_ACTIVATION_OFFLOAD),
     "critic.optim.clip_grad": maps("critic.grad_clip"),
@@ -551,6 +552,8 @@ def verl_rule(key: str, is_tandem_key: Callable[[str], bool]) -> Rule | None:
     key of neither). `is_tandem_key` tells whether a dotted key exists in Tandem's schema."""
     if key in VERL_KEYS:
         return VERL_KEYS[key]
+    if (override := model_override_rule(key)) is not None:  # an attribute under a model's override_config
+        return override
     for verl_prefix, prefix, note in (*MEGATRON_SUBTREES, *VERL_SUBTREES):
         if key.startswith(verl_prefix):
             return maps(prefix + key.removeprefix(verl_prefix), note)
@@ -571,4 +574,4 @@ def verl_rule(key: str, is_tandem_key: Callable[[str], bool]) -> Rule | None:
 
 def is_verl_key(key: str) -> bool:
     """A key verl has and Tandem reads differently or not at all: in the table, or under a verl-only section."""
-    return key.startswith(VERL_ONLY_PREFIXES) or key in VERL_KEYS
+    return key.startswith(VERL_ONLY_PREFIXES) or key in VERL_KEYS or model_override_rule(key) is not None

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from tandem.config.verl_model_overrides import SFT_MODEL
 from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect, unsupported
 from tandem.config.verl_values import (
     float32_only,
     fsdp_mixed_precision,
-    hydra_mapping,
     precision,
     verl_loggers,
 )
@@ -87,37 +87,6 @@ def _fsdp_size(value: Any) -> None:
 def _no_dynamic(value: Any) -> bool:
     return value in (True, "true", "True")
 
-
-_OVERRIDE_CONFIG = "actor.override_config"
-_ATTENTION = "actor.fsdp.attn_implementation"
-
-
-def _model_config(value: Any) -> dict[str, Any]:
-    """verl's model.override_config (its attributes, or under `model_config`) as the actor section's part:
-    `attn_implementation` is the attention kernel (verl builds the config with it), the rest config attributes."""
-    value = {} if value in (None, "", "null") else hydra_mapping(value)
-    if not isinstance(value, dict):
-        raise UnsupportedValue("give a mapping of config.json attributes: {rope_theta: 1000000.0, ...}")
-    value = dict(hydra_mapping(value.get("model_config", value)))
-    actor: dict[str, Any] = {"override_config": value}
-    if "attn_implementation" in value:
-        actor["fsdp"] = {"attn_implementation": value.pop("attn_implementation")}
-    return actor
-
-
-def _override_config_rule(key: str) -> Rule | None:
-    """The rule of `model.override_config.<attribute>` (verl's `.model_config.` nesting read through), or None."""
-    if key in ("model.override_config", "model.override_config.model_config"):
-        return maps("actor", _OVERRIDE_NOTE, convert=_model_config)
-    attribute = key.removeprefix("model.override_config.").removeprefix("model_config.")
-    if attribute == key:
-        return None
-    if attribute == "attn_implementation":
-        return maps(_ATTENTION, "verl builds the model config with this attention kernel")
-    return maps(f"{_OVERRIDE_CONFIG}.{attribute}", _OVERRIDE_NOTE)
-
-
-_OVERRIDE_NOTE = "set on the model's Hugging Face config before the model is built (tandem sft)"
 
 _TANDEM_PADS = "Tandem packs an SFT micro-batch's rows without padding (actor.sequence_packing)"
 
@@ -268,7 +237,7 @@ def sft_rule_key(key: str) -> tuple[Rule | None, str]:
     """(its own rule, or None; the verl RL key whose rule applies otherwise, or '') for SFT key `key`."""
     if key in SFT_KEYS:
         return SFT_KEYS[key], ""
-    override = _override_config_rule(key)
+    override = SFT_MODEL.rule(key)
     if override is not None:
         return override, ""
     for sft_prefix, rl_prefix in SFT_AS_RL:

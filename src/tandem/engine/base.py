@@ -144,7 +144,7 @@ class EngineSpec:
     router_aux_loss_coef: a mixture-of-experts model's load-balancing weight (None: its own; engine/moe.py).
     lora: low-rank adapters (rank > 0; FSDP2 only), every other weight frozen but a value model's head.
     override_config: attributes set on the folder's Hugging Face config before the model is built (FSDP2 only;
-    `hf_io.override_config`), kept in the exported config.json.
+    `models.config_overrides.apply_overrides`), kept in the exported config.json; `override_key` names that setting in errors.
     """
 
     model_path: str | Path
@@ -163,6 +163,7 @@ class EngineSpec:
     router_aux_loss_coef: float | None = None
     lora: LoraConfig | None = None
     override_config: dict[str, Any] = field(default_factory=dict)
+    override_key: str = "actor.override_config"
 
 
 def strategy_param_dtype(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import shutil
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import torch
 from torch import nn
@@ -113,26 +112,6 @@ def load_config(
     if head == "value":
         config.num_labels = 1
     return config
-
-
-def override_config(
-    config: PretrainedConfig, overrides: dict[str, Any], where: str = "override_config"
-) -> None:
-    """Set `overrides` on `config` in place (verl's model.override_config): a mapping value sets the attributes of
-    the sub-config of that name (text_config: {...}), or updates a mapping attribute (rope_scaling: {...});
-    any other value replaces the attribute. `where` names the setting in errors."""
-    for key, value in overrides.items():
-        current = getattr(config, key, None)
-        if isinstance(value, dict) and isinstance(current, PretrainedConfig):
-            override_config(current, value, f"{where}.{key}")
-        elif isinstance(value, dict) and isinstance(current, dict):
-            setattr(config, key, {**current, **value})
-        elif isinstance(value, dict) and current is not None:
-            raise ValueError(
-                f"{where}.{key}: the config's {key} is {current!r}, not a mapping to set keys in"
-            )
-        else:
-            setattr(config, key, value)
 
 
 def config_problems(folders: dict[str, str], check: Callable[[PretrainedConfig], None]) -> list[str]:

@@ -42,17 +42,23 @@ def role_engine(
     group_name: str,
     lora: Any = None,
     param_offload: bool = False,
+    override_config: dict[str, Any] | None = None,
+    override_key: str = "actor.override_config",
+    attn_implementation: str | None = None,
 ) -> TrainEngine:
     """One role's engine (`optim` None: a frozen one, the reference or the reward model); every role shares
     the actor's strategy and settings. `group_name`: the worker group, named by the error of a role without
     a model. The critic follows actor.megatron's offload switches; a frozen engine has parameters alone to keep
-    in host memory between calls, under its own switch `param_offload` (reference.megatron_param_offload)."""
+    in host memory between calls, under its own switch `param_offload` (reference.megatron_param_offload).
+    `override_config`: attributes set on the model's config before it is built (the setting `override_key`);
+    `attn_implementation`: the role's own attention kernel (None: actor.fsdp.attn_implementation)."""
     if not model_path:
         raise ValueError(f"worker group {group_name!r}: a role needs a model_path, got {model_path!r}")
     a = cfg.actor
     megatron = a.megatron
     if optim is None:
         megatron = replace(megatron, param_offload=param_offload, grad_offload=False, optimizer_offload=False)
+    fsdp = a.fsdp if attn_implementation is None else replace(a.fsdp, attn_implementation=attn_implementation)
     spec = EngineSpec(
         model_path=model_path,
         head=head,
@@ -61,7 +67,7 @@ def role_engine(
         grad_clip=grad_clip,
         total_training_steps=total_training_steps,
         strategy=a.strategy,
-        fsdp=a.fsdp,
+        fsdp=fsdp,
         megatron=megatron,
         activation_checkpointing=a.activation_checkpointing and optim is not None,
         seed=cfg.trainer.seed,
@@ -69,6 +75,7 @@ def role_engine(
         max_tokens_per_micro_batch=token_budget(cfg, device),
         router_aux_loss_coef=a.router_aux_loss_coef,
         lora=lora,
-        override_config=a.override_config if optim is not None and head == "lm" else {},
+        override_config=override_config or {},
+        override_key=override_key,
     )
     return build_engine(spec)

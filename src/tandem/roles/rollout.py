@@ -287,6 +287,7 @@ def rollout_kwargs(
         "model_path": cfg.actor.model_path,
         "tokenizer_path": cfg.actor.tokenizer_path,
         "device": device,
+        "override_config": cfg.actor.override_config,  # the model config the actor trains
     }
     if resolve_engine(cfg.rollout.engine) == "vllm":
         r, d = cfg.rollout, cfg.data

@@ -67,19 +67,37 @@ class RoleWorker(Worker):
         self.actor = self.reference = self.critic = self.reward_model = self.rollout = None
         if "actor" in roles:
             a = cfg.actor
-            self.actor = Actor(self._engine(a.model_path, "lm", a.optim, a.grad_clip, lora=a.lora), cfg)
+            engine = self._engine(
+                a.model_path, "lm", a.optim, a.grad_clip, lora=a.lora, override_config=a.override_config
+            )
+            self.actor = Actor(engine, cfg)
         if "ref" in roles:
             if self.actor is not None and cfg.actor.lora.rank > 0:
                 # the actor with its adapters off is the reference policy: no second copy of the base weights
                 self.reference = Reference(self.actor.engine.without_adapter(), cfg)
             else:
                 engine = self._engine(
-                    cfg.actor.model_path, "lm", None, None, param_offload=cfg.reference.megatron_param_offload
+                    cfg.actor.model_path,
+                    "lm",
+                    None,
+                    None,
+                    param_offload=cfg.reference.megatron_param_offload,
+                    override_config=cfg.actor.override_config,  # verl's reference: the actor's model config
                 )
                 self.reference = Reference(engine, cfg)
         if "critic" in roles:
             c = cfg.critic
-            self.critic = Critic(self._engine(c.model_path, "value", c.optim, c.grad_clip, lora=c.lora), cfg)
+            engine = self._engine(
+                c.model_path,
+                "value",
+                c.optim,
+                c.grad_clip,
+                lora=c.lora,
+                override_config=c.override_config,
+                override_key="critic.override_config",
+                attn_implementation=c.attn_implementation,
+            )
+            self.critic = Critic(engine, cfg)
         if "reward_model" in roles:
             rm = cfg.reward.reward_model
             self.reward_model = RewardModel(self._engine(rm.model_path, "value", None, None), cfg)
@@ -107,6 +125,9 @@ class RoleWorker(Worker):
         grad_clip: float | None,
         lora: Any = None,
         param_offload: bool = False,
+        override_config: dict[str, Any] | None = None,
+        override_key: str = "actor.override_config",
+        attn_implementation: str | None = None,
     ) -> TrainEngine:
         return role_engine(
             self.cfg,
@@ -119,6 +140,9 @@ class RoleWorker(Worker):
             self.ctx.group_name,
             lora=lora,
             param_offload=param_offload,
+            override_config=override_config,
+            override_key=override_key,
+            attn_implementation=attn_implementation,
         )
 
     def dispatch_info(self) -> tuple[int, int, bool]:

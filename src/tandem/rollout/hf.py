@@ -11,12 +11,14 @@ import logging
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
-from transformers import AutoModelForCausalLM, DynamicCache, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, DynamicCache, PreTrainedModel
 
 from tandem.batch import Batch
+from tandem.models.config_overrides import apply_overrides
 from tandem.rollout.base import (
     RolloutEngine,
     SamplingParams,
@@ -40,6 +42,8 @@ class HFRollout(RolloutEngine):
     A sample stops after any of ``eos_token_ids`` (kept in the response, mask 1) or at
     ``sampling.max_tokens``; ``pad_token_id`` fills the rest. ``max_batch_size`` caps the rows decoded
     together (None: the whole batch at once); it changes speed and memory, not the samples.
+    ``override_config``: attributes set on the folder's config before the model is built (the trainer's
+    actor.override_config, so that the rollout runs the model the actor trains).
 
     ``generate`` returns the layout of :mod:`tandem.rollout.base` on the CPU, with
     ``meta["rollout_metrics"]``: ``samples`` (rows), ``prompt_tokens`` (prefilled, n copies of each
@@ -64,6 +68,7 @@ class HFRollout(RolloutEngine):
         dtype: torch.dtype = torch.float32,
         max_batch_size: int | None = None,
         attn_implementation: str | None = None,
+        override_config: dict[str, Any] | None = None,
     ) -> None:
         if (model_path is None) == (model is None):
             raise ValueError("HFRollout needs exactly one of model_path (a Hugging Face folder) or model")
@@ -76,7 +81,13 @@ class HFRollout(RolloutEngine):
         self.dtype = dtype
         if model is None:
             extra = {} if attn_implementation is None else {"attn_implementation": attn_implementation}
-            model = AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, **extra)
+            config = AutoConfig.from_pretrained(model_path, **extra)
+            apply_overrides(config, override_config or {}, "actor.override_config")
+            model = AutoModelForCausalLM.from_pretrained(model_path, config=config, dtype=dtype)
+        elif override_config:
+            raise ValueError(
+                "HFRollout: override_config applies to a model built from model_path, not a given one"
+            )
         self.model: PreTrainedModel = model.to(device=self.device, dtype=dtype).eval()
         self.model.requires_grad_(False)
         self.eos_token_ids = eos_token_ids

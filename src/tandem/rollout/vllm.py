@@ -145,7 +145,8 @@ class VLLMRollout(RolloutEngine):
     ``max_model_len`` bounds prompt + response tokens; ``tensor_parallel``: ranks of the worker group
     this engine spans (every one of them builds it; see the module docstring);
     ``gpu_memory_utilization`` is the share of GPU memory vLLM takes for weights and KV cache
-    (the trainer needs the rest); ``kv_cache_gib`` sizes the KV cache on CPU.
+    (the trainer needs the rest); ``kv_cache_gib`` sizes the KV cache on CPU. ``override_config``:
+    attributes set on the model's config (vLLM's ``hf_overrides``; the trainer's actor.override_config).
     """
 
     def __init__(
@@ -164,10 +165,11 @@ class VLLMRollout(RolloutEngine):
         seed: int = 0,
         lora_rank: int = 0,
         engine_kwargs: Mapping[str, Any] | None = None,
+        override_config: dict[str, Any] | None = None,
     ) -> None:
         self.device = torch.device(device)
         engine_kwargs = current_engine_kwargs(engine_kwargs or {})
-        config = text_config(model_path)
+        config = text_config(model_path, override_config)
         problems = engine_kwargs_problems(engine_kwargs) + model_problems(config, self.device.type)
         if problems:
             raise ValueError(f"VLLMRollout: {model_path}: " + "; ".join(problems))
@@ -211,6 +213,7 @@ class VLLMRollout(RolloutEngine):
             enable_sleep_mode=self.device.type == "cuda",
             **parallel,
             **_lora_serving(lora_rank),
+            **({"hf_overrides": override_config} if override_config else {}),
             **options,
         )
         self._lora: Any = None  # the LoRARequest of the adapters generate serves (None: the base weights)

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from tandem.models.config_overrides import overridden_dict
+
 # vLLM's CPU attention (CPUAttentionBackend.get_supported_head_sizes)
 CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 # vLLM's CPU MLA kernel compiles for one latent cache size: kv_lora_rank 512 + qk_rope_head_dim 64
@@ -47,6 +49,8 @@ TANDEM_ENGINE_ARGS = {
     "enable_lora": "actor.lora.rollout_sync",
     "max_lora_rank": "actor.lora.rank",
     "max_loras": "actor.lora.rollout_sync",
+    # the model config the rollout builds is the one the actor trains (a rollout-only change is a silent mismatch)
+    "hf_overrides": "actor.override_config",
 }
 
 
@@ -100,15 +104,19 @@ def vllm_engine_arg_names() -> set[str] | None:
     return {f.name for f in dataclasses.fields(EngineArgs)}
 
 
-def text_config(model_path: str | Path) -> dict[str, Any] | None:
-    """config.json of a model folder as a dict (a vision-language model's text_config), or None when the
-    folder has none to read (the loaders name what is wrong then)."""
+def text_config(model_path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """config.json of a model folder as a dict (a vision-language model's text_config), with `overrides` set as
+    the model is built with them (actor.override_config), or None when the folder has none to read (the loaders
+    name what is wrong then)."""
     file = Path(model_path) / "config.json"
     try:
         config = json.loads(file.read_text())
     except (OSError, ValueError):
         return None
-    return config.get("text_config", config) if isinstance(config, dict) else None
+    if not isinstance(config, dict):
+        return None
+    config = overridden_dict(config, overrides or {})
+    return config.get("text_config", config)
 
 
 def is_mla(config: Mapping[str, Any]) -> bool:

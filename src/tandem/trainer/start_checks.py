@@ -155,16 +155,7 @@ def check_available(cfg: TandemConfig, purpose: str = "rl") -> None:
             "actor.lora.rollout_sync=adapter needs vLLM's LoRA support, and vllm is not installed (the rollout "
             "engine resolves to hf); use actor.lora.rollout_sync=merged"
         )
-    if cfg.actor.override_config and purpose != "sft":
-        problems.append(
-            "actor.override_config is applied by tandem sft only: an RL run's rollout and reference build from the "
-            "folder's config.json; write the attributes into config.json instead"
-        )
-    elif cfg.actor.override_config and cfg.actor.strategy == "megatron":
-        problems.append(
-            "actor.override_config is applied by the FSDP2 engine (actor.strategy=fsdp); megatron's own is "
-            "actor.megatron.override_transformer_config"
-        )
+    problems += model_override_problems(cfg, purpose)
     settings = cfg.actor.megatron if cfg.actor.strategy == "megatron" else cfg.actor.fsdp
     problems += check_buildable(cfg.actor.strategy, settings, engine_model_folders(cfg))
     model_type = folder_model_type(cfg.actor.model_path)
@@ -174,13 +165,47 @@ def check_available(cfg: TandemConfig, purpose: str = "rl") -> None:
         raise ConfigError("\n".join(problems))
 
 
+# attention kernels that run on CUDA only (engine/attention.py `resolve` says the same in the worker)
+CUDA_ATTENTION = ("flash_attention_2", "varlen")
+
+
+def model_override_problems(cfg: TandemConfig, purpose: str = "rl") -> list[str]:
+    """What keeps the model config overrides (actor.override_config for the actor, reference and rollout;
+    critic.override_config) and the roles' attention kernels from being built as asked: megatron builds from
+    config.json alone, and a CUDA-only kernel on trainer.device=cpu."""
+    problems = []
+    sections = {"actor": cfg.actor.override_config}
+    if purpose != "sft" and cfg.critic.override_config:
+        sections["critic"] = cfg.critic.override_config
+    for role, overrides in sections.items():
+        if overrides and cfg.actor.strategy == "megatron":
+            problems.append(
+                f"{role}.override_config is applied by the FSDP2 engine (actor.strategy=fsdp); megatron's own is "
+                "actor.megatron.override_transformer_config (or edit the model folder's config.json)"
+            )
+        if "attn_implementation" in overrides:
+            problems.append(
+                f"{role}.override_config.attn_implementation: the attention kernel is "
+                f"{'actor.fsdp' if role == 'actor' else 'critic'}.attn_implementation; set it there"
+            )
+    kernels = {"actor.fsdp.attn_implementation": cfg.actor.fsdp.attn_implementation}
+    if purpose != "sft":
+        kernels["critic.attn_implementation"] = cfg.critic.attn_implementation
+    for key, kernel in kernels.items():
+        if cfg.trainer.device == "cpu" and kernel in CUDA_ATTENTION:
+            problems.append(
+                f"{key}={kernel} runs on CUDA only and trainer.device=cpu; set {key}=sdpa (or sdpa_split, eager)"
+            )
+    return problems
+
+
 def vllm_problems(cfg: TandemConfig) -> list[str]:
     """What vLLM would refuse later, after the workers started: engine arguments Tandem sets itself, and the
     actor's model folder as vLLM reads it (a missing router field; on trainer.device=cpu, what vLLM's CPU
     kernels take); the fix for the model's is rollout.engine=hf."""
     problems = engine_kwargs_problems(cfg.rollout.engine_kwargs)
     device = "cpu" if cfg.trainer.device == "cpu" else None  # auto: the engine checks once it knows
-    config = text_config(cfg.actor.model_path) if cfg.actor.model_path else None
+    config = text_config(cfg.actor.model_path, cfg.actor.override_config) if cfg.actor.model_path else None
     model = model_problems(config, device)
     length = cfg.data.max_prompt_length + cfg.data.max_response_length  # the engine's max_model_len
     positions = (config or {}).get("max_position_embeddings")

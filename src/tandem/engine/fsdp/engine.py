@@ -74,6 +74,7 @@ from tandem.engine.micro import (
     to_cpu,
 )
 from tandem.engine.optim import build_optimizer, build_scheduler
+from tandem.models.config_overrides import apply_overrides
 from tandem.models.model_type import is_vision_language
 
 logger = logging.getLogger(__name__)
@@ -131,7 +132,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
                 "attention: %s (actor.fsdp.attn_implementation=%s)", attention, fsdp.attn_implementation
             )
         config = hf_io.load_config(self.model_path, head, attention)
-        hf_io.override_config(config, spec.override_config, "actor.override_config")
+        apply_overrides(config, spec.override_config, spec.override_key)
         if self.sp is not None:
             check_heads(config, self.sp.size)
         self._export_config = config.to_dict()  # as the user wrote it (dropout included), for export_hf

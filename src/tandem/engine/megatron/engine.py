@@ -155,7 +155,7 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
 
         if spec.override_config:
             raise ValueError(
-                "actor.override_config is applied by the FSDP2 engine; megatron's own is "
+                f"{spec.override_key} is applied by the FSDP2 engine; megatron's own is "
                 "actor.megatron.override_transformer_config"
             )
         config = hf_io.load_config(self.model_path, head)
