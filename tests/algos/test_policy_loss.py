@@ -114,6 +114,21 @@ def test_reinforce_hand_computed():
     torch.testing.assert_close(logp.grad, torch.tensor([[-1.0, 0.5, 0.0]]))
 
 
+@pytest.mark.parametrize("name", ["reinforce", "gpg"])
+def test_reinforce_and_gpg_hand_computed(name):
+    # verl's gpg loss mode is -A logp, REINFORCE's loss: the same numbers and gradient; with IS weights (2, 1) and
+    # the old log-probs far off (no ratio is taken): -(2 * -1) * 2 = 4, -(-1 * -3) = -3; token-mean 0.5
+    logp = torch.tensor([[-1.0, -3.0, -9.0]], requires_grad=True)
+    adv = torch.tensor([[2.0, -1.0, 4.0]])
+    weights = torch.tensor([[2.0, 1.0, 1.0]])
+    loss, metrics = POLICY_LOSSES.get(name)(
+        logp.detach() - 5.0, logp, adv, torch.tensor([[1.0, 1.0, 0.0]]), is_weights=weights
+    )
+    assert loss.item() == pytest.approx(0.5) and metrics["pg_clipfrac"].item() == 0.0
+    loss.backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([[-2.0, 0.5, 0.0]]))
+
+
 def test_value_loss_hand_computed():
     # c = 0.2
     # t0 v 1, old .5 -> vc .7, R 1: max(0, .09) = .09 -> .045   clipped

@@ -1,4 +1,4 @@
-"""Policy losses (PPO clip with dual clip, GSPO, REINFORCE, CISPO, GMPO, SAPO, Clip-Cov, KL-Cov, DRO, DPPO)
+"""Policy losses (PPO clip with dual clip, GSPO, REINFORCE and GPG, CISPO, GMPO, SAPO, Clip-Cov, KL-Cov, DRO, DPPO)
 and the clipped value loss.
 
 Every policy loss takes (old_log_probs, log_probs, advantages, response_mask) as (B, T) tensors and
@@ -137,6 +137,31 @@ def reinforce(
     no_clip = torch.zeros_like(response_mask, dtype=torch.bool)
     return loss, _metrics(
         _log_ratio(log_probs, old_log_probs, response_mask), response_mask, no_clip, no_clip
+    )
+
+
+@POLICY_LOSSES.register("gpg")
+def gpg(
+    old_log_probs: Tensor,
+    log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    is_weights: Tensor | None = None,
+    agg_kwargs: dict[str, Any] | None = None,
+    **_: Any,
+) -> tuple[Tensor, dict[str, Tensor]]:
+    """GPG (Chu et al. 2025, verl's `gpg` loss mode): l_t = -A_t logp_t, no ratio and no clip; the same loss as
+    `reinforce`, under verl's name, paired with the gpg advantage estimator."""
+    return reinforce(
+        old_log_probs,
+        log_probs,
+        advantages,
+        response_mask,
+        loss_agg_mode=loss_agg_mode,
+        is_weights=is_weights,
+        agg_kwargs=agg_kwargs,
     )
 
 
