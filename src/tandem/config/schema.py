@@ -40,7 +40,6 @@ ToolCallFormat = Literal["hermes"]
 Device = Literal["cpu", "cuda", "auto"]
 RewardManagerSource = Literal["register", "importlib"]
 LoggerName = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
-SamplingMetric = Literal["score", "acc"]
 Backend = Literal["ray", "inprocess"]
 Placement = Literal["colocate", "separate"]
 AsyncMode = Literal["synchronous", "one_step_off", "streaming"]
@@ -331,7 +330,11 @@ class DynamicSamplingConfig:
     spread; rounds repeat until data.train_batch_size prompts are kept (the surplus is cut)."""
 
     enable: bool = False  # filter groups and regenerate; needs rollout.n >= 2
-    metric: SamplingMetric = "acc"  # per-sample value whose spread within a group must be > 0: acc or score
+    # the per-sample value whose spread within a group must be > 0 (verl's filter_groups.metric): acc; score or
+    # seq_reward, the summed token-level scores; seq_final_reward, the summed token-level rewards (the scores
+    # with their reward terms, overlong included; refused with use_kl_in_reward); or a reward term's name that
+    # the reward function returns for every sample (checked on the first round)
+    metric: str = "acc"
     max_num_gen_batches: int = 10  # >= 0: rounds per step before the run stops with an error; 0 = no limit
     gen_batch_size: int | None = None  # PROMPTS per round, global; None = data.train_batch_size
 

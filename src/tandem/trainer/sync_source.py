@@ -7,13 +7,16 @@ are kept; the surplus of the last round is cut.
 
 from __future__ import annotations
 
+import numbers
 from typing import Any
 
+import numpy as np
 import torch
 
 from tandem.algos.core import group_stats
 from tandem.batch import Batch
 from tandem.rollout import SamplingParams
+from tandem.trainer.dumps import REWARD_EXTRA_KEY
 from tandem.trainer.metrics import Timer
 from tandem.trainer.rollout_source import RolloutSource
 
@@ -44,7 +47,7 @@ class SyncSource(RolloutSource):
             if not ds.enable:
                 kept.append(batch)
                 break
-            keep = varied_groups(batch[ds.metric], batch["uid"])
+            keep = varied_groups(sample_metric(batch, ds.metric), batch["uid"])
             kept.append(batch.reorder(keep))
             kept_prompts += len(keep) // n
             if kept_prompts >= wanted:
@@ -78,6 +81,45 @@ class SyncSource(RolloutSource):
             baselines = t.score(greedy)[0]["token_level_scores"].sum(-1)
             batch["reward_baselines"] = baselines.repeat_interleave(r.n)
         return batch
+
+
+# what verl's filter_groups.metric names besides a reward term (the scorer's acc, the sequence sums)
+SEQUENCE_METRICS = ("acc", "score", "seq_reward", "seq_final_reward")
+
+
+def sample_metric(batch: Batch, name: str) -> torch.Tensor:
+    """The per-sample value dynamic sampling keeps groups by (verl's filter_groups.metric), from a scored batch:
+    acc; score and seq_reward, the summed token_level_scores; seq_final_reward, the summed token_level_rewards
+    where the batch has them (after the KL penalty), else the scores (which hold the reward terms, overlong
+    included, as verl's rewards without a KL penalty do); any other name, a reward term the reward function
+    returned for every sample. A name no sample carries is an error naming those that exist."""
+    if name == "acc":
+        return batch["acc"]
+    if name in ("score", "seq_reward"):
+        return batch["token_level_scores"].sum(-1)
+    if name == "seq_final_reward":
+        final = "token_level_rewards" if "token_level_rewards" in batch.keys() else "token_level_scores"
+        return batch[final].sum(-1)
+    rows = list(batch[REWARD_EXTRA_KEY])
+    values = [row.get(name) for row in rows]
+    if not all(_is_number(v) for v in values):
+        terms = sorted({t for row in rows for t, v in row.items() if _is_number(v)})
+        terms = [
+            t for t in terms if t not in SEQUENCE_METRICS and all(_is_number(row.get(t)) for row in rows)
+        ]
+        missing = sum(v is None for v in values)
+        why = f"{missing} of {len(rows)} samples lack it" if missing else "a value of it is not a number"
+        raise ValueError(
+            f"algorithm.dynamic_sampling.metric={name!r} (verl's filter_groups.metric): {why}. The samples carry "
+            f"{', '.join(SEQUENCE_METRICS + tuple(terms))}; name one of them, or return {name!r} from the reward "
+            "function for every sample"
+        )
+    return torch.tensor([float(v) for v in values], dtype=torch.float64)
+
+
+def _is_number(value: Any) -> bool:
+    """A reward term's value a group's spread is taken of (a bool counts as 0 / 1, as numpy's std takes it)."""
+    return isinstance(value, (numbers.Real, np.bool_))
 
 
 def varied_groups(values: torch.Tensor, uid: Any) -> torch.Tensor:

@@ -148,6 +148,17 @@ def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any])
             "actor.calculate_sum_pi_squared=true",
         )
     _check_reward_components(cfg, problems, info)
+    if (
+        alg.dynamic_sampling.enable
+        and alg.dynamic_sampling.metric == "seq_final_reward"
+        and alg.use_kl_in_reward
+    ):
+        problems.add(
+            ("algorithm.dynamic_sampling.metric", "algorithm.use_kl_in_reward"),
+            "algorithm.dynamic_sampling.metric=seq_final_reward keeps groups by the rewards after the KL penalty, "
+            "and Tandem applies that penalty after the groups are kept (the reference's log-probs come later): "
+            "not built. Use metric=seq_reward (the scores before the penalty), or use_kl_in_reward=false",
+        )
     if alg.dynamic_sampling.enable and cfg.rollout.n < 2:
         problems.add(
             ("algorithm.dynamic_sampling.enable", "rollout.n"),
