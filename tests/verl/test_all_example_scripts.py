@@ -85,8 +85,14 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     "examples/ppo_trainer/run_deepseek7b_llm_sandbox_fusion.sh": (MISSING, ("no Sandbox Fusion client",)),
     "examples/ppo_trainer/run_deepseek_math_gsm8k_megatron_nsys.sh": (MISSING, ("no 'nsys' hooks",)),
     "examples/ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh": (MISSING, ("no 'nsys' hooks",)),
-    "examples/router_replay/run_qwen30_a3b_megatron_sglang.sh": (MISSING, ("no MoE router replay",)),
-    "examples/router_replay/run_qwen30_a3b_megatron_vllm.sh": (MISSING, ("no MoE router replay",)),
+    "examples/router_replay/run_qwen30_a3b_megatron_sglang.sh": (
+        MISSING,
+        ("no MoE router replay", "keeping the rollout's order"),
+    ),
+    "examples/router_replay/run_qwen30_a3b_megatron_vllm.sh": (
+        MISSING,
+        ("no MoE router replay", "keeping the rollout's order"),
+    ),
     "examples/rollout_correction/run_with_rollout_corr.sh": (
         MISSING,  # and the micro-batch below (the script's own error on verl's 8 GPUs)
         ("rollout_is_batch_normalize needs every IS weight", "does not divide the per-rank mini-batch"),

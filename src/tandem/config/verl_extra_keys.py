@@ -136,7 +136,10 @@ EXTRA_KEYS: dict[str, Rule] = {
     ),
     "critic.checkpoint.async_save": no_effect("Tandem saves synchronously"),
     "critic.checkpoint.save_contents": no_effect("Tandem saves the critic's model, optimizer and run state"),
-    "critic.checkpoint.load_contents": no_effect("Tandem loads the critic's model, optimizer and run state"),
+    "critic.checkpoint.load_contents": default_only(
+        "Tandem loads the critic's model, optimizer and run state; loading a part of it is not built",
+        (["model", "optimizer", "extra"], "[model,optimizer,extra]"),
+    ),
     "actor_rollout_ref.actor.use_prefix_grouper": no_effect(
         "verl's PrefixGrouper computes a prompt shared by a group's samples once; Tandem computes it for each "
         "sample: the same numbers (to rounding), more compute"
@@ -192,9 +195,9 @@ EXTRA_KEYS: dict[str, Rule] = {
         "images are sized by the model folder's image processor (its patch size), as verl's default 14 "
         "does for Qwen2-VL"
     ),
-    "data.video_key": no_effect(
-        "the name of verl's video column: Tandem reads no video inputs (only a row's images), so rows that "
-        "carry videos are read without them"
+    "data.video_key": default_only(
+        "Tandem reads no video inputs (only a row's images); naming a video column is not built",
+        ("videos",),
     ),
     "data.apply_chat_template_kwargs": default_only(
         "Tandem calls the chat template with no extra arguments; passing some (gpt-oss's reasoning_effort, "
@@ -366,9 +369,16 @@ EXTRA_KEYS: dict[str, Rule] = {
         "Tandem's weight decay is constant", ("constant", None)
     ),
     # the engine arguments of the rollout: accepted, with the reason of _ENGINE_ARG
-    "actor_rollout_ref.rollout.dtype": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.dtype": default_only(
+        "Tandem's rollout runs at the actor's compute dtype (actor.fsdp.param_dtype); another rollout dtype is "
+        "not built",
+        ("bfloat16", "bf16"),
+        "bfloat16: the actor's compute dtype by default",
+    ),
     "actor_rollout_ref.rollout.gpu_memory_utilization_ratio": no_effect(_ENGINE_ARG),
-    "actor_rollout_ref.rollout.ignore_eos": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.ignore_eos": _false_only(
+        "Tandem always stops a response at the end-of-sequence token"
+    ),
     "actor_rollout_ref.rollout.enforce_eager": no_effect(_ENGINE_ARG),
     "actor_rollout_ref.rollout.cudagraph_capture_sizes": no_effect(_ENGINE_ARG),
     "actor_rollout_ref.rollout.data_parallel_size": no_effect(_ENGINE_ARG),
@@ -379,14 +389,21 @@ EXTRA_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.rollout.max_num_seqs": no_effect(_ENGINE_ARG),
     "actor_rollout_ref.rollout.enable_chunked_prefill": no_effect(_ENGINE_ARG),
     "actor_rollout_ref.rollout.enable_prefix_caching": no_effect(_ENGINE_ARG),
-    "actor_rollout_ref.rollout.logprobs_mode": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.logprobs_mode": default_only(
+        "Tandem's rollout log-probs are processed_logprobs (after temperature), what the trainer recomputes",
+        ("processed_logprobs",),
+    ),
     "actor_rollout_ref.rollout.scheduling_policy": no_effect(_ENGINE_ARG),
     "actor_rollout_ref.rollout.disable_log_stats": no_effect(_ENGINE_ARG),
-    "actor_rollout_ref.rollout.skip_rollout": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.skip_rollout": _false_only(
+        "Tandem generates every step's rollouts; reading them back from skip_dump_dir is not built"
+    ),
     "actor_rollout_ref.rollout.skip_dump_dir": no_effect(_ENGINE_ARG),
     "actor_rollout_ref.rollout.skip_tokenizer_init": no_effect(_ENGINE_ARG),
     "actor_rollout_ref.rollout.enable_rollout_routing_replay": no_effect(_ENGINE_ARG),
-    "actor_rollout_ref.rollout.quantization": no_effect(_ENGINE_ARG),
+    "actor_rollout_ref.rollout.quantization": default_only(
+        "Tandem's rollout runs at the actor's compute dtype; a quantized rollout (fp8) is not built"
+    ),
     "actor_rollout_ref.rollout.quantization_config_file": no_effect(_ENGINE_ARG),
     "actor_rollout_ref.rollout.limit_images": no_effect(_ENGINE_ARG),
 }

@@ -56,13 +56,21 @@ _ACTOR_DTYPES = (
     "(actor_rollout_ref.actor.fsdp_config.mixed_precision, or actor.fsdp.param_dtype)"
 )
 _SAME_ACTOR_ENGINE = "the reference model is built like the actor (actor.fsdp / actor.megatron)"
+_NO_SHUFFLE = (
+    "Tandem keeps the rollout's order inside a step; shuffling the rows between mini-batches (verl's megatron "
+    "and engine workers, seeded by data_loader_seed) is not built"
+)
 _PACKING = "Tandem packs sequences without padding for every role (actor.sequence_packing, on by default)"
 _AS_PER_GPU = (
     "verl's size over all GPUs, divided by the data-parallel GPUs (nnodes x n_gpus_per_node / the Ulysses "
     "size) as verl divides it"
 )
 _ADAMW = "Tandem's optimizer is AdamW"
-_HALF_CYCLE = "Tandem's cosine schedule makes one half cycle"
+_TORCH_ADAMW = (
+    "Tandem uses torch.optim's AdamW, fused where it runs (actor.optim.implementation); another module's "
+    "optimizer class is not built"
+)
+_HALF_CYCLE = "Tandem's cosine schedule makes one half cycle (verl's 0.5); another count is not built"
 _OWN_OPTIMIZER = "set actor.optim.* / critic.optim.*"
 _FROM_DISK = "Tandem reads the model folder from disk"
 _OWN_CLASSES = "Tandem builds models with transformers' own classes"
@@ -186,10 +194,8 @@ VERL_KEYS: dict[str, Rule] = {
         "Tandem's schedule spans the run's steps (trainer.total_training_steps or the epochs)"
     ),
     "actor_rollout_ref.actor.optim.optimizer": maps("", _ADAMW, convert=optimizer),
-    "actor_rollout_ref.actor.optim.optimizer_impl": no_effect(
-        "Tandem uses torch's AdamW, fused where it runs (actor.optim.implementation)"
-    ),
-    "actor_rollout_ref.actor.optim.num_cycles": no_effect(_HALF_CYCLE),
+    "actor_rollout_ref.actor.optim.optimizer_impl": unsupported(_TORCH_ADAMW),
+    "actor_rollout_ref.actor.optim.num_cycles": unsupported(_HALF_CYCLE),
     "actor_rollout_ref.actor.optim.lr_decay_style": maps("actor.optim.lr_scheduler", convert=lr_decay_style),
     "actor_rollout_ref.actor.optim.override_optimizer_config": unsupported(_OWN_OPTIMIZER),
     "actor_rollout_ref.actor.use_torch_compile": maps(
@@ -209,7 +215,7 @@ VERL_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.actor.entropy_checkpointing": no_effect(
         "Tandem's entropy is always computed in chunks"
     ),
-    "actor_rollout_ref.actor.shuffle": no_effect("Tandem keeps the rollout's order inside a step"),
+    "actor_rollout_ref.actor.shuffle": unsupported(_NO_SHUFFLE),
     "actor_rollout_ref.actor.data_loader_seed": no_effect("Tandem seeds everything from trainer.seed"),
     "actor_rollout_ref.actor.use_remove_padding": maps("actor.sequence_packing"),
     "actor_rollout_ref.actor.checkpoint.async_save": no_effect("Tandem saves synchronously"),
@@ -219,7 +225,9 @@ VERL_KEYS: dict[str, Rule] = {
         "into global_step_N/actor/huggingface",
         convert=lambda v: "hf_model" in as_list(v),
     ),
-    "actor_rollout_ref.actor.checkpoint.load_contents": no_effect("Tandem loads the whole checkpoint"),
+    "actor_rollout_ref.actor.checkpoint.load_contents": unsupported(
+        "Tandem loads the whole checkpoint (model, optimizer, run state); loading a part of it is not built"
+    ),
     "actor_rollout_ref.actor.megatron.tensor_model_parallel_size": maps("actor.megatron.tensor_parallel"),
     "actor_rollout_ref.actor.megatron.pipeline_model_parallel_size": maps("actor.megatron.pipeline_parallel"),
     "actor_rollout_ref.actor.megatron.context_parallel_size": maps("actor.megatron.context_parallel"),
@@ -305,12 +313,14 @@ VERL_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.rollout.calculate_log_probs": no_effect(
         "Tandem's rollout engines always return the rollout log-probs"
     ),
-    "actor_rollout_ref.rollout.do_sample": no_effect("sampling follows rollout.temperature (0 = greedy)"),
+    "actor_rollout_ref.rollout.do_sample": unsupported(
+        "sampling follows rollout.temperature: greedy decoding is actor_rollout_ref.rollout.temperature=0"
+    ),
     "actor_rollout_ref.rollout.val_kwargs.do_sample": no_effect(
         "validation follows rollout.val.temperature (0 = greedy)"
     ),
-    "actor_rollout_ref.rollout.val_kwargs.top_k": no_effect(
-        "validation samples with rollout.val.* and top_k=-1"
+    "actor_rollout_ref.rollout.val_kwargs.top_k": unsupported(
+        "validation samples with rollout.val.* and top_k=-1 (all tokens); another top_k is not built"
     ),
     "actor_rollout_ref.rollout.load_format": no_effect(
         "the trainer sends its weights to the rollout engine before every step, whatever the start format"
@@ -325,8 +335,8 @@ VERL_KEYS: dict[str, Rule] = {
         "the hybrid engine always frees vLLM's KV cache while the trainer works"
     ),
     "actor_rollout_ref.rollout.over_sample_rate": no_effect(
-        "verl aborts the slowest requests of a step; Tandem finishes every request (no sample is lost), "
-        "so a long tail makes the step longer"
+        "verl's rollout config holds it, but no code of verl's reads it (it would abort a step's slowest "
+        "requests); Tandem finishes every request, as verl does"
     ),
     "actor_rollout_ref.rollout.update_weights_bucket_megabytes": maps("rollout.weight_bucket_mb"),
     "actor_rollout_ref.rollout.checkpoint_engine.update_weights_bucket_megabytes": maps(
@@ -368,10 +378,8 @@ VERL_KEYS: dict[str, Rule] = {
     "critic.optim.warmup_style": maps("critic.optim.lr_scheduler"),
     "critic.optim.lr_scheduler_type": maps("critic.optim.lr_scheduler"),
     "critic.optim.optimizer": maps("", _ADAMW, convert=optimizer),
-    "critic.optim.optimizer_impl": no_effect(
-        "Tandem uses torch's AdamW, fused where it runs (critic.optim.implementation)"
-    ),
-    "critic.optim.num_cycles": no_effect(_HALF_CYCLE),
+    "critic.optim.optimizer_impl": unsupported(_TORCH_ADAMW),
+    "critic.optim.num_cycles": unsupported(_HALF_CYCLE),
     "critic.optim.lr_decay_style": maps("critic.optim.lr_scheduler", convert=lr_decay_style),
     "critic.optim.override_optimizer_config": unsupported(_OWN_OPTIMIZER),
     "critic.ppo_max_token_len_per_gpu": no_effect("the critic uses the actor's token budget"),
@@ -379,7 +387,7 @@ VERL_KEYS: dict[str, Rule] = {
     "critic.use_dynamic_bsz": no_effect("the critic follows actor.use_dynamic_bsz"),
     "critic.ulysses_sequence_parallel_size": no_effect("the critic follows actor.fsdp.sequence_parallel"),
     "critic.strategy": no_effect("the critic follows actor.strategy"),
-    "critic.shuffle": no_effect("Tandem keeps the rollout's order inside a step"),
+    "critic.shuffle": unsupported(_NO_SHUFFLE),
     # reward
     "reward_model.enable": maps("reward.reward_model.enable"),
     "reward_model.model.path": maps("reward.reward_model.model_path"),
@@ -427,7 +435,9 @@ VERL_KEYS: dict[str, Rule] = {
         "folder that needs its own code when it is loaded"
     ),
     "data.use_shm": no_effect("Tandem reads the data from disk"),
-    "data.reward_fn_key": no_effect("Tandem picks the scorer by each row's data_source (its reward_fn_key)"),
+    "data.reward_fn_key": unsupported(
+        "Tandem picks the scorer by each row's data_source (verl's default reward_fn_key); another column is not read"
+    ),
     "data.return_multi_modal_inputs": no_effect("Tandem builds the image inputs of a row itself"),
     "data.validation_shuffle": no_effect("Tandem validates on the whole validation set in file order"),
     "data.tool_config_path": no_effect("Tandem reads the tool config from rollout.multi_turn.tool_file"),
@@ -452,8 +462,9 @@ VERL_KEYS: dict[str, Rule] = {
     ),
     "trainer.device": maps("trainer.device", convert=device),
     "trainer.profile_steps": maps("trainer.profile.steps", convert=as_list),
-    "trainer.balance_batch": no_effect(
-        "Tandem always orders the rows so every data-parallel rank gets as many tokens"
+    "trainer.balance_batch": unsupported(
+        "Tandem always orders the rows so every data-parallel rank gets as many tokens (verl's true); keeping "
+        "the rollout's order, which puts other rows in each mini-batch, is not built"
     ),
     "trainer.use_legacy_worker_impl": no_effect("Tandem has one worker implementation"),
     "trainer.ray_wait_register_center_timeout": no_effect(
@@ -534,7 +545,10 @@ VERL_PATTERNS: list[tuple[str, Rule]] = [
     ),
     (
         "actor_rollout_ref.rollout.agent.*",
-        no_effect("Tandem's agent loop is set by rollout.mode and rollout.multi_turn"),
+        unsupported(
+            "Tandem's agent loop is set by rollout.mode and rollout.multi_turn; a user's agent loop config or "
+            "rollout server class is not loaded"
+        ),
     ),
     (
         "actor_rollout_ref.rollout.checkpoint_engine.*",

@@ -95,6 +95,16 @@ _REF_OVERRIDES = "the {role} is built with the actor's actor.megatron.override_t
 _HF_START = "false: Tandem reads the Hugging Face folder"
 _DIST_ONLY = "read only with use_dist_checkpointing=True (Tandem starts from the Hugging Face folder)"
 _ETP_ONE = "Tandem's expert tensor parallel is 1"
+_LORA_TYPE = (
+    "Tandem's LoRA is plain LoRA (PEFT's); verl's other adapter types (dora, canonical_lora) are not built"
+)
+_LORA_ADAPTER = (
+    "Tandem starts LoRA from new adapters; starting from a saved adapter folder is not built (merge it into the base "
+    "model and start from that folder)"
+)
+_LORA_EXCLUDE = (
+    "Tandem's LoRA adapts the modules {actor,critic}.lora.target_modules names, with no exclusion list"
+)
 
 MEGATRON_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.actor.megatron.override_transformer_config": unsupported(
@@ -105,6 +115,15 @@ MEGATRON_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.model.lora.rank": maps("actor.lora.rank"),
     "actor_rollout_ref.model.lora.alpha": maps("actor.lora.alpha"),
     "actor_rollout_ref.model.lora.dropout": maps("actor.lora.dropout"),
+    "actor_rollout_ref.model.lora.type": unsupported(_LORA_TYPE),
+    "actor_rollout_ref.model.lora.adapter_path": unsupported(_LORA_ADAPTER),
+    "actor_rollout_ref.model.lora.exclude_modules": unsupported(_LORA_EXCLUDE),
+    "critic.model.lora.rank": maps("critic.lora.rank"),
+    "critic.model.lora.alpha": maps("critic.lora.alpha"),
+    "critic.model.lora.dropout": maps("critic.lora.dropout"),
+    "critic.model.lora.type": unsupported(_LORA_TYPE),
+    "critic.model.lora.adapter_path": unsupported(_LORA_ADAPTER),
+    "critic.model.lora.exclude_modules": unsupported(_LORA_EXCLUDE),
     # router replay's files (record_file, replay_file) have no effect: verl_keys' pattern
     "actor_rollout_ref.actor.router_replay.mode": maps("", "Tandem has no MoE router replay", _router_replay),
     "actor_rollout_ref.ref.router_replay.mode": maps("", "Tandem has no MoE router replay", _router_replay),

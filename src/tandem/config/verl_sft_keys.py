@@ -15,6 +15,7 @@ from typing import Any
 from tandem.config.verl_model_overrides import SFT_MODEL
 from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect, unsupported
 from tandem.config.verl_values import (
+    float32_master,
     float32_only,
     fsdp_mixed_precision,
     precision,
@@ -88,6 +89,15 @@ def _no_dynamic(value: Any) -> bool:
     return value in (True, "true", "True")
 
 
+_FP32_MASTER = "fp32: Tandem keeps float32 master weights (its compute dtype is actor.fsdp.param_dtype)"
+_ROW_TOOLS = (
+    "Tandem renders the tools of rollout.multi_turn.tool_file for every row; reading a row's own tools column "
+    "is not built"
+)
+_ROW_THINKING = (
+    "Tandem renders each conversation with the chat template's defaults; reading a row's enable_thinking column "
+    "is not built"
+)
 _TANDEM_PADS = "Tandem packs an SFT micro-batch's rows without padding (actor.sequence_packing)"
 
 # verl SFT key -> its rule in Tandem
@@ -97,10 +107,7 @@ SFT_KEYS: dict[str, Rule] = {
     "model.strategy": maps("actor.strategy", convert=_engine_group),
     "model.hf_config_path": unsupported("Tandem reads config.json from the model folder (model.path)"),
     "model.custom_chat_template": maps("data.chat_template", convert=_chat_template_text),
-    "model.fsdp_config.model_dtype": no_effect(
-        "Tandem keeps float32 master weights and computes in actor.fsdp.param_dtype, as verl's fp32 + "
-        "bfloat16 mixed precision does"
-    ),
+    "model.fsdp_config.model_dtype": maps("", _FP32_MASTER, convert=float32_master),
     "model.fsdp_config.cpu_offload": maps(
         "actor.fsdp.cpu_offload", "one switch: parameters, gradients and optimizer state move together"
     ),
@@ -145,22 +152,10 @@ SFT_KEYS: dict[str, Rule] = {
         "(prompt, response) pair"
     ),
     "data.multiturn.messages_key": maps("data.messages_key"),
-    "data.multiturn.tools_key": no_effect(
-        "Tandem renders the tools of rollout.multi_turn.tool_file for every row; a row's own tools column "
-        "is not read"
-    ),
-    "data.tools_key": no_effect(
-        "Tandem renders the tools of rollout.multi_turn.tool_file for every row; a row's own tools column "
-        "is not read"
-    ),
-    "data.multiturn.enable_thinking_key": no_effect(
-        "Tandem renders each conversation with the chat template's defaults; a row's enable_thinking column "
-        "is not read"
-    ),
-    "data.enable_thinking_key": no_effect(
-        "Tandem renders each conversation with the chat template's defaults; a row's enable_thinking column "
-        "is not read"
-    ),
+    "data.multiturn.tools_key": unsupported(_ROW_TOOLS),
+    "data.tools_key": unsupported(_ROW_TOOLS),
+    "data.multiturn.enable_thinking_key": unsupported(_ROW_THINKING),
+    "data.enable_thinking_key": unsupported(_ROW_THINKING),
     "data.ignore_input_ids_mismatch": maps(
         "",
         "false: a conversation whose tokens differ is an error naming the row",
@@ -183,7 +178,7 @@ SFT_KEYS: dict[str, Rule] = {
     "engine.full_determinism": no_effect("Tandem sets no deterministic-algorithms switch"),
     "engine.forward_only": no_effect("`tandem sft` trains; its validation runs forward only"),
     "engine.dtype": maps("actor.fsdp.param_dtype"),
-    "engine.model_dtype": no_effect("Tandem keeps float32 master weights (verl's fp32)"),
+    "engine.model_dtype": maps("", _FP32_MASTER, convert=float32_master),
     # Hydra's config groups of sft_trainer_engine.yaml (`engine=fsdp optim=fsdp` pick its YAML files)
     "engine": maps("actor.strategy", convert=_engine_group),
     "optim": no_effect("the optimizer's settings are optim.*"),
