@@ -19,6 +19,7 @@ from .megatron_scripts import MEGATRON_SCRIPTS
 MEGATRON_TRAINER = ["actor_rollout_ref.actor.strategy=megatron"]
 
 ACCEPTED = {
+    "gpg_trainer_run_qwen2_7b_math_megatron",  # verl's gpg loss mode: -A logp (reinforce)
     "grpo_trainer_run_deepseek7b_llm_math_megatron",
     "grpo_trainer_run_qwen2_7b_math_megatron",
     "grpo_trainer_run_qwen2_5_7b_math_megatron_diff_tp",
@@ -41,8 +42,8 @@ ACCEPTED = {
     "tuning_32b_qwen2_32b_grpo_8_h20_megatron_vllm",
 }
 # verl keys outside the megatron namespace that Tandem does not read yet (the scripts that name them are
-# refused for them); a megatron key is never among them. None left: the other 13 scripts are refused for a
-# missing feature (LoRA on megatron, a megatron dist checkpoint as the start, trtllm, nsys, the gpg loss, MoE
+# refused for them); a megatron key is never among them. None left: the other 12 scripts are refused for a
+# missing feature (LoRA on megatron, a megatron dist checkpoint as the start, trtllm, nsys, MoE
 # router replay, training multi-token-prediction layers) or for a layout larger than the 8 GPUs of the placeholder
 NOT_READ_YET: set[str] = set()
 
