@@ -140,29 +140,9 @@ def reinforce(
     )
 
 
-@POLICY_LOSSES.register("gpg")
-def gpg(
-    old_log_probs: Tensor,
-    log_probs: Tensor,
-    advantages: Tensor,
-    response_mask: Tensor,
-    *,
-    loss_agg_mode: str = "token-mean",
-    is_weights: Tensor | None = None,
-    agg_kwargs: dict[str, Any] | None = None,
-    **_: Any,
-) -> tuple[Tensor, dict[str, Tensor]]:
-    """GPG (Chu et al. 2025, verl's `gpg` loss mode): l_t = -A_t logp_t, no ratio and no clip; the same loss as
-    `reinforce`, under verl's name, paired with the gpg advantage estimator."""
-    return reinforce(
-        old_log_probs,
-        log_probs,
-        advantages,
-        response_mask,
-        loss_agg_mode=loss_agg_mode,
-        is_weights=is_weights,
-        agg_kwargs=agg_kwargs,
-    )
+# GPG (Chu et al. 2025, verl's `gpg` loss mode): l_t = -A_t logp_t, no ratio and no clip: REINFORCE's loss under
+# verl's name, paired with the gpg advantage estimator
+POLICY_LOSSES.register("gpg")(reinforce)
 
 
 @POLICY_LOSSES.register("cispo")
