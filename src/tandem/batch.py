@@ -25,6 +25,18 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+# the tensors a rollout adds to a Batch, one row per sample (rollout/base.py assembles them); verl's DataProto
+# carries the same tensors under the same names
+ROLLOUT_KEYS = (
+    "prompts",
+    "responses",
+    "response_mask",
+    "input_ids",
+    "attention_mask",
+    "position_ids",
+    "rollout_log_probs",
+)
+
 IndexLike = slice | Sequence[int] | np.ndarray | torch.Tensor
 
 

@@ -22,6 +22,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
+from tandem.batch import ROLLOUT_KEYS
 from tandem.rewards.custom import load_function
 from tandem.rewards.manager import RewardManager, RewardResult
 from tandem.rewards.registry import (
@@ -36,16 +37,9 @@ from tandem.usercode import load_user_module
 
 logger = logging.getLogger(__name__)
 
-# the tensors of a Tandem batch a verl manager finds in data.batch, by verl's names (attention_mask: prompt + response)
-VERL_TENSORS = (
-    "prompts",
-    "responses",
-    "response_mask",
-    "input_ids",
-    "attention_mask",
-    "position_ids",
-    "rollout_log_probs",
-)
+# the tensors of a Tandem batch a verl manager finds in data.batch: a rollout's, under verl's own names
+# (attention_mask: prompt + response)
+VERL_TENSORS = ROLLOUT_KEYS
 # the per-sample columns it finds in data.non_tensor_batch, besides reward_model ({"ground_truth": ...})
 VERL_NON_TENSORS = ("data_source", "extra_info", "uid", "index", "raw_prompt", "agent_name")
 

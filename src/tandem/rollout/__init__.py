@@ -5,7 +5,8 @@ from __future__ import annotations
 import importlib.util
 from typing import Any
 
-from tandem.rollout.base import PROMPT_INDEX, ROLLOUT_KEYS, RolloutEngine, SamplingParams
+from tandem.batch import ROLLOUT_KEYS
+from tandem.rollout.base import PROMPT_INDEX, RolloutEngine, SamplingParams
 from tandem.rollout.hf import HFRollout
 
 ROLLOUT_ENGINES = ("hf", "vllm")

@@ -41,16 +41,6 @@ from tandem.batch import Batch
 PROMPT_INDEX = "prompt_index"
 METRICS_KEY = "rollout_metrics"  # the meta entry of a generate call's numbers (see `assemble`)
 
-ROLLOUT_KEYS = (
-    "prompts",
-    "responses",
-    "response_mask",
-    "input_ids",
-    "attention_mask",
-    "position_ids",
-    "rollout_log_probs",
-)
-
 
 @dataclass(frozen=True)
 class SamplingParams:
