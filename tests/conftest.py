@@ -22,3 +22,19 @@ def ray_local():
     ray.init(num_cpus=4, include_dashboard=False, _temp_dir=tmp, log_to_driver=False)
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def one_rank(tmp_path_factory):
+    """A 1-rank gloo process group in this process (unless one is up already), and a tiny model's folder."""
+    import torch.distributed as dist
+
+    from tandem.models.tiny import save_tiny
+
+    root = tmp_path_factory.mktemp("one_rank")
+    created = not dist.is_initialized()
+    if created:
+        dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=0, world_size=1)
+    yield save_tiny(root / "model")
+    if created:
+        dist.destroy_process_group()

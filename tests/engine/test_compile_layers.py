@@ -40,18 +40,6 @@ def test_auto_compiles_the_layers_on_cuda_without_sequence_parallel():
     assert not compile_layers_wanted(False, CUDA, 1)
 
 
-@pytest.fixture(scope="module")
-def one_rank(tmp_path_factory):
-    """A 1-rank gloo process group in this process, and a tiny model's folder."""
-    root = tmp_path_factory.mktemp("compile_layers")
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=0, world_size=1)
-    yield save_tiny(root / "model")
-    if created:
-        dist.destroy_process_group()
-
-
 def run_engine(model_path, torch_compile, device=CPU, dtype="float32", attention="auto", **kwargs) -> dict:
     """An engine's start, a forward (log-probs, entropy), one training step and the weights after it, and the
     graphs torch.compile made after the start (graphs_after_warm_up: the warm-up should have made them all)."""

@@ -21,3 +21,13 @@ def script_key(script: str) -> str:
     """A script's name in the tests: its path under examples/ in lower case, each run of other characters an
     underscore (`examples/grpo_trainer/run_qwen2-7b_sgl_megatron.sh` is `grpo_trainer_run_qwen2_7b_sgl_megatron`)."""
     return re.sub(r"[^a-z0-9]+", "_", script.removeprefix("examples/").removesuffix(".sh").lower())
+
+
+def with_values(script: list[str], changes: dict[str, object]) -> list[str]:
+    """A script's overrides with the value of each key in `changes` replaced (a `+` prefix dropped there); every
+    other override as the script gives it."""
+    out = []
+    for text in script:
+        key = text.partition("=")[0].lstrip("+")
+        out.append(f"{key}={changes[key]}" if key in changes else text)
+    return out

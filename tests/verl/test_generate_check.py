@@ -21,6 +21,7 @@ from tandem.data.synthetic import write_rows
 from tandem.models.tiny import save_tiny
 from tandem.trainer.generate import PARTS_META, parts_folder
 
+from .examples_data import with_values
 from .generation_scripts import GENERATION_SCRIPTS
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 2, "num_kv_heads": 1}
@@ -36,11 +37,7 @@ def local(script: list[str], model, data, out) -> list[str]:
         "trainer.n_gpus_per_node": 1,
         "rollout.tensor_model_parallel_size": 1,
     }
-    out_list = []
-    for text in script:
-        key = text.partition("=")[0].lstrip("+")
-        out_list.append(f"{key}={changes[key]}" if key in changes else text)
-    return out_list
+    return with_values(script, changes)
 
 
 @pytest.fixture(scope="module")

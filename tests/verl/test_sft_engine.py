@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.distributed as dist
 
 from tandem.cli import main
 from tandem.config import ConfigError, load_config
@@ -207,18 +206,6 @@ def test_the_compute_dtype_reaches_the_resolved_config():
     assert (cfg.actor.fsdp.param_dtype, cfg.actor.fsdp.reduce_dtype) == ("float32", "bfloat16")
     _, cfg = _resolved([*ENGINE_LINE, "trainer.logger=['console','file']"])
     assert cfg.trainer.loggers == ["console", "jsonl"]
-
-
-@pytest.fixture(scope="module")
-def one_rank(tmp_path_factory):
-    """A 1-rank gloo process group in this process, and a tiny model's folder."""
-    root = tmp_path_factory.mktemp("sft_engine")
-    created = not dist.is_initialized()
-    if created:
-        dist.init_process_group("gloo", init_method=f"file://{root / 'store'}", rank=0, world_size=1)
-    yield save_tiny(root / "model")
-    if created:
-        dist.destroy_process_group()
 
 
 def test_model_override_config_is_set_on_the_sft_model_before_it_is_built(one_rank, tmp_path):

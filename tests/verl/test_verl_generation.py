@@ -19,6 +19,7 @@ from tandem.config.generate import load_generate_config
 from tandem.data.synthetic import write_rows
 from tandem.models.tiny import save_tiny
 
+from .examples_data import with_values
 from .generation_scripts import GENERATION_SCRIPTS
 from .test_verl_scripts_e2e import single_turn_rows
 
@@ -37,11 +38,7 @@ def cpu_changes(script: list[str], model, data, out) -> list[str]:
         "rollout.tensor_model_parallel_size": "1",
         "rollout.response_length": "12",
     }
-    out_list = []
-    for text in script:
-        key = text.partition("=")[0].lstrip("+")
-        out_list.append(f"{key}={changes[key]}" if key in changes else text)
-    return out_list
+    return with_values(script, changes)
 
 
 @pytest.fixture(scope="module")
