@@ -12,7 +12,7 @@ The table of keys is `config/verl_keys.py`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -118,7 +118,7 @@ def translate_overrides(
     for text in overrides:
         key, sep, value_text = text.partition("=")
         key = key.strip().lstrip("+")
-        if sep and hydra_value(value_text.strip()) is None and at_verl_default(key, "null", _defaults(sft)):
+        if sep and None in _defaults(sft).get(key, ()) and hydra_value(value_text.strip()) is None:
             out.no_effect.append((text.lstrip("+"), "null: verl's default, not set; Tandem's default stays"))
             continue  # verl's `null` is "not set", as in a YAML (translate_tree); keys Tandem shares too
         if not sep or key.startswith("~") or not _reads_as_verl(key, sft):
@@ -180,9 +180,9 @@ def translate_overrides(
     return out
 
 
-def at_verl_default(key: str, value_text: str, defaults: Mapping[str, tuple]) -> bool:
+def at_verl_default(key: str, value_text: str, defaults: Mapping[str, Sequence[Any]]) -> bool:
     """Whether `key=value_text` gives verl's own default value of `key` (`defaults`: a table of
-    config/verl_defaults.py, the configs of the trainer the command line is for), the value read as Hydra reads
+    config/verl_defaults.py or verl_removed.py, the configs of the trainer the command line is for), the value read as Hydra reads
     it (`null`, `False`, `[a,b]`, `1e-6`)."""
     if key not in defaults:
         return False
@@ -190,7 +190,7 @@ def at_verl_default(key: str, value_text: str, defaults: Mapping[str, tuple]) ->
     return any(_same_value(value, default) for default in defaults[key])
 
 
-def _defaults(sft: bool) -> Mapping[str, tuple]:
+def _defaults(sft: bool) -> Mapping[str, Sequence[Any]]:
     return SFT_DEFAULTS if sft else RL_DEFAULTS
 
 
@@ -206,7 +206,9 @@ def _same_value(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b
 
 
-def accept_default(out: VerlTranslation, text: str, defaults: Mapping[str, tuple], why: str = "") -> bool:
+def accept_default(
+    out: VerlTranslation, text: str, defaults: Mapping[str, Sequence[Any]], why: str = ""
+) -> bool:
     """A verl key given at verl's default value (`defaults`, see at_verl_default) is accepted as if absent (what
     verl does then is what Tandem does), with a note; True when it was. Any other value keeps its refusal."""
     key, _, value_text = text.partition("=")

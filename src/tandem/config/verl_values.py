@@ -3,6 +3,7 @@ value out; UnsupportedValue for a value Tandem has no meaning for)."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from tandem.config.verl_rules import UnsupportedValue
@@ -161,13 +162,20 @@ def hydra_mapping(value: Any) -> Any:
 def hydra_value(text: str) -> Any:
     """A command line's value as verl's Hydra reads it (`null` None, `False` False, `[a,b]` a list, `{a:1}` a dict,
     `1e-6` a float, quotes dropped); text Hydra's grammar does not take (`~/data`) stays the text."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
     from hydra.errors import HydraException
 
     try:
-        return OverridesParser.create().parse_override(f"key={text}").value()
+        return _overrides_parser().parse_override(f"key={text}").value()
     except HydraException:
         return text
+
+
+@functools.cache
+def _overrides_parser() -> Any:
+    """Hydra's override parser, made once (it holds no state between parses)."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    return OverridesParser.create()
 
 
 def reward_manager_name(value: Any) -> str:
