@@ -34,7 +34,7 @@ from tandem.config.verl import (
     verl_sizes,
 )
 from tandem.config.verl_yaml import compose, looks_like_verl
-from tandem.config.yaml_io import deep_merge, read_yaml
+from tandem.config.yaml_io import deep_merge, dotted_keys, read_yaml
 
 PRESET_DIR = Path(__file__).parent / "presets"
 
@@ -76,7 +76,7 @@ def load_config(
             overrides = [str(o) for o in overrides]
             tree = compose(path, overrides)  # by Hydra, with the command line's verl keys applied before
             # verl's defaults under it: its SFT trainer's (sft_trainer_engine.yaml's keys: the newer trainer's)
-            preset = verl_sft_preset(_dotted_keys(tree)) if sft else "verl"
+            preset = verl_sft_preset(dotted_keys(tree)) if sft else "verl"
             raw = load_yaml_tree(PRESET_DIR / f"{preset}.yaml", (), problems.files)
             sizes = verl_sizes(tree, overrides)  # interpolations resolve, as verl composes its config
             translation = translate_tree(tree, sft=sft, sizes=sizes)
@@ -214,16 +214,8 @@ def load_yaml_tree(
         parent = load_yaml_tree(base_path, (*chain, path), files)
     if files is not None:
         label = f"in preset '{path.stem}'" if path.parent == PRESET_DIR.resolve() else f"in {path}"
-        files.update(dict.fromkeys(_dotted_keys(data), label))
+        files.update(dict.fromkeys(dotted_keys(data), label))
     return deep_merge(parent, data)
-
-
-def _dotted_keys(tree: Mapping[str, Any], prefix: str = "") -> Iterable[str]:
-    for key, value in tree.items():
-        path = f"{prefix}.{key}" if prefix else str(key)
-        yield path
-        if isinstance(value, Mapping):
-            yield from _dotted_keys(value, path)
 
 
 # --- dotted overrides ---------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem.config.errors import ConfigError
+from tandem.config.yaml_io import dotted_keys
 
 # top-level sections only a verl config has: a YAML holding one is read as verl's
 VERL_SECTIONS = (
@@ -71,7 +72,7 @@ def _tree_keys(path: Path, mtime_ns: int) -> frozenset[str]:
     from hydra import compose as hydra_compose
     from omegaconf import OmegaConf
 
-    return frozenset(_leaf_and_node_keys(OmegaConf.to_container(hydra_compose(config_name=path.stem))))
+    return frozenset(dotted_keys(OmegaConf.to_container(hydra_compose(config_name=path.stem))))
 
 
 def hydra_overrides(overrides: Iterable[str], keys: Set[str]) -> list[str]:
@@ -82,16 +83,6 @@ def hydra_overrides(overrides: Iterable[str], keys: Set[str]) -> list[str]:
         key = text.partition("=")[0].strip()
         if key.startswith(("+", "~")) or key in keys:
             out.append(text)
-    return out
-
-
-def _leaf_and_node_keys(tree: Any, prefix: str = "") -> set[str]:
-    out: set[str] = set()
-    if isinstance(tree, dict):
-        for key, value in tree.items():
-            dotted = f"{prefix}.{key}" if prefix else str(key)
-            out.add(dotted)
-            out |= _leaf_and_node_keys(value, dotted)
     return out
 
 

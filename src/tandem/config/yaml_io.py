@@ -87,3 +87,12 @@ def dotted_leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[s
             yield from dotted_leaves(value, path + ".")
         else:
             yield path, value
+
+
+def dotted_keys(tree: Mapping[str, Any], prefix: str = "") -> Iterable[str]:
+    """The dotted key of every entry of a nested mapping, sections and leaves alike (`a`, `a.b`, ...)."""
+    for key, value in tree.items():
+        path = f"{prefix}.{key}" if prefix else str(key)
+        yield path
+        if isinstance(value, Mapping):
+            yield from dotted_keys(value, path)
