@@ -83,8 +83,6 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
         ("weights kept in bfloat16 are not built",),
     ),
     "examples/ppo_trainer/run_deepseek7b_llm_sandbox_fusion.sh": (MISSING, ("no Sandbox Fusion client",)),
-    "examples/ppo_trainer/run_deepseek_math_gsm8k_megatron_nsys.sh": (MISSING, ("no 'nsys' hooks",)),
-    "examples/ppo_trainer/run_qwen2-7b_rm_seq_balance_nsys.sh": (MISSING, ("no 'nsys' hooks",)),
     "examples/router_replay/run_qwen30_a3b_megatron_sglang.sh": (
         MISSING,
         ("no MoE router replay", "keeping the rollout's order"),

@@ -53,6 +53,18 @@ ProfiledPhase = Literal[
     "update_critic",
 ]
 ProfilerActivity = Literal["cpu", "cuda"]
+ProfilerTool = Literal["torch", "nsys"]  # trainer.profile.tool
+
+# Nsight Systems' options for each worker under trainer.profile.tool=nsys (`nsys profile --NAME=VALUE`, given to
+# Ray's runtime_env "nsight"): verl's worker_nsight_options defaults, with one capture range per profiled call
+NSIGHT_WORKER_OPTIONS = {
+    "trace": "cuda,nvtx,cublas,ucx",
+    "cuda-memory-usage": "true",
+    "cuda-graph-trace": "graph",
+    "capture-range": "cudaProfilerApi",
+    "capture-range-end": "repeat",
+    "kill": "none",
+}
 
 
 @dataclass
@@ -391,9 +403,17 @@ class AlgorithmConfig:
 
 @dataclass
 class ProfileConfig:
-    """torch.profiler traces of chosen worker calls (roles/profile.py): one Chrome trace per call, for each
-    chosen rank of every worker group, written as <output_dir>/step<N>/<group>_rank<R>_<phase>.pt.trace.json
-    (Perfetto and TensorBoard's profiler plugin open them). Off (no cost) while `steps` is empty."""
+    """Profiles of chosen worker calls (roles/profile.py), off (no cost) while `steps` is empty.
+
+    tool=torch: torch.profiler, one Chrome trace per call, for each chosen rank of every worker group, written as
+    <output_dir>/step<N>/<group>_rank<R>_<phase>.pt.trace.json (Perfetto and TensorBoard's profiler plugin open
+    them). tool=nsys: Nsight Systems on a CUDA machine; each Ray worker runs under `nsys profile` with
+    `nsight_options`, and a chosen call opens one capture range (cudaProfilerStart / Stop) marked by an NVTX
+    range named <group>_rank<R>_<phase>_step<N>. Nsight writes its .nsys-rep files where Ray puts them
+    (/tmp/ray/session_*/logs/nsight); with trainer.backend=inprocess, run `nsys profile
+    --capture-range=cudaProfilerApi tandem train ...` yourself."""
+
+    tool: ProfilerTool = "torch"
 
     steps: list[int] = field(default_factory=list)  # training steps to profile, each >= 1; [] = off
     ranks: list[int] = field(default_factory=lambda: [0])  # ranks of each worker group; [] = every rank
@@ -401,7 +421,8 @@ class ProfileConfig:
     activities: list[ProfilerActivity] = field(default_factory=lambda: ["cpu", "cuda"])  # cuda: on a GPU only
     memory: bool = False  # record tensor allocations (profile_memory)
     with_stack: bool = False  # record Python call stacks (larger traces)
-    output_dir: str | None = None  # None = the run's folder / profile
+    output_dir: str | None = None  # None = the run's folder / profile (tool=torch)
+    nsight_options: dict[str, Any] = field(default_factory=dict)  # tool=nsys: over NSIGHT_WORKER_OPTIONS
 
 
 @dataclass

@@ -477,7 +477,7 @@ VERL_KEYS: dict[str, Rule] = {
         "a checkpoint-before-preemption setting of one cloud; Tandem has none"
     ),
     # profiler
-    "global_profiler.tool": maps("trainer.profile.memory", convert=profiler_tool),
+    "global_profiler.tool": maps("trainer.profile.tool,trainer.profile.memory", convert=profiler_tool),
     "global_profiler.steps": maps("trainer.profile.steps", convert=as_list),
     "global_profiler.save_path": maps("trainer.profile.output_dir"),
     "global_profiler.profile_continuous_steps": no_effect("Tandem profiles each listed step on its own"),
@@ -518,6 +518,11 @@ ENGINE_KWARGS = "actor_rollout_ref.rollout.engine_kwargs"
 VERL_SUBTREES: list[tuple[str, str, str]] = [
     (ENGINE_KWARGS + ".vllm.", "rollout.engine_kwargs.", "an argument of vLLM's engine"),
     ("reward_model.reward_kwargs.", "reward.manager_kwargs.", REWARD_KWARGS),
+    (
+        "global_profiler.global_tool_config.nsys.worker_nsight_options.",
+        "trainer.profile.nsight_options.",
+        "an option of `nsys profile` for each worker (trainer.profile.tool=nsys)",
+    ),
 ]
 
 VERL_PATTERNS: list[tuple[str, Rule]] = [
@@ -525,8 +530,14 @@ VERL_PATTERNS: list[tuple[str, Rule]] = [
     *MEGATRON_PATTERNS,
     ("*.profiler.*", no_effect("verl's per-role profiler; Tandem's profiler is trainer.profile.*")),
     (
+        "global_profiler.global_tool_config.nsys.controller_nsight_options.*",
+        no_effect(
+            "Tandem's controller is the process you start: run `nsys profile ... tandem train` to profile it"
+        ),
+    ),
+    (
         "global_profiler.global_tool_config.*",
-        no_effect("Tandem's profiler is torch.profiler (trainer.profile.*)"),
+        no_effect("verl's other profilers' options; Tandem's are trainer.profile.*"),
     ),
     ("*.fsdp_config.*", no_effect("Tandem's FSDP2 settings are actor.fsdp.*; it shards every decoder layer")),
     ("*.checkpoint.*", no_effect("Tandem saves model, optimizer and run state in every checkpoint")),

@@ -22,7 +22,7 @@ class Rule:
     """What one verl key does in Tandem."""
 
     effect: Effect
-    target: str = ""  # the Tandem key ("maps"); "a,b" sets both
+    target: str = ""  # the Tandem key ("maps"); "a,b" sets both (to a convert's tuple: one value each)
     note: str = ""  # why (no effect / unsupported), or how the meaning differs (maps)
     convert: Callable[[Any], Any] | None = None  # verl value -> Tandem value; may raise UnsupportedValue
 

@@ -51,14 +51,14 @@ def device(value: Any) -> str:
     raise UnsupportedValue(f"Tandem runs on cuda or cpu (or auto), not {value!r}")
 
 
-def profiler_tool(value: Any) -> bool:
-    if value == "torch_memory":
-        return True
-    if value == "torch":
-        return False
+def profiler_tool(value: Any) -> tuple[str, bool]:
+    """verl's global_profiler.tool as (trainer.profile.tool, trainer.profile.memory)."""
+    tools = {"torch": ("torch", False), "torch_memory": ("torch", True), "nsys": ("nsys", False)}
+    if value in tools:
+        return tools[value]
     raise UnsupportedValue(
-        f"Tandem's profiler is torch.profiler (trainer.profile.*); it has no {value!r} hooks. "
-        "Use global_profiler.tool=torch or torch_memory"
+        f"Tandem profiles with torch.profiler or Nsight Systems (trainer.profile.*); it has no {value!r} hooks. "
+        "Use global_profiler.tool=torch, torch_memory or nsys"
     )
 
 

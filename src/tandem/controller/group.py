@@ -135,6 +135,7 @@ class WorkerGroup:
         setup_timeout_s: float | None = 1800.0,
         env: dict[str, str] | None = None,
         log_dir: str | None = None,
+        nsight: dict[str, str] | None = None,
     ) -> WorkerGroup:
         """One Ray actor per bundle of `pool`, each building `worker_cls(ctx, *args, **kwargs)`.
 
@@ -145,7 +146,8 @@ class WorkerGroup:
         the longest building the group may take (actors, rendezvous, the workers' constructors).
         torch.distributed's own timeout is 30 min. `env`: extra environment variables for the workers.
         `log_dir`: each rank's stdout and stderr go to `<log_dir>/<name>_rank<r>.log` instead of the
-        controller's console.
+        controller's console. `nsight`: run each rank under Nsight Systems with these `nsys profile` options
+        (Ray's runtime_env "nsight"; a CUDA machine with nsys installed).
         """
         from tandem.controller.ray_backend import RayBackend
 
@@ -162,6 +164,7 @@ class WorkerGroup:
             setup_timeout_s=setup_timeout_s,
             env=env,
             log_dir=log_dir,
+            nsight=nsight,
         )
         return cls(worker_cls, name, backend)
 

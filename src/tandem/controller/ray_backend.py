@@ -70,6 +70,7 @@ class RayBackend:
         call_timeout_name: str = "call_timeout_s",
         env: dict[str, str] | None,
         log_dir: str | None = None,
+        nsight: dict[str, str] | None = None,
     ) -> RayBackend:
         """Create one host per rank, rendezvous at rank 0's address, and build the workers."""
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -82,7 +83,9 @@ class RayBackend:
         gpus = pool.gpus_per_worker * share
         if num_threads is None:
             num_threads = max(1, math.floor(cpus + 1e-9))
-        runtime_env = {"env_vars": {**thread_env(num_threads), **(env or {})}}
+        runtime_env: dict[str, Any] = {"env_vars": {**thread_env(num_threads), **(env or {})}}
+        if nsight is not None:
+            runtime_env["nsight"] = dict(nsight)
 
         hosts: list[Any] = []
         backend = cls(hosts, name, worker_cls.__name__, call_timeout_s)

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tandem.config.derived import choose_device
-from tandem.config.schema import TandemConfig
+from tandem.config.errors import ConfigError
+from tandem.config.schema import NSIGHT_WORKER_OPTIONS, TandemConfig
 from tandem.controller import ResourcePool, WorkerGroup, init_ray
 from tandem.roles.worker import RoleWorker
 
@@ -82,6 +83,23 @@ def resolve_device(cfg: TandemConfig) -> str:
 PURPOSES = ("rl", "sft", "eval")
 
 
+def nsight_options(cfg: TandemConfig, device: str) -> dict[str, str] | None:
+    """Ray's runtime_env "nsight" for every worker under trainer.profile.tool=nsys (None otherwise). Nsight
+    Systems records CUDA kernels, so a run whose workers have no GPU is refused here, before any starts."""
+    prof = cfg.trainer.profile
+    if prof.tool != "nsys" or not prof.steps:
+        return None
+    if device != "cuda":
+        raise ConfigError(
+            f"trainer.profile.tool=nsys profiles CUDA kernels with Nsight Systems, and this run's workers have "
+            f"no GPU (trainer.device resolves to {device}); this is a hardware limit, not a setting. Use "
+            "trainer.profile.tool=torch (torch.profiler traces) on this machine"
+        )
+    options = {**NSIGHT_WORKER_OPTIONS, **prof.nsight_options}
+    # `nsys profile --NAME=VALUE` text: true / false as nsys spells them; None drops the option
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items() if v is not None}
+
+
 def build_worker_groups(
     cfg: TandemConfig,
     total_training_steps: int | None = None,
@@ -112,6 +130,7 @@ def build_worker_groups(
 
     if t.backend == "inprocess":
         device = resolve_device(cfg)
+        nsight_options(cfg, device)  # the hardware check; the user runs this process under nsys
         group = WorkerGroup.inprocess(
             RoleWorker, name="all_roles", args=(cfg, hybrid + others), kwargs=kwargs, device=device
         )
@@ -121,12 +140,15 @@ def build_worker_groups(
         )
 
     init_ray(address=t.ray_address)
-    # every group: its ranks' log files, and the key a call's timeout message names
+    device = resolve_device(cfg)
+    nsight = nsight_options(cfg, device)
+    # every group: its ranks' log files, the key a call's timeout message names, Nsight for tool=nsys
     logs = {
         "log_dir": None if log_dir is None else str(log_dir),
         "call_timeout_name": "trainer.worker_timeout_s",
+        "nsight": nsight,
     }
-    gpus = 1 if resolve_device(cfg) == "cuda" else 0
+    gpus = 1 if device == "cuda" else 0
 
     def pool(name: str) -> ResourcePool:
         return ResourcePool(t.nnodes, t.workers_per_node, t.cpus_per_worker, gpus, name=name)

@@ -7,6 +7,9 @@ runs under `torch.profiler.profile` and writes one Chrome trace:
     <output_dir>/step<N>/<group>_rank<R>_<phase>.pt.trace.json
 
 which Perfetto (ui.perfetto.dev) and TensorBoard's profiler plugin (a log folder of `*.pt.trace.json`) open.
+With `trainer.profile.tool=nsys` the same chosen call opens one Nsight Systems capture range instead
+(cudaProfilerStart / Stop, which `nsys profile --capture-range=cudaProfilerApi` records), inside an NVTX range
+named `<group>_rank<R>_<phase>_step<N>`; the worker runs under nsys by Ray's runtime_env (roles/layout.py).
 With `steps` empty nothing is set up, and a call's only cost is one attribute test.
 """
 
@@ -55,6 +58,10 @@ class PhaseProfiler:
         if not chosen or self.folder is None:
             yield
             return
+        if self.cfg.tool == "nsys":
+            with nsight_capture(f"{self.group}_rank{self.rank}_{name}_step{self.step}"):
+                yield
+            return
         with profile(
             activities=self.activities,
             record_shapes=True,
@@ -66,6 +73,22 @@ class PhaseProfiler:
         path.parent.mkdir(parents=True, exist_ok=True)
         prof.export_chrome_trace(str(path))
         logger.info("profile of %s written to %s", name, path)
+
+
+@contextmanager
+def nsight_capture(label: str) -> Iterator[None]:
+    """One Nsight Systems capture range around the block, marked by an NVTX range `label`. Untested on a GPU
+    here: on the CPU machines the suite runs on, layout.py refuses tool=nsys before a worker starts."""
+    torch.cuda.synchronize()  # the kernels queued before the range stay out of it
+    torch.cuda.profiler.start()
+    torch.cuda.nvtx.range_push(label)
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize()
+        torch.cuda.nvtx.range_pop()
+        torch.cuda.profiler.stop()
+        logger.info("nsight capture range %s closed", label)
 
 
 def profiled(method: Callable) -> Callable:

@@ -110,6 +110,12 @@ def check_trainer_values(cfg: TandemConfig, problems: Problems) -> None:
             f"trainer.profile.steps={prof.steps} must be training steps >= 1 and trainer.profile.ranks="
             f"{prof.ranks} ranks >= 0 ([] = every rank)",
         )
+    if prof.tool == "nsys" and t.device == "cpu":
+        problems.add(
+            ("trainer.profile.tool", "trainer.device"),
+            "trainer.profile.tool=nsys profiles CUDA kernels with Nsight Systems, and trainer.device=cpu; use "
+            "trainer.profile.tool=torch (torch.profiler traces) on a CPU run",
+        )
     if prof.steps and not prof.activities:
         problems.add(
             "trainer.profile.activities", "trainer.profile.activities is empty: give cpu and/or cuda"
