@@ -82,7 +82,6 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
         MISSING,
         ("weights kept in bfloat16 are not built",),
     ),
-    "examples/ppo_trainer/run_deepseek7b_llm_sandbox_fusion.sh": (MISSING, ("no Sandbox Fusion client",)),
     "examples/router_replay/run_qwen30_a3b_megatron_sglang.sh": (
         MISSING,
         ("no MoE router replay", "keeping the rollout's order"),

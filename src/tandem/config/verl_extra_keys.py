@@ -231,6 +231,9 @@ EXTRA_KEYS: dict[str, Rule] = {
         "Tandem logs every reward term's mean (reward/overlong_mean)"
     ),
     "reward_model.reward_kwargs.max_resp_len": maps("reward.overlong.max_length"),
+    "reward_model.sandbox_fusion.url": maps("reward.sandbox_fusion.url"),
+    "reward_model.sandbox_fusion.max_concurrent": maps("reward.sandbox_fusion.max_concurrent"),
+    "reward_model.sandbox_fusion.memory_limit_mb": maps("reward.sandbox_fusion.memory_limit_mb"),
     "reward_model.reward_manager": maps("reward.manager", _REWARD_MANAGER, convert=reward_manager_name),
     "reward_model.launch_reward_fn_async": no_effect(
         "Tandem's rewards are scored by reward.num_workers processes while the step goes on"

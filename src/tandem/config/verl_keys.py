@@ -566,7 +566,6 @@ VERL_PATTERNS: list[tuple[str, Rule]] = [
         no_effect("weights reach vLLM by Tandem's weight sync"),
     ),
     ("reward_model.rollout.*", no_effect("Tandem's reward model is a scoring model, not a generative judge")),
-    ("reward_model.sandbox_fusion.*", unsupported("Tandem has no Sandbox Fusion client")),
     ("ray_kwargs.*", no_effect("Tandem starts Ray itself; trainer.ray_address joins a running cluster")),
     ("transfer_queue.*", no_effect("Tandem moves batches through Ray's object store")),
 ]

@@ -73,4 +73,17 @@ def reward_manager_from_config(cfg: Any, tokenizer: Any) -> RewardManager:
         reward_model=cfg.reward.reward_model.enable,
         batch=reward.manager == "batch",
         manager_kwargs=reward.manager_kwargs,
+        scorer_kwargs={"code": code_scorer_kwargs(cfg)},
     )
+
+
+def code_scorer_kwargs(cfg: Any) -> dict[str, Any]:
+    """The code scorer's runner (reward.sandbox_fusion): max_concurrent is shared by the scoring processes, one
+    sample at a time in each, so each runs at most max_concurrent / reward.num_workers of its cases at once."""
+    box = cfg.reward.sandbox_fusion
+    processes = max(1, cfg.reward.num_workers)
+    return {
+        "sandbox_url": box.url,
+        "max_concurrent": max(1, box.max_concurrent // processes),
+        "memory_limit_mb": box.memory_limit_mb,
+    }

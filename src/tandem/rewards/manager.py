@@ -28,6 +28,7 @@ from tandem.rewards.registry import (
 from tandem.rewards.scoring import (
     BATCH_ARGUMENTS,
     BatchTask,
+    BoundScorer,
     Outcome,
     ScorerSpec,
     Task,
@@ -114,6 +115,7 @@ class RewardManager:
         reward_model: bool = False,
         batch: bool = False,
         manager_kwargs: Mapping[str, Any] | None = None,
+        scorer_kwargs: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
         if not timeout_s > 0:
             raise ValueError(f"RewardManager timeout_s must be > 0, got {timeout_s}")
@@ -144,6 +146,13 @@ class RewardManager:
             raise ValueError("custom_reward_kwargs are given but no custom_reward_file to pass them to")
         self._overrides = {
             source: self._override_spec(source, target) for source, target in (scorer_overrides or {}).items()
+        }
+        unknown = sorted(set(scorer_kwargs or {}) - set(SCORERS))
+        if unknown:
+            raise ValueError(f"scorer_kwargs name scorers that are not registered: {unknown}")
+        # a built-in scorer's keyword arguments from the config, by scorer name (the code scorer's sandbox)
+        self._scorer_kwargs = {
+            name: tuple(sorted(kw.items())) for name, kw in (scorer_kwargs or {}).items() if kw
         }
         self.batch = batch
         self._batch_kwargs = self._check_batch(batch, custom_reward_kwargs or {}, manager_kwargs or {})
@@ -204,6 +213,9 @@ class RewardManager:
             if name is None and not self.reward_model:
                 raise UnknownDataSourceError(unknown_data_source_message(data_source))
             spec = SCORERS[name] if name is not None else reward_model_only
+        bound = self._scorer_kwargs.get(scorer_name_of(spec) or "")
+        if bound:
+            spec = BoundScorer(spec, bound)
         if self.num_workers > 0 and not isinstance(spec, tuple):
             try:
                 pickle.dumps(spec)
@@ -232,7 +244,7 @@ class RewardManager:
         _, spec = self._scorer_for(data_source, style)
         if isinstance(spec, tuple):  # a user's file: its optional check_ground_truth
             return f"{spec[1]} in {spec[0]}", load_ground_truth_check(spec[0])
-        name = scorer_name_of(spec)
+        name = scorer_name_of(spec.fn if isinstance(spec, BoundScorer) else spec)
         if name is None:
             return repr(spec), None
         return f"scorer '{name}'", GROUND_TRUTH_CHECKS.get(name)

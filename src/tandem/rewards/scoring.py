@@ -11,6 +11,7 @@ import math
 import os
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -56,8 +57,22 @@ class Outcome(NamedTuple):
     timed_out: bool = False
 
 
-def spec_key(spec: ScorerSpec) -> str:
+@dataclass(frozen=True)
+class BoundScorer:
+    """A registered scorer with keyword arguments from the config (e.g. the code scorer's Sandbox Fusion URL):
+    picklable by reference to the function, so worker processes can run it."""
+
+    fn: Callable[..., Any]
+    kwargs: tuple[tuple[str, Any], ...]
+
+    def __call__(self, *args: Any) -> Any:
+        return self.fn(*args, **dict(self.kwargs))
+
+
+def spec_key(spec: ScorerSpec | BoundScorer) -> str:
     """A stable name for a spec, the same in every process."""
+    if isinstance(spec, BoundScorer):
+        return f"{spec_key(spec.fn)}({', '.join(f'{k}={v!r}' for k, v in spec.kwargs)})"
     if isinstance(spec, tuple):
         bound = f"({', '.join(f'{k}={v!r}' for k, v in spec[2])})" if len(spec) > 2 and spec[2] else ""
         return f"{os.path.realpath(spec[0])}:{spec[1]}{bound}"

@@ -216,6 +216,19 @@ def check_reward_values(cfg: TandemConfig, problems: Problems) -> None:
     at_least(problems, "reward.num_workers", cfg.reward.num_workers, 0)
     if cfg.reward.timeout_s <= 0:
         problems.add("reward.timeout_s", f"reward.timeout_s={cfg.reward.timeout_s} must be > 0 seconds")
+    box = cfg.reward.sandbox_fusion
+    if box.max_concurrent < 1 or box.memory_limit_mb < 0:
+        problems.add(
+            ("reward.sandbox_fusion.max_concurrent", "reward.sandbox_fusion.memory_limit_mb"),
+            f"reward.sandbox_fusion.max_concurrent={box.max_concurrent} must be >= 1 and memory_limit_mb="
+            f"{box.memory_limit_mb} >= 0 (0 = no limit)",
+        )
+    if box.url is not None and not box.url.startswith(("http://", "https://")):
+        problems.add(
+            "reward.sandbox_fusion.url",
+            f"reward.sandbox_fusion.url={box.url!r} is not an http(s) URL; give Sandbox Fusion's run_code "
+            "endpoint (https://<host>/run_code), or null to run programs locally",
+        )
     if cfg.reward.custom_reward_file and not Path(cfg.reward.custom_reward_file).expanduser().is_file():
         problems.add(
             "reward.custom_reward_file",

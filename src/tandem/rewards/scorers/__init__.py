@@ -6,6 +6,7 @@ from tandem.rewards.scorers.arithmetic import (
     evaluate_arithmetic,
     tool_multiply_score,
 )
+from tandem.rewards.scorers.code import code_score
 from tandem.rewards.scorers.geo3k import geo3k_score
 from tandem.rewards.scorers.gsm8k import gsm8k_score
 from tandem.rewards.scorers.math_answer import math_score
@@ -13,6 +14,7 @@ from tandem.rewards.scorers.math_dapo import math_dapo_score
 
 __all__ = [
     "addition_score",
+    "code_score",
     "countdown_score",
     "evaluate_arithmetic",
     "geo3k_score",
