@@ -57,7 +57,7 @@ TANDEM_SCORER = {
     "math_dapo": "math_dapo",
     "geo3k": "geo3k",
     "prime_math": None,  # PRIME's sympy-based grader is not ported
-    "prime_code": None,  # runs the model's code against test cases: Tandem has no code sandbox for it
+    "prime_code": "code",  # the pass rate over the first 10 test cases, locally or on Sandbox Fusion
     "search_r1_like_qa_em": None,  # search-R1's exact match is not ported (its rows need a search tool too)
 }
 
