@@ -69,6 +69,14 @@ def test_curves_overlay_the_runs_with_their_metrics(page, url):
         }
     }
     page.click("#metric-picker summary")
+    every = page.eval_on_selector_all("#metric-list label", "ls => ls.map(l => l.dataset.name)")
+    page.fill("#metric-search", "entropy")  # the filter box: only the names holding it stay on screen
+    shown = page.eval_on_selector_all(
+        "#metric-list label",
+        "ls => ls.filter(l => l.getBoundingClientRect().height > 0).map(l => l.dataset.name)",
+    )
+    assert shown == [name for name in every if "entropy" in name] and len(shown) < len(every)
+    page.fill("#metric-search", "")
     page.check('#metric-list input[value="actor/entropy"]')
     page.wait_for_function("document.body.dataset.ready === 'curves'")
     assert list(curves(page)) == ["timing_s/step", "actor/entropy"]
