@@ -59,6 +59,15 @@ def test_curves_overlay_the_runs_with_their_metrics(page, url):
         "c/calc": list(expected_curves(metrics_rows(4), ["score/mean"])["score/mean"]),
     }
     assert drawn["val/acc"]["a/grpo"] == [[0, 2, 4], [0.25, 0.5, 0.75]]
+    layouts = page.evaluate(
+        """() => Object.fromEntries([...document.querySelectorAll('.chart')].map((div) => [div.dataset.metric,
+            {title: div.layout.title.text, x: div.layout.title.xanchor, hover: div.layout.yaxis.hoverformat,
+             modes: div.data.map((t) => t.mode)}]))"""
+    )
+    assert layouts["rollout_mismatch/kl"]["title"].startswith("rollout_mismatch/kl<br><sub>k1 estimate")
+    assert "signed" in layouts["rollout_mismatch/kl"]["title"]
+    assert {(v["x"], v["hover"]) for v in layouts.values()} == {("left", ".4~g")}  # clear of the toolbar
+    assert set(layouts["score/mean"]["modes"]) == {"lines+markers"}  # a few points: markers
     # any metric, picked in the URL (a link to the view) or in the list
     show(page, url + "#metrics=timing_s/step")
     assert curves(page) == {
@@ -159,3 +168,12 @@ def test_the_static_file_opens_from_disk(page, folders, tmp_path):
     show(page, out.as_uri() + "#tab=samples&run=1&sample=1&step=2")
     assert page.locator("#sample-card .turn").count() == 5
     assert page.inner_text("#run-names").endswith("(saved page)")
+
+
+def test_a_long_curve_is_drawn_as_a_line_without_markers(page, tmp_path):
+    """A 750-point SFT loss drew as a thick band of markers: past 60 points a trace is a line alone."""
+    long_run = write_run(tmp_path / "long" / "sft", steps=80, samples=1)
+    out = write_static(open_runs([long_run]), tmp_path / "long.html")
+    show(page, out.as_uri() + "#metrics=score/mean")
+    modes = page.evaluate("() => document.querySelector('.chart').data.map((t) => [t.mode, t.x.length])")
+    assert modes == [["lines", 80]]

@@ -14,11 +14,15 @@
     ["response_length/mean"],
     ["actor/kl_loss", "actor/reward_kl_penalty", "actor/ppo_kl"],
     ["actor/entropy"],
-    ["rollout_mismatch/kl", "rollout_mismatch/abs_diff_mean"],
+    ["rollout_mismatch/k3", "rollout_mismatch/kl", "rollout_mismatch/abs_diff_mean"], // k3: never below 0
     ["val/agent/tool_use_ratio"],
     ["sft/loss"], // an SFT run's folder
     ["val/loss"],
   ];
+  // a line under a chart's title for the metrics that read wrongly without it (docs/metrics.md says the same)
+  const SIGNED_KL = "k1 estimate, mean of log p(rollout) − log p(trainer): signed, dips below 0 by noise; k3 is ≥ 0";
+  const METRIC_NOTES = { "rollout_mismatch/kl": SIGNED_KL, "rollout_corr/kl": SIGNED_KL };
+  const MARKERS_UP_TO = 60; // points per trace drawn with markers; a longer curve is a line alone
   const KIND_LABEL = { rollouts: "training", validation: "validation" };
   const $ = (id) => document.getElementById(id);
   let state = readState();
@@ -110,11 +114,16 @@
       charts.append(div);
       const traces = runs.map((run, i) => {
         const rows = tables[i].filter((r) => typeof r[metric] === "number");
-        return { x: rows.map((r) => r.step), y: rows.map((r) => r[metric]), name: run.name, type: "scatter", mode: "lines+markers", marker: { size: 5 } };
+        const mode = rows.length > MARKERS_UP_TO ? "lines" : "lines+markers";
+        return { x: rows.map((r) => r.step), y: rows.map((r) => r[metric]), name: run.name, type: "scatter", mode, marker: { size: 5 } };
       });
+      const note = METRIC_NOTES[metric];
       Plotly.newPlot(div, traces, {
-        title: { text: metric, font: { size: 14 } }, margin: { l: 56, r: 16, t: 40, b: 40 },
-        xaxis: { title: { text: "step" } }, showlegend: runs.length > 1, legend: { orientation: "h" },
+        // left-aligned, so the toolbar (top right) never covers it
+        title: { text: note ? `${metric}<br><sub>${note}</sub>` : metric, font: { size: 14 }, x: 0.01, xanchor: "left" },
+        margin: { l: 56, r: 16, t: note ? 56 : 40, b: 40 },
+        xaxis: { title: { text: "step" } }, yaxis: { hoverformat: ".4~g" }, // 0.0005517, not 551.7μ
+        showlegend: runs.length > 1, legend: { orientation: "h" },
       }, { displaylogo: false, responsive: true });
     }
   }
