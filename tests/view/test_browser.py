@@ -7,6 +7,8 @@ so each check opens a URL. A real run's folder is checked after the quickstart t
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from tandem.view import open_runs, write_static
@@ -143,6 +145,18 @@ def test_an_opened_multi_turn_sample_shows_its_tool_calls_and_errors(page, folde
         "#sample-card .tokens span", "s => s.map((x) => Number(x.dataset.mismatch))"
     )
     assert shading == open_runs([folders["calc"]])[0].samples("rollouts", 4)[1]["token_mismatch"]
+    # one scale in nats for every sample: |d| on a log scale, 0.001 nat = no shade, 1 nat = the darkest (0.85)
+    shades = page.eval_on_selector_all(
+        "#sample-card .tokens span", "s => s.map((x) => Number(x.dataset.shade))"
+    )
+    expected = [
+        0.0 if abs(d) <= 1e-3 else round(min(1.0, (math.log10(abs(d)) + 3) / 3) * 0.85, 3) for d in shading
+    ]
+    assert shades == pytest.approx(expected, abs=1e-3)
+    legend = page.eval_on_selector_all(
+        "#sample-card .legend .swatch", "s => s.map((x) => Number(x.dataset.shade))"
+    )
+    assert legend == [0.0, 0.283, 0.567, 0.85]
 
 
 def test_one_validation_prompt_across_steps(page, url):

@@ -257,18 +257,29 @@
     }));
   }
 
+  // Token shading, one scale for every sample of every run: |rollout − trainer log-prob| in nats, on a log
+  // scale from SHADE_FROM (no shade) to SHADE_TO (darkest), so a 0.0009-nat difference stays pale everywhere.
+  const SHADE_FROM = 1e-3, SHADE_TO = 1;
+  function shade(d) {
+    const a = Math.abs(d);
+    if (!(a > SHADE_FROM)) return 0;
+    return Math.min(1, Math.log10(a / SHADE_FROM) / Math.log10(SHADE_TO / SHADE_FROM)) * 0.85;
+  }
+  function shaded(d, text, attrs = {}) {
+    return el("span", { ...attrs, "data-shade": shade(d).toFixed(3),
+      style: `background: rgba(${d >= 0 ? "229,57,53" : "30,136,229"}, ${shade(d).toFixed(3)})` }, text);
+  }
   function tokenView(tokens, diffs) {
-    const largest = Math.max(0, ...diffs.map((d) => Math.abs(d)));
     const strip = el("div", { class: "tokens" }, tokens.map((tok, i) => {
       const d = diffs[i] ?? 0;
-      const alpha = largest ? Math.min(1, Math.abs(d) / largest) * 0.85 : 0;
-      return el("span", { title: `${JSON.stringify(tok)}  rollout − trainer log-prob: ${d}`, "data-mismatch": d,
-        style: `background: rgba(${d >= 0 ? "229,57,53" : "30,136,229"}, ${alpha.toFixed(3)})` }, tok);
+      return shaded(d, tok, { title: `${JSON.stringify(tok)}  rollout − trainer log-prob: ${d} nats`, "data-mismatch": d });
     }));
-    const legend = largest ? `Shading: rollout − trainer log-prob of each token (red: the rollout gave it more, ` +
-      `blue: less); darkest = ${fmt(largest, 3)}, the sample's largest. Hover a token for its value.` :
-      "Rollout and trainer log-probs agree on every token (to 4 decimals): no shading.";
-    return [el("p", { class: "legend" }, legend), strip];
+    const largest = Math.max(0, ...diffs.map((d) => Math.abs(d)));
+    const legend = el("p", { class: "legend" }, "Shading: rollout − trainer log-prob of each token, in nats (red: the " +
+      "rollout gave it more, blue: less), the same scale for every sample: ",
+      ...[0.001, 0.01, 0.1, 1].map((v) => shaded(v, ` ${v} `, { class: "swatch" })),
+      ` · this sample's largest: ${fmt(largest, 3)}. Hover a token for its value.`);
+    return [legend, strip];
   }
 
   function sampleCard(s, where) {
