@@ -103,6 +103,19 @@ def test_the_table_filters_and_sorts_a_steps_samples(page, folders, url):
     assert [r["response_length"] for r in rows] == [s["response_length"] for s in samples]
     assert [r["terms"] for r in rows][:2] == ["acc=1 format=0.5", "acc=0 format=0.5"]
     assert page.inner_text("#sample-count").startswith("8 of 8 samples")
+    # the prompt beside its samples, and a prompt's samples together (GRPO's group: uid, its mean score)
+    assert [r["prompt"] for r in rows][:3] == ["user What is 0 + 3?", "user What is 1 + 3?", "user What is 2 + 3?"]
+    assert [(r["group"], r["group_mean"]) for r in rows][:3] == [("u0", 0.5), ("u0", 0.5), ("u1", 0.5)]
+    page.click('#sample-table th[data-col="group"]')
+    page.click('#sample-table th[data-col="group"]')  # descending: the groups' samples stay side by side
+    grouped = table(page)
+    assert [(r["group"], r["sample"], r["score"], r["advantage"]) for r in grouped][:4] == [
+        ("u3", 6, 1.0, 0.5),
+        ("u3", 7, 0.0, -0.5),
+        ("u2", 4, 1.0, 0.5),
+        ("u2", 5, 0.0, -0.5),
+    ]
+    show(page, url + "#tab=samples&step=3")
     page.fill("#f-smin", "0.5")  # typing filters at once
     assert [r["sample"] for r in table(page)] == [0, 2, 4, 6]
     page.select_option("#f-source", "addition_hard")

@@ -88,6 +88,10 @@
   function showError(message) { $("error").hidden = !message; $("error").textContent = message || ""; }
   const toolErrors = (s) => (s.turns || []).filter((t) => t.role === "tool" && (t.error || t.timed_out)).length;
   const sampleId = (s, i) => (Number.isInteger(s.sample) ? s.sample : i);
+  // the end of a prompt as plain text: special tokens and the assistant header dropped (the question is last)
+  const promptSnippet = (text, n = 90) => String(text ?? "").replace(/<\|[^|]*\|>/g, " ").replace(/\s+/g, " ")
+    .trim().replace(/\s*assistant$/, "").slice(-n);
+  let groupMeans = new Map(); // uid -> the mean score of its samples in the step shown (a GRPO group)
 
   // ------------------------------------------------------------------ curves
   async function renderCurves(runs) {
@@ -157,15 +161,18 @@
     ["score", "score", (s) => s.score],
     ["terms", "reward terms", (s) => (s.reward_keys || []).map((k) => `${k}=${fmt(s[k], 3)}`).join(" ")],
     ["response_length", "length", (s) => s.response_length],
+    ["group", "group", (s) => s.uid ?? ""],
+    ["group_mean", "group mean", (s) => groupMeans.get(s.uid)],
     ["data_source", "data source", (s) => s.data_source],
     ["finish_reason", "finish", (s) => s.finish_reason],
     ["truncated", "truncated", (s) => (s.truncated ? "yes" : "")],
     ["tool_errors", "tool errors", (s) => (s.turns ? toolErrors(s) : "")],
     ["advantage", "advantage", (s) => s.advantage],
     ["rollout_mismatch", "mismatch", (s) => s.rollout_mismatch],
+    ["prompt", "prompt", (s) => promptSnippet(s.input, 60)],
     ["output", "response", (s) => String(s.output ?? "").replace(/\s+/g, " ").slice(0, 160)],
   ];
-  const NUMERIC = new Set(["sample", "score", "response_length", "tool_errors", "advantage", "rollout_mismatch"]);
+  const NUMERIC = new Set(["sample", "score", "group_mean", "response_length", "tool_errors", "advantage", "rollout_mismatch"]);
 
   function passes(s) {
     const num = (v) => (v === "" ? null : Number(v));
@@ -206,6 +213,10 @@
 
   function renderTable() {
     const { samples, where } = shown;
+    const groups = new Map();
+    for (const x of samples) if (x.uid !== undefined && x.uid !== null && typeof x.score === "number")
+      groups.set(x.uid, [...(groups.get(x.uid) || []), x.score]);
+    groupMeans = new Map([...groups].map(([uid, scores]) => [uid, scores.reduce((a, b) => a + b, 0) / scores.length]));
     const key = COLUMNS.find((c) => c[0] === state.sort) || COLUMNS[0];
     const rows = samples.map((s, i) => ({ s, i, id: sampleId(s, i) })).filter((r) => passes(r.s));
     const value = (r) => key[2](r.s, r.i);
@@ -228,9 +239,9 @@
       "data-sample": r.id, class: String(r.id) === state.sample ? "open" : "", onclick: () => go({ sample: String(r.id) }),
     }, columns.map(([k, , get]) => {
       const v = get(r.s, r.i);
-      const cls = k === "output" || k === "terms" ? "snippet" : NUMERIC.has(k) ? "num" : "";
+      const cls = k === "output" || k === "terms" || k === "prompt" ? "snippet" : NUMERIC.has(k) ? "num" : "";
       const mark = k === "score" && typeof v === "number" ? (v > 0 ? " score-hi" : " score-lo") : k === "truncated" && v ? " yes" : k === "tool_errors" && v > 0 ? " yes" : "";
-      return el("td", { "data-col": k, "data-value": typeof v === "number" ? v : null, class: cls + mark, title: k === "output" ? String(r.s.output ?? "").slice(0, 2000) : null }, fmt(v));
+      return el("td", { "data-col": k, "data-value": typeof v === "number" ? v : null, class: cls + mark, title: k === "output" ? String(r.s.output ?? "").slice(0, 2000) : k === "prompt" ? promptSnippet(r.s.input, 2000) : null }, fmt(v));
     }))));
     $("sample-count").textContent = `${rows.length} of ${samples.length} samples · step ${where.step} (${KIND_LABEL[where.kind]})`;
     const open = samples.find((s, i) => String(sampleId(s, i)) === state.sample);
@@ -316,7 +327,7 @@
     }));
     const ids = [...prompts.keys()];
     const id = prompts.has(state.prompt) ? state.prompt : ids[0];
-    const label = (p, n) => `${n + 1}. ${String(p.input ?? "").replace(/<\|[^|]*\|>/g, " ").replace(/\s+/g, " ").trim().slice(-90)}`;
+    const label = (p, n) => `${n + 1}. ${promptSnippet(p.input)}`;
     $("prompt-where").append(el("label", {}, "prompt ", el("select", { id: "w-prompt", onchange: (e) => go({ prompt: e.target.value }) },
       ids.map((k, n) => el("option", { value: k, selected: k === id }, label(prompts.get(k), n))))));
     const p = prompts.get(id);
