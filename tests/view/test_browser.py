@@ -104,7 +104,11 @@ def test_the_table_filters_and_sorts_a_steps_samples(page, folders, url):
     assert [r["terms"] for r in rows][:2] == ["acc=1 format=0.5", "acc=0 format=0.5"]
     assert page.inner_text("#sample-count").startswith("8 of 8 samples")
     # the prompt beside its samples, and a prompt's samples together (GRPO's group: uid, its mean score)
-    assert [r["prompt"] for r in rows][:3] == ["user What is 0 + 3?", "user What is 1 + 3?", "user What is 2 + 3?"]
+    assert [r["prompt"] for r in rows][:3] == [
+        "user What is 0 + 3?",
+        "user What is 1 + 3?",
+        "user What is 2 + 3?",
+    ]
     assert [(r["group"], r["group_mean"]) for r in rows][:3] == [("u0", 0.5), ("u0", 0.5), ("u1", 0.5)]
     page.click('#sample-table th[data-col="group"]')
     page.click('#sample-table th[data-col="group"]')  # descending: the groups' samples stay side by side
@@ -184,6 +188,17 @@ def test_one_validation_prompt_across_steps(page, url):
         "step 2 · score 0",
         "step 4 · score 0",
     ]
+    # what never changes across steps is said once, above the cards, not in each (this fixture's answer, gts,
+    # follows the step: it stays in each card)
+    same = page.locator("#prompt-view .same [data-field]").evaluate_all(
+        "fs => fs.map((f) => f.dataset.field)"
+    )
+    assert same == ["data_source", "uid", "prompt_length"]
+    assert page.locator('.across [data-field="data_source"]').count() == 0
+    assert page.locator('.across [data-field="gts"]').count() == 3
+    assert page.inner_text("#across-steps").startswith(
+        "3 validation steps with this prompt: 0, 2, 4 (the last, 4,"
+    )
 
 
 def test_the_static_file_opens_from_disk(page, folders, tmp_path):
@@ -204,3 +219,9 @@ def test_a_long_curve_is_drawn_as_a_line_without_markers(page, tmp_path):
     show(page, out.as_uri() + "#metrics=score/mean")
     modes = page.evaluate("() => document.querySelector('.chart').data.map((t) => [t.mode, t.x.length])")
     assert modes == [["lines", 80]]
+    # 41 validation steps of one prompt at 1400 px: every card on screen (wrapped), none behind a hidden scroll
+    show(page, out.as_uri() + "#tab=prompt")
+    right_edges = page.locator(".across .card").evaluate_all(
+        "cs => cs.map((c) => c.getBoundingClientRect().right)"
+    )
+    assert len(right_edges) == 41 and max(right_edges) <= 1400

@@ -248,10 +248,10 @@
     $("detail").replaceChildren(open ? sampleCard(open, where) : el("p", { class: "empty" }, "Click a row to open its sample."));
   }
 
-  function fieldsOf(s) {
+  function fieldsOf(s, skip = new Set()) {
     const keys = ["score", ...(s.reward_keys || []), "reward_error", "gts", "data_source", "uid", "finish_reason", "truncated",
       "prompt_length", "response_length", "num_turns", "advantage", "rollout_mismatch"];
-    return el("div", { class: "fields" }, keys.filter((k) => s[k] !== undefined && s[k] !== null).map((k) =>
+    return el("div", { class: "fields" }, keys.filter((k) => !skip.has(k) && s[k] !== undefined && s[k] !== null).map((k) =>
       el("div", { "data-field": k }, el("span", {}, (s.reward_keys || []).includes(k) ? `term ${k}: ` : `${k}: `), fmt(s[k], 5))));
   }
 
@@ -331,11 +331,20 @@
     $("prompt-where").append(el("label", {}, "prompt ", el("select", { id: "w-prompt", onchange: (e) => go({ prompt: e.target.value }) },
       ids.map((k, n) => el("option", { value: k, selected: k === id }, label(prompts.get(k), n))))));
     const p = prompts.get(id);
+    const shownSteps = steps.filter((s) => p.byStep.has(s));
+    // fields equal in every step's sample (the answer, data source, prompt length) are shown once, above
+    const all = shownSteps.flatMap((step) => p.byStep.get(step));
+    const fixed = new Set(["gts", "data_source", "uid", "prompt_length"].filter((k) =>
+      all.every((s) => JSON.stringify(s[k]) === JSON.stringify(all[0][k]))));
+    const fixedFields = fieldsOf(all[0], new Set(Object.keys(all[0]).filter((k) => !fixed.has(k))));
     view.replaceChildren(
-      el("div", { class: "card" }, el("h3", {}, "Prompt"), templated(p.input)),
-      el("div", { class: "across" }, steps.filter((s) => p.byStep.has(s)).map((step) => el("div", { class: "card", "data-step": step },
+      el("div", { class: "card" }, el("h3", {}, "Prompt"), templated(p.input),
+        fixed.size ? el("div", { class: "same" }, "the same at every step: ", fixedFields) : null),
+      el("p", { class: "legend", id: "across-steps" }, `${shownSteps.length} validation steps with this prompt: ` +
+        `${shownSteps.join(", ")} (the last, ${shownSteps[shownSteps.length - 1]}, is the model as trained)`),
+      el("div", { class: "across" }, shownSteps.map((step) => el("div", { class: "card", "data-step": step },
         p.byStep.get(step).map((s) => [
-          el("h2", {}, `step ${step} · score ${fmt(s.score)}`), fieldsOf(s),
+          el("h2", {}, `step ${step} · score ${fmt(s.score)}`), fieldsOf(s, fixed),
           s.turns && s.turns.length ? turnsView(s.turns) : templated(s.output)]))))
     );
   }
