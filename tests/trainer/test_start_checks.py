@@ -377,3 +377,20 @@ def test_cli_prints_the_tokenizer_warning_before_any_worker(assets, char_folders
     assert done.returncode == 2 and "Started a local Ray" not in done.stderr
     assert "does not give back the text it encodes" in done.stderr
     assert "set actor.tokenizer_path" in done.stderr and "'<|im_start|>user\\n1+1=" in done.stderr
+
+
+def test_tandem_sft_says_the_dump_folders_have_no_effect(char_folders, tmp_path, caplog):
+    rows = [{"prompt": [{"role": "user", "content": "2 + 3"}], "response": "is 5", "data_source": "x"}] * 4
+    data = write_rows(rows, tmp_path / "sft.parquet")
+    cfg = run_config(
+        {"model": char_folders["qwen2"], "train": data, "val": data},
+        tmp_path,
+        "sft",
+        "trainer.rollout_data_dir=dumps",
+    )
+    with caplog.at_level(logging.WARNING, logger="tandem.trainer.sft"):
+        SFTTrainer(cfg)
+    (message,) = [r.getMessage() for r in caplog.records if r.name == "tandem.trainer.sft"]
+    assert message.startswith(
+        "trainer.rollout_data_dir has no effect in tandem sft: SFT trains on the dataset's"
+    )

@@ -225,3 +225,19 @@ def test_a_long_curve_is_drawn_as_a_line_without_markers(page, tmp_path):
         "cs => cs.map((c) => c.getBoundingClientRect().right)"
     )
     assert len(right_edges) == 41 and max(right_edges) <= 1400
+
+
+def test_an_sft_runs_samples_tab_says_sft_writes_no_samples(page, tmp_path):
+    sft = tmp_path / "tandem" / "sft"
+    sft.mkdir(parents=True)
+    (sft / "metrics.jsonl").write_text(
+        "".join(f'{{"step": {i}, "sft/loss": {2.0 / i}}}\n' for i in range(1, 4))
+    )
+    runs = open_runs([sft])
+    assert runs[0].summary()["sft"] is True
+    out = write_static(runs, tmp_path / "sft.html")
+    show(page, out.as_uri() + "#tab=samples")
+    hint = page.inner_text("#detail")
+    assert (
+        hint.startswith("sft is an SFT run (tandem sft)") and "trainer.rollout_data_dir has no effect" in hint
+    )

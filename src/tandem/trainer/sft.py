@@ -6,6 +6,7 @@ RL run's actor.model_path."""
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 
@@ -25,6 +26,8 @@ from tandem.trainer.start_checks import (
 
 SFT_TRUNCATION = ("error", "right")
 
+logger = logging.getLogger(__name__)
+
 
 class SFTTrainer(Trainer):
     """Reads and checks the SFT rows; `fit()` trains the actor's model on them and exports it to
@@ -42,6 +45,13 @@ class SFTTrainer(Trainer):
                 "(set data.truncation=error or right)"
             )
         check_model_folders(cfg, "sft")
+        for key in ("rollout_data_dir", "validation_data_dir"):
+            if getattr(cfg.trainer, key):
+                logger.warning(
+                    "trainer.%s has no effect in tandem sft: SFT trains on the dataset's responses and generates "
+                    "none, so there are no samples to write (its loss curves are in metrics.jsonl, `tandem view`)",
+                    key,
+                )
         self.tokenizer = load_actor_tokenizer(cfg)
         self.processor = load_image_processor(cfg)  # a vision-language model's: its rows may carry images
         self.train_data = self._rows(d.train_files, cfg)

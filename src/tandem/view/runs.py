@@ -85,7 +85,12 @@ class Run:
             "name": self.name,
             "path": str(self.path),
             "steps": {kind: self.dump_steps(kind) for kind in DUMP_KINDS},
+            "sft": self.is_sft(),
         }
+
+    def is_sft(self) -> bool:
+        """A `tandem sft` run (its metrics are sft/*): it generates nothing, so it has no sample dumps."""
+        return any("sft/loss" in row for row in self.metrics())
 
 
 def open_runs(folders: list[str | Path]) -> list[Run]:

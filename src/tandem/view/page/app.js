@@ -204,8 +204,11 @@
     if (where.step === undefined) {
       $("sample-table").querySelector("tbody").replaceChildren();
       $("sample-count").textContent = "";
-      $("detail").replaceChildren(el("p", { class: "empty" }, `No sample dumps in ${where.run.path}. A run writes them with ` +
-        "trainer.rollout_data_dir=DIR (each training step) and trainer.validation_data_dir=DIR (each validation)."));
+      const hint = where.run.sft ? `${where.run.name} is an SFT run (tandem sft): it trains on the dataset's responses and ` +
+        "generates none, so it has no samples to show (trainer.rollout_data_dir has no effect on it). Its loss is on the Curves tab." :
+        `No sample dumps in ${where.run.path}. A run writes them with ` +
+        "trainer.rollout_data_dir=DIR (each training step) and trainer.validation_data_dir=DIR (each validation).";
+      $("detail").replaceChildren(el("p", { class: "empty" }, hint));
       return;
     }
     renderTable();
