@@ -1,6 +1,7 @@
 """Sample dumps (tandem/trainer/dumps.py) on a hand-made batch: fields, reward terms, mismatch means,
 multi-turn turns, a failed write, resume."""
 
+import errno
 import json
 import logging
 
@@ -172,16 +173,48 @@ def test_train_and_validation_dumps_are_written_whole(tmp_path, monkeypatch):
     assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == ["3.jsonl"]  # no temp file left
 
 
-def test_a_failed_write_is_a_warning(tmp_path, caplog):
+def test_a_failed_write_is_one_warning_and_training_goes_on(tmp_path, caplog):
     blocked = tmp_path / "not_a_folder"
     blocked.write_text("a file where the dump folder should be")
     dumps = dumps_for(tmp_path, rollout_data_dir=str(blocked))
     with caplog.at_level(logging.WARNING, logger="tandem.trainer.dumps"):
-        dumps.train(1, hand_batch())
-        dumps.train(2, hand_batch())
+        for step in (1, 2, 3):
+            dumps.train(step, hand_batch())
         dumps.close()
     warnings = [r.getMessage() for r in caplog.records]
-    assert len(warnings) == 2 and str(blocked / "1.jsonl") in warnings[0]
+    assert (
+        len(warnings) == 2 and str(blocked / "1.jsonl") in warnings[0] and "training goes on" in warnings[0]
+    )
+    assert warnings[1] == f"2 more sample dumps in {blocked} could not be written (see the first warning)"
+
+
+def test_a_full_disk_leaves_no_half_written_dump(tmp_path, monkeypatch, caplog):
+    """The disk fills while a step's file is half written (ENOSPC on its second line): the temp file goes, the
+    folder holds the whole files written before, and the next step's dump is written once space is back."""
+    dumps = dumps_for(tmp_path, rollout_data_dir=str(tmp_path / "rollouts"))
+    dumps.train(1, hand_batch())
+    dumps.close()
+    real_dumps, calls = json.dumps, []
+
+    def fills_up(row, **kwargs):
+        calls.append(row)
+        if len(calls) == 2:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real_dumps(row, **kwargs)
+
+    monkeypatch.setattr("tandem.trainer.dumps.json.dumps", fills_up)
+    with caplog.at_level(logging.WARNING, logger="tandem.trainer.dumps"):
+        dumps.train(2, hand_batch())
+        dumps.close()
+        dumps.train(3, hand_batch())  # space again
+        dumps.close()
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir()) == [
+        "1.jsonl",
+        "3.jsonl",
+    ]  # no 2, no .tmp
+    assert len((tmp_path / "rollouts" / "3.jsonl").read_text().splitlines()) == 2
+    (warning,) = [r.getMessage() for r in caplog.records]
+    assert "2.jsonl (OSError: [Errno 28] No space left on device)" in warning
 
 
 def test_resume_deletes_the_dumps_after_the_checkpoint(tmp_path):

@@ -7,7 +7,9 @@
 
 A step's rows are built and written by one background thread (texts decoded there, with a copy of the
 tokenizer), each file whole (temp file + rename); the step itself only copies the columns it needs
-(`timing_s/dump`). A write that fails (disk full, permission) is one warning naming the file.
+(`timing_s/dump`). A write that fails (disk full, permission) leaves no half file: the first failure in a
+folder is one warning naming the file, later ones in that folder are counted and summed up in one more warning
+when the run ends; training goes on.
 """
 
 from __future__ import annotations
@@ -282,6 +284,7 @@ class SampleDumps:
         self.stop_ids = stop_ids_of(cfg, tokenizer)
         self._writer_tokenizer: Any = None  # a copy: the step's own decoding and the writer's never share one
         self._writer = DumpWriter()
+        self._failed: dict[Path, int] = {}  # folder -> dumps that could not be written (the writer thread's)
 
         self._generations: list[dict[str, Any]] = []
 
@@ -333,8 +336,16 @@ class SampleDumps:
         )
 
     def close(self) -> None:
-        """Wait for the queued dumps."""
+        """Wait for the queued dumps; say how many more could not be written than the first warning said."""
         self._writer.close()
+        for folder, count in self._failed.items():
+            if count > 1:
+                logger.warning(
+                    "%d more sample dumps in %s could not be written (see the first warning)",
+                    count - 1,
+                    folder,
+                )
+        self._failed.clear()
 
     def _queue(self, folder: Path, step: int, batch: Batch, trainer_log_probs: bool) -> None:
         if self._writer_tokenizer is None:
@@ -354,8 +365,18 @@ class SampleDumps:
                 )
                 folder.mkdir(parents=True, exist_ok=True)
                 write_jsonl(path, rows)
-            except Exception as err:  # a dump is never worth a run: say which file and go on
-                logger.warning("could not write the sample dump %s (%s: %s)", path, type(err).__name__, err)
+            except (
+                Exception
+            ) as err:  # a dump is never worth a run: say which file (once per folder) and go on
+                self._failed[folder] = self._failed.get(folder, 0) + 1
+                if self._failed[folder] == 1:
+                    logger.warning(
+                        "could not write the sample dump %s (%s: %s); training goes on, and later dumps in this "
+                        "folder that fail are counted, not logged",
+                        path,
+                        type(err).__name__,
+                        err,
+                    )
 
         self._writer.submit(job)
 
