@@ -4,6 +4,7 @@ config.yaml), the data routes the page asks for, the server, the static file and
 from __future__ import annotations
 
 import json
+import shutil
 import re
 import subprocess
 import sys
@@ -104,6 +105,12 @@ def test_the_server_reads_the_folder_on_every_request(tmp_path):
         ]
         assert [r["step"] for r in json.loads(_get(base + "api/metrics/0")[1])] == [0, 1, 2, 3]
         assert _get(base + "api/metrics/7")[0] == 404 and _get(base + "../etc/passwd")[0] == 404
+        # the folder deleted under the page (a run cleaned up): every route answers, with nothing in it
+        shutil.rmtree(folder)
+        assert json.loads(_get(base + "api/runs")[1])[0]["steps"] == {"rollouts": [], "validation": []}
+        assert json.loads(_get(base + "api/metrics/0")[1]) == []
+        assert json.loads(_get(base + "api/samples/0/rollouts/3")[1]) == []
+        assert _get(base)[0] == 200
     finally:
         server.shutdown()
         server.server_close()
