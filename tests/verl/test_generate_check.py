@@ -124,7 +124,11 @@ def stale_parts(out) -> None:
     [
         (["data.n_sample=3"], None, "data.n_sample: a key verl's main_generation config"),  # misspelled
         (["data.n_samples=0"], None, "data.n_samples=0: must be >= 1"),
-        (["trainer.n_gpus_per_node=8"], None, "trainer.n_gpus_per_node=8"),  # as the script has it
+        (  # 3 GPUs do not split into engines of 2
+            ["trainer.n_gpus_per_node=3", "rollout.tensor_model_parallel_size=2"],
+            None,
+            "trainer.n_gpus_per_node=3 = 3 devices do not split into engines of rollout.tensor_model_parallel_size=2",
+        ),
         (["rollout.prompt_length=4", "truncation=error"], None, "longer than rollout.prompt_length=4"),
         ([], lambda out: out.write_text("earlier"), "data.output_path="),  # exists
         ([], stale_parts, "seed: 99 then, 0 now"),

@@ -1,7 +1,8 @@
 """Every key of verl's four composed configs (trainer, megatron trainer, SFT, generation; verl's real folder in
 data/verl_config) given at verl's own default value is accepted, one key at a time and all together: what verl
 does with the key absent is what Tandem does. A non-default value keeps its rule (the refusal naming the key).
-The one exception, said in its test: tandem generate runs one engine, and refuses verl's default of 8 GPUs."""
+verl's generation default of 8 GPUs per node is 8 engines of tandem generate (a machine without them is refused
+when the run starts)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tandem.config import ConfigError, load_config
-from tandem.config.generate import load_generate_config, translate_generation_overrides
+from tandem.config import load_config
+from tandem.config.generate import generate_layout, load_generate_config, translate_generation_overrides
 from tandem.config.verl import translate_overrides
 from tandem.config.yaml_io import dotted_leaves
 from tandem.models.tiny import save_tiny
@@ -121,14 +122,11 @@ def test_all_of_verls_defaults_at_once_load_over_verls_own_yaml(name, model):
 
 
 def test_all_of_verls_generation_defaults_at_once(model):
-    # but verl's 8 GPUs per node: tandem generate runs one engine on one device and says so (a refusal naming the
-    # missing feature: several engines), at verl's default as at any other count but 1
+    # verl's 8 GPUs per node with one GPU per engine: 8 replicas (a machine without them is refused at start-up)
     overrides = with_paths(default_overrides("generation"), model)
-    with pytest.raises(ConfigError, match="tandem generate runs one rollout engine"):
-        load_generate_config(None, overrides)
-    overrides = [o for o in overrides if o != "trainer.n_gpus_per_node=8"]
     cfg, _ = load_generate_config(None, overrides)
     assert cfg.n == composed("generation")["data"]["n_samples"]
+    assert (cfg.workers_per_node, cfg.tensor_parallel, generate_layout(cfg).replicas) == (8, 1, 8)
 
 
 def test_fsdp_dtypes_verl_acts_on_are_read_not_swallowed():

@@ -14,8 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from tandem.cli import main
-from tandem.config import ConfigError
-from tandem.config.generate import load_generate_config
+from tandem.config.generate import generate_layout, load_generate_config
 from tandem.data.synthetic import write_rows
 from tandem.models.tiny import save_tiny
 
@@ -49,12 +48,16 @@ def assets(tmp_path_factory):
     return model, data
 
 
+# as written: (nodes, GPUs per node, tensor parallel, replicas = GPUs / tensor parallel)
+LAYOUTS = {"deepseek_v2_lite_math": (1, 8, 2, 4), "deepseek7b_multi_node": (2, 8, 16, 1)}
+
+
 @pytest.mark.parametrize("name", sorted(GENERATION_SCRIPTS))
-def test_the_scripts_keys_translate_and_only_the_gpu_counts_are_refused(name, tmp_path):
+def test_the_scripts_keys_translate_with_their_layout_of_engines(name, tmp_path):
     script = GENERATION_SCRIPTS[name]
-    with pytest.raises(ConfigError) as err:  # as written: 8 or 16 GPUs, TP 2 or 16
-        load_generate_config(None, script)
-    assert "trainer.n_gpus_per_node=8" in str(err.value) and "one rollout engine" in str(err.value)
+    cfg, _ = load_generate_config(None, script)
+    found = generate_layout(cfg)
+    assert (found.nnodes, found.workers_per_node, found.tensor_parallel, found.replicas) == LAYOUTS[name]
     cfg, names = load_generate_config(None, cpu_changes(script, "m", "d.parquet", tmp_path / "o.parquet"))
     assert (cfg.n, cfg.top_k, cfg.top_p, cfg.temperature) == (1, 50, 0.7, 1.0)
     assert (cfg.max_prompt_length, cfg.max_response_length, cfg.gpu_memory_utilization) == (2048, 12, 0.8)

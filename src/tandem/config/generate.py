@@ -51,9 +51,14 @@ class GenerateConfig:
     dtype: Literal["auto", "bfloat16", "float16", "float32"] = (
         "auto"  # auto: bfloat16 on cuda, float32 on cpu
     )
-    nnodes: int = 1  # verl: trainer.nnodes; tandem generate runs one engine: 1
-    workers_per_node: int = 1  # verl: trainer.n_gpus_per_node; tandem generate runs one engine: 1
-    tensor_parallel: int = 1  # vLLM's tensor-parallel size; tandem generate runs one engine on one device: 1
+    # The engines (`generate_layout`): nnodes x workers_per_node devices (GPUs, or CPU processes on a CPU),
+    # tensor_parallel of them per engine; more than one device runs one Ray actor per device
+    nnodes: int = 1  # machines (verl: trainer.nnodes)
+    workers_per_node: int = 1  # devices per machine (verl: trainer.n_gpus_per_node)
+    tensor_parallel: int = 1  # devices per engine (vLLM; verl: rollout.tensor_model_parallel_size)
+    replicas: int = 0  # engines side by side; 0 = nnodes x workers_per_node / tensor_parallel
+    cpus_per_worker: float = 1.0  # CPUs Ray reserves per device's process (its torch threads)
+    ray_address: str | None = None  # None = a local Ray of this run; auto = join `ray start`'s cluster
     gpu_memory_utilization: float = 0.5  # vLLM's share of GPU memory
     cpu_kv_cache_gib: int = 1  # vLLM's KV cache on a CPU
     engine_kwargs: dict[str, Any] = field(default_factory=dict)  # more vLLM engine arguments
@@ -198,20 +203,124 @@ def check_generate_config(cfg: GenerateConfig, verl_names: Mapping[str, str] | N
         problems.append(f"{name('top_p')}={cfg.top_p}: must be in (0, 1]")
     if cfg.top_k == 0 or cfg.top_k < -1:
         problems.append(f"{name('top_k')}={cfg.top_k}: must be >= 1, or -1 (off)")
-    engines = cfg.nnodes * cfg.workers_per_node
-    if engines != 1 or cfg.tensor_parallel != 1:
-        problems.append(
-            f"{name('nnodes')}={cfg.nnodes} x {name('workers_per_node')}={cfg.workers_per_node} devices, "
-            f"{name('tensor_parallel')}={cfg.tensor_parallel}: tandem generate runs one rollout engine on "
-            "one device in its own process (several engines, or a tensor-parallel vLLM engine, are not built "
-            "yet); set them to 1, or split the data and run one tandem generate per device"
-        )
+    try:
+        layout = generate_layout(cfg, verl_names)
+        if cfg.engine == "hf":
+            check_engine_layout("hf", layout, "hf", verl_names)
+    except ConfigError as err:
+        problems += err.problems
     if cfg.data_path and cfg.output_path and Path(cfg.data_path).resolve() == Path(cfg.output_path).resolve():
         problems.append(
             f"{name('output_path')} is the input file {cfg.data_path}: write the output elsewhere"
         )
     if problems:
         raise ConfigError(problems)
+
+
+@dataclass(frozen=True)
+class GenerateLayout:
+    """Where `tandem generate`'s engines run: `replicas` engines, each on `tensor_parallel` consecutive devices
+    (ranks) of nnodes x workers_per_node; replica r holds ranks r x tensor_parallel ... (r + 1) x
+    tensor_parallel - 1. One engine on one device (the default) runs in the command's own process; any other
+    layout runs one Ray actor per device."""
+
+    nnodes: int
+    workers_per_node: int
+    tensor_parallel: int
+    replicas: int
+
+    @property
+    def devices(self) -> int:
+        return self.nnodes * self.workers_per_node
+
+    @property
+    def in_process(self) -> bool:
+        """One engine on one device: no Ray, as a single `tandem generate` has always run."""
+        return self.devices == 1
+
+    def describe(self, device: str) -> str:
+        """e.g. "4 replicas x tensor_parallel 2 on 1 node x 8 cuda devices"."""
+        engines = f"{self.replicas} replica{'s' if self.replicas != 1 else ''}"
+        tp = f" x tensor_parallel {self.tensor_parallel}" if self.tensor_parallel > 1 else ""
+        nodes = f"{self.nnodes} node{'s' if self.nnodes != 1 else ''}"
+        return f"{engines}{tp} on {nodes} x {self.workers_per_node} {device} device{'s' if self.devices > 1 else ''}"
+
+
+def generate_layout(cfg: GenerateConfig, verl_names: Mapping[str, str] | None = None) -> GenerateLayout:
+    """The engines' layout from nnodes, workers_per_node, tensor_parallel and replicas; raises ConfigError
+    naming the keys (as the user wrote them) when the counts do not fit together.
+
+    As verl: replicas = nnodes x workers_per_node / tensor_parallel. Where verl has no key for it, Tandem's
+    `replicas=N` asks for N engines: nnodes x workers_per_node is then N x tensor_parallel devices, split
+    evenly over the nodes (workers_per_node left at 1 is derived; another value must agree). An engine's
+    devices are consecutive ranks, so an engine holds part of one node (tensor_parallel divides
+    workers_per_node) or whole nodes (workers_per_node divides tensor_parallel), never parts of two."""
+    names = verl_names or {}
+
+    def name(key: str) -> str:
+        return names.get(key, key)
+
+    nnodes, per_node, tp, replicas = cfg.nnodes, cfg.workers_per_node, cfg.tensor_parallel, cfg.replicas
+    bad = [
+        f"{name(key)}={value}: must be >= {least}"
+        for key, value, least in (
+            ("nnodes", nnodes, 1),
+            ("workers_per_node", per_node, 1),
+            ("tensor_parallel", tp, 1),
+            ("replicas", replicas, 0),
+        )
+        if value < least
+    ]
+    if cfg.cpus_per_worker <= 0:
+        bad.append(f"{name('cpus_per_worker')}={cfg.cpus_per_worker}: must be > 0")
+    if bad:
+        raise ConfigError(bad)
+    devices = nnodes * per_node
+    if replicas:
+        wanted = replicas * tp
+        if per_node == 1 and wanted != devices:  # derive workers_per_node from replicas
+            if wanted % nnodes:
+                raise ConfigError(
+                    f"replicas={replicas} x {name('tensor_parallel')}={tp} = {wanted} devices do not split "
+                    f"evenly over {name('nnodes')}={nnodes} nodes: make replicas x tensor_parallel a multiple "
+                    "of nnodes"
+                )
+            per_node, devices = wanted // nnodes, wanted
+        elif wanted != devices:
+            raise ConfigError(
+                f"replicas={replicas} x {name('tensor_parallel')}={tp} = {wanted} devices, but "
+                f"{name('nnodes')}={nnodes} x {name('workers_per_node')}={per_node} = {devices}: give replicas "
+                "alone (workers_per_node follows), or nnodes and workers_per_node alone (replicas = devices / "
+                "tensor_parallel)"
+            )
+    elif devices % tp:
+        raise ConfigError(
+            f"{name('nnodes')}={nnodes} x {name('workers_per_node')}={per_node} = {devices} devices do not "
+            f"split into engines of {name('tensor_parallel')}={tp} devices: make {name('nnodes')} x "
+            f"{name('workers_per_node')} a multiple of {name('tensor_parallel')}"
+        )
+    if per_node % tp and tp % per_node:
+        raise ConfigError(
+            f"{name('tensor_parallel')}={tp} with {name('workers_per_node')}={per_node} devices per node: an "
+            "engine would hold part of one node and part of the next; make tensor_parallel divide "
+            "workers_per_node, or a multiple of it (an engine on whole nodes)"
+        )
+    return GenerateLayout(nnodes, per_node, tp, devices // tp)
+
+
+def check_engine_layout(
+    engine: str, layout: GenerateLayout, asked: str = "auto", verl_names: Mapping[str, str] | None = None
+) -> None:
+    """Refuse a tensor-parallel layout for an engine that cannot split a model: Hugging Face generate holds
+    the whole model on each device (`engine`: the engine resolved, `asked`: the engine key as given)."""
+    if engine == "hf" and layout.tensor_parallel > 1:
+        names = verl_names or {}
+        chosen = "engine=hf" if asked == "hf" else "engine=auto, which is hf where vLLM is not installed"
+        raise ConfigError(
+            f"{names.get('tensor_parallel', 'tensor_parallel')}={layout.tensor_parallel} needs the vLLM engine "
+            f"({chosen}): Hugging Face generate holds the whole model on one device; install vLLM and use "
+            "engine=vllm, or tensor_parallel=1 (one replica per device)"
+        )
 
 
 _VERL_NAME = {"model_path": "model.path", "data_path": "data.path", "output_path": "data.output_path"}

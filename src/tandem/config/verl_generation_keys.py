@@ -126,7 +126,12 @@ GENERATION_KEYS: dict[str, Rule] = {
 GENERATION_PATTERNS: list[tuple[str, Rule]] = [
     ("rollout._target_", no_effect("verl's config class")),
     ("actor.*", no_effect(_NO_TRAINING)),
-    ("ray_kwargs.*", no_effect("tandem generate runs the engine in its own process, without Ray")),
+    (
+        "ray_kwargs.*",
+        no_effect(
+            "Tandem starts Ray itself where several engines run: a local Ray, or ray_address=auto to join a cluster"
+        ),
+    ),
     ("data.apply_chat_template_kwargs.*", GENERATION_KEYS["data.apply_chat_template_kwargs"]),
     (
         "rollout.engine_kwargs.*",

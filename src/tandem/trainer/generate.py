@@ -4,11 +4,16 @@ texts (decoded without special tokens), in `output_path`. Two more columns, `res
 and `finish_reasons` (`stop`: the end-of-sequence token; `length`: max_response_length reached), unless
 extra_columns=false.
 
-One engine in this process (vLLM, or Hugging Face generate), fed `batch_size` prompts at a time. Each
-finished batch is written to `<output_path>.parts/` at once; a run that stops (Ctrl-C, a crash, a lost
-machine) and is started again with the same settings skips the batches there, and the final file is the
-one an uninterrupted run writes: every sample is seeded by (seed, its row, its number), not by the batch it
-ran in. The parts folder is removed once the output is written.
+The engine (vLLM, or Hugging Face generate) is fed `batch_size` consecutive rows at a time: one engine in
+this process, or several side by side on Ray, each dealt whole batches (`trainer/generate_replicas.py`;
+the layout: `config.generate.generate_layout`). Each finished batch is written to `<output_path>.parts/` at
+once; a run that stops (Ctrl-C, a crash, a lost machine) and is started again with the same settings skips
+the batches there, and the final file is the one an uninterrupted run writes, with any number of replicas.
+
+Seeds: sample j of row i (its row number in the file, from 0) draws from a generator seeded by `seed` and
+its key i x n + j alone (`rollout.base.sample_keys`; vLLM: one request seed per sample,
+`rollout.base.request_seed`), never by the batch or the replica it ran on. The parts folder is removed once
+the output is written.
 
 `plan_generation` runs the start-up checks alone (the tokenizer, every prompt, the output and its parts
 folder), writing nothing and building no engine: `tandem generate --check`.
@@ -34,10 +39,11 @@ from tqdm import tqdm
 
 from tandem.batch import Batch
 from tandem.config.errors import ConfigError
-from tandem.config.generate import GenerateConfig
+from tandem.config.generate import GenerateConfig, GenerateLayout, check_engine_layout, generate_layout
 from tandem.data.generation import generation_items
 from tandem.data.prompts import collate_prompts
 from tandem.rollout import PROMPT_INDEX, RolloutEngine, SamplingParams, build_rollout, resolve_engine
+from tandem.rollout.base import read_special_ids
 from tandem.rollout.vllm_models import text_config
 from tandem.trainer.start_checks import load_tokenizer
 
@@ -61,6 +67,7 @@ class GenerationPlan:
     items: list[dict[str, Any]]  # one per prompt row (`data.generation.generation_items`)
     batches: list[range]  # the rows of each engine call, and of each part of `parts`
     engine: str  # vllm or hf (engine=auto resolved)
+    layout: GenerateLayout  # the engines: replicas x tensor_parallel devices
     engine_kwargs: dict[str, Any]  # what the engine would be built with
     fingerprint: dict[str, Any]  # what the parts depend on: a resumed run must match it
     parts: Path
@@ -74,7 +81,8 @@ class GenerationPlan:
         lines = [
             f"{rows} prompts x n={cfg.n} = {rows * cfg.n} samples of up to {cfg.max_response_length} tokens, "
             f"in {batches} batch{'es' if batches != 1 else ''} of up to {cfg.batch_size} prompts",
-            f"engine {self.engine} on {kwargs['device']} ({dtype}){max_model_len}",
+            f"engine {self.engine} on {kwargs['device']} ({dtype}){max_model_len}"
+            + ("" if self.layout.in_process else f": {self.layout.describe(kwargs['device'].type)}, on Ray"),
         ]
         if self.done:
             lines.append(f"resumes {self.parts}: {len(self.done)} of {batches} batches done")
@@ -110,6 +118,8 @@ def plan_generation(cfg: GenerateConfig, *, key_names: Mapping[str, str] | None 
         cfg.device if cfg.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     )
     engine = resolve_engine(cfg.engine)
+    layout = generate_layout(cfg, names)
+    check_engine_layout(engine, layout, cfg.engine, names)
     batches = [
         range(first, min(first + cfg.batch_size, len(items)))
         for first in range(0, len(items), cfg.batch_size)
@@ -117,9 +127,8 @@ def plan_generation(cfg: GenerateConfig, *, key_names: Mapping[str, str] | None 
     fingerprint = _fingerprint(cfg, items, engine)
     parts = parts_folder(cfg.output_path)
     done = _done_batches(parts, Path(cfg.output_path), fingerprint, cfg.overwrite, len(batches), names)
-    return GenerationPlan(
-        tokenizer, items, batches, engine, _engine_kwargs(cfg, engine, device), fingerprint, parts, done
-    )
+    kwargs = _engine_kwargs(cfg, engine, device)
+    return GenerationPlan(tokenizer, items, batches, engine, layout, kwargs, fingerprint, parts, done)
 
 
 def run_generation(
@@ -127,21 +136,29 @@ def run_generation(
     *,
     key_names: Mapping[str, str] | None = None,
     build_engine: Callable[..., RolloutEngine] = build_rollout,
+    on_part: Callable[[int, int | None], None] | None = None,
 ) -> Path:
     """Generate, resume or start over as `cfg` says; returns the output path.
 
     Args:
         cfg: the checked config (`config.generate.load_generate_config`).
         key_names: config key -> the key as the user wrote it (a verl key), for the messages.
-        build_engine: `build_rollout`'s signature; tests wrap it.
+        build_engine: `build_rollout`'s signature, for the engine in this process (one engine on one
+            device); tests wrap it.
+        on_part: called with (batch, replica; None in this process) after each part is written; tests use
+            it to stop a run as a kill would.
     """
-    plan = plan_generation(cfg, key_names=key_names)
+    names = dict(key_names or {})
+    plan = plan_generation(cfg, key_names=names)
     tokenizer, items, batches, parts, done = plan.tokenizer, plan.items, plan.batches, plan.parts, plan.done
     output = Path(cfg.output_path)
+    if not plan.layout.in_process:
+        from tandem.trainer.generate_replicas import check_devices, generate_on_replicas
+
+        check_devices(plan.layout, plan.engine_kwargs["device"].type, cfg, names)
     _start_parts(parts, plan.fingerprint, cfg.overwrite)
     todo = [i for i in range(len(batches)) if i not in done]
     if todo:
-        engine = build_engine(plan.engine, **plan.engine_kwargs)
         sampling = SamplingParams(
             max_tokens=cfg.max_response_length,
             n=cfg.n,
@@ -150,32 +167,62 @@ def run_generation(
             top_k=cfg.top_k,
             seed=cfg.seed,
         )
-        pad_id = getattr(engine, "pad_token_id", tokenizer.pad_token_id)
-        eos_ids = set(getattr(engine, "eos_token_ids", [tokenizer.eos_token_id]))
         show_bar = cfg.progress_bar and sys.stderr.isatty()
-        done_rows = sum(len(batches[i]) for i in done)
         if done:
             print(
                 f"tandem generate: resuming from {parts}: {len(done)} of {len(batches)} batches done",
                 file=sys.stderr,
             )
-        with tqdm(
-            total=len(items), initial=done_rows, unit="prompt", file=sys.stderr, disable=not show_bar
-        ) as bar:
-            for i in todo:
-                start = time.perf_counter()
-                rows = batches[i]
-                prompts = collate_prompts([items[r] for r in rows], pad_id)
-                prompts[PROMPT_INDEX] = torch.tensor(list(rows))  # seeds each row's samples by its row alone
-                out = engine.generate(prompts, sampling)
-                _write_part(parts, i, rows, _decode(out, tokenizer, cfg.n, eos_ids))
-                bar.update(len(rows))
-                if not show_bar and cfg.progress_bar:
-                    print(
-                        f"tandem generate: batch {i + 1}/{len(batches)}: {len(rows)} prompts x {cfg.n} in "
-                        f"{time.perf_counter() - start:.1f} s",
-                        file=sys.stderr,
-                    )
+        bar = tqdm(
+            total=len(items),
+            initial=sum(len(batches[i]) for i in done),
+            unit="prompt",
+            file=sys.stderr,
+            disable=not show_bar,
+        )
+        started = time.perf_counter()
+
+        def write(batch: int, out: Mapping[str, Any], eos_ids: set[int]) -> None:
+            rows = batches[batch]
+            _write_part(parts, batch, rows, _decode(out, tokenizer, cfg.n, eos_ids))
+            bar.update(len(rows))
+            if not show_bar and cfg.progress_bar:
+                where = f" (replica {out['replica']})" if "replica" in out else ""
+                print(
+                    f"tandem generate: batch {batch + 1}/{len(batches)}{where}: {len(rows)} prompts x {cfg.n}, "
+                    f"{time.perf_counter() - started:.1f} s in",
+                    file=sys.stderr,
+                )
+            if on_part is not None:
+                on_part(batch, out.get("replica"))
+
+        with bar:
+            if plan.layout.in_process:
+                engine = build_engine(plan.engine, **plan.engine_kwargs)
+                pad_id = getattr(engine, "pad_token_id", tokenizer.pad_token_id)
+                eos_ids = set(getattr(engine, "eos_token_ids", [tokenizer.eos_token_id]))
+                for i in todo:
+                    rows = batches[i]
+                    prompts = collate_prompts([items[r] for r in rows], pad_id)
+                    prompts[PROMPT_INDEX] = torch.tensor(
+                        list(rows)
+                    )  # seeds each row's samples by its row alone
+                    write(i, engine.generate(prompts, sampling), eos_ids)
+            else:
+                stop_ids, pad_id = read_special_ids(cfg.model_path, cfg.tokenizer_path, tokenizer)
+                generate_on_replicas(
+                    plan.layout,
+                    plan.engine,
+                    plan.engine_kwargs,
+                    items,
+                    batches,
+                    todo,
+                    sampling,
+                    pad_id,
+                    lambda batch, out: write(batch, out, set(stop_ids)),
+                    cpus_per_worker=cfg.cpus_per_worker,
+                    ray_address=cfg.ray_address,
+                )
     _write_output(cfg, output, parts, len(batches), len(items))
     shutil.rmtree(parts)
     return output
