@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import inspect
 import os
 import sys
 import traceback
@@ -57,3 +58,42 @@ def describe_load_error(error: BaseException, real: str) -> str:
     lines = [f.lineno for f in traceback.extract_tb(error.__traceback__) if f.filename == real]
     at = f" (line {lines[-1]})" if lines else ""
     return f"{type(error).__name__}: {error}{at}"
+
+
+PKG_PREFIX = "pkg://"  # verl's "pkg://package.module": a module imported by its name, not a file
+FILE_PREFIX = "file://"
+
+
+def load_user_class(path: str, name: str, *, where: str, setting: str, prefix: str) -> type:
+    """Class `name` of the Python file `path` (`file://` optional) or of verl's `pkg://package.module`.
+
+    `where`, `setting` and `prefix` are `load_user_module`'s. Every failure is an ImportError (the module)
+    or a TypeError (the name) whose message starts with `where` and lists the classes the module has.
+    """
+    if path.startswith(PKG_PREFIX):
+        module_name = path[len(PKG_PREFIX) :].replace("/", ".")
+        try:
+            module = importlib.import_module(module_name)
+        except Exception as error:
+            raise ImportError(
+                f"{where}: importing module '{module_name}' failed ({type(error).__name__}: {error}); "
+                f"make it importable, or point {setting} at the .py file"
+            ) from error
+    else:
+        module = load_user_module(path.removeprefix(FILE_PREFIX), where=where, setting=setting, prefix=prefix)
+    cls = getattr(module, name, None)
+    if not isinstance(cls, type):
+        classes = sorted(n for n, v in vars(module).items() if isinstance(v, type) and not n.startswith("_"))
+        what = "has no" if cls is None else f"has a {type(cls).__name__}, not a class, as"
+        raise TypeError(
+            f"{where}: the module {what} '{name}' (classes in it: {', '.join(classes) or 'none'})"
+        )
+    return cls
+
+
+def defined_at(obj: object) -> str:
+    """The text ' (FILE line N)' where `obj` (a class or function) is defined; '' where Python cannot tell."""
+    try:
+        return f" ({inspect.getsourcefile(obj)} line {inspect.getsourcelines(obj)[1]})"
+    except (OSError, TypeError):
+        return ""

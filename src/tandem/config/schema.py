@@ -99,6 +99,11 @@ class DataConfig:
     chat_template: ChatTemplate = "auto"  # auto = the tokenizer's, plain = Tandem's simple one, none = raw
     shuffle: bool = True  # reshuffle the training prompts every epoch
     seed: int = 1  # seed of the shuffle
+    # a sampler class of your own, the training prompts' order in place of shuffle / seed (verl's
+    # data.sampler.class_path / class_name): the Python file (or pkg://package.module) and the class's name in it,
+    # built as cls(data_source, data_config); with update(batch), a curriculum (docs/own-model.md). None: Tandem's
+    sampler_file: str | None = None
+    sampler_class: str | None = None
 
 
 @dataclass

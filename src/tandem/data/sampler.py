@@ -79,6 +79,11 @@ class StatefulSampler:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore (epoch, position); refuses a state saved with a different dataset or settings,
         since its position would then point at other data."""
+        if state.get("kind") == "user_sampler":  # data/user_sampler.py's
+            raise ValueError(
+                f"cannot resume the data sampler: the checkpoint's data order was saved by your sampler class "
+                f"'{state.get('class')}' (data.sampler_class); set it again, or start without resuming"
+            )
         for key in ("num_items", "batch_size", "shuffle", "seed", "drop_last"):
             if key in state and state[key] != getattr(self, key):
                 raise ValueError(
