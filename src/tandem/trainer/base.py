@@ -22,7 +22,7 @@ from typing import Any
 from tandem.config.errors import ConfigError
 from tandem.config.loader import config_to_dict, config_to_yaml
 from tandem.config.schema import TandemConfig
-from tandem.data import StatefulSampler
+from tandem.data import StatefulSampler, UserSampler
 from tandem.engine.flops import mfu_metrics
 from tandem.roles.layout import WorkerGroups, build_worker_groups, device_choice
 from tandem.trainer.checkpoint import (
@@ -56,16 +56,23 @@ class Trainer(ABC):
     purpose = "rl"  # which workers build_worker_groups starts
     console_keys: tuple[str, ...] | None = None  # metrics on the console line; None = the tracker's default
 
-    def __init__(self, cfg: TandemConfig, num_items: int, batch_size: int) -> None:
+    def __init__(
+        self, cfg: TandemConfig, num_items: int, batch_size: int, sampler: UserSampler | None = None
+    ) -> None:
+        """`sampler`: the data order in place of Tandem's shuffle (the user's class, data.sampler_class)."""
         check_available(cfg, self.purpose)
         self.cfg = cfg
         self.run_dir = run_dir(cfg)
         self.log_dir = self.run_dir / "logs"  # the workers' output, and error.log (tandem/cli.py)
         d, t = cfg.data, cfg.trainer
-        try:
-            self.sampler = StatefulSampler(num_items, batch_size, shuffle=d.shuffle, seed=d.seed)
-        except ValueError as err:  # too few rows for one batch: the data and the config disagree
-            raise ConfigError(f"data.train_files={d.train_files}: {err}") from None
+        self.sampler: StatefulSampler | UserSampler
+        if sampler is not None:
+            self.sampler = sampler
+        else:
+            try:
+                self.sampler = StatefulSampler(num_items, batch_size, shuffle=d.shuffle, seed=d.seed)
+            except ValueError as err:  # too few rows for one batch: the data and the config disagree
+                raise ConfigError(f"data.train_files={d.train_files}: {err}") from None
         self._batches: Any = None
         self.total_steps = t.total_training_steps or t.total_epochs * len(self.sampler)
         self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", t.max_checkpoints_to_keep)

@@ -29,6 +29,8 @@ class Prefetch:
 class OneStepOffSource(RolloutSource):
     """This step's samples were launched during the previous step, one actor update behind."""
 
+    draws_after_update = False  # the next step's prompts are drawn while this step trains
+
     def __init__(self, rollouts: Rollouts, total_steps: int) -> None:
         super().__init__(rollouts, total_steps)
         self.prefetch: Prefetch | None = None  # the next step's generation

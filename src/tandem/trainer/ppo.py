@@ -24,7 +24,7 @@ from tandem.config.checks.data_sources import check_data_sources
 from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.config.validate import validate_config
-from tandem.data import PromptDataset
+from tandem.data import PromptDataset, UserSampler, sampler_batch, sampler_config
 from tandem.engine.flops import ModelFlops
 from tandem.rewards import reward_manager_from_config
 from tandem.roles.actor import UPDATE_KEYS
@@ -72,7 +72,8 @@ class RLTrainer(Trainer):
         self.rewards = reward_manager_from_config(cfg, self.tokenizer)
         check_ground_truths(self.rewards, [self.train_data, self.val_data])
         num_items = len(self.train_data) if train else 1
-        super().__init__(cfg, num_items, cfg.derived.gen_prompts_per_round if train else 1)
+        sampler = self._user_sampler(cfg) if train and d.sampler_file else None  # before any worker starts
+        super().__init__(cfg, num_items, cfg.derived.gen_prompts_per_round if train else 1, sampler)
         alg = cfg.algorithm
         self.kl_ctrl = kl_controller_from_config(alg.kl_ctrl) if alg.use_kl_in_reward else None
         # where the old log-probs come from, how the rollout's are corrected for (roles/correction.py)
@@ -98,6 +99,19 @@ class RLTrainer(Trainer):
             processor=self.processor,
             image_key=d.image_key,
         )
+
+    def _user_sampler(self, cfg: TandemConfig) -> UserSampler:
+        """The user's sampler class (data.sampler_class) over the training prompts. A curriculum (update())
+        needs each step's prompts drawn after the previous step's update: refused where they are drawn early."""
+        d, mode, batch = cfg.data, cfg.trainer.async_mode, cfg.derived.gen_prompts_per_round
+        sampler = UserSampler(d.sampler_file, d.sampler_class, self.train_data, sampler_config(d), batch)
+        if sampler.is_curriculum and not ROLLOUT_SOURCES[mode].draws_after_update:
+            raise ConfigError(
+                f"data.sampler_class={d.sampler_class} has update(batch), a curriculum, but trainer.async_mode={mode} "
+                "draws a step's prompts before the previous step trains, so update() could not change them: use "
+                "trainer.async_mode=synchronous, or a sampler without update()"
+            )
+        return sampler
 
     # ---- one step ------------------------------------------------------------------------------------
 
@@ -180,6 +194,8 @@ class RLTrainer(Trainer):
         metrics.update(throughput_metrics(batch, timer.seconds))
         metrics["reward/error_count_total"] = float(self.rollouts.reward_errors_total)
         metrics.update(self.dumps.train(self.step, batch))
+        if isinstance(self.sampler, UserSampler) and self.sampler.is_curriculum:  # before the next step draws
+            self.sampler.update(sampler_batch(self.step, batch))
         return metrics
 
     def _flops(self, role: str) -> ModelFlops:

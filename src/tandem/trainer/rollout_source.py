@@ -11,7 +11,7 @@ A source draws, generates and scores through the run's `Rollouts` (tandem/traine
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 if TYPE_CHECKING:
     from tandem.batch import Batch
@@ -22,6 +22,10 @@ if TYPE_CHECKING:
 class RolloutSource(ABC):
     """The samples of each training step, scored. The step's `Timer` comes with each call, not at
     construction: the trainer makes a new one per step, whose seconds are that step's phases."""
+
+    # a step's prompts are drawn when the step starts, after the previous step trained (a curriculum sampler's
+    # update() can change them); False: drawn earlier, while a previous step runs
+    draws_after_update: ClassVar[bool] = True
 
     def __init__(self, rollouts: Rollouts, total_steps: int) -> None:
         self.rollouts = rollouts

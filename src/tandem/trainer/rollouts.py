@@ -20,7 +20,7 @@ import torch
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
 from tandem.controller import WorkerGroup
-from tandem.data import PromptDataset, StatefulSampler, collate_prompts
+from tandem.data import DATASET_INDEX, PromptDataset, StatefulSampler, UserSampler, collate_prompts
 from tandem.data.padding import concat_left_padded
 from tandem.rewards import RewardManager, reward_components
 from tandem.roles.layout import WorkerGroups
@@ -42,7 +42,7 @@ class Rollouts:
         pad_id: int,
         train_data: PromptDataset | None,
         val_data: PromptDataset | None,
-        sampler: StatefulSampler,
+        sampler: StatefulSampler | UserSampler,
         draw: Callable[[], list[int]],
     ) -> None:
         self.cfg = cfg
@@ -72,11 +72,12 @@ class Rollouts:
     # ---- prompts and generation --------------------------------------------------------------------
 
     def request(self, indices: list[int], step: int, round_: int) -> tuple[Batch, SamplingParams]:
-        """The training-data rows `indices` as prompts with their index and `uid`, and the sampling of the
-        step that will train on them."""
+        """The training-data rows `indices` as prompts with their index in the step, their row (DATASET_INDEX)
+        and `uid`, and the sampling of the step that will train on them."""
         r, d = self.cfg.rollout, self.cfg.data
         prompts = collate_prompts([self.train_data[i] for i in indices], self.pad_id)
-        prompts = prompts.union(Batch.from_dict({PROMPT_INDEX: torch.arange(len(prompts))}))
+        rows = {PROMPT_INDEX: torch.arange(len(prompts)), DATASET_INDEX: torch.tensor(indices, dtype=torch.long)}
+        prompts = prompts.union(Batch.from_dict(rows))
         prompts["uid"] = [f"{step}.{round_}.{i}" for i in range(len(prompts))]
         sampling = SamplingParams(
             max_tokens=d.max_response_length,

@@ -142,6 +142,8 @@ class StreamFeed:
 class StreamingSource(RolloutSource):
     """The first train_batch_size prompt groups to finish on the rollout pool, from a `StreamFeed`."""
 
+    draws_after_update = False  # the next step's prompts are drawn while this step trains
+
     def __init__(self, rollouts: Rollouts, total_steps: int) -> None:
         super().__init__(rollouts, total_steps)
         t = rollouts.cfg.trainer  # the prompt groups between sampler, pool and steps
