@@ -36,7 +36,7 @@ from tandem.trainer.export import write_checkpoint_hf
 from tandem.trainer.metrics import worker_metrics
 from tandem.trainer.run_lock import RunLock
 from tandem.trainer.start_checks import check_available
-from tandem.trainer.tracking import Tracker
+from tandem.trainer.tracking import Tracker, read_jsonl
 
 logger = logging.getLogger(__name__)
 
@@ -79,6 +79,7 @@ class Trainer(ABC):
         self.step = 0
         self.groups: WorkerGroups | None = None
         self.history: list[dict[str, float]] = []  # every logged metrics dict, with its "step"
+        self._checkpoint_metrics: dict[str, float] | None = None  # the resumed checkpoint's step's metrics
 
     # ---- what a subclass defines -------------------------------------------------------------------
 
@@ -171,6 +172,7 @@ class Trainer(ABC):
                 validate_first = (
                     t.val_before_train and self.has_validation() and (self.step == 0 or t.val_only)
                 )
+                self._log_missed_step(tracker)
                 if validate_first:
                     self._log(tracker, self._timed_validation(), self.step)
                 if validate_first and t.val_only:
@@ -191,11 +193,11 @@ class Trainer(ABC):
                     if self.has_validation() and t.test_freq > 0 and (self.step % t.test_freq == 0 or last):
                         metrics.update(self._timed_validation())
                     last = last or self.stop_early(metrics)
+                    metrics["train/epoch"] = float(self.epoch)
                     if (last and t.save_final) or (t.save_freq > 0 and self.step % t.save_freq == 0):
                         start = time.perf_counter()
-                        self.save_checkpoint()
+                        self.save_checkpoint(metrics)
                         metrics["timing_s/save_checkpoint"] = time.perf_counter() - start
-                    metrics["train/epoch"] = float(self.epoch)
                     self._log(tracker, metrics, self.step)
                     if last:
                         break
@@ -236,15 +238,37 @@ class Trainer(ABC):
 
     # ---- checkpoints -------------------------------------------------------------------------------------
 
-    def save_checkpoint(self) -> Path:
-        """Every trainable role's state and the controller's, as checkpoints/global_step_<step>."""
+    def _log_missed_step(self, tracker: Tracker) -> None:
+        """A run killed after its checkpoint of step N was complete but before step N's metrics line was written
+        resumes after step N: the line is written now from the copy in the checkpoint (metrics.jsonl tells)."""
+        metrics, self._checkpoint_metrics = self._checkpoint_metrics, None
+        path = self.run_dir / "metrics.jsonl"
+        if not metrics or "jsonl" not in self.cfg.trainer.loggers or not path.exists():
+            return
+        if any(row.get("step") == self.step for row in read_jsonl(path)):
+            return
+        print(
+            f"[tandem] step {self.step}'s metrics were not logged before the run stopped: logged now from its "
+            "checkpoint",
+            flush=True,
+        )
+        self._log(tracker, metrics, self.step)
+
+    def save_checkpoint(self, metrics: dict[str, float] | None = None) -> Path:
+        """Every trainable role's state and the controller's, as checkpoints/global_step_<step>; with the step's
+        `metrics`, logged after it is saved, so a run killed in between can log them when it resumes."""
         assert self.groups is not None
         with self.checkpoints.writing(self.step) as folder:
             for group in self.groups.unique():
                 group.save_checkpoint(str(folder))
             if (folder / "actor").is_dir():
                 write_checkpoint_hf(self.cfg, self.groups.actor, folder)
-            state = {"step": self.step, "sampler": self.sampler_state(), "extra": self.extra_state()}
+            state = {
+                "step": self.step,
+                "sampler": self.sampler_state(),
+                "extra": self.extra_state(),
+                "metrics": dict(metrics or {}),
+            }
             save_trainer_state(folder, state)
             (folder / "config.yaml").write_text(config_to_yaml(self.cfg))
         logger.info("saved checkpoint %s", self.checkpoints.root / f"global_step_{self.step}")
@@ -270,4 +294,5 @@ class Trainer(ABC):
         self.sampler.load_state_dict(state["sampler"])
         self._batches = None
         self.load_extra_state(state["extra"])
+        self._checkpoint_metrics = state.get("metrics")  # a checkpoint written before them has none
         print(f"[tandem] resumed from {path} (step {self.step} of {self.total_steps})", flush=True)
