@@ -48,7 +48,6 @@ NOT_READ_YET = "not read yet"  # a key or value verl takes that Tandem does not 
 # script -> (class, the text every problem line of it holds one of); a script refused otherwise, or one listed
 # here that is accepted, fails the test
 _DIST_CKPT = ("does not load a megatron distributed checkpoint",)
-_NO_SAMPLER = ("a user's sampler class",)
 _NO_DATASET = ("a user's class is not loaded",)
 REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     # hardware
@@ -92,11 +91,6 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     ),
     "examples/grpo_trainer/run_qwen2_5_vl-7b_freeze_vision.sh": (MISSING, ("freezing it is not built",)),
     "examples/grpo_trainer/run_qwen2_5_vl-7b_lora.sh": (MISSING, ("with no exclusion list",)),
-    "examples/sglang_multiturn/gsm8k_toolcall_shaping/run_gsm8k_grpo_toolcall_shaping.sh": (
-        MISSING,
-        _NO_SAMPLER,
-    ),
-    "examples/sglang_multiturn/run_qwen0.5b_gsm8k_multiturn_curriculum.sh": (MISSING, _NO_SAMPLER),
     # the script's own error
     "examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.sh": (
         SCRIPT_ERROR,
@@ -238,7 +232,7 @@ def test_every_example_script_is_accepted_or_refused_for_its_listed_reason(files
 
 
 ACCEPTED = {
-    "verl.trainer.main_ppo": 94,
+    "verl.trainer.main_ppo": 96,
     "verl.trainer.main_ppo_split": 1,
     "verl.trainer.fsdp_sft_trainer": 9,
     "verl.trainer.sft_trainer": 1,

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tandem.config.checks.algorithm import check_algorithm
-from tandem.config.checks.data import check_data
+from tandem.config.checks.data import check_data, check_sampler_class
 from tandem.config.checks.megatron import check_megatron
 from tandem.config.checks.names import check_names, estimator_info, registries
 from tandem.config.checks.rollout import check_multi_turn
@@ -62,6 +62,7 @@ def finalize(
     if require_data:
         check_data(cfg, problems)
     check_rollout_correction(cfg, problems)
+    check_sampler_class(cfg, problems)
     if len(problems.items) == before:
         cfg._derived = compute_derived(cfg, estimator_info=info, ranks_why=ranks_why)
         check_old_log_probs_for_correction(cfg, problems)

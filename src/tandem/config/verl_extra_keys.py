@@ -211,13 +211,12 @@ EXTRA_KEYS: dict[str, Rule] = {
     ),
     "data.datagen.path": default_only("Tandem has no data generator that adds prompts during training"),
     "data.datagen.name": default_only("Tandem has no data generator that adds prompts during training"),
-    "data.sampler.class_path": default_only(
-        "Tandem's sampler shuffles with data.shuffle and trainer.seed; a user's sampler class (a curriculum) "
-        "is not loaded"
+    "data.sampler.class_path": maps(
+        "data.sampler_file",
+        "update(batch) gets Tandem's SamplerBatch (the step's scores, rewards, dataset indices and per-sample "
+        "fields), not verl's DataProto; a curriculum is refused with trainer.async_mode one_step_off / streaming",
     ),
-    "data.sampler.class_name": default_only(
-        "Tandem's sampler shuffles with data.shuffle and trainer.seed; a user's sampler class is not loaded"
-    ),
+    "data.sampler.class_name": maps("data.sampler_class"),
     # the rule scorers and the reward manager
     "reward_model.overlong_buffer.enable": maps("reward.overlong.enable"),
     "reward_model.overlong_buffer.len": maps("reward.overlong.buffer_len"),

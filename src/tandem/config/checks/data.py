@@ -35,3 +35,29 @@ def check_data(cfg: TandemConfig, problems: Problems) -> None:
         problems.add(
             "actor.model_path", "actor.model_path is not set: point it at a local Hugging Face folder"
         )
+
+
+def check_sampler_class(cfg: TandemConfig, problems: Problems) -> None:
+    """data.sampler_file is there and names its class (the class itself is loaded with the data, where a
+    curriculum is refused in the async modes that draw a step's prompts early: trainer/ppo.py)."""
+    d = cfg.data
+    if d.sampler_class and not d.sampler_file:
+        problems.add(
+            ("data.sampler_class", "data.sampler_file"),
+            f"data.sampler_class={d.sampler_class} needs data.sampler_file, the Python file that defines it "
+            "(verl: data.sampler.class_path)",
+        )
+    if d.sampler_file and not d.sampler_class:
+        problems.add(
+            ("data.sampler_file", "data.sampler_class"),
+            f"data.sampler_file={d.sampler_file} needs data.sampler_class, the name of the sampler class in it "
+            "(verl: data.sampler.class_name)",
+        )
+    if not d.sampler_file:
+        return
+    path = d.sampler_file.removeprefix("file://")
+    if not path.startswith("pkg://") and not Path(path).expanduser().is_file():
+        problems.add(
+            "data.sampler_file",
+            f"data.sampler_file: '{d.sampler_file}' does not exist (relative paths start at the current folder)",
+        )
