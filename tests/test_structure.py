@@ -5,13 +5,14 @@ modules import each other (directly or round a circle, lazy imports included), n
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tandem"
 
 # docs/DESIGN.md's layers, lowest first: a package may import packages of lower layers only.
 LAYERS = [
-    {"batch", "usercode", "models", "view"},
+    {"batch", "usercode", "models", "view", "algo_options"},
     {"algos", "rewards", "controller"},
     {"tools"},
     {"config"},
@@ -151,6 +152,67 @@ def test_the_cycle_finder_finds_a_circle():
 
 def test_no_import_circles():
     assert _cycles(GRAPH) == []
+
+
+# The quick commands (`tandem presets`, `tandem config`, `--help`, a config error) load none of the heavy
+# libraries: cli.py and config/ import them, and whatever imports them, only inside the functions that need them
+# (tests/test_cli_imports.py runs the commands and reads what they imported).
+HEAVY = {"torch", "transformers", "tensordict", "vllm", "ray"}
+
+
+@functools.cache
+def _top_level_imports(path: Path) -> set[str]:
+    """Every module a file imports when it is loaded (the statements outside functions and classes, not under
+    `if TYPE_CHECKING:`), as written: `from a.b import c` gives a.b and a.b.c."""
+    found: set[str] = set()
+
+    def walk(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.Import):
+                found.update(a.name for a in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module)
+                found.update(f"{node.module}.{a.name}" for a in node.names)
+            elif isinstance(node, ast.If) and "TYPE_CHECKING" not in ast.unparse(node.test):
+                walk(node.body + node.orelse)
+            elif isinstance(node, ast.Try):
+                walk(node.body + node.orelse + node.finalbody)
+
+    walk(ast.parse(path.read_text()).body)
+    return found
+
+
+def _heavy_at_load(start: str, modules: dict[str, Path]) -> dict[str, list[str]]:
+    """The heavy packages loading tandem module `start` loads, each with the chain of tandem modules to it."""
+    chains: dict[str, list[str]] = {start: [start]}
+    todo, heavy = [start], {}
+    while todo:
+        name = todo.pop()
+        parts = name.split(".")
+        parents = [".".join(parts[:i]) for i in range(1, len(parts))]  # a module's packages load first
+        for target in [*parents, *_top_level_imports(modules[name])] if name in modules else []:
+            if target.split(".")[0] in HEAVY:
+                heavy.setdefault(target.split(".")[0], chains[name])
+            elif target in modules and target not in chains:
+                chains[target] = [*chains[name], target]
+                todo.append(target)
+    return heavy
+
+
+def test_cli_and_config_load_no_heavy_library():
+    modules = _modules()
+    starts = ["tandem.cli", *sorted(m for m in modules if m.startswith("tandem.config"))]
+    found = {start: heavy for start in starts if (heavy := _heavy_at_load(start, modules))}
+    assert found == {}
+
+
+def test_the_heavy_import_check_finds_one():
+    modules = _modules()
+    assert _heavy_at_load("tandem.algos.registry", modules)["torch"][:2] == [
+        "tandem.algos.registry",
+        "tandem.algos",
+    ]
+    assert _heavy_at_load("tandem.algo_options", modules) == {}
 
 
 def test_no_source_file_is_over_600_lines():

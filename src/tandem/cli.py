@@ -343,25 +343,40 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "view":  # reads files only: none of the training stack is imported
         return _view(args)
     from tandem.config import ConfigError
-    from tandem.data import DataError
-    from tandem.rewards import UnknownDataSourceError
-    from tandem.trainer.run_lock import RunLockedError
 
     try:
         return _run(args)
     except ConfigError as err:
         print(f"tandem {args.command}: config error\n{err}", file=sys.stderr)
-    except (DataError, UnknownDataSourceError, FileNotFoundError, RunLockedError) as err:
-        message = err.args[0] if isinstance(err, KeyError) and err.args else err
-        print(f"tandem {args.command}: {message}", file=sys.stderr)
     except KeyboardInterrupt:
         print(f"tandem {args.command}: interrupted", file=sys.stderr)
         return 130
-    except Exception as err:  # a worker failed, or a bug: one headline here, the tracebacks in a file
+    except Exception as err:
+        if isinstance(err, _input_errors()):  # bad data, data source, file or a held run folder: exit 2
+            message = err.args[0] if isinstance(err, KeyError) and err.args else err
+            print(f"tandem {args.command}: {message}", file=sys.stderr)
+            return 2
+        # a worker failed, or a bug: one headline here, the tracebacks in a file
         log = write_error_log(err, args.log_dir)
         print(f"tandem {args.command}: {headline(err)}\n  full tracebacks: {log}", file=sys.stderr)
         return 1
     return 2
+
+
+# The errors of bad input besides ConfigError, by the module that defines each. Their packages import
+# torch, so they are looked up only where a command has imported them: a command that never loaded the
+# data package cannot have raised its DataError, and `tandem config` stays free of torch.
+_INPUT_ERRORS = (
+    ("tandem.data.rows", "DataError"),
+    ("tandem.rewards.registry", "UnknownDataSourceError"),
+    ("tandem.trainer.run_lock", "RunLockedError"),
+)
+
+
+def _input_errors() -> tuple[type[BaseException], ...]:
+    """FileNotFoundError and those of _INPUT_ERRORS whose module this process has imported."""
+    loaded = [getattr(sys.modules[module], name) for module, name in _INPUT_ERRORS if module in sys.modules]
+    return (FileNotFoundError, *loaded)
 
 
 _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
@@ -369,9 +384,8 @@ _FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 def headline(err: BaseException) -> str:
     """One line: the failing worker (if any), the exception type and message, and where it was raised."""
-    from tandem.controller.errors import WorkerError
-
-    if isinstance(err, WorkerError):
+    errors = sys.modules.get("tandem.controller.errors")  # a WorkerError comes only where it is loaded
+    if errors is not None and isinstance(err, errors.WorkerError):
         frames = _FRAME.findall(err.worker_traceback)
         first_line = err.error_message.strip().splitlines()[0] if err.error_message.strip() else ""
         text = err.summary.replace(err.error_message, first_line) if first_line else err.summary

@@ -15,13 +15,8 @@ from tandem.algos import (
     rollout_correction,
     rollout_is_weights,
 )
-from tandem.algos.rollout_correction import (
-    is_metrics,
-    parse_rollout_is_threshold,
-    parse_rollout_rs,
-    ratio_bounds,
-    rs_metrics,
-)
+from tandem.algo_options import parse_rollout_is_threshold, parse_rollout_rs, ratio_bounds
+from tandem.algos.rollout_correction import is_metrics, rs_metrics
 
 # log r = old - rollout: row 0 (0.5, -0.5, 2.0); row 1 (0.1, then padding holding 1000 / -inf / NaN)
 OLD = torch.tensor([[0.5, -0.5, 2.0], [0.1, 1000.0, float("-inf")]])

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
+
+from tandem.algo_options import unknown_name_message
 
 
 @dataclass(frozen=True)
@@ -48,9 +49,7 @@ class Registry:
         return self.entry(name).info
 
     def unknown_message(self, name: str) -> str:
-        close = difflib.get_close_matches(str(name), self.names(), n=1)
-        hint = f" Did you mean '{close[0]}'?" if close else ""
-        return f"unknown {self.kind} '{name}'.{hint} Known: {', '.join(self.names())}."
+        return unknown_name_message(self.kind, name, self.names())
 
     def names(self) -> list[str]:
         """Every registered name, sorted."""

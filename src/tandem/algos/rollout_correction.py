@@ -16,6 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from tandem import algo_options
+from tandem.algo_options import parse_rollout_rs
 from tandem.algos.core import masked_mean, masked_sum, upcast, zero_padding
 from tandem.algos.importance import is_weights, mismatch_metrics
 from tandem.algos.registry import ROLLOUT_RS
@@ -112,9 +114,7 @@ def _register_rs(name: str, estimator: str, reduce) -> None:
     statistic.__doc__ = f"{name}: {estimator} per token" + (
         "" if reduce is None else f", {reduce.__name__[1:]}"
     )
-    ROLLOUT_RS.register(
-        name, level="token" if reduce is None else "sequence", ratio_bounds=estimator == "k1"
-    )(statistic)
+    ROLLOUT_RS.register(name, **algo_options.ROLLOUT_RS.info(name))(statistic)  # its level and bounds
 
 
 for _est in ("k1", "k2", "k3"):
@@ -123,103 +123,6 @@ for _est in ("k1", "k2", "k3"):
     _register_rs(f"seq_mean_{_est}", _est, _seq_mean)
 for _est in ("k2", "k3"):  # max of k1 is one-sided; verl offers none
     _register_rs(f"seq_max_{_est}", _est, _seq_max)
-
-
-def parse_rollout_rs(
-    rollout_rs: str, threshold: float | str | None, key: str = "algorithm.rollout_correction"
-) -> list[tuple[str, float | None, float]]:
-    """(option, lower, upper) per comma-separated option of `rollout_rs`, with one threshold each.
-
-    `threshold`: one entry for all options or one per option, comma-separated. k1 options bound the
-    ratio pi_rollout / pi_old: "lower_upper", or one number u meaning 1/u to u. k2 / k3: one upper
-    bound. Errors name `key`.rollout_rs / `key`.rollout_rs_threshold.
-    """
-    options = [o.strip() for o in str(rollout_rs).split(",") if o.strip()]
-    if not options:
-        raise ValueError(f"{key}.rollout_rs={rollout_rs!r} names no option; use null to turn it off")
-    for option in options:
-        if option not in ROLLOUT_RS:
-            raise ValueError(f"{key}.rollout_rs: {ROLLOUT_RS.unknown_message(option)}")
-    if threshold is None:
-        raise ValueError(
-            f"{key}.rollout_rs={rollout_rs} needs {key}.rollout_rs_threshold (e.g. 0.5_2.0, or 0.01)"
-        )
-    specs = [s.strip() for s in str(threshold).split(",") if s.strip()]
-    if len(specs) == 1:
-        specs = specs * len(options)
-    if len(specs) != len(options):
-        raise ValueError(
-            f"{key}.rollout_rs_threshold={threshold!r} has {len(specs)} entries for {len(options)} "
-            f"rollout_rs options: give one for all, or one per option in the same order"
-        )
-    out: list[tuple[str, float | None, float]] = []
-    for option, spec in zip(options, specs, strict=True):
-        bad = f"{key}.rollout_rs_threshold entry {spec!r} for {option}"
-        if ROLLOUT_RS.info(option)["ratio_bounds"]:
-            bounds = ratio_bounds(spec)
-            if bounds is None:
-                raise ValueError(
-                    f"{bad}: give lower_upper with 0 < lower < upper (e.g. 0.5_2.0), or one upper > 1"
-                )
-            out.append((option, *bounds))
-            continue
-        try:
-            parts = [float(p) for p in spec.split("_")]
-        except ValueError:
-            raise ValueError(f"{bad} is not a number (or lower_upper for k1 options)") from None
-        if len(parts) != 1 or parts[0] <= 0:
-            raise ValueError(f"{bad}: k2 / k3 options take one upper bound > 0 (e.g. 0.01)")
-        out.append((option, None, parts[0]))
-    return out
-
-
-def ratio_bounds(spec: str) -> tuple[float, float] | None:
-    """(lower, upper) from verl's "lower_upper" ("0.5_2.0"), or one number u meaning 1/u .. u;
-    None unless both are finite numbers with 0 < lower < upper."""
-    try:
-        parts = [float(p) for p in str(spec).strip().split("_")]  # split first: float("1_5") is 15
-    except ValueError:
-        return None
-    if len(parts) == 1 and parts[0] > 0:
-        parts = [1.0 / parts[0], parts[0]]
-    if len(parts) != 2 or not all(map(math.isfinite, parts)) or not 0 < parts[0] < parts[1]:
-        return None
-    return parts[0], parts[1]
-
-
-def parse_rollout_is_threshold(
-    threshold: float | str, key: str = "algorithm.rollout_correction"
-) -> tuple[float, tuple[float, float] | None]:
-    """(truncation threshold, IcePop band or None) from rollout_is_threshold, read as verl reads it.
-
-    A number truncates the weights (TIS). "lower_upper" (e.g. "0.5_2.0") zeroes them where r leaves
-    [lower, upper] (IcePop), which leaves nothing above upper to truncate: (upper, (lower, upper)).
-    Errors name `key`.rollout_is_threshold, its value and the two forms.
-    """
-    name, text = f"{key}.rollout_is_threshold", str(threshold).strip()
-    forms = (
-        "a number > 0 (weights truncated there, e.g. 2.0) or lower_upper with 0 < lower <= 1 <= upper "
-        "(the IcePop band, e.g. 0.5_2.0)"
-    )
-    if "_" not in text:
-        try:
-            value = float(text)
-        except ValueError:
-            raise ValueError(f"{name}={threshold!r}: expected {forms}") from None
-        if not math.isfinite(value) or value <= 0:
-            raise ValueError(
-                f"{name}={threshold!r} must be > 0 (or lower_upper, the IcePop band, e.g. 0.5_2.0)"
-            )
-        return value, None
-    band = ratio_bounds(text)
-    if band is None:
-        raise ValueError(f"{name}={threshold!r}: expected {forms}")
-    if not band[0] <= 1 <= band[1]:
-        raise ValueError(
-            f"{name}={threshold!r}: the IcePop band lower_upper needs lower <= 1 <= upper, or it drops "
-            "tokens the rollout and the trainer agree on (ratio 1)"
-        )
-    return band[1], band
 
 
 def _rejections(

@@ -124,7 +124,7 @@ def resolve_is_threshold(rc: Any) -> None:
     """algorithm.rollout_correction.rollout_is_threshold as a number: verl's "lower_upper" (IcePop) gives the
     band keys and leaves upper as the threshold. Left as it is where it does not read, disagrees with the band
     keys or has no IS weights to act on (check_rollout_correction names the problem then)."""
-    from tandem.algos.rollout_correction import parse_rollout_is_threshold
+    from tandem.algo_options import parse_rollout_is_threshold
 
     try:
         threshold, band = parse_rollout_is_threshold(rc.rollout_is_threshold)

@@ -48,8 +48,6 @@ def data_source_report(cfg: TandemConfig) -> DataSourceReport:
         return report
     # with a reward model on, a data_source no rule scorer covers is scored by the model alone (rule score 0)
     model_only = cfg.reward.reward_model.enable
-    from tandem.rewards.registry import known_data_sources, scorer_name_for
-
     for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
         for path in files:
             try:
@@ -57,6 +55,9 @@ def data_source_report(cfg: TandemConfig) -> DataSourceReport:
             except _Unreadable as why:
                 report.unchecked.append(f"{key}: {path}: {why}")
                 continue
+            # the scorers, once a file is read: tandem.rewards loads torch, which `tandem config` spares otherwise
+            from tandem.rewards.registry import known_data_sources, scorer_name_for
+
             for (source, style), rows in sorted(counts.items(), key=lambda item: (str(item[0]), -item[1])):
                 where = f" (first: {Path(path).name} row {first[(source, style)]})"
                 if source == MISSING:

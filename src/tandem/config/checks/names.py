@@ -2,18 +2,25 @@
 
 from __future__ import annotations
 
+import sys
 from typing import TYPE_CHECKING, Any
 
 from tandem.config.errors import Problems, closest
 
 if TYPE_CHECKING:
+    from tandem.algo_options import Names
     from tandem.algos.registry import Registry
     from tandem.config.schema import TandemConfig
 
 
-def registries() -> dict[str, Registry]:
-    import tandem.algos  # noqa: F401 - importing registers the built-in names
-    from tandem.algos import registry
+def registries() -> dict[str, Registry | Names]:
+    """The names a config may give, per registry: tandem.algos' registries where that package is loaded (a name
+    registered at run time counts), else the same names listed without torch (tandem/algo_options.py, which a
+    test keeps equal to what `import tandem.algos` registers): `tandem config` checks a config without torch."""
+    if "tandem.algos" in sys.modules:
+        from tandem.algos import registry
+    else:
+        from tandem import algo_options as registry
 
     return {
         "adv": registry.ADV_ESTIMATORS,

@@ -14,7 +14,7 @@ _RC = "algorithm.rollout_correction"
 
 def check_rollout_correction(cfg: TandemConfig, problems: Problems) -> None:
     """algorithm.rollout_correction: known names, sane bounds, and agreement with the older rollout.is_* keys."""
-    from tandem.algos.rollout_correction import parse_rollout_rs
+    from tandem.algo_options import parse_rollout_rs
 
     rc, r = cfg.algorithm.rollout_correction, cfg.rollout
     threshold_ok = _read_is_threshold(rc, problems)  # first: the rules below compare it as a number
@@ -69,7 +69,7 @@ def _read_is_threshold(rc: Any, problems: Problems) -> bool:
     """Whether rollout_is_threshold reads as a number (validate.resolve_is_threshold made verl's "lower_upper"
     IcePop band a number and the band keys where it could): a problem, and False, when it is malformed, the
     band keys disagree with it, or it is a band with no IS weights to act on. Changes nothing."""
-    from tandem.algos.rollout_correction import parse_rollout_is_threshold
+    from tandem.algo_options import parse_rollout_is_threshold
 
     key, given = f"{_RC}.rollout_is_threshold", rc.rollout_is_threshold
     try:
