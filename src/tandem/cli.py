@@ -82,7 +82,8 @@ def _parser() -> argparse.ArgumentParser:
         help="n samples per prompt of a parquet file, written as verl's main_generation writes them",
         description="Keys (key=value): model_path, data_path, output_path, prompt_key, n, batch_size, "
         "max_prompt_length, max_response_length, truncation, temperature, top_p, top_k, seed, engine "
-        "(auto/vllm/hf), device, dtype, engine_kwargs.*, extra_columns, overwrite; or verl's main_generation "
+        "(auto/vllm/hf), device, dtype, engine_kwargs.*, extra_columns, overwrite; several engines: nnodes, "
+        "workers_per_node, tensor_parallel, replicas, cpus_per_worker, ray_address; or verl's main_generation "
         "keys (data.path, data.n_samples, model.path, rollout.temperature, ...). An interrupted run started "
         "again with the same keys resumes.",
     )

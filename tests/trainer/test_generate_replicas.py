@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from tandem.cli import main
 from tandem.config import ConfigError
@@ -103,6 +104,7 @@ def keys(assets, out, *extra) -> list[str]:
     ]
 
 
+@pytest.mark.skipif(torch.cuda.device_count() >= 8, reason="this machine holds 8 GPUs")
 def test_a_layout_this_machine_cannot_hold_is_checked_then_refused_naming_its_hardware(
     assets, tmp_path, capsys
 ):
@@ -114,10 +116,8 @@ def test_a_layout_this_machine_cannot_hold_is_checked_then_refused_naming_its_ha
     )
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "needs 8 CUDA GPUs (workers_per_node=8); this machine has 0" in err
-    assert not parts_folder(tmp_path / "o.parquet").exists() or not any(
-        p.name.startswith("batch") for p in parts_folder(tmp_path / "o.parquet").iterdir()
-    )
+    assert f"needs 8 CUDA GPUs (workers_per_node=8); this machine has {torch.cuda.device_count()}" in err
+    assert not parts_folder(tmp_path / "o.parquet").exists()  # refused before anything is written
 
 
 class Killed(Exception):

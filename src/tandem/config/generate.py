@@ -297,7 +297,8 @@ def generate_layout(cfg: GenerateConfig, verl_names: Mapping[str, str] | None = 
         raise ConfigError(
             f"{name('nnodes')}={nnodes} x {name('workers_per_node')}={per_node} = {devices} devices do not "
             f"split into engines of {name('tensor_parallel')}={tp} devices: make {name('nnodes')} x "
-            f"{name('workers_per_node')} a multiple of {name('tensor_parallel')}"
+            f"{name('workers_per_node')} a multiple of {name('tensor_parallel')}, or give replicas=N "
+            "(workers_per_node follows)"
         )
     if per_node % tp and tp % per_node:
         raise ConfigError(
