@@ -28,15 +28,17 @@ def test_no_key_of_verls_config_is_taken_for_a_misspelling():
 
 
 def test_a_verl_feature_tandem_lacks_says_so_without_a_guess():
-    t = translate_overrides(["+actor_rollout_ref.model.lora_adapter_path=/adapters"])
+    t = translate_overrides(["+actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=2"])
     ((key, message),) = t.problems
-    assert key == "actor_rollout_ref.model.lora_adapter_path"
+    assert key == "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts"
     assert message.startswith(
-        "actor_rollout_ref.model.lora_adapter_path=/adapters: Tandem starts LoRA from new"
+        "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=2: Tandem repeats a prompt rollout.n times"
     )
     assert "not built" in message and "Did you mean" not in message
-    # verl's default (no adapter) asks for nothing: accepted
-    assert translate_overrides(["actor_rollout_ref.model.lora_adapter_path=null"]).problems == []
+    # verl's default (no separate count) asks for nothing: accepted
+    assert (
+        translate_overrides(["actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts=null"]).problems == []
+    )
 
 
 def test_a_misspelled_verl_key_gets_the_verl_key_it_meant():

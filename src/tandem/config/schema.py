@@ -163,6 +163,9 @@ class ActorConfig:
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)
     megatron: MegatronConfig = field(default_factory=MegatronConfig)
     lora: ActorLoraConfig = field(default_factory=ActorLoraConfig)
+    # a vision-language model's vision tower is not trained (FSDP2): no gradient, no optimizer state; the rollout
+    # still gets it with every weight sync. A text model has none to freeze (a warning)
+    freeze_vision_tower: bool = False
     # FSDP2: attributes set on the model's Hugging Face config before the model is built (verl's
     # model.override_config), for the actor, the reference and the rollout engine alike (vLLM: as its
     # hf_overrides); a mapping value sets a sub-config's attributes (text_config: {...}). Kept in the export.

@@ -117,6 +117,10 @@ class LoraConfig:
     dropout: float = 0.0  # in [0, 1): dropout on the adapters' input
     # PEFT's target_modules: module names (e.g. [q_proj, v_proj]) or [all-linear] (every linear but the head)
     target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
+    # modules that get no adapter though target_modules names them, nor does anything inside them: each entry a
+    # module's name, the end of its dotted name (visual, lm_head) or a regular expression over the whole name
+    # (.*visual.*); an entry that names no module of the model is an error (engine/fsdp/lora.py)
+    exclude_modules: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -127,6 +131,10 @@ class ActorLoraConfig(LoraConfig):
     # model, served at full speed); adapter = the adapters alone, served by vLLM's LoRA support on the base
     # weights it loaded at start (a sync of megabytes; generation computes the adapters' extra matmuls)
     rollout_sync: LoraSync = "merged"
+    # a PEFT adapter folder (adapter_config.json, adapter_model.safetensors) the adapters start from, instead
+    # of new ones (A random, B = 0); LoRA is on with it. Its config says rank, alpha, dropout, target_modules and
+    # exclude_modules: the keys above, left at their defaults, are filled from it; set to another value, refused
+    adapter_path: str | None = None
 
     @property
     def syncs_adapters(self) -> bool:

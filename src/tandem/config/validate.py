@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from tandem.config.checks.algorithm import check_algorithm
 from tandem.config.checks.data import check_data, check_sampler_class
+from tandem.config.checks.lora import check_lora
 from tandem.config.checks.megatron import check_megatron
 from tandem.config.checks.names import check_names, estimator_info, registries
 from tandem.config.checks.rollout import check_multi_turn
@@ -52,6 +53,7 @@ def finalize(
     ranks_why = resolve_workers_per_node(cfg, gpus_per_node)
     before = len(problems.items)
     check_names(cfg, problems, regs)
+    check_lora(cfg, problems)  # first: an adapter folder fills actor.lora's keys that the rules below read
     check_values(cfg, problems)
     check_modes(cfg, problems, info)
     check_algorithm(cfg, problems, info)

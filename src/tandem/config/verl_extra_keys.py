@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect
-from tandem.config.verl_values import hydra_mapping, reward_manager_name
+from tandem.config.verl_values import as_list, hydra_mapping, reward_manager_name
 
 _UNSET = (None, "null", "", {}, [], -1)
 
@@ -144,10 +144,7 @@ EXTRA_KEYS: dict[str, Rule] = {
         "verl's PrefixGrouper computes a prompt shared by a group's samples once; Tandem computes it for each "
         "sample: the same numbers (to rounding), more compute"
     ),
-    "actor_rollout_ref.actor.freeze_vision_tower": _false_only(
-        "Tandem trains a vision-language model's vision tower with the rest; freezing it is not built "
-        "(LoRA with actor.lora.target_modules naming the language model's layers leaves the tower as it is)"
-    ),
+    "actor_rollout_ref.actor.freeze_vision_tower": maps("actor.freeze_vision_tower"),
     "actor_rollout_ref.actor.loss_scale_factor": default_only(
         "Tandem's seq-mean-token-sum-norm divides by data.max_response_length (verl's null); another constant "
         "is not built"
@@ -161,14 +158,15 @@ EXTRA_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.model.hf_config_path": default_only(
         "Tandem reads config.json from the model folder; put the config there"
     ),
-    "actor_rollout_ref.model.exclude_modules": default_only(
-        "Tandem's LoRA adapts the modules actor.lora.target_modules names, with no exclusion list: name the "
-        "modules to adapt there (actor_rollout_ref.model.target_modules)"
+    "actor_rollout_ref.model.exclude_modules": maps(
+        "actor.lora.exclude_modules",
+        "PEFT reads a string as one regular expression over a module's whole name and a list as names or ends "
+        "of names; Tandem reads each entry both ways, and excludes what is inside an excluded module too",
+        as_list,
     ),
-    "actor_rollout_ref.model.lora_adapter_path": default_only(
-        "Tandem starts LoRA from new adapters; starting from a saved adapter folder is not built (merge it "
-        "into the base model and start from that folder)"
-    ),
+    # verl loads the folder with PEFT and ignores lora_rank / lora_alpha / target_modules beside it; Tandem fills
+    # them from the folder's adapter_config.json and refuses other values (config/checks/lora.py)
+    "actor_rollout_ref.model.lora_adapter_path": maps("actor.lora.adapter_path"),
     "actor_rollout_ref.rollout.multi_turn.num_repeat_rollouts": default_only(
         "Tandem repeats a prompt rollout.n times; a separate repeat count for multi-turn rollouts is not built"
     ),

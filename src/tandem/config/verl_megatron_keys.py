@@ -99,11 +99,12 @@ _LORA_TYPE = (
     "Tandem's LoRA is plain LoRA (PEFT's); verl's other adapter types (dora, canonical_lora) are not built"
 )
 _LORA_ADAPTER = (
-    "Tandem starts LoRA from new adapters; starting from a saved adapter folder is not built (merge it into the base "
-    "model and start from that folder)"
+    "verl's megatron LoRA adapters are not read: Tandem's LoRA runs on FSDP2 (actor.strategy=fsdp), where a PEFT "
+    "adapter folder to start from is actor.lora.adapter_path (verl: actor_rollout_ref.model.lora_adapter_path)"
 )
 _LORA_EXCLUDE = (
-    "Tandem's LoRA adapts the modules {actor,critic}.lora.target_modules names, with no exclusion list"
+    "verl's megatron LoRA exclusion is not read: Tandem's LoRA runs on FSDP2 (actor.strategy=fsdp), where the "
+    "exclusion list is {actor,critic}.lora.exclude_modules (verl: actor_rollout_ref.model.exclude_modules)"
 )
 
 MEGATRON_KEYS: dict[str, Rule] = {

@@ -142,7 +142,10 @@ class EngineSpec:
     packing: run micro-batches as packed sequences (no padding computed).
     max_tokens_per_micro_batch: cut micro-batches by this token budget instead of `micro_batch_size`.
     router_aux_loss_coef: a mixture-of-experts model's load-balancing weight (None: its own; engine/moe.py).
-    lora: low-rank adapters (rank > 0; FSDP2 only), every other weight frozen but a value model's head.
+    lora: low-rank adapters (rank > 0 or an adapter folder to start from; FSDP2 only), every other weight frozen
+    but a value model's head.
+    freeze_vision_tower: a vision-language model's vision tower gets no gradient and no optimizer state (FSDP2; a
+    text model: a warning).
     override_config: attributes set on the folder's Hugging Face config before the model is built (FSDP2 only;
     `models.config_overrides.apply_overrides`), kept in the exported config.json; `override_key` names that setting in errors.
     """
@@ -162,6 +165,7 @@ class EngineSpec:
     max_tokens_per_micro_batch: int | None = None
     router_aux_loss_coef: float | None = None
     lora: LoraConfig | None = None
+    freeze_vision_tower: bool = False
     override_config: dict[str, Any] = field(default_factory=dict)
     override_key: str = "actor.override_config"
 

@@ -45,13 +45,15 @@ def role_engine(
     override_config: dict[str, Any] | None = None,
     override_key: str = "actor.override_config",
     attn_implementation: str | None = None,
+    freeze_vision_tower: bool = False,
 ) -> TrainEngine:
     """One role's engine (`optim` None: a frozen one, the reference or the reward model); every role shares
     the actor's strategy and settings. `group_name`: the worker group, named by the error of a role without
     a model. The critic follows actor.megatron's offload switches; a frozen engine has parameters alone to keep
     in host memory between calls, under its own switch `param_offload` (reference.megatron_param_offload).
     `override_config`: attributes set on the model's config before it is built (the setting `override_key`);
-    `attn_implementation`: the role's own attention kernel (None: actor.fsdp.attn_implementation)."""
+    `attn_implementation`: the role's own attention kernel (None: actor.fsdp.attn_implementation);
+    `freeze_vision_tower`: the actor's actor.freeze_vision_tower."""
     if not model_path:
         raise ValueError(f"worker group {group_name!r}: a role needs a model_path, got {model_path!r}")
     a = cfg.actor
@@ -75,6 +77,7 @@ def role_engine(
         max_tokens_per_micro_batch=token_budget(cfg, device),
         router_aux_loss_coef=a.router_aux_loss_coef,
         lora=lora,
+        freeze_vision_tower=freeze_vision_tower,
         override_config=override_config or {},
         override_key=override_key,
     )

@@ -68,7 +68,13 @@ class RoleWorker(Worker):
         if "actor" in roles:
             a = cfg.actor
             engine = self._engine(
-                a.model_path, "lm", a.optim, a.grad_clip, lora=a.lora, override_config=a.override_config
+                a.model_path,
+                "lm",
+                a.optim,
+                a.grad_clip,
+                lora=a.lora,
+                override_config=a.override_config,
+                freeze_vision_tower=a.freeze_vision_tower,
             )
             self.actor = Actor(engine, cfg)
         if "ref" in roles:
@@ -128,6 +134,7 @@ class RoleWorker(Worker):
         override_config: dict[str, Any] | None = None,
         override_key: str = "actor.override_config",
         attn_implementation: str | None = None,
+        freeze_vision_tower: bool = False,
     ) -> TrainEngine:
         return role_engine(
             self.cfg,
@@ -143,6 +150,7 @@ class RoleWorker(Worker):
             override_config=override_config,
             override_key=override_key,
             attn_implementation=attn_implementation,
+            freeze_vision_tower=freeze_vision_tower,
         )
 
     def dispatch_info(self) -> tuple[int, int, bool]:

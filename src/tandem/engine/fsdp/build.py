@@ -26,6 +26,7 @@ from tandem.config.schema import FSDPConfig, LoraConfig
 from tandem.engine import hf_io, kernels
 from tandem.engine.base import DTYPES, Head, ModelOutput
 from tandem.engine.fsdp import lora as lora_layers
+from tandem.engine.fsdp.vision import vision_tower
 
 logger = logging.getLogger(__name__)
 
@@ -74,8 +75,15 @@ class ModelBuild:
     """The model's construction, compile and start-up probes of an FSDPEngine (its host: `BuildHost`)."""
 
     def _build_model(
-        self, fsdp: FSDPConfig, offload: CPUOffloadPolicy | None, activation_checkpointing: bool, seed: int
+        self,
+        fsdp: FSDPConfig,
+        offload: CPUOffloadPolicy | None,
+        activation_checkpointing: bool,
+        seed: int,
+        freeze_vision_tower: bool = False,
     ) -> tuple[torch.nn.Module, type, list[str]]:
+        """The model read, adapted (LoRA, the vision tower frozen) and sharded; returns it, its Hugging Face
+        class and the names of its state_dict."""
         is_source = self.rank == 0
         if is_source:
             model = hf_io.load_pretrained(self.model_path, self.config, self.head, seed)
@@ -89,7 +97,10 @@ class ModelBuild:
         if self.lora is not None:  # adapters in place, before the state is taken and the layers are sharded
             lora_layers.inject(model, self.lora, seed, whole=VALUE_HEAD if self.head == "value" else ())
             if is_source:
+                lora_layers.load_saved_adapter(model, self.lora)  # actor.lora.adapter_path's weights, if any
                 full_state = model.state_dict()
+        if freeze_vision_tower:  # before sharding: FSDP2 makes no gradient for a frozen parameter
+            vision_tower(model).requires_grad_(False)
         state_keys = hf_io.persistent_keys(model)
         if activation_checkpointing:
             hf_io.enable_activation_checkpointing(model)

@@ -54,6 +54,7 @@ from tandem.engine.base import (
 )
 from tandem.engine.fsdp.build import ModelBuild, compile_layers_wanted
 from tandem.engine.fsdp.lora import WithoutAdapter
+from tandem.engine.fsdp.lora import enabled as lora_enabled
 from tandem.engine.fsdp.state import CheckpointAndOffload
 from tandem.engine.fsdp.ulysses import (
     check_heads,
@@ -91,9 +92,9 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
     def __init__(self, spec: EngineSpec) -> None:
         check_engine_args("FSDPEngine", spec)
         fsdp, head, optim = spec.fsdp, spec.head, spec.optim
-        # actor.lora / critic.lora with rank > 0: low-rank adapters trained, every other weight frozen but a value
-        # model's head (engine/fsdp/lora.py)
-        self.lora = spec.lora if spec.lora is not None and spec.lora.rank > 0 else None
+        # actor.lora / critic.lora with rank > 0 (or an adapter folder to start from): low-rank adapters trained,
+        # every other weight frozen but a value model's head (engine/fsdp/lora.py)
+        self.lora = spec.lora if lora_enabled(spec.lora) else None
         self.packing = spec.packing
         self.max_tokens_per_micro_batch = spec.max_tokens_per_micro_batch
         self.model_path = str(spec.model_path)
@@ -155,10 +156,19 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
                 f"{self.model_path} is a vision-language model: built as the policy (head 'lm') without "
                 "actor.fsdp.sequence_parallel only"
             )
+        if spec.freeze_vision_tower and not vision_language and self.rank == 0:
+            logger.warning(
+                "actor.freeze_vision_tower=true: %s is a text model, no vision tower to freeze",
+                self.model_path,
+            )
         offload = self._offload_policy(fsdp.cpu_offload)
         self._cpu_offload = offload is not None
         self.model, self._hf_class, state_keys = self._build_model(
-            fsdp, offload, spec.activation_checkpointing, spec.seed
+            fsdp,
+            offload,
+            spec.activation_checkpointing,
+            spec.seed,
+            spec.freeze_vision_tower and vision_language,
         )
         self._state_keys = set(state_keys)  # the HF state_dict's names: what state_dict_iter yields
         # image inputs, and the vision tower on every rank in every forward (engine/fsdp/vision.py)
@@ -185,7 +195,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         self.optimizer = None
         self.scheduler = None
         if optim is not None:
-            # the trained weights only: all of them, or the adapters under actor.lora
+            # the trained weights only: all of them, or the adapters under actor.lora; not a frozen vision tower
             self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], optim)
             self.scheduler = build_scheduler(self.optimizer, optim, spec.total_training_steps)
         # start-up compiles (fsdp.torch_compile, fsdp.lm_head_compile), warmed up and timed here, not in a step

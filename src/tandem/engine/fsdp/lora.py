@@ -14,11 +14,23 @@ What the rest of Tandem sees:
 - `adapter_disabled`: the forward of the base model, adapters off, which is the reference policy: no
   second copy of the base weights (`WithoutAdapter`);
 - `adapter_state` / `save_adapter`: the adapters alone as a PEFT adapter folder.
+
+Two ways in which the adapters' layout may be given, beyond rank and targets:
+- `actor.lora.adapter_path`: a PEFT adapter folder to start from. Its own adapter_config.json places the
+  adapters (as verl's FSDP workers, which load it with `PeftModel.from_pretrained`), and its weights replace the
+  new ones before the model is sharded (`load_saved_adapter`).
+- `exclude_modules`: modules that get no adapter. PEFT reads a string as one regular expression over a module's
+  whole name and a list as names or ends of names; Tandem reads each entry both ways, and also excludes what
+  is inside an excluded module (`visual` keeps adapters out of the whole vision tower, where PEFT's list would
+  exclude a module named `visual` only, which is no linear, so nothing). `exclude_regex` writes that rule as the
+  one regular expression PEFT takes, so a saved adapter folder reloads with the same layout. An entry that names
+  no module of the model is an error: a misspelt name would otherwise silently adapt what it meant to leave out.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -27,23 +39,61 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from tandem.config.checks.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 from tandem.engine.base import TrainEngine
 
 ADAPTER = "default"  # PEFT's name for the one adapter
 
 
+def saved_adapter(settings: Any) -> str | None:
+    """The adapter folder the adapters start from (`actor.lora.adapter_path`), or None: new adapters. The
+    critic's settings have no such key (a PEFT adapter folder holds no value head)."""
+    return getattr(settings, "adapter_path", None)
+
+
+def enabled(settings: Any) -> bool:
+    """Whether `settings` (`actor.lora`, `critic.lora`) asks for adapters: a rank, or an adapter folder."""
+    return settings is not None and (settings.rank > 0 or saved_adapter(settings) is not None)
+
+
+def exclude_regex(entries: Sequence[str]) -> str | None:
+    """`exclude_modules` as the one regular expression PEFT fullmatches against each module's name: an entry
+    matches a module it names, whose dotted name it ends, or whose whole name it matches as a regular expression,
+    and every module inside one it matches. None for no entries."""
+    if not entries:
+        return None
+    either = "|".join(f"(?:.*\\.)?{re.escape(entry)}|(?:{entry})" for entry in entries)
+    return f"(?:{either})(?:\\..*)?"
+
+
+def unmatched_excludes(model: nn.Module, entries: Sequence[str]) -> list[str]:
+    """The entries of `exclude_modules` that name no module of `model`."""
+    names = [name for name, _ in model.named_modules() if name]
+    return [
+        entry
+        for entry in entries
+        if not any(re.fullmatch(exclude_regex([entry]), name) for name in names)  # type: ignore[arg-type]
+    ]
+
+
 def lora_config(settings: Any, whole: Sequence[str] = ()) -> Any:
-    """PEFT's LoraConfig from `actor.lora` / `critic.lora` (rank, alpha, dropout, target_modules); modules
-    named in `whole` get no adapter."""
+    """PEFT's LoraConfig from `actor.lora` / `critic.lora` (rank, alpha, dropout, target_modules,
+    exclude_modules); modules named in `whole` get no adapter. With an adapter folder to start from, that
+    folder's own config, trainable."""
     from peft import LoraConfig
 
+    folder = saved_adapter(settings)
+    if folder is not None:
+        config = LoraConfig.from_pretrained(folder)
+        config.inference_mode = False  # PEFT saves it True: its adapters would load frozen
+        return config
     targets = list(settings.target_modules)
     return LoraConfig(
         r=settings.rank,
         lora_alpha=settings.alpha,
         lora_dropout=settings.dropout,
         target_modules="all-linear" if targets == ["all-linear"] else targets,
-        exclude_modules=list(whole) or None,
+        exclude_modules=exclude_regex([*settings.exclude_modules, *whole]),
         bias="none",
     )
 
@@ -51,9 +101,17 @@ def lora_config(settings: Any, whole: Sequence[str] = ()) -> Any:
 def inject(model: nn.Module, settings: Any, seed: int, whole: Sequence[str] = ()) -> nn.Module:
     """LoRA layers into `model` in place (A from `seed` alone, B = 0); everything else frozen but the modules
     named in `whole`, which train whole (a critic's new value head: an adapter on a random head would leave
-    the head itself random)."""
+    the head itself random). An exclude_modules entry that names no module of `model` is an error."""
     from peft import inject_adapter_in_model
 
+    unmatched = [] if saved_adapter(settings) else unmatched_excludes(model, settings.exclude_modules)
+    if unmatched:
+        some = [name for name, _ in model.named_modules() if name.count(".") <= 1 and name]
+        raise ValueError(
+            f"lora.exclude_modules: {unmatched} name no module of {type(model).__name__} (a name, the end of a "
+            f"dotted name, or a regular expression over the whole name; its modules include {some[:8]}); fix "
+            "the entry or remove it"
+        )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         inject_adapter_in_model(lora_config(settings, whole), model)
@@ -66,6 +124,45 @@ def inject(model: nn.Module, settings: Any, seed: int, whole: Sequence[str] = ()
             f"{type(model).__name__}; name its projections (e.g. [q_proj, v_proj]) or use all-linear"
         )
     return model
+
+
+def in_model_name(saved: str) -> str:
+    """A tensor's name in a PEFT adapter file as the injected model names it:
+    `base_model.model.x.proj.lora_A.weight` -> `x.proj.lora_A.default.weight` (the inverse of `adapter_state`)."""
+    name = saved.removeprefix("base_model.model.")
+    name = re.sub(r"\.(lora_(?:A|B))\.", rf".\1.{ADAPTER}.", name)
+    return re.sub(r"\.(lora_embedding_(?:A|B))$", rf".\1.{ADAPTER}", name)
+
+
+@torch.no_grad()
+def load_saved_adapter(model: nn.Module, settings: Any) -> None:
+    """The adapter folder's weights (`actor.lora.adapter_path`) into the adapters `inject` put on `model` (real
+    tensors: the rank that read the model). Every adapter must get a tensor of its shape, and every tensor
+    an adapter; else an error naming the folder and the names. A no-op without an adapter folder."""
+    from safetensors.torch import load_file
+
+    folder = saved_adapter(settings)
+    if folder is None:
+        return
+    saved = {
+        in_model_name(name): tensor for name, tensor in load_file(str(Path(folder) / ADAPTER_WEIGHTS)).items()
+    }
+    adapters = {name: p for name, p in model.named_parameters() if ".lora_" in name}
+    missing, unexpected = sorted(set(adapters) - set(saved)), sorted(set(saved) - set(adapters))
+    wrong = [
+        f"{name} {tuple(saved[name].shape)} (the model's {tuple(p.shape)})"
+        for name, p in adapters.items()
+        if name in saved and saved[name].shape != p.shape
+    ]
+    if missing or unexpected or wrong:
+        raise ValueError(
+            f"actor.lora.adapter_path={folder}: {ADAPTER_WEIGHTS} does not fit the adapters its {ADAPTER_CONFIG} "
+            f"puts on {type(model).__name__} ({len(adapters)}): missing {missing[:3]}, not in the model "
+            f"{unexpected[:3]}, other shapes {wrong[:3]}; was it saved from this base model ({ADAPTER_CONFIG}'s "
+            "base_model_name_or_path)?"
+        )
+    for name, p in adapters.items():
+        p.copy_(saved[name].to(p.dtype))
 
 
 def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
@@ -122,10 +219,8 @@ def save_adapter(path: str | Path, settings: Any, state: dict[str, Tensor], base
     config["base_model_name_or_path"] = str(base_model_path)
     config["task_type"] = "CAUSAL_LM"
     config = {k: sorted(v) if isinstance(v, set) else v for k, v in config.items()}
-    (path / "adapter_config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
-    save_file(
-        {k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / "adapter_model.safetensors")
-    )
+    (path / ADAPTER_CONFIG).write_text(json.dumps(config, indent=2, default=str) + "\n")
+    save_file({k: v.detach().cpu().contiguous() for k, v in state.items()}, str(path / ADAPTER_WEIGHTS))
     return path
 
 

@@ -33,6 +33,12 @@ from tandem.batch import Batch
 from tandem.data.packing import Packing, pack_model_inputs
 
 
+def vision_tower(model: nn.Module) -> nn.Module:
+    """The vision encoder of `model` (a transformers Qwen2-VL: `model.model.visual`, its patch embedding, blocks and
+    the merger into the language model's width)."""
+    return model.model.visual
+
+
 class VisionTower:
     """The image inputs of micro-batches for `model` (a transformers Qwen2-VL), and the hook that encodes them."""
 
@@ -40,7 +46,7 @@ class VisionTower:
         config = model.config
         self.image_token_id = config.image_token_id
         vision = config.vision_config
-        self.visual = model.model.visual
+        self.visual = vision_tower(model)
         self.rope_index = model.model.get_rope_index
         self.merge = vision.spatial_merge_size
         self.blank_grid = torch.tensor([[1, self.merge, self.merge]])  # one merged token
