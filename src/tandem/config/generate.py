@@ -23,6 +23,7 @@ from tandem.config.verl_generation_keys import VERL_GENERATION_DEFAULTS, generat
 from tandem.config.verl_removed import removed_key_message
 from tandem.config.verl_rules import UnsupportedValue
 from tandem.config.yaml_io import parse_scalar, read_yaml
+from tandem.models.chat_template import template_kwargs_problems
 
 
 @dataclass
@@ -42,6 +43,8 @@ class GenerateConfig:
         "error"  # a longer prompt: an error, or cut (right: its end)
     )
     chat_template: Literal["auto", "plain", "none"] = "auto"  # as data.chat_template of training
+    # the chat template's variables, as data.chat_template_kwargs of training: chat_template_kwargs.enable_thinking=false
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     temperature: float = 1.0  # 0 = greedy (then n must be 1)
     top_p: float = 1.0  # 1 = off
     top_k: int = -1  # -1 = off
@@ -67,14 +70,17 @@ class GenerateConfig:
     progress_bar: bool = True  # a progress bar on a terminal (a line per batch otherwise)
 
 
+_MAPPING_KEYS = ("engine_kwargs.", "chat_template_kwargs.")  # keys set one name at a time: KEY.NAME=VALUE
+
+
 def generate_config_to_yaml(cfg: GenerateConfig) -> str:
     """YAML text of every key, which `tandem generate FILE` reads back into an equal config."""
     return yaml.safe_dump(asdict(cfg), sort_keys=False, default_flow_style=False)
 
 
 def is_verl_generation_key(key: str) -> bool:
-    """A dotted key is verl's: GenerateConfig's keys are flat but for engine_kwargs.*."""
-    return "." in key and not key.startswith("engine_kwargs.")
+    """A dotted key is verl's: GenerateConfig's keys are flat but for engine_kwargs.* and chat_template_kwargs.*."""
+    return "." in key and not key.startswith(_MAPPING_KEYS)
 
 
 def translate_generation_overrides(overrides: Iterable[str]) -> VerlTranslation:
@@ -145,10 +151,9 @@ def load_generate_config(
         if not sep:
             raise ConfigError(f"override {text!r} is not key=value")
         key = key.strip()
-        if key.startswith("engine_kwargs."):
-            values.setdefault("engine_kwargs", {})[key.removeprefix("engine_kwargs.")] = parse_scalar(
-                value_text
-            )
+        if key.startswith(_MAPPING_KEYS):
+            mapping, _, name = key.partition(".")
+            values.setdefault(mapping, {})[name] = parse_scalar(value_text)
         else:
             values[key] = parse_scalar(value_text.strip())
         problems.notes[key] = f"from override '{_written_text(translation, key) or text}'"
@@ -209,6 +214,21 @@ def check_generate_config(cfg: GenerateConfig, verl_names: Mapping[str, str] | N
             check_engine_layout("hf", layout, "hf", verl_names)
     except ConfigError as err:
         problems += err.problems
+    # the key as written: verl's data.apply_chat_template_kwargs where its keys set it
+    kwargs_key = next(
+        (
+            verl.rpartition(".")[0]
+            for key, verl in verl_names.items()
+            if key.startswith("chat_template_kwargs.")
+        ),
+        name("chat_template_kwargs"),
+    )
+    problems += template_kwargs_problems(kwargs_key, cfg.chat_template_kwargs)
+    if cfg.chat_template_kwargs and cfg.chat_template in ("plain", "none"):
+        problems.append(
+            f"{kwargs_key} {cfg.chat_template_kwargs} are variables of the tokenizer's chat "
+            f"template, which chat_template={cfg.chat_template} does not use: set chat_template=auto, or drop them"
+        )
     if cfg.data_path and cfg.output_path and Path(cfg.data_path).resolve() == Path(cfg.output_path).resolve():
         problems.append(
             f"{name('output_path')} is the input file {cfg.data_path}: write the output elsewhere"

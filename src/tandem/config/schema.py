@@ -97,6 +97,10 @@ class DataConfig:
     val_batch_size: int | None = None  # PROMPTS per validation generation call, global; None = all at once
     truncation: Truncation = "error"  # over-long prompt: error, filter (drop it), left / right (cut that end; `right` keeps the chat template's generation prompt); SFT: error or right
     chat_template: ChatTemplate = "auto"  # auto = the tokenizer's, plain = Tandem's simple one, none = raw
+    # variables of the tokenizer's chat template, name -> text / number / bool / null: {enable_thinking: false}
+    # (Qwen3), {reasoning_effort: medium} (gpt-oss); every rendering gets them: training and validation prompts,
+    # SFT rows, the agent loop's turns (verl's data.apply_chat_template_kwargs)
+    chat_template_kwargs: dict[str, Any] = field(default_factory=dict)
     shuffle: bool = True  # reshuffle the training prompts every epoch
     seed: int = 1  # seed of the shuffle
     # a sampler class of your own, the training prompts' order in place of shuffle / seed (verl's

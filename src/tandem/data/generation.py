@@ -9,6 +9,7 @@ Items are shaped for `collate_prompts`.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ def generation_items(
     max_prompt_length: int,
     truncation: str = "error",
     chat_template: str = "auto",
+    chat_template_kwargs: Mapping[str, Any] | None = None,
     key_names: dict[str, str] | None = None,
 ) -> list[dict[str, Any]]:
     """One item per row of `path`: ``input_ids`` (the rendered, tokenized prompt), ``raw_prompt``,
@@ -47,24 +49,27 @@ def generation_items(
 
     A prompt longer than ``max_prompt_length`` tokens is an error naming the row (``truncation="error"``)
     or cut: ``"left"`` keeps its last tokens, ``"right"`` its first (still ending with the chat template's
-    generation prompt). ``key_names`` renames config keys in the messages (``{"prompt_key":
+    generation prompt). ``chat_template_kwargs``: the template's own variables, as in training
+    (data.chat_template_kwargs). ``key_names`` renames config keys in the messages (``{"prompt_key":
     "data.prompt_key"}`` for a verl command line)."""
     names = {"prompt_key": "prompt_key", "max_prompt_length": "max_prompt_length", "truncation": "truncation"}
     names.update(key_names or {})
     if truncation not in GENERATION_TRUNCATION:
         raise ValueError(f"{names['truncation']} must be one of {GENERATION_TRUNCATION}, got {truncation!r}")
     (file,) = as_paths(path)
-    mode = resolve_mode(chat_template, tokenizer)
+    mode = resolve_mode(chat_template, tokenizer, chat_template_kwargs)
     hint = f" Set {names['prompt_key']} to the column that holds the chat messages."
     rows, texts, locations = [], [], []
     for location, row in iter_rows(file):
         row = check_row(location, row)
         prompt = check_prompt(location, require(location, row, prompt_key, object, hint), prompt_key, mode)
         rows.append((prompt, row.get("data_source")))
-        texts.append(render_prompt(prompt, tokenizer, mode, location))
+        texts.append(render_prompt(prompt, tokenizer, mode, location, template_kwargs=chat_template_kwargs))
         locations.append(location)
 
-    keep_at_end = generation_prompt_ids(tokenizer, mode) if truncation == "right" else []
+    keep_at_end = (
+        generation_prompt_ids(tokenizer, mode, chat_template_kwargs) if truncation == "right" else []
+    )
     items, truncated = [], []
     for position, ((prompt, data_source), location, ids) in enumerate(
         zip(rows, locations, tokenize(tokenizer, texts), strict=True)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from tandem.batch import Batch
@@ -57,7 +57,8 @@ class PromptDataset:
     so the model answers instead of continuing the cut user message. ``report`` counts ``total``,
     ``kept``, ``filtered`` and ``truncated`` rows; filtered and truncated rows are logged as a warning
     that names a few of them. ``tools`` (OpenAI-style schemas) are rendered into every prompt by the
-    chat template, as the agent loop's tools are (rollout.multi_turn).
+    chat template, as the agent loop's tools are (rollout.multi_turn); ``chat_template_kwargs`` are the
+    template's own variables (data.chat_template_kwargs), which the agent loop's turns get as well.
     """
 
     def __init__(
@@ -69,6 +70,7 @@ class PromptDataset:
         prompt_key: str = "prompt",
         truncation: str = "error",
         chat_template: str = "auto",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         tools: list[dict] | None = None,
         processor: Any = None,
         image_key: str = "images",
@@ -77,7 +79,7 @@ class PromptDataset:
             raise ValueError(f"data.truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
         if max_prompt_length < 1:
             raise ValueError(f"data.max_prompt_length must be >= 1, got {max_prompt_length}")
-        mode = resolve_mode(chat_template, tokenizer)
+        mode = resolve_mode(chat_template, tokenizer, chat_template_kwargs)
         self.files = as_paths(files)
         self.max_prompt_length = max_prompt_length
 
@@ -97,7 +99,11 @@ class PromptDataset:
                     messages = _attach_images(
                         location, rows[-1], row[image_key], image_key, path.parent, mode, processor
                     )
-                texts.append(render_prompt(messages, tokenizer, mode, location, tools=tools))
+                texts.append(
+                    render_prompt(
+                        messages, tokenizer, mode, location, tools=tools, template_kwargs=chat_template_kwargs
+                    )
+                )
         self.sample_texts: list[tuple[str, str]] = list(zip(locations, texts))[:SAMPLE_ROWS]
         if self.unread_fields:
             listed = ", ".join(
@@ -110,7 +116,9 @@ class PromptDataset:
                 listed,
             )
 
-        keep_at_end = generation_prompt_ids(tokenizer, mode) if truncation == "right" else []
+        keep_at_end = (
+            generation_prompt_ids(tokenizer, mode, chat_template_kwargs) if truncation == "right" else []
+        )
         self._items: list[dict[str, Any]] = []
         self.locations: list[str] = []
         self.ground_truth_absent: set[int] = set()

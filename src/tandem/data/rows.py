@@ -7,12 +7,14 @@ Every problem is a :class:`DataError` that names the file, the row and the field
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
 import pyarrow.parquet as pq
+
+from tandem.models.chat_template import render_chat
 
 CHAT_TEMPLATE_MODES = ("auto", "plain", "none")
 DATA_SUFFIXES = (".parquet", ".jsonl")
@@ -195,12 +197,21 @@ def check_mode(chat_template: str) -> None:
         raise ValueError(f"data.chat_template must be one of {CHAT_TEMPLATE_MODES}, got {chat_template!r}")
 
 
-def resolve_mode(chat_template: str, tokenizer: Any) -> str:
-    """``auto`` becomes ``chat`` when the tokenizer has a chat template, else ``plain``."""
+def resolve_mode(chat_template: str, tokenizer: Any, template_kwargs: Mapping[str, Any] | None = None) -> str:
+    """``auto`` becomes ``chat`` when the tokenizer has a chat template, else ``plain``. Template arguments
+    (``template_kwargs``) outside ``chat`` are an error: no template would read them."""
     check_mode(chat_template)
+    mode = chat_template
     if chat_template == "auto":
-        return "chat" if getattr(tokenizer, "chat_template", None) else "plain"
-    return chat_template
+        mode = "chat" if getattr(tokenizer, "chat_template", None) else "plain"
+    if template_kwargs and mode != "chat":
+        why = "the tokenizer has no chat template" if chat_template == "auto" else "no template is used"
+        raise DataError(
+            f"chat_template_kwargs {dict(template_kwargs)} are arguments of a chat template, but chat_template="
+            f"{chat_template} renders prompts as {mode} text ({why}): drop them, or use a tokenizer with a chat "
+            "template"
+        )
+    return mode
 
 
 def render_prompt(
@@ -210,20 +221,23 @@ def render_prompt(
     location: str = "",
     *,
     tools: list[dict] | None = None,
+    template_kwargs: Mapping[str, Any] | None = None,
 ) -> str:
     """The prompt as text, ready for the model to continue with its answer.
 
     ``chat``: the tokenizer's chat template with the generation prompt (and ``tools``, OpenAI-style
-    schemas, when given: the template declares them as it does for the agent loop); ``plain``: the
-    message contents joined by newlines; ``none``: the string as it is (``tools`` unused in both).
+    schemas, when given: the template declares them as it does for the agent loop; ``template_kwargs``,
+    the template's own variables: data.chat_template_kwargs); ``plain``: the message contents joined by
+    newlines; ``none``: the string as it is (``tools`` unused in both).
     """
     if mode == "none":
         return prompt  # type: ignore[return-value]
     if mode == "plain":
         return "\n".join(message["content"] for message in prompt)
-    kwargs = {"tools": tools} if tools else {}
     try:
-        return tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True, **kwargs)
+        return render_chat(
+            tokenizer, prompt, generation_prompt=True, tools=tools, template_kwargs=template_kwargs
+        )
     except Exception as e:  # jinja templates raise their own errors ("roles must alternate", ...)
         raise DataError(
             f"{location}: the tokenizer's chat template fails on field 'prompt' ({type(e).__name__}: {e}); "
@@ -231,15 +245,18 @@ def render_prompt(
         ) from e
 
 
-def generation_prompt_ids(tokenizer: Any, mode: str) -> list[int]:
-    """The tokens the chat template appends to open the assistant's turn (``[]`` outside chat mode,
-    or when the template's generation prompt is not a plain suffix)."""
+def generation_prompt_ids(
+    tokenizer: Any, mode: str, template_kwargs: Mapping[str, Any] | None = None
+) -> list[int]:
+    """The tokens the chat template appends to open the assistant's turn, with the template's arguments
+    (Qwen3's ``enable_thinking=False`` adds an empty think block there); ``[]`` outside chat mode, or
+    when the template's generation prompt is not a plain suffix."""
     if mode != "chat":
         return []
     probe = [{"role": "user", "content": "x"}]
     try:
-        without = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=False)
-        with_prompt = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+        without = render_chat(tokenizer, probe, generation_prompt=False, template_kwargs=template_kwargs)
+        with_prompt = render_chat(tokenizer, probe, generation_prompt=True, template_kwargs=template_kwargs)
     except Exception:  # a template that wants more than one user message: cut as plain text
         return []
     if not with_prompt.startswith(without):

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from tandem.data.rows import (
     resolve_mode,
     tokenize,
 )
+from tandem.models.chat_template import render_chat
 from tandem.models.model_type import IMAGE_PLACEHOLDER
 
 logger = logging.getLogger(__name__)
@@ -33,6 +35,7 @@ MAX_LOGGED_ROWS = 3  # filtered / truncated rows named in the log, as examples
 SAMPLE_ROWS = 8  # rendered rows kept (`sample_texts`) for the start-up tokenizer round-trip check
 
 Piece = tuple[str, int]  # (text, 1 if the loss covers its tokens else 0)
+Render = Callable[..., str]  # (messages, generation_prompt=...) -> the chat template's text
 
 
 class SFTDataset:
@@ -41,9 +44,10 @@ class SFTDataset:
 
     - a conversation, when it has a non-null ``messages_key`` field (``messages_key=None``: never):
       system / user / assistant / tool messages rendered whole by the chat template (with ``tools``,
-      OpenAI-style schemas, when given). ``loss_mask`` is 1 on each assistant message's turn after
-      the generation prompt, 0 on the turn headers and every other message; ``loss_mask="turn"``
-      (verl's MultiTurnSFTDataset) trains the whole turn as the template renders it, its text after
+      OpenAI-style schemas, when given, and ``chat_template_kwargs``, the template's own variables,
+      as every rendering of a pair and of the RL prompts gets them). ``loss_mask`` is 1 on each
+      assistant message's turn after the generation prompt, 0 on the turn headers and every other
+      message; ``loss_mask="turn"`` (verl's MultiTurnSFTDataset) trains the whole turn as the template renders it, its text after
       the stop token included (``<|im_end|>\n``); ``"stop"`` trains the content and the token that
       ends the turn (the first of ``stop_token_ids`` after the content; default: EOS), where the
       rollout stops the model, and nothing after it. The last message must be the assistant's.
@@ -80,6 +84,7 @@ class SFTDataset:
         messages_key: str | None = "messages",
         truncation: str = "error",
         chat_template: str = "auto",
+        chat_template_kwargs: Mapping[str, Any] | None = None,
         tools: list[dict] | None = None,
         stop_token_ids: Sequence[int] | None = None,
         processor: Any = None,
@@ -95,7 +100,8 @@ class SFTDataset:
         if tokenizer.eos_token_id is None:
             raise ValueError("the tokenizer has no EOS token; SFT appends one to every response")
         stop_ids = _check_stop_ids(tokenizer, stop_token_ids)
-        mode = resolve_mode(chat_template, tokenizer)
+        mode = resolve_mode(chat_template, tokenizer, chat_template_kwargs)
+        render = functools.partial(render_chat, tokenizer, tools=tools, template_kwargs=chat_template_kwargs)
         self.files = as_paths(files)
         self.max_length = max_length
 
@@ -120,12 +126,7 @@ class SFTDataset:
                             location, messages, row[image_key], image_key, path.parent, mode, processor
                         )
                     pieces, whole = _conversation_pieces(
-                        location,
-                        messages,
-                        messages_key,
-                        tokenizer,
-                        tools,
-                        stop_ids if loss_mask == "stop" else None,
+                        location, messages, messages_key, render, stop_ids if loss_mask == "stop" else None
                     )
                     rows.append((location, pieces, whole))
                     continue
@@ -137,7 +138,9 @@ class SFTDataset:
                     messages, images[len(rows)] = row_images(
                         location, messages, row[image_key], image_key, path.parent, mode, processor
                     )
-                prompt_text = render_prompt(messages, tokenizer, mode, location, tools=tools)
+                prompt_text = render_prompt(
+                    messages, tokenizer, mode, location, tools=tools, template_kwargs=chat_template_kwargs
+                )
                 response = _field(location, row, response_key, response_dict_keys, str, "response")
                 rows.append((location, [(prompt_text, 0), (response, 1)], None))
 
@@ -302,14 +305,9 @@ def _check_stop_ids(tokenizer: Any, stop_token_ids: Sequence[int] | None) -> dic
     return stops
 
 
-def _render(
-    location: str, key: str, tokenizer: Any, messages: list, upto: int, tools: list[dict] | None, *, gen: bool
-) -> str:
-    kwargs = {"tools": tools} if tools else {}
+def _render(location: str, key: str, render: Render, messages: list, upto: int, *, gen: bool) -> str:
     try:
-        return tokenizer.apply_chat_template(
-            messages[:upto], tokenize=False, add_generation_prompt=gen, **kwargs
-        )
+        return render(messages[:upto], generation_prompt=gen)
     except Exception as e:  # jinja templates raise their own errors ("roles must alternate", ...)
         raise DataError(
             f"{location}: the tokenizer's chat template fails on field {key!r} up to message {upto - 1} "
@@ -321,11 +319,11 @@ def _conversation_pieces(
     location: str,
     messages: list[dict[str, Any]],
     key: str,
-    tokenizer: Any,
-    tools: list[dict] | None,
+    render: Render,
     stops: dict[int, str] | None,
 ) -> tuple[list[Piece], str]:
-    """The conversation's rendering cut into (text, trained) pieces, and the whole rendering.
+    """The conversation's rendering cut into (text, trained) pieces, and the whole rendering; ``render`` is
+    the run's chat rendering (models/chat_template.py's render_chat with its tools and template arguments).
 
     For each assistant message i, the rendering of messages[:i] with the generation prompt ends
     where its content starts, and its turn is trained to the end of the rendering of messages[:i+1]
@@ -342,8 +340,8 @@ def _conversation_pieces(
     for i, message in enumerate(messages):
         if message["role"] != "assistant":
             continue
-        before = _render(location, key, tokenizer, messages, i, tools, gen=True)
-        after = _render(location, key, tokenizer, messages, i + 1, tools, gen=False)
+        before = _render(location, key, render, messages, i, gen=True)
+        after = _render(location, key, render, messages, i + 1, gen=False)
         for text, upto in ((before, i), (after, i + 1)):
             if not text.startswith(previous):
                 raise DataError(

@@ -252,7 +252,8 @@ def _empty_rollout(prompts: Batch, sampling: SamplingParams, *, agent: bool = Fa
 
 def agent_loop_from_config(cfg: TandemConfig, rollout: Any) -> AgentLoop:
     """The agent loop of rollout.mode=async: rollout.multi_turn's tools and interaction, the rollout
-    engine's stop ids, the actor's tokenizer (to render inserted messages)."""
+    engine's stop ids, the actor's tokenizer and data.chat_template_kwargs (to render inserted messages as
+    the prompts were rendered)."""
     from transformers import AutoTokenizer
 
     from tandem.rollout.agent import toolset_from_config
@@ -275,6 +276,7 @@ def agent_loop_from_config(cfg: TandemConfig, rollout: Any) -> AgentLoop:
         tools=tools,
         interaction=build_interaction(m.interaction, m.interaction_file),
         pad_token_id=rollout.pad_token_id,
+        template_kwargs=cfg.data.chat_template_kwargs,
     )
 
 

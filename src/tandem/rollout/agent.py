@@ -38,7 +38,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from tandem.batch import Batch
+from tandem.models.chat_template import render_chat
 from tandem.rollout.async_engine import TurnEngine, TurnRequest
 from tandem.rollout.base import (
     SamplingParams,
@@ -138,13 +139,21 @@ class ChatInserter:
     """Token ids of messages the environment inserts after a model turn, rendered by the chat template.
 
     ``stop_token_ids`` are the ids a model turn ends with; the template must end an assistant turn
-    with one of them (else the model's turn and the rendering could never line up)."""
+    with one of them (else the model's turn and the rendering could never line up). ``template_kwargs``
+    are the template's own variables (data.chat_template_kwargs), the same the prompt was rendered with:
+    with Qwen3's ``enable_thinking=False`` every next assistant turn opens with the empty think block, as
+    the first one did."""
 
     def __init__(
-        self, tokenizer: Any, stop_token_ids: Sequence[int], tools: list[dict] | None = None
+        self,
+        tokenizer: Any,
+        stop_token_ids: Sequence[int],
+        tools: list[dict] | None = None,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.tools = tools
+        self.template_kwargs = dict(template_kwargs or {})
         self._probe = [
             {"role": "user", "content": PROBE_USER},
             {"role": "assistant", "content": PROBE_ASSISTANT},
@@ -165,9 +174,12 @@ class ChatInserter:
         self._prefix = prefix[: self._cut]
 
     def _render(self, messages: list[dict[str, Any]], *, generation_prompt: bool) -> str:
-        kwargs = {"tools": self.tools} if self.tools else {}
-        return self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=generation_prompt, **kwargs
+        return render_chat(
+            self.tokenizer,
+            messages,
+            generation_prompt=generation_prompt,
+            tools=self.tools,
+            template_kwargs=self.template_kwargs,
         )
 
     def text(self, messages: list[dict[str, Any]]) -> str:
@@ -190,7 +202,8 @@ class AgentLoop:
     """Runs multi-turn rollouts of a prompt batch on a `TurnEngine` (see the module docstring).
 
     ``tools`` is a `tandem.tools.ToolSet` (or None: no tools, every turn is an answer);
-    ``interaction`` a `tandem.tools.Interaction` or None."""
+    ``interaction`` a `tandem.tools.Interaction` or None; ``template_kwargs`` the chat template's variables
+    the prompts were rendered with (data.chat_template_kwargs), for the inserted turns."""
 
     def __init__(
         self,
@@ -201,6 +214,7 @@ class AgentLoop:
         tools: Any = None,
         interaction: Any = None,
         pad_token_id: int,
+        template_kwargs: Mapping[str, Any] | None = None,
     ) -> None:
         if settings.max_assistant_turns < 1:
             raise ValueError(f"max_assistant_turns must be >= 1, got {settings.max_assistant_turns}")
@@ -216,7 +230,7 @@ class AgentLoop:
         schemas = tools.schemas() if tools is not None and len(tools) else None
         # Only a loop that inserts messages needs the chat template to end turns at a stop id.
         inserts = tools is not None or (interaction is not None and settings.max_user_turns > 0)
-        self.inserter = ChatInserter(tokenizer, stop_token_ids, schemas) if inserts else None
+        self.inserter = ChatInserter(tokenizer, stop_token_ids, schemas, template_kwargs) if inserts else None
 
     # ---------------------------------------------------------------- one sample
     async def run_sample(

@@ -112,6 +112,7 @@ def plan_generation(cfg: GenerateConfig, *, key_names: Mapping[str, str] | None 
         max_prompt_length=cfg.max_prompt_length,
         truncation=cfg.truncation,
         chat_template=cfg.chat_template,
+        chat_template_kwargs=cfg.chat_template_kwargs,
         key_names=names,
     )
     device = torch.device(

@@ -95,6 +95,7 @@ class RLTrainer(Trainer):
             prompt_key=d.prompt_key,
             truncation=d.truncation,
             chat_template=d.chat_template,
+            chat_template_kwargs=d.chat_template_kwargs,
             tools=tool_schemas(cfg.rollout.multi_turn),
             processor=self.processor,
             image_key=d.image_key,

@@ -73,6 +73,7 @@ class SFTTrainer(Trainer):
             messages_key=d.messages_key,
             truncation=d.truncation,
             chat_template=d.chat_template,
+            chat_template_kwargs=d.chat_template_kwargs,
             tools=tool_schemas(cfg.rollout.multi_turn),
             stop_token_ids=read_special_ids(cfg.actor.model_path, cfg.actor.tokenizer_path, self.tokenizer)[
                 0

@@ -435,7 +435,7 @@ def check_chat_template_stops(cfg: TandemConfig, tokenizer: Any, tools: Any) -> 
     stop_ids, _ = read_special_ids(cfg.actor.model_path, cfg.actor.tokenizer_path, tokenizer)
     schemas = tools.schemas() if tools is not None and len(tools) else None
     try:
-        ChatInserter(tokenizer, stop_ids, schemas)
+        ChatInserter(tokenizer, stop_ids, schemas, cfg.data.chat_template_kwargs)
     # ValueError: no stop token; transformers' / jinja's own: no template, or a broken one
     except Exception as error:
         raise ConfigError(

@@ -10,6 +10,7 @@ from tandem.config.checks.algorithm import check_policy_loss_keys
 from tandem.config.checks.common import at_least, non_finite, within
 from tandem.config.checks.rollout import check_sampling
 from tandem.config.errors import Problems
+from tandem.models.chat_template import template_kwargs_problems
 
 if TYPE_CHECKING:
     from tandem.config.schema import TandemConfig
@@ -20,6 +21,7 @@ def check_values(cfg: TandemConfig, problems: Problems) -> None:
     for key, value in non_finite(cfg):  # loaded configs cannot hold these; one built in Python can
         problems.add(key, f"{key}={value}: only finite numbers are allowed")
     check_counts(cfg, problems)
+    check_chat_template_kwargs(cfg, problems)
     check_trainer_values(cfg, problems)
     check_sampling(cfg, problems)
     check_optimizers(cfg, problems)
@@ -69,6 +71,21 @@ def check_counts(cfg: TandemConfig, problems: Problems) -> None:
     for name in ("ppo_mini_batch_size", "micro_batch_size_per_rank", "ppo_epochs"):
         if getattr(c, name) != getattr(a, name):  # an inherited bad value is the actor's problem, said once
             at_least(problems, f"critic.{name}", getattr(c, name), 1)
+
+
+def check_chat_template_kwargs(cfg: TandemConfig, problems: Problems) -> None:
+    """data.chat_template_kwargs: the template's own variables (models/chat_template.py), and only where a template
+    renders (not with data.chat_template=plain or none). Whether the template reads a name is not known until it
+    renders: a name it does not read changes nothing, as in verl."""
+    d = cfg.data
+    for message in template_kwargs_problems("data.chat_template_kwargs", d.chat_template_kwargs):
+        problems.add("data.chat_template_kwargs", message)
+    if d.chat_template_kwargs and d.chat_template in ("plain", "none"):
+        problems.add(
+            ("data.chat_template_kwargs", "data.chat_template"),
+            f"data.chat_template_kwargs {d.chat_template_kwargs} are variables of the tokenizer's chat template, "
+            f"which data.chat_template={d.chat_template} does not use: set data.chat_template=auto, or drop them",
+        )
 
 
 def check_trainer_values(cfg: TandemConfig, problems: Problems) -> None:
