@@ -411,7 +411,17 @@ EXTRA_KEYS: dict[str, Rule] = {
 # sections of verl's data config Tandem does not have: a key under one is verl's
 EXTRA_PREFIXES = ("data.apply_chat_template_kwargs.", "data.custom_cls.", "data.datagen.", "data.sampler.")
 
+_NSYS_CONTROLLER = (
+    "Tandem's controller is the process you start: run `nsys profile ... tandem train` to profile it"
+)
+
+# verl's profilers' options (before verl_keys' "*.profiler.*", which names the per-role profilers)
 EXTRA_PATTERNS: list[tuple[str, Rule]] = [
+    ("global_profiler.global_tool_config.nsys.controller_nsight_options.*", no_effect(_NSYS_CONTROLLER)),
+    (
+        "global_profiler.global_tool_config.*",
+        no_effect("verl's other profilers' options; Tandem's are trainer.profile.*"),
+    ),
     (
         "data.apply_chat_template_kwargs.*",
         default_only(

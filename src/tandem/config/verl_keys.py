@@ -512,6 +512,8 @@ VERL_SECTIONS: list[tuple[str, str]] = [
     ("algorithm.filter_groups.", "algorithm.dynamic_sampling."),
 ]
 
+_NSYS_WORKER = "an option of `nsys profile` for each worker (trainer.profile.tool=nsys)"
+
 # whole verl subtrees with no effect in Tandem (glob patterns, first match wins)
 ENGINE_KWARGS = "actor_rollout_ref.rollout.engine_kwargs"
 # whole subtrees, key by key: verl prefix -> Tandem prefix (the rest of the key is the library's field name)
@@ -521,7 +523,7 @@ VERL_SUBTREES: list[tuple[str, str, str]] = [
     (
         "global_profiler.global_tool_config.nsys.worker_nsight_options.",
         "trainer.profile.nsight_options.",
-        "an option of `nsys profile` for each worker (trainer.profile.tool=nsys)",
+        _NSYS_WORKER,
     ),
 ]
 
@@ -529,16 +531,6 @@ VERL_PATTERNS: list[tuple[str, Rule]] = [
     *EXTRA_PATTERNS,
     *MEGATRON_PATTERNS,
     ("*.profiler.*", no_effect("verl's per-role profiler; Tandem's profiler is trainer.profile.*")),
-    (
-        "global_profiler.global_tool_config.nsys.controller_nsight_options.*",
-        no_effect(
-            "Tandem's controller is the process you start: run `nsys profile ... tandem train` to profile it"
-        ),
-    ),
-    (
-        "global_profiler.global_tool_config.*",
-        no_effect("verl's other profilers' options; Tandem's are trainer.profile.*"),
-    ),
     ("*.fsdp_config.*", no_effect("Tandem's FSDP2 settings are actor.fsdp.*; it shards every decoder layer")),
     ("*.checkpoint.*", no_effect("Tandem saves model, optimizer and run state in every checkpoint")),
     ("*.router_replay.*", no_effect("Tandem has no MoE router replay")),
