@@ -86,7 +86,10 @@ def test_values_that_differ_between_verl_and_tandem_are_converted():
     ("override", "message"),
     [
         ("actor_rollout_ref.rollout.name=trtllm", "Tandem's rollout engines are vllm and hf"),
-        ("algorithm.use_pf_ppo=true", "Tandem has no meaning for verl's algorithm.use_pf_ppo"),
+        (
+            "reward_model.model.external_lib=mylib",
+            "Tandem has no meaning for verl's reward_model.model.external_lib",
+        ),
         ("global_profiler.tool=npu", "it has no 'npu' hooks"),
         ("actor_rollout_ref.actor.optim.optimizer=SGD", "Tandem's optimizer is AdamW, not 'SGD'"),
         ("actor_rollout_ref.rollout.made=async", "not a key of verl's config, and none Tandem reads"),

@@ -37,6 +37,7 @@ from tandem.algos.kl import (
     kl_penalty,
     make_kl_controller,
 )
+from tandem.algos.pf_ppo import pf_ppo_weights, resample_indices
 from tandem.algos.policy_loss import gspo, policy_loss, reinforce, value_loss, vanilla
 from tandem.algos.registry import (
     ADV_ESTIMATORS,
@@ -44,6 +45,7 @@ from tandem.algos.registry import (
     IS_LEVELS,
     KL_CONTROLLERS,
     KL_ESTIMATORS,
+    PF_PPO_WEIGHTS,
     POLICY_LOSSES,
     ROLLOUT_RS,
     Registry,
@@ -64,6 +66,7 @@ __all__ = [
     "IS_LEVELS",
     "KL_CONTROLLERS",
     "KL_ESTIMATORS",
+    "PF_PPO_WEIGHTS",
     "POLICY_LOSSES",
     "ROLLOUT_RS",
     "AdaptiveKLController",
@@ -100,12 +103,14 @@ __all__ = [
     "offpolicy_metrics",
     "opo",
     "optimal_token_baseline",
+    "pf_ppo_weights",
     "policy_loss",
     "reinforce",
     "reinforce_plus_plus",
     "reinforce_plus_plus_baseline",
     "rejection_masks",
     "remax",
+    "resample_indices",
     "rloo",
     "rollout_correction",
     "rollout_is_weights",

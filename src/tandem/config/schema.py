@@ -53,6 +53,7 @@ ProfiledPhase = Literal[
     "update_critic",
 ]
 ProfilerActivity = Literal["cpu", "cuda"]
+PFPPOMethod = Literal["pow", "max_min", "max_random"]  # tandem.algos.PF_PPO_WEIGHTS' names
 ProfilerTool = Literal["torch", "nsys"]  # trainer.profile.tool
 
 # Nsight Systems' options for each worker under trainer.profile.tool=nsys (`nsys profile --NAME=VALUE`, given to
@@ -403,6 +404,17 @@ class RolloutCorrectionConfig:
 
 
 @dataclass
+class PFPPOConfig:
+    """PF-PPO (policy filtration): after the advantages, the critic's and the actor's updates train on B rows drawn
+    with replacement from the step's B by each row's summed score (tandem.algos.pf_ppo); metrics and sample dumps
+    stay those of the rows generated. Seeded by trainer.seed and the step."""
+
+    enable: bool = False  # resample the update's rows (verl's algorithm.use_pf_ppo); any adv_estimator
+    reweight_method: PFPPOMethod = "pow"  # pow (|score|^weight_pow), max_min, max_random: docs/algorithms.md
+    weight_pow: float = 2.0  # >= 0: pow's exponent
+
+
+@dataclass
 class AlgorithmConfig:
     """Advantages and reward shaping done by the controller."""
 
@@ -422,6 +434,7 @@ class AlgorithmConfig:
     kl_ctrl: KLControlConfig = field(default_factory=KLControlConfig)
     dynamic_sampling: DynamicSamplingConfig = field(default_factory=DynamicSamplingConfig)
     rollout_correction: RolloutCorrectionConfig = field(default_factory=RolloutCorrectionConfig)
+    pf_ppo: PFPPOConfig = field(default_factory=PFPPOConfig)
 
 
 @dataclass

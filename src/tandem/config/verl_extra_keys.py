@@ -175,11 +175,9 @@ EXTRA_KEYS: dict[str, Rule] = {
         "qwen / qwen25 (SGLang's Qwen 2.5 parser) are the hermes syntax",
         _tool_call_format,
     ),
-    "algorithm.pf_ppo.reweight_method": no_effect(
-        "read only with algorithm.use_pf_ppo=true, which Tandem refuses (no PF-PPO)"
-    ),
-    "algorithm.pf_ppo.weight_pow": no_effect(
-        "read only with algorithm.use_pf_ppo=true, which Tandem refuses"
+    "algorithm.use_pf_ppo": maps(
+        "algorithm.pf_ppo.enable",
+        "verl resamples only with adv_estimator=gae (other estimators skip it without a word); Tandem with any",
     ),
     # data
     "data.tokenizer": default_only(

@@ -405,7 +405,6 @@ VERL_KEYS: dict[str, Rule] = {
     "algorithm.filter_groups.enable": maps("algorithm.dynamic_sampling.enable"),
     "algorithm.filter_groups.metric": maps("algorithm.dynamic_sampling.metric"),
     "algorithm.filter_groups.max_num_gen_batches": maps("algorithm.dynamic_sampling.max_num_gen_batches"),
-    "algorithm.use_pf_ppo": unsupported("Tandem has no PF-PPO reweighting"),
     "algorithm.rollout_correction.rollout_token_veto_threshold": unsupported(
         "verl 0.7's per-token veto is gone in newer verl; algorithm.rollout_correction.rollout_rs=seq_max_k2 "
         "or seq_max_k3 rejects a sequence for its worst token"

@@ -7,6 +7,7 @@ One step, each phase one call on a worker group (tandem/roles/layout.py):
   generated during the previous step (one_step_off.py); or streamed as they finish (streaming.py)
   -> old log-probs (+ entropy) -> reference log-probs, with the critic's values computed meanwhile
   -> KL penalty in the reward (fixed or adaptive) -> advantages (any registered estimator)
+  [PF-PPO: the updates' rows drawn again, with replacement, by their scores]
   -> critic update -> actor update (after trainer.critic_warmup steps)
 Validation every trainer.test_freq steps and checkpoints every trainer.save_freq come from
 tandem/trainer/base.py.
@@ -18,11 +19,13 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from tandem.algos import apply_kl_penalty, compute_advantages, kl_controller_from_config
+import torch
+
+from tandem.algos import apply_kl_penalty, compute_advantages, kl_controller_from_config, resample_indices
 from tandem.batch import Batch
 from tandem.config.checks.data_sources import check_data_sources
 from tandem.config.errors import ConfigError
-from tandem.config.schema import TandemConfig
+from tandem.config.schema import PFPPOConfig, TandemConfig
 from tandem.config.validate import validate_config
 from tandem.data import PromptDataset, UserSampler, sampler_batch, sampler_config
 from tandem.engine.flops import ModelFlops
@@ -174,17 +177,22 @@ class RLTrainer(Trainer):
                     reward_weights=alg.gdpo_reward_weights,
                 )
 
-            update_mask = batch["attention_mask"]  # the tokens each update trains on (model FLOPs, MFU)
+            # the rows the updates train on: the batch, or with PF-PPO rows drawn again by their scores
+            train = batch
+            if alg.pf_ppo.enable:
+                train, pf_metrics = pf_ppo_rows(batch, alg.pf_ppo, cfg.trainer.seed, self.step)
+                metrics.update(pf_metrics)
+            update_mask = train["attention_mask"]  # the tokens each update trains on (model FLOPs, MFU)
             if groups.critic is not None:
                 with timer("update_critic"):
-                    update = model_inputs(batch, "responses", "response_mask", "values", "returns")
+                    update = model_inputs(train, "responses", "response_mask", "values", "returns")
                     mini_batches = d.critic_mini_batches_per_step
                     metrics.update(groups.critic.update_critic(update, mini_batches=mini_batches)[0])
                 epochs = cfg.critic.ppo_epochs or cfg.actor.ppo_epochs
                 metrics["perf/update_flops/critic"] = 3 * epochs * self._flops("critic").forward(update_mask)
             if self.step > cfg.trainer.critic_warmup:
                 with timer("update_actor"):
-                    update = batch.select(*self._actor_update_keys(batch))
+                    update = train.select(*self._actor_update_keys(train))
                     mini_batches = d.actor_mini_batches_per_step
                     metrics.update(groups.actor.update_actor(update, mini_batches=mini_batches)[0])
                     self.rollouts.actor_updates += 1
@@ -280,6 +288,23 @@ class RLTrainer(Trainer):
                 self.groups = None
             self.dumps.close()
             self.rewards.close()
+
+
+def pf_ppo_rows(batch: Batch, pf: PFPPOConfig, seed: int, step: int) -> tuple[Batch, dict[str, float]]:
+    """PF-PPO's update rows: len(batch) rows drawn with replacement by their summed token-level scores
+    (tandem.algos.pf_ppo), from a generator seeded by `seed` and `step` (a resumed run draws the same rows), and
+    `pf_ppo/*` metrics: the share of distinct rows drawn and the drawn rows' mean score.
+
+    verl draws from torch's global generator, and its critic/score/*, response-length and advantage metrics are of
+    the drawn rows; Tandem's stay of the rows generated (what the policy wrote), the drawn rows' in pf_ppo/*."""
+    scores = batch["token_level_scores"].sum(-1)
+    generator = torch.Generator().manual_seed(seed * 1_000_003 + step)
+    rows = resample_indices(scores, pf.reweight_method, pf.weight_pow, generator)
+    metrics = {
+        "pf_ppo/unique_rows_fraction": len(torch.unique(rows)) / max(len(rows), 1),
+        "pf_ppo/score_mean": float(scores.double()[rows].mean()),
+    }
+    return batch.reorder(rows), metrics
 
 
 ROLLOUT_SOURCES: dict[str, type[RolloutSource]] = {

@@ -1,5 +1,5 @@
 """The algorithm section: what the advantage estimator needs, the policy-loss keys, gdpo's reward terms,
-dynamic sampling, the KL controller."""
+dynamic sampling, PF-PPO's weight power, the KL controller."""
 
 from __future__ import annotations
 
@@ -172,6 +172,12 @@ def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any])
         0,
     )
     at_least(problems, "algorithm.dynamic_sampling.gen_batch_size", alg.dynamic_sampling.gen_batch_size, 1)
+    if alg.pf_ppo.weight_pow < 0:  # |0|^p is infinite for p < 0: a row scored 0 would take every draw
+        problems.add(
+            "algorithm.pf_ppo.weight_pow",
+            f"algorithm.pf_ppo.weight_pow={alg.pf_ppo.weight_pow} must be >= 0: a negative power gives a row "
+            "scored 0 an infinite weight. 2.0 is verl's default; 0 draws every row alike",
+        )
     ds, prompts = alg.dynamic_sampling, cfg.data.train_batch_size
     per_round = gen_prompts_per_round(cfg)
     if ds.enable and ds.max_num_gen_batches >= 1 and 1 <= per_round * ds.max_num_gen_batches < prompts:
