@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect
-from tandem.config.verl_values import as_list, hydra_mapping, reward_manager_name
+from tandem.config.verl_values import as_list, chat_template_kwargs, hydra_mapping, reward_manager_name
 
 _UNSET = (None, "null", "", {}, [], -1)
 
@@ -195,9 +195,10 @@ EXTRA_KEYS: dict[str, Rule] = {
         "Tandem reads no video inputs (only a row's images); naming a video column is not built",
         ("videos",),
     ),
-    "data.apply_chat_template_kwargs": default_only(
-        "Tandem calls the chat template with no extra arguments; passing some (gpt-oss's reasoning_effort, "
-        "Qwen3's enable_thinking) is not built: set the default in the tokenizer folder's template"
+    "data.apply_chat_template_kwargs": maps(
+        "data.chat_template_kwargs",
+        "the chat template's variables, for every rendering: prompts, SFT rows, the agent loop's turns",
+        chat_template_kwargs,
     ),
     "data.custom_cls.path": default_only(
         "Tandem's prompt dataset is built in (data/); a user's class is not loaded"
@@ -419,14 +420,6 @@ EXTRA_PATTERNS: list[tuple[str, Rule]] = [
     (
         "global_profiler.global_tool_config.*",
         no_effect("verl's other profilers' options; Tandem's are trainer.profile.*"),
-    ),
-    (
-        "data.apply_chat_template_kwargs.*",
-        default_only(
-            "Tandem calls the chat template with no extra arguments; passing some (gpt-oss's "
-            "reasoning_effort, Qwen3's enable_thinking) is not built: set the default in the tokenizer "
-            "folder's template"
-        ),
     ),
     ("reward_model.megatron.*", no_effect(_NO_MEGATRON_RM)),
     (

@@ -13,6 +13,7 @@ import fnmatch
 from typing import Any
 
 from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect, unsupported
+from tandem.config.verl_values import chat_template_kwargs
 
 # generation.yaml's values, in GenerateConfig's keys (its other keys are GPU-engine settings with no effect)
 VERL_GENERATION_DEFAULTS: dict[str, Any] = {
@@ -79,8 +80,8 @@ GENERATION_KEYS: dict[str, Rule] = {
     "data.output_path": maps("output_path"),
     "data.batch_size": maps("batch_size"),
     "data.trust_remote_code": no_effect("Tandem loads tokenizers with transformers' own classes"),
-    "data.apply_chat_template_kwargs": unsupported(
-        "Tandem's chat template takes no extra arguments; edit the template in the tokenizer folder"
+    "data.apply_chat_template_kwargs": maps(
+        "chat_template_kwargs", "the chat template's variables, as in training", chat_template_kwargs
     ),
     "model.path": maps("model_path"),
     "model.tokenizer_path": maps("tokenizer_path"),
@@ -132,13 +133,13 @@ GENERATION_PATTERNS: list[tuple[str, Rule]] = [
             "Tandem starts Ray itself where several engines run: a local Ray, or ray_address=auto to join a cluster"
         ),
     ),
-    ("data.apply_chat_template_kwargs.*", GENERATION_KEYS["data.apply_chat_template_kwargs"]),
     (
         "rollout.engine_kwargs.*",
         no_effect("arguments of an engine Tandem does not run (vLLM's: engine_kwargs.vllm.*)"),
     ),
 ]
 _VLLM_KWARGS = "rollout.engine_kwargs.vllm."
+_TEMPLATE_KWARGS = "data.apply_chat_template_kwargs."
 
 
 def generation_rule(key: str) -> Rule | None:
@@ -147,6 +148,10 @@ def generation_rule(key: str) -> Rule | None:
         return GENERATION_KEYS[key]
     if key.startswith(_VLLM_KWARGS):
         return maps("engine_kwargs." + key.removeprefix(_VLLM_KWARGS), "an argument of vLLM's engine")
+    if key.startswith(_TEMPLATE_KWARGS):
+        return maps(
+            "chat_template_kwargs." + key.removeprefix(_TEMPLATE_KWARGS), "a variable of the chat template"
+        )
     for pattern, rule in GENERATION_PATTERNS:
         if fnmatch.fnmatchcase(key, pattern):
             return rule

@@ -519,6 +519,7 @@ ENGINE_KWARGS = "actor_rollout_ref.rollout.engine_kwargs"
 VERL_SUBTREES: list[tuple[str, str, str]] = [
     (ENGINE_KWARGS + ".vllm.", "rollout.engine_kwargs.", "an argument of vLLM's engine"),
     ("reward_model.reward_kwargs.", "reward.manager_kwargs.", REWARD_KWARGS),
+    ("data.apply_chat_template_kwargs.", "data.chat_template_kwargs.", "a variable of the chat template"),
     (
         "global_profiler.global_tool_config.nsys.worker_nsight_options.",
         "trainer.profile.nsight_options.",

@@ -142,11 +142,6 @@ SFT_KEYS: dict[str, Rule] = {
     "data.custom_cls.name": maps(
         "", "null: Tandem's own SFT rows", convert=_empty_only("dataset class of a user's (data.custom_cls)")
     ),
-    "data.apply_chat_template_kwargs": maps(
-        "",
-        "empty: the template's defaults",
-        convert=_empty_only("arguments for the chat template (data.apply_chat_template_kwargs)"),
-    ),
     "data.multiturn.enable": no_effect(
         "Tandem reads a row as a conversation when its data.messages_key field is set, else as a "
         "(prompt, response) pair"

@@ -159,6 +159,17 @@ def hydra_mapping(value: Any) -> Any:
     return out
 
 
+def chat_template_kwargs(value: Any) -> dict[str, Any]:
+    """verl's data.apply_chat_template_kwargs (the chat template's variables) as data.chat_template_kwargs: a
+    mapping, as Hydra reads one from a command line; its names and values are checked with Tandem's key."""
+    value = hydra_mapping(value)
+    if not isinstance(value, dict):
+        raise UnsupportedValue(
+            f"give a mapping of the chat template's variables, e.g. {{enable_thinking: false}}, not {value!r}"
+        )
+    return value
+
+
 def hydra_value(text: str) -> Any:
     """A command line's value as verl's Hydra reads it (`null` None, `False` False, `[a,b]` a list, `{a:1}` a dict,
     `1e-6` a float, quotes dropped); text Hydra's grammar does not take (`~/data`) stays the text."""
