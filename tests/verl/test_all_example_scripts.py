@@ -65,11 +65,6 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
         MISSING,
         ("no multi-token prediction",),
     ),
-    # actor fsdp_config.model_dtype=bfloat16: verl keeps the actor's weights and optimizer state in bf16
-    "examples/sglang_multiturn/run_qwen2.5-0.5b_gsm8k_multiturn_w_interaction.sh": (
-        MISSING,
-        ("weights kept in bfloat16 are not built",),
-    ),
     "examples/router_replay/run_qwen30_a3b_megatron_sglang.sh": (
         MISSING,
         ("no MoE router replay", "keeping the rollout's order"),

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 Dtype = Literal["float32", "bfloat16", "float16"]
 ParamDtype = Literal["auto", "float32", "bfloat16", "float16"]
+MasterDtype = Literal["float32", "bfloat16"]  # actor.fsdp.model_dtype
 AdamImpl = Literal["fused", "foreach", "for_loop"]
 LrScheduler = Literal["constant", "cosine", "linear"]
 LoraSync = Literal["merged", "adapter"]
@@ -42,6 +43,10 @@ class FSDPConfig:
     # AMX / AVX-512 BF16, measured at start-up: engine/auto_dtype.py), else float32
     param_dtype: ParamDtype = "auto"
     reduce_dtype: Dtype = "float32"  # dtype of the gradient reduce-scatter across ranks
+    # dtype the weights (and so AdamW's state) are kept in between steps: float32 master weights, or bfloat16 as
+    # verl's fsdp_config.model_dtype=bf16 keeps them (half the memory of weights + optimizer; each update is then
+    # rounded to bf16, so updates much smaller than a weight's bf16 spacing are lost)
+    model_dtype: MasterDtype = "float32"
     cpu_offload: bool = False  # keep sharded parameters, gradients and optimizer state in CPU memory
     sequence_parallel: int = 1  # RANKS splitting each sequence (Ulysses); divides the world size
     # TOKENS per chunk of the LM head (actor, reference, SFT): log-probs and entropy made from the hidden

@@ -35,6 +35,7 @@ from tandem.config.verl_values import (
     hybrid_engine,
     lr_decay_style,
     lr_warmup_steps,
+    master_dtype,
     optimizer,
     precision,
     profiler_tool,
@@ -172,7 +173,7 @@ VERL_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.actor.fsdp_config.mixed_precision.buffer_dtype": maps(
         "", "fp32: Tandem keeps buffers in float32", convert=float32_only
     ),
-    "actor_rollout_ref.actor.fsdp_config.model_dtype": maps("", _FP32_MASTER, convert=float32_master),
+    "actor_rollout_ref.actor.fsdp_config.model_dtype": maps("actor.fsdp.model_dtype", convert=master_dtype),
     "actor_rollout_ref.ref.fsdp_config.model_dtype": maps("", _FP32_MASTER, convert=float32_master),
     "critic.model.fsdp_config.model_dtype": maps("", _FP32_MASTER, convert=float32_master),
     "actor_rollout_ref.ref.fsdp_config.mixed_precision": unsupported(_ACTOR_DTYPES),

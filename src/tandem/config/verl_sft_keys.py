@@ -15,9 +15,9 @@ from typing import Any
 from tandem.config.verl_model_overrides import SFT_MODEL
 from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect, unsupported
 from tandem.config.verl_values import (
-    float32_master,
     float32_only,
     fsdp_mixed_precision,
+    master_dtype,
     precision,
     verl_loggers,
 )
@@ -89,7 +89,6 @@ def _no_dynamic(value: Any) -> bool:
     return value in (True, "true", "True")
 
 
-_FP32_MASTER = "fp32: Tandem keeps float32 master weights (its compute dtype is actor.fsdp.param_dtype)"
 _ROW_TOOLS = (
     "Tandem renders the tools of rollout.multi_turn.tool_file for every row; reading a row's own tools column "
     "is not built"
@@ -107,7 +106,7 @@ SFT_KEYS: dict[str, Rule] = {
     "model.strategy": maps("actor.strategy", convert=_engine_group),
     "model.hf_config_path": unsupported("Tandem reads config.json from the model folder (model.path)"),
     "model.custom_chat_template": maps("data.chat_template", convert=_chat_template_text),
-    "model.fsdp_config.model_dtype": maps("", _FP32_MASTER, convert=float32_master),
+    "model.fsdp_config.model_dtype": maps("actor.fsdp.model_dtype", convert=master_dtype),
     "model.fsdp_config.cpu_offload": maps(
         "actor.fsdp.cpu_offload", "one switch: parameters, gradients and optimizer state move together"
     ),
@@ -173,7 +172,7 @@ SFT_KEYS: dict[str, Rule] = {
     "engine.full_determinism": no_effect("Tandem sets no deterministic-algorithms switch"),
     "engine.forward_only": no_effect("`tandem sft` trains; its validation runs forward only"),
     "engine.dtype": maps("actor.fsdp.param_dtype"),
-    "engine.model_dtype": maps("", _FP32_MASTER, convert=float32_master),
+    "engine.model_dtype": maps("actor.fsdp.model_dtype", convert=master_dtype),
     # Hydra's config groups of sft_trainer_engine.yaml (`engine=fsdp optim=fsdp` pick its YAML files)
     "engine": maps("actor.strategy", convert=_engine_group),
     "optim": no_effect("the optimizer's settings are optim.*"),

@@ -116,6 +116,16 @@ def float32_only(value: Any) -> str:
     return "float32"
 
 
+def master_dtype(value: Any) -> str:
+    """verl's fsdp_config.model_dtype (the dtype the weights are loaded and kept in) as actor.fsdp.model_dtype."""
+    dtype = precision(value)
+    if dtype == "float16":
+        raise UnsupportedValue(
+            "Tandem keeps weights in fp32 or bf16; fp16 weights are not built (no loss scaling)"
+        )
+    return dtype
+
+
 def float32_master(value: Any) -> str:
     """verl's fsdp_config.model_dtype (the dtype the weights are loaded and kept in): Tandem's are float32."""
     if precision(value) != "float32":

@@ -92,6 +92,8 @@ class ModelBuild:
             model = hf_io.build_on_meta(self.config, self.head)
             full_state = {}
         hf_class = type(model)  # fully_shard swaps in a subclass; export writes the original
+        if fsdp.model_dtype != "float32":  # weights kept in bf16 (buffers, e.g. rotary frequencies: fp32)
+            _keep_parameters_in(model, DTYPES[fsdp.model_dtype])
         if fsdp.liger:  # fused elementwise kernels, in place; parameter names unchanged (engine/kernels.py)
             kernels.apply_liger(model)
         if self.lora is not None:  # adapters in place, before the state is taken and the layers are sharded
@@ -313,6 +315,15 @@ class ModelBuild:
         difference = float((actual - expected).abs().max())
         tolerance = 1e-4 if self.param_dtype == torch.float32 else 5e-2
         return difference <= tolerance * max(1.0, float(expected.abs().max())), difference
+
+
+def _keep_parameters_in(model: torch.nn.Module, dtype: torch.dtype) -> None:
+    """The model's floating-point parameters (not its buffers) cast to `dtype`, in place, before sharding: the
+    sharded weights, their gradients and AdamW's state are then kept in it (actor.fsdp.model_dtype). Rank 0's full
+    state, taken before, is copied in at that dtype when the model is filled."""
+    for param in model.parameters():
+        if param.is_floating_point():
+            param.data = param.data.to(dtype)
 
 
 def _move_buffers(model: torch.nn.Module, device: torch.device) -> None:
