@@ -120,3 +120,45 @@ def test_bad_input_names_the_file_row_and_key(assets, tmp_path):
         run_generation(config((model, empty), tmp_path / "b.parquet"))
     with pytest.raises(DataError, match=r"row 0: prompt is \d+ tokens, longer than max_prompt_length=4"):
         run_generation(config(assets, tmp_path / "c.parquet", "max_prompt_length=4"))
+
+
+def test_an_output_that_cannot_be_written_is_named_before_the_model_loads(assets, tmp_path, capsys):
+    model, data = assets
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    args = ["generate", f"model_path={model}", f"data_path={data}", "engine=hf", "max_response_length=2"]
+    assert main([*args, f"output_path={blocker}/sub/out.parquet"]) == 2
+    err = capsys.readouterr().err
+    assert f"output_path={blocker}/sub/out.parquet: {blocker} is a file, not a folder" in err
+    assert ".parts" not in err and "Traceback" not in err
+    # a read-only place (/proc refuses new files, to root as well): named, exit 2, nothing else said
+    assert main([*args, "output_path=/proc/tandem_out.parquet"]) == 2
+    err = capsys.readouterr().err
+    assert "output_path=/proc/tandem_out.parquet: cannot write in /proc (" in err and "model " not in err
+
+
+def test_ctrl_c_exits_130_and_the_next_run_resumes(assets, tmp_path, capsys, monkeypatch):
+    """SIGINT arrives as KeyboardInterrupt in the main thread: here after the first part is written."""
+    import tandem.trainer.generate as generate
+
+    whole = run_generation(config(assets, tmp_path / "whole.parquet"))
+    model, data = assets
+    out = tmp_path / "out.parquet"
+    args = ["generate", f"model_path={model}", f"data_path={data}", f"output_path={out}", "engine=hf", "n=2"]
+    args += ["batch_size=2", "max_response_length=6", "seed=3", "progress_bar=false"]
+    write_part = generate._write_part
+
+    def interrupted_after_one(parts, batch, rows, columns):
+        write_part(parts, batch, rows, columns)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(generate, "_write_part", interrupted_after_one)
+    assert main(args) == 130
+    err = capsys.readouterr().err
+    assert err.splitlines()[0].startswith("tandem generate: 5 prompts x n=2 = 10 samples")  # said at once
+    assert f"model {model}, engine hf on cpu" in err and err.rstrip().endswith("tandem generate: interrupted")
+    assert not out.exists() and (parts_folder(out) / "batch_000000.parquet").is_file()
+    monkeypatch.setattr(generate, "_write_part", write_part)
+    assert main(args) == 0
+    assert "resumes " in capsys.readouterr().err
+    assert pq.read_table(out).equals(pq.read_table(whole))

@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -81,7 +82,7 @@ class GenerationPlan:
         lines = [
             f"{rows} prompts x n={cfg.n} = {rows * cfg.n} samples of up to {cfg.max_response_length} tokens, "
             f"in {batches} batch{'es' if batches != 1 else ''} of up to {cfg.batch_size} prompts",
-            f"engine {self.engine} on {kwargs['device']} ({dtype}){max_model_len}"
+            f"model {cfg.model_path}, engine {self.engine} on {kwargs['device']} ({dtype}){max_model_len}"
             + ("" if self.layout.in_process else f": {self.layout.describe(kwargs['device'].type)}, on Ray"),
         ]
         if self.done:
@@ -91,6 +92,27 @@ class GenerationPlan:
         else:
             lines.append(f"writes {cfg.output_path}")
         return "\n".join(f"tandem generate: {line}" for line in lines)
+
+
+def check_output_location(output_path: str, key: str) -> None:
+    """The output and its `<output>.parts` folder can be written where `output_path` points: its nearest existing
+    folder is a folder, and a file can be made in it. A ConfigError naming `key` otherwise, before the model
+    loads (not an OSError about the parts folder after the first batch)."""
+    output = Path(output_path).expanduser().absolute()
+    folder = output.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        raise ConfigError(f"{key}={output_path}: {folder} is a file, not a folder; give a path in a folder")
+    try:
+        probe, name = tempfile.mkstemp(prefix=".tandem_write_check_", dir=folder)
+    except OSError as err:
+        raise ConfigError(
+            f"{key}={output_path}: cannot write in {folder} ({err.strerror or err}); give a path in a folder you "
+            "can write"
+        ) from None
+    os.close(probe)
+    os.unlink(name)
 
 
 def plan_generation(cfg: GenerateConfig, *, key_names: Mapping[str, str] | None = None) -> GenerationPlan:
@@ -103,6 +125,7 @@ def plan_generation(cfg: GenerateConfig, *, key_names: Mapping[str, str] | None 
         key_names: config key -> the key as the user wrote it (a verl key), for the messages.
     """
     names = dict(key_names or {})
+    check_output_location(cfg.output_path, names.get("output_path", "output_path"))
     tokenizer_key = "tokenizer_path" if cfg.tokenizer_path else "model_path"
     tokenizer = load_tokenizer(cfg.tokenizer_path or cfg.model_path, names.get(tokenizer_key, tokenizer_key))
     items = generation_items(
@@ -151,6 +174,7 @@ def run_generation(
     """
     names = dict(key_names or {})
     plan = plan_generation(cfg, key_names=names)
+    print(plan.summary(cfg), file=sys.stderr, flush=True)  # before the engine's start-up, which takes a while
     tokenizer, items, batches, parts, done = plan.tokenizer, plan.items, plan.batches, plan.parts, plan.done
     output = Path(cfg.output_path)
     if not plan.layout.in_process:
@@ -169,11 +193,6 @@ def run_generation(
             seed=cfg.seed,
         )
         show_bar = cfg.progress_bar and sys.stderr.isatty()
-        if done:
-            print(
-                f"tandem generate: resuming from {parts}: {len(done)} of {len(batches)} batches done",
-                file=sys.stderr,
-            )
         bar = tqdm(
             total=len(items),
             initial=sum(len(batches[i]) for i in done),
