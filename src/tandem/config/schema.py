@@ -78,6 +78,12 @@ class DataConfig:
     image_key: str = (
         "images"  # column of a row's images, one <image> in its messages each (vision-language models)
     )
+    # a torch Dataset class of your own that makes the RL prompt rows (verl's data.custom_cls.path / .name): the
+    # Python file and the class's name in it, built as verl builds it, cls(data_files, tokenizer, config,
+    # processor), on train_files and on val_files; its items are verl's row dicts (docs/own-model.md). None: the
+    # files' rows as they are
+    custom_dataset_file: str | None = None
+    custom_dataset_class: str | None = None
     max_prompt_length: int = 512  # TOKENS per prompt at most, >= 1; longer ones follow `truncation`
     max_response_length: int = 512  # TOKENS generated per sample at most, >= 1
     max_length: int | None = None  # SFT only: TOKENS of prompt + response + EOS; None = the two above summed

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from tandem.config.checks.algorithm import check_algorithm
-from tandem.config.checks.data import check_data, check_sampler_class
+from tandem.config.checks.data import check_data, check_dataset_class, check_sampler_class
 from tandem.config.checks.lora import check_lora
 from tandem.config.checks.megatron import check_megatron
 from tandem.config.checks.names import check_names, estimator_info, registries
@@ -55,6 +55,7 @@ def finalize(
     check_names(cfg, problems, regs)
     check_lora(cfg, problems)  # first: an adapter folder fills actor.lora's keys that the rules below read
     check_values(cfg, problems)
+    check_dataset_class(cfg, problems)
     check_modes(cfg, problems, info)
     check_algorithm(cfg, problems, info)
     check_batch_sizes(cfg, problems)

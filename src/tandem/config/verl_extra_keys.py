@@ -200,12 +200,12 @@ EXTRA_KEYS: dict[str, Rule] = {
         "the chat template's variables, for every rendering: prompts, SFT rows, the agent loop's turns",
         chat_template_kwargs,
     ),
-    "data.custom_cls.path": default_only(
-        "Tandem's prompt dataset is built in (data/); a user's class is not loaded"
+    "data.custom_cls.path": maps(
+        "data.custom_dataset_file",
+        "its items are read once at start-up (verl reads one each time a batch needs it), every row's prompt "
+        "rendered and length-checked by Tandem as a file's row is",
     ),
-    "data.custom_cls.name": default_only(
-        "Tandem's prompt dataset is built in (data/); a user's class is not loaded"
-    ),
+    "data.custom_cls.name": maps("data.custom_dataset_class"),
     "data.datagen.path": default_only("Tandem has no data generator that adds prompts during training"),
     "data.datagen.name": default_only("Tandem has no data generator that adds prompts during training"),
     "data.sampler.class_path": maps(

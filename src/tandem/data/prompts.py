@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from tandem.batch import Batch
@@ -74,20 +75,26 @@ class PromptDataset:
         tools: list[dict] | None = None,
         processor: Any = None,
         image_key: str = "images",
+        user_rows: Sequence[tuple[str, dict[str, Any]]] | None = None,
     ) -> None:
         if truncation not in TRUNCATION_MODES:
             raise ValueError(f"data.truncation must be one of {TRUNCATION_MODES}, got {truncation!r}")
         if max_prompt_length < 1:
             raise ValueError(f"data.max_prompt_length must be >= 1, got {max_prompt_length}")
         mode = resolve_mode(chat_template, tokenizer, chat_template_kwargs)
-        self.files = as_paths(files)
+        # a user's dataset class (data/user_dataset.py) gives `user_rows`: `files` are what the class read
+        self.files = as_paths(files) if user_rows is None else [Path(f) for f in files]
         self.max_prompt_length = max_prompt_length
+        # (the folder an image path is read from, the rows)
+        sources = (
+            [(p.parent, iter_rows(p)) for p in self.files] if user_rows is None else [(Path.cwd(), user_rows)]
+        )
 
         rows, locations, texts, absent = [], [], [], set()
         # field -> (rows carrying it, the first one's location), for fields Tandem reads nowhere
         self.unread_fields: dict[str, tuple[int, str]] = {}
-        for path in self.files:
-            for location, row in iter_rows(path):
+        for folder, file_rows in sources:
+            for location, row in file_rows:
                 row = check_row(location, row)
                 self._note_unread(location, row, (prompt_key, image_key, *READ_FIELDS))
                 rows.append(_parse_row(location, row, prompt_key, mode, position=len(rows)))
@@ -97,7 +104,7 @@ class PromptDataset:
                 messages = rows[-1]["raw_prompt"]
                 if row.get(image_key) is not None:
                     messages = _attach_images(
-                        location, rows[-1], row[image_key], image_key, path.parent, mode, processor
+                        location, rows[-1], row[image_key], image_key, folder, mode, processor
                     )
                 texts.append(
                     render_prompt(

@@ -28,6 +28,7 @@ from tandem.config.errors import ConfigError
 from tandem.config.schema import PFPPOConfig, TandemConfig
 from tandem.config.validate import validate_config
 from tandem.data import PromptDataset, UserSampler, sampler_batch, sampler_config
+from tandem.data.user_dataset import dataset_config, rows_from_class
 from tandem.engine.flops import ModelFlops
 from tandem.rewards import reward_manager_from_config
 from tandem.roles.actor import UPDATE_KEYS
@@ -43,6 +44,7 @@ from tandem.trainer.rollout_source import RolloutSource
 from tandem.trainer.rollouts import Rollouts
 from tandem.trainer.start_checks import (
     check_ground_truths,
+    check_item_data_sources,
     check_model_folders,
     check_multi_turn,
     check_tokenizers,
@@ -68,11 +70,13 @@ class RLTrainer(Trainer):
         check_model_folders(cfg, "rl" if train else "eval")
         self.tokenizer = load_actor_tokenizer(cfg)
         self.processor = load_image_processor(cfg)  # a vision-language model's (None for a text model)
-        self.train_data = self._prompts(d.train_files, cfg) if train else None
-        self.val_data = self._prompts(d.val_files, cfg) if d.val_files else None
+        self.train_data = self._prompts(d.train_files, cfg, "data.train_files") if train else None
+        self.val_data = self._prompts(d.val_files, cfg, "data.val_files") if d.val_files else None
         check_tokenizers(cfg, self.tokenizer, [self.train_data, self.val_data], "rl" if train else "eval")
         check_multi_turn(cfg, [self.train_data, self.val_data], self.tokenizer)
         self.rewards = reward_manager_from_config(cfg, self.tokenizer)
+        if d.custom_dataset_file:  # the rows of a user's class: their data_source checked only now
+            check_item_data_sources(self.rewards, [self.train_data, self.val_data])
         check_ground_truths(self.rewards, [self.train_data, self.val_data])
         num_items = len(self.train_data) if train else 1
         sampler = self._user_sampler(cfg) if train and d.sampler_file else None  # before any worker starts
@@ -89,8 +93,21 @@ class RLTrainer(Trainer):
         self.source = rollout_source(self.rollouts, self.total_steps)
         self.dumps = self.rollouts.dumps = SampleDumps(cfg, self.tokenizer)  # what the model wrote
 
-    def _prompts(self, files: list[str], cfg: TandemConfig) -> PromptDataset:
+    def _prompts(self, files: list[str], cfg: TandemConfig, key: str) -> PromptDataset:
         d = cfg.data
+        rows = None
+        if d.custom_dataset_file:  # the rows of a Dataset class of the user's, built on the files
+            rows = rows_from_class(
+                d.custom_dataset_file,
+                d.custom_dataset_class,
+                files,
+                tokenizer=self.tokenizer,
+                processor=self.processor,
+                config=dataset_config(d),
+                files_key=key,
+                prompt_key=d.prompt_key,
+                image_key=d.image_key,
+            )
         return PromptDataset(
             files,
             self.tokenizer,
@@ -102,6 +119,7 @@ class RLTrainer(Trainer):
             tools=tool_schemas(cfg.rollout.multi_turn),
             processor=self.processor,
             image_key=d.image_key,
+            user_rows=rows,
         )
 
     def _user_sampler(self, cfg: TandemConfig) -> UserSampler:

@@ -25,6 +25,7 @@ from tandem.engine.hf_io import (
     tokenizer_folder_problem,
 )
 from tandem.models.model_type import VISION_LANGUAGE_TYPES, folder_model_type
+from tandem.rewards.registry import UnknownDataSourceError
 from tandem.rollout import LATER_ENGINES, resolve_engine
 from tandem.rollout.agent import ChatInserter, interaction_from_config, toolset_from_config
 from tandem.rollout.base import read_special_ids
@@ -382,6 +383,26 @@ def check_ground_truths(rewards: Any, datasets: Iterable[Any]) -> None:
         f"sample):\n{listed}{more}\nFix the rows' {GROUND_TRUTH_FIELD}, or give the data_source a scorer that "
         "reads it (reward.custom_reward_file)"
     )
+
+
+def check_item_data_sources(rewards: Any, datasets: Iterable[Any]) -> None:
+    """Every row's data_source has a scorer, naming the first row of each that has none. For rows a user's
+    dataset class made (data.custom_dataset_file): rows read from files are checked from the files before they
+    are read (config/checks/data_sources.py)."""
+    first: dict[tuple[Any, str | None], str] = {}
+    for data in datasets:
+        for i in range(len(data) if data is not None else 0):
+            style = data[i]["extra_info"].get("style")
+            key = (data[i]["data_source"], style if isinstance(style, str) else None)
+            first.setdefault(key, data.locations[i])
+    problems = []
+    for source, location in first.items():
+        try:
+            rewards.check_data_sources([source])
+        except UnknownDataSourceError as error:
+            problems.append(f"{location}: {error.args[0]}")
+    if problems:
+        raise UnknownDataSourceError("\n".join(problems))
 
 
 # --- the agent loop's files and the rows' fields for them ---------------------------------------------

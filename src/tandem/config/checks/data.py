@@ -22,7 +22,7 @@ def check_data(cfg: TandemConfig, problems: Problems) -> None:
             "data.train_files is empty: give parquet / jsonl files, e.g. data.train_files=[train.parquet]",
         )
     for key, files in (("data.train_files", d.train_files), ("data.val_files", d.val_files)):
-        for path in files:
+        for path in files if not d.custom_dataset_file else ():  # a user's class reads its files as it likes
             if "://" not in path and path.endswith(_DATA_SUFFIXES) and not Path(path).expanduser().is_file():
                 problems.add(key, f"{key}: '{path}' does not exist")
     if not d.val_files and (t.test_freq > 0 or t.val_before_train):
@@ -41,23 +41,46 @@ def check_sampler_class(cfg: TandemConfig, problems: Problems) -> None:
     """data.sampler_file is there and names its class (the class itself is loaded with the data, where a
     curriculum is refused in the async modes that draw a step's prompts early: trainer/ppo.py)."""
     d = cfg.data
-    if d.sampler_class and not d.sampler_file:
+    _file_and_class(
+        problems,
+        ("data.sampler_file", d.sampler_file, "data.sampler.class_path"),
+        ("data.sampler_class", d.sampler_class, "data.sampler.class_name"),
+        "sampler class",
+    )
+
+
+def check_dataset_class(cfg: TandemConfig, problems: Problems) -> None:
+    """data.custom_dataset_file is there and names its class (the class itself is loaded with the data, before
+    any worker starts: trainer/ppo.py)."""
+    d = cfg.data
+    _file_and_class(
+        problems,
+        ("data.custom_dataset_file", d.custom_dataset_file, "data.custom_cls.path"),
+        ("data.custom_dataset_class", d.custom_dataset_class, "data.custom_cls.name"),
+        "Dataset class",
+    )
+
+
+def _file_and_class(
+    problems: Problems, file: tuple[str, str | None, str], cls: tuple[str, str | None, str], what: str
+) -> None:
+    """A user's class named by two keys, each given as (key, value, verl's key): the file and the class's name.
+    Each needs the other, and the file must be there (a pkg:// module is imported when the run starts)."""
+    (file_key, path, verl_file), (class_key, name, verl_class) = file, cls
+    if name and not path:
         problems.add(
-            ("data.sampler_class", "data.sampler_file"),
-            f"data.sampler_class={d.sampler_class} needs data.sampler_file, the Python file that defines it "
-            "(verl: data.sampler.class_path)",
+            (class_key, file_key),
+            f"{class_key}={name} needs {file_key}, the Python file that defines it (verl: {verl_file})",
         )
-    if d.sampler_file and not d.sampler_class:
-        problems.add(
-            ("data.sampler_file", "data.sampler_class"),
-            f"data.sampler_file={d.sampler_file} needs data.sampler_class, the name of the sampler class in it "
-            "(verl: data.sampler.class_name)",
-        )
-    if not d.sampler_file:
+    if not path:
         return
-    path = d.sampler_file.removeprefix("file://")
-    if not path.startswith("pkg://") and not Path(path).expanduser().is_file():
+    if not name:
         problems.add(
-            "data.sampler_file",
-            f"data.sampler_file: '{d.sampler_file}' does not exist (relative paths start at the current folder)",
+            (file_key, class_key),
+            f"{file_key}={path} needs {class_key}, the name of the {what} in it (verl: {verl_class})",
+        )
+    local = path.removeprefix("file://")
+    if not local.startswith("pkg://") and not Path(local).expanduser().is_file():
+        problems.add(
+            file_key, f"{file_key}: '{path}' does not exist (relative paths start at the current folder)"
         )

@@ -46,6 +46,13 @@ def data_source_report(cfg: TandemConfig) -> DataSourceReport:
     # the user's function scores every data_source; a reward-manager class of the user's decides itself
     if cfg.reward.custom_reward_file or cfg.reward.manager_source == "importlib":
         return report
+    # the rows are those of a user's class: checked as they are read (trainer/ppo.py)
+    if cfg.data.custom_dataset_file:
+        report.unchecked.append(
+            f"data.train_files, data.val_files: the rows are made by data.custom_dataset_class="
+            f"{cfg.data.custom_dataset_class}, checked when tandem train reads them"
+        )
+        return report
     # with a reward model on, a data_source no rule scorer covers is scored by the model alone (rule score 0)
     model_only = cfg.reward.reward_model.enable
     for key, files in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
