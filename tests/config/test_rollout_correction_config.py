@@ -180,10 +180,6 @@ RULES = [
         ["replaces the policy loss", "use loss_type=ppo_clip to keep gspo"],
     ),
     (
-        [f"{RC}.bypass_mode=true", f"{RC}.rollout_is=token", f"{RC}.rollout_is_batch_normalize=true"],
-        ["one micro-batch at a time", "set it to false"],
-    ),
-    (
         [f"{RC}.bypass_mode=true", "actor.calculate_sum_pi_squared=true"],
         ["which algorithm.rollout_correction.bypass_mode=true skips", "set bypass_mode=false"],
     ),
@@ -200,6 +196,17 @@ def test_bypass_mode_skips_the_old_log_prob_pass_and_keeps_rejection():
         "actor.ppo_mini_batch_size=8",  # one optimizer step: rollout_rs alone would ask for the pass
     )
     assert cfg.algorithm.rollout_correction.bypass_mode and not cfg.derived.old_log_probs_from_update
+
+
+def test_bypass_mode_takes_batch_normalisation():
+    """Normalised over each mini-batch at the policy of its step (roles/correction.py Bypass.is_weight_total)."""
+    cfg = load(
+        f"{RC}.bypass_mode=true",
+        f"{RC}.loss_type=reinforce",
+        f"{RC}.rollout_is=token",
+        f"{RC}.rollout_is_batch_normalize=true",
+    )
+    assert cfg.algorithm.rollout_correction.rollout_is_batch_normalize
 
 
 @pytest.mark.parametrize(("overrides", "needles"), RULES, ids=[" ".join(r[0]) for r in RULES])

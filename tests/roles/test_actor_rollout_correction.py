@@ -15,7 +15,7 @@ from tandem.algos.rollout_correction import rollout_diagnostics
 from tandem.roles.actor import Actor
 
 from .roles_helpers import tiny_config
-from .test_packing_parity import engine, rollout_batch
+from .test_packing_parity import capture_gradients, engine, rollout_batch
 
 RC = "algorithm.rollout_correction"
 # One mini-batch of all 8 samples: the reported pg_loss is the loss at the weights the samples met.
@@ -130,3 +130,57 @@ def test_diagnostics_from_the_update_equal_those_of_a_separate_pass(world, model
     } <= set(expected)
     for key, value in expected.items():
         assert metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+
+
+@pytest.mark.parametrize("level", ["token", "sequence"])
+def test_bypass_batch_normalisation_divides_by_the_mini_batch_mean_however_it_is_cut(
+    world, model_dirs, level
+):
+    """rollout_is_batch_normalize in bypass mode: the weights of the policy being updated divided by their mean
+    over the whole mini-batch (tokens, or sequences), so one micro-batch of 8 and two of 4 give the same loss and
+    gradients; with one micro-batch this is verl's number (verl divides by each micro-batch's mean)."""
+    runs, batch = {}, None
+    for micro in (8, 4):
+        cfg = tiny_config(
+            model_dirs["lm"],
+            1,
+            *ONE_STEP,
+            f"actor.micro_batch_size_per_rank={micro}",
+            f"{RC}.bypass_mode=true",
+            f"{RC}.loss_type=reinforce",
+            f"{RC}.rollout_is={level}",
+            f"{RC}.rollout_is_threshold={THRESHOLD}",
+            f"{RC}.rollout_is_batch_normalize=true",
+        )
+        if batch is None:  # the same samples for both cuts
+            batch, current, mask = bypass_batch(model_dirs["lm"], cfg)
+        actor = Actor(engine(model_dirs["lm"], "lm", packing=True), cfg)
+        grads = capture_gradients(actor.engine)
+        runs[micro] = (actor.update(batch), grads)
+    rollout, adv = batch["rollout_log_probs"], batch["advantages"]
+    log_ratio = (current - rollout) * mask
+    if level == "token":
+        weights = torch.exp(log_ratio).clamp(max=THRESHOLD) * mask
+        mean = weights.sum() / mask.sum()
+    else:  # one weight per sequence, the product of its token ratios; the mean over the sequences with a token
+        per_row = torch.exp(log_ratio.sum(-1)).clamp(max=THRESHOLD)
+        weights = per_row[:, None] * mask
+        has_token = mask.sum(-1) > 0
+        assert not has_token.all()  # a row with an empty response does not count, as in verl
+        mean = per_row[has_token].mean()
+    assert ((weights > 0) & (weights < THRESHOLD)).any() and abs(
+        float(mean) - 1
+    ) > 0.05  # normalising matters
+    expected = float((-adv * current * weights / mean).sum() / mask.sum())
+    (one, one_grads), (two, two_grads) = runs[8], runs[4]
+    for metrics in (one, two):
+        assert metrics["actor/pg_loss"] == pytest.approx(expected, rel=1e-4, abs=1e-6)
+        assert metrics["rollout_corr/rollout_is_batch_norm_factor"] == pytest.approx(float(mean), rel=1e-5)
+        # the mean before normalising, as verl reports it
+        assert metrics["rollout_corr/rollout_is_mean"] == pytest.approx(
+            float(weights.sum() / mask.sum()), rel=1e-4
+        )
+    assert one["actor/grad_norm"] == pytest.approx(two["actor/grad_norm"], rel=1e-5)
+    assert one_grads.keys() == two_grads.keys() and one_grads
+    for name, grad in one_grads.items():
+        torch.testing.assert_close(two_grads[name], grad, rtol=1e-5, atol=1e-7, msg=name)

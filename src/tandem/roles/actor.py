@@ -56,6 +56,10 @@ class Actor:
         micro = self.cfg.rollout.log_prob_micro_batch_size_per_rank
         return self.engine.forward(model_inputs(batch, "responses"), fn, micro)
 
+    def _log_probs(self, batch: Batch) -> Tensor:
+        """The policy's log-probs of `batch`'s responses as it stands, no grad [B, R]."""
+        return self.compute_log_probs(batch, with_entropy=False)["old_log_probs"]
+
     def update(self, batch: Batch, mini_batches: int | None = None) -> dict[str, float]:
         """ppo_epochs passes over the batch, one optimizer step per mini-batch (`mini_batches` of them, by
         default the config's; on a worker, this rank's parts of them: `mini_batch_parts`); then one
@@ -79,11 +83,13 @@ class Actor:
         )
         return correction.after_update(metrics, self.engine)
 
-    def _loss_fn(self, counts: dict[str, Any]):
+    def _loss_fn(self, counts: dict[str, Any], mini: Batch):
         """The PPO loss of one mini-batch's micro-batches: policy loss (+ entropy bonus, + KL to the
-        reference), its old log-probs, IS weights and mask as the rollout correction gives them."""
+        reference), its old log-probs, IS weights and mask as the rollout correction gives them (with what it
+        needs of the whole mini-batch first: bypass mode's IS-weight total for batch normalisation)."""
         a = self.cfg.actor
         agg = {**counts, "norm_length": self.cfg.data.max_response_length}
+        is_total = self.correction.for_batch(mini).is_weight_total(mini, self.engine, self._log_probs)
 
         def loss_fn(output: Any, micro: Batch) -> tuple[Tensor, dict[str, float]]:
             mask = micro["response_mask"]
@@ -101,7 +107,7 @@ class Actor:
                 metrics["actor/entropy"] = float(agg_loss(entropy.detach(), mask, "token-mean", **counts))
                 if a.entropy_coeff == 0:
                     entropy = None
-            inputs = correction.loss_inputs(log_probs.detach(), micro, counts)
+            inputs = correction.loss_inputs(log_probs.detach(), micro, counts, is_total)
             metrics |= inputs.metrics
             pg_loss, pg_metrics = policy_loss(
                 inputs.policy_loss,

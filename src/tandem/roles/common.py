@@ -147,13 +147,14 @@ def run_update(
     epochs: int,
     mini_batches_per_epoch: int,
     micro_batch_size: int,
-    make_loss_fn: Callable[[dict[str, Any]], LossFn],
+    make_loss_fn: Callable[[dict[str, Any], Batch], LossFn],
     prefix: str,
     mask_key: str = "response_mask",
 ) -> dict[str, float]:
-    """`epochs` passes over this rank's share of the batch, one optimizer step per mini-batch (each
-    with the global counts of its `mask_key` tokens), then one LR-schedule step; the metrics of
-    `sum_step_metrics`."""
+    """`epochs` passes over this rank's share of the batch, one optimizer step per mini-batch, then one
+    LR-schedule step; the metrics of `sum_step_metrics`. Each mini-batch's loss is
+    `make_loss_fn(counts, mini)`: the global counts of its `mask_key` tokens, and this rank's share of it
+    (called on every rank, before the mini-batch's first micro-batch: it may run collectives)."""
     results: list[StepResult] = []
     with engine.on_device(
         train=True
@@ -162,7 +163,7 @@ def run_update(
             # The same NUMBER of mini-batches on every rank, whatever its share: FSDP steps are collective.
             for mini in batch.chunk(mini_batches_per_epoch):
                 counts = global_counts(engine, mini[mask_key])
-                results.append(engine.train_step(mini, make_loss_fn(counts), micro_batch_size))
+                results.append(engine.train_step(mini, make_loss_fn(counts, mini), micro_batch_size))
     engine.scheduler_step()
     return sum_step_metrics(engine, results, prefix)
 

@@ -21,6 +21,7 @@ The controller (trainer/ppo.py) asks `old_log_prob_pass`, `before_advantages` an
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -29,6 +30,7 @@ from torch import Tensor
 from tandem.algos.aggregation import agg_loss
 from tandem.algos.importance import mismatch_metrics
 from tandem.algos.rollout_correction import (
+    batch_normalize,
     correction_settings,
     is_weight_total,
     rollout_correction,
@@ -99,9 +101,18 @@ class RolloutCorrection:
         """The batch the update cuts into mini-batches."""
         return batch
 
-    def loss_inputs(self, log_probs: Tensor, micro: Batch, counts: dict) -> LossInputs:
+    def is_weight_total(
+        self, mini: Batch, engine: TrainEngine, log_probs_of: Callable[[Batch], Tensor]
+    ) -> Tensor | None:
+        """What batch normalisation needs of a whole mini-batch before its first micro-batch's loss (called
+        on every rank): None here, where `before_update` normalised the whole batch's weights."""
+        return None
+
+    def loss_inputs(
+        self, log_probs: Tensor, micro: Batch, counts: dict, is_total: Tensor | None = None
+    ) -> LossInputs:
         """The loss's inputs for one micro-batch; `log_probs`: the policy's, detached. IS weights from
-        `before_update` when it gave them, else this micro-batch's."""
+        `before_update` when it gave them, else this micro-batch's. `is_total`: `is_weight_total`'s."""
         mask = micro["response_mask"]
         old_log_probs = micro.get("old_log_probs", log_probs)
         if self._seen is not None:
@@ -231,9 +242,37 @@ class Bypass(RolloutCorrection):
         self._width = batch["responses"].shape[1]
         return batch
 
-    def loss_inputs(self, log_probs: Tensor, micro: Batch, counts: dict) -> LossInputs:
+    def is_weight_total(
+        self, mini: Batch, engine: TrainEngine, log_probs_of: Callable[[Batch], Tensor]
+    ) -> Tensor | None:
+        """With rollout_is_batch_normalize: [sum, count] of the mini-batch's IS weights over the tokens
+        (sequences) rejection keeps, summed over the ranks, from a no-grad forward of the policy being updated.
+
+        verl computes the weights inside each micro-batch's loss and divides them by that micro-batch's mean
+        (over the ranks), so its loss changes with how a mini-batch is cut into micro-batches. Tandem divides by
+        the mean of the whole mini-batch at the policy of its optimizer step (the weights cannot change
+        between its micro-batches: no step is taken until the last), so the loss is the same however it is
+        cut, and the same as verl's when a rank's mini-batch is one micro-batch. The cost: one more forward
+        pass per mini-batch, with loss_type=reinforce only (ppo_clip applies no IS weights: no pass, and no
+        rollout_is_batch_norm_factor)."""
+        rc = self.rc
+        if rc.rollout_is is None or not rc.rollout_is_batch_normalize or rc.loss_type != "reinforce":
+            return None
+        weights, loss_mask, _ = rollout_correction(
+            log_probs_of(mini),
+            mini["rollout_log_probs"],
+            mini["response_mask"],
+            **correction_settings(rc),
+            with_metrics=False,
+        )
+        return engine.all_reduce_sum(is_weight_total(weights, loss_mask, rc.rollout_is))
+
+    def loss_inputs(
+        self, log_probs: Tensor, micro: Batch, counts: dict, is_total: Tensor | None = None
+    ) -> LossInputs:
         """This forward compared with the rollout: the policy drifts from it over mini-batches, so the
-        mismatch numbers are their means; the weights and the rejection of this micro-batch."""
+        mismatch numbers are their means; the weights and the rejection of this micro-batch, the weights
+        divided by the mini-batch's mean when `is_total` gives it (`is_weight_total`)."""
         rc, mask, rollout = self.rc, micro["response_mask"], micro["rollout_log_probs"]
         share = token_share(mask, counts)
         mismatch = mismatch_metrics(log_probs, rollout, mask)
@@ -248,8 +287,12 @@ class Bypass(RolloutCorrection):
         if rc.rollout_rs is not None:
             kept = float((loss_mask != 0).sum()) / max(float((mask != 0).sum()), 1.0)
             metrics["rollout_corr/rollout_rs_masked_fraction"] = (1 - kept) * share
-        if weights is not None:
+        if weights is not None:  # the mean before batch normalisation, as verl's
             metrics["rollout_corr/rollout_is_mean"] = float(agg_loss(weights, mask, "token-mean", **counts))
+        if weights is not None and is_total is not None:
+            weights = batch_normalize(weights, loss_mask, rc.rollout_is, is_total)
+            factor = float(is_total[0] / is_total[1].clamp(min=1))
+            metrics["rollout_corr/rollout_is_batch_norm_factor"] = factor * share
         if rc.loss_type == "reinforce":
             return LossInputs(micro["old_log_probs"], weights, loss_mask, "reinforce", metrics)
         # ppo_clip: the ratio to the rollout policy is the correction; weights would count it twice

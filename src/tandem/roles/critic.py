@@ -52,7 +52,7 @@ class Critic:
             epochs=c.ppo_epochs,
             mini_batches_per_epoch=mini_batches or self.cfg.derived.critic_mini_batches_per_step,
             micro_batch_size=c.micro_batch_size_per_rank,
-            make_loss_fn=self._loss_fn,
+            make_loss_fn=lambda counts, _mini: self._loss_fn(counts),
             prefix="critic",
         )
 

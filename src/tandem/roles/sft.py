@@ -63,7 +63,7 @@ class SFT:
             epochs=1,
             mini_batches_per_epoch=1,
             micro_batch_size=self.cfg.actor.micro_batch_size_per_rank,
-            make_loss_fn=make_loss_fn,
+            make_loss_fn=lambda counts, _mini: make_loss_fn(counts),
             prefix="sft",
             mask_key="target_mask",
         )

@@ -120,13 +120,6 @@ def _check_bypass_mode(cfg: TandemConfig, problems: Problems) -> None:
         )
     if not rc.bypass_mode:
         return
-    if rc.rollout_is_batch_normalize:
-        problems.add(
-            (f"{_RC}.rollout_is_batch_normalize", f"{_RC}.bypass_mode"),
-            f"{_RC}.rollout_is_batch_normalize needs every IS weight of the batch before the loss, but in "
-            "bypass mode they come from the policy being updated, one micro-batch at a time (a mean per "
-            "micro-batch would change with how samples are cut): set it to false, or bypass_mode=false",
-        )
     if cfg.actor.calculate_sum_pi_squared:
         problems.add(
             ("actor.calculate_sum_pi_squared", f"{_RC}.bypass_mode"),
