@@ -20,7 +20,7 @@
     ["val/loss"],
   ];
   // a line under a chart's title for the metrics that read wrongly without it (docs/metrics.md says the same)
-  const SIGNED_KL = "k1 estimate, mean of log p(rollout) − log p(trainer): signed, dips below 0 by noise; k3 is ≥ 0";
+  const SIGNED_KL = "signed k1 estimate: dips below 0 by noise (k3 is ≥ 0)"; // docs/metrics.md has the formula
   const METRIC_NOTES = { "rollout_mismatch/kl": SIGNED_KL, "rollout_corr/kl": SIGNED_KL };
   const MARKERS_UP_TO = 60; // points per trace drawn with markers; a longer curve is a line alone
   const KIND_LABEL = { rollouts: "training", validation: "validation" };
@@ -347,7 +347,7 @@
         `${shownSteps.join(", ")} (the last, ${shownSteps[shownSteps.length - 1]}, is the model as trained)`),
       el("div", { class: "across" }, shownSteps.map((step) => el("div", { class: "card", "data-step": step },
         p.byStep.get(step).map((s) => [
-          el("h2", {}, `step ${step} · score ${fmt(s.score)}`), fieldsOf(s, fixed),
+          el("h2", {}, `step ${step} · score ${fmt(s.score)}`), fieldsOf(s, new Set([...fixed, "score"])),
           s.turns && s.turns.length ? turnsView(s.turns) : templated(s.output)]))))
     );
   }
