@@ -17,10 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/view's folders and browser
 
-from tests.view.browser import chromium_page, show  # noqa: E402
-from tests.view.run_folders import write_run  # noqa: E402
+from tests.view.browser import chromium_page, show
+from tests.view.run_folders import write_run
 
-from tandem.view import make_server, open_runs  # noqa: E402
+from tandem.view import make_server, open_runs
 
 
 def main(out: Path) -> None:
