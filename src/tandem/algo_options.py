@@ -90,6 +90,7 @@ AGG_MODES = Names(
 )
 KL_CONTROLLERS = Names("KL controller", _plain("fixed", "adaptive"))
 IS_LEVELS = Names("importance-sampling correction level", _plain("token", "sequence"))
+PF_PPO_WEIGHTS = Names("PF-PPO reweight method", _plain("pow", "max_min", "max_random"))
 
 # Rejection sampling (verl's rollout_rs): a k1 / k2 / k3 statistic of log r per token, or its sum / mean / max
 # over each sequence; k1 options bound the ratio (lower_upper), k2 / k3 take one upper bound.
