@@ -5,6 +5,8 @@
     tandem sft [PRESET|FILE] [key=value ...]        supervised fine-tuning (default preset: sft)
     tandem eval PRESET|FILE [key=value ...] [--checkpoint DIR]   validation accuracy of a model
     tandem export CHECKPOINT [OUT_DIR] [--role actor|critic]      a Hugging Face folder from a checkpoint
+    tandem convert hf-to-mcore MODEL_DIR OUT_DIR    a megatron distributed checkpoint of a Hugging Face folder
+    tandem convert mcore-to-hf CHECKPOINT MODEL_DIR OUT_DIR   ... and back (MODEL_DIR: config, tokenizer)
     tandem generate [FILE] key=value ... [--overwrite]   n samples per prompt of a parquet file (verl's
                                                     main_generation keys too; resumes an interrupted run)
                     [--check]                         the checks and the resolved config alone, as YAML
@@ -114,6 +116,18 @@ def _parser() -> argparse.ArgumentParser:
     for command in (train, sft, ev, config):  # verl's Hydra flags: a verl YAML as the config
         command.add_argument("--config-path", "-cp", help="verl/Hydra: the folder of --config-name")
         command.add_argument("--config-name", "-cn", help="verl/Hydra: a verl YAML, without .yaml")
+
+    convert = sub.add_parser(
+        "convert",
+        help="a Hugging Face folder <-> a megatron distributed checkpoint (actor.megatron.dist_checkpoint)",
+    )
+    convert.add_argument("direction", choices=["hf-to-mcore", "mcore-to-hf"])
+    convert.add_argument(
+        "paths", nargs="+", help="hf-to-mcore: MODEL_DIR OUT_DIR; mcore-to-hf: CHECKPOINT MODEL_DIR OUT_DIR"
+    )
+    convert.add_argument(
+        "--head", default="lm", choices=["lm", "value"], help="value: a critic's (token classifier)"
+    )
 
     sub.add_parser("presets", help="list the bundled presets")
 
@@ -227,6 +241,22 @@ def _print_translation(command: str):
     return show
 
 
+def _convert(args: argparse.Namespace) -> int:
+    """`tandem convert`: one process, one CPU rank (engine/megatron/dist_convert.py)."""
+    wanted = 2 if args.direction == "hf-to-mcore" else 3
+    if len(args.paths) != wanted:
+        names = "MODEL_DIR OUT_DIR" if wanted == 2 else "CHECKPOINT MODEL_DIR OUT_DIR"
+        print(f"tandem convert {args.direction}: give {names}", file=sys.stderr)
+        return 2
+    from tandem.engine.megatron import dist_convert
+
+    if args.direction == "hf-to-mcore":
+        print(dist_convert.hf_to_mcore(*args.paths, head=args.head))
+    else:
+        print(dist_convert.mcore_to_hf(*args.paths, head=args.head))
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
     from tandem.config import config_to_yaml, list_presets, load_config
 
@@ -298,6 +328,8 @@ def _run(args: argparse.Namespace) -> int:
         print(config_to_yaml(cfg), end="")
     elif args.command == "presets":
         print("\n".join(list_presets()))
+    elif args.command == "convert":
+        return _convert(args)
     elif args.command == "data":
         from tandem.data import TASKS, write_splits
 

@@ -27,6 +27,10 @@ ACCEPTED = {
     "ppo_trainer_run_deepseek_math_gsm8k_megatron",
     "ppo_trainer_run_qwen2_7b_math_gsm8k_megatron",
     "ppo_trainer_run_deepseek_full_hh_rlhf",
+    # actor, reference and critic started from megatron distributed checkpoints (use_dist_checkpointing); their
+    # models' architectures (Moonlight's deepseek_v3, qwen2_moe) are refused at start-up, as the folder is read
+    "ppo_trainer_run_moonlight16b_a3b_gsm8k_megatron",
+    "ppo_trainer_run_qwen1_5_moe_a2_7b_gsm8k_megatron",
     # param / grad / optimizer_offload=True (the engine offloads between calls), with uneven pipeline stages
     # and the DAPO overlong keys where the script names them
     "grpo_trainer_run_deepseek671b_math_megatron_80gb",
@@ -43,7 +47,7 @@ ACCEPTED = {
 }
 # verl keys outside the megatron namespace that Tandem does not read yet (the scripts that name them are
 # refused for them); a megatron key is never among them. None left: the other 12 scripts are refused for a
-# missing feature (LoRA on megatron, a megatron dist checkpoint as the start, trtllm, nsys, MoE
+# missing feature (LoRA on megatron, a dist checkpoint with no folder named, trtllm, nsys, MoE
 # router replay, training multi-token-prediction layers) or for a layout larger than the 8 GPUs of the placeholder
 NOT_READ_YET: set[str] = set()
 
@@ -143,7 +147,7 @@ def test_a_reference_layout_other_than_the_actors_is_refused_naming_both():
         ),
         (
             "actor_rollout_ref.actor.megatron.use_dist_checkpointing=True",
-            "does not load a megatron distributed",
+            "use_dist_checkpointing=True needs actor_rollout_ref.actor.megatron.dist_checkpointing_path=FOLDER",
         ),
         (
             "+actor_rollout_ref.actor.megatron.override_transformer_config.recompute_granularty=full",

@@ -280,6 +280,9 @@ class CriticConfig:
     # FSDP2: attributes set on the critic's Hugging Face config before it is built (verl's
     # critic.model.override_config: the critic's own; it does not take the actor's)
     override_config: dict[str, Any] = field(default_factory=dict)
+    # megatron: the critic's starting weights, a megatron distributed checkpoint (as actor.megatron.dist_checkpoint;
+    # its output layer is not read unless it is a value head: a new head starts as from model_path)
+    megatron_dist_checkpoint: str | None = None
     # the critic's attention kernel (as actor.fsdp.attn_implementation); null = the actor's
     attn_implementation: (
         Literal["auto", "sdpa", "eager", "flash_attention_2", "varlen", "flex_attention", "sdpa_split"] | None

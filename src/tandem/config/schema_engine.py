@@ -110,6 +110,11 @@ class MegatronConfig:
     param_offload: bool = False  # the actor's and critic's parameters in host memory between calls
     grad_offload: bool = False  # their gradient buffers freed between updates, back zeroed for the next
     optimizer_offload: bool = False  # their optimizer state (master weights, Adam moments) in host memory
+    # the actor's (and the reference's) starting weights: a megatron distributed checkpoint folder (verl's
+    # dist_checkpointing_path; `tandem convert hf-to-mcore` writes one, a Tandem checkpoint's actor/ is one)
+    # instead of actor.model_path's weights; model_path still gives the architecture and the tokenizer. Every
+    # weight of the model must be in it with the model's shape (engine/megatron/dist_start.py)
+    dist_checkpoint: str | None = None
 
 
 @dataclass

@@ -18,6 +18,7 @@ from typing import Any
 
 from tandem.config.coerce import type_at
 from tandem.config.verl_defaults import RL_DEFAULTS, SFT_DEFAULTS
+from tandem.config.verl_dist_checkpoint import DIST_KEYS, read_dist_checkpoint
 from tandem.config.verl_hints import unknown_verl_key_message
 from tandem.config.verl_keys import SGLANG_NOTE, VERL_KEYS, is_verl_key, verl_rule
 from tandem.config.verl_removed import Trainer, old_defaults, removed_key, removed_note
@@ -126,6 +127,9 @@ def translate_overrides(
             continue
         if key in ("trainer.resume_mode", "trainer.resume_from_path") and not sft:
             _resume(out, text, sizes)
+            continue
+        if key in DIST_KEYS and not sft:  # a role's switch and folder, read together
+            read_dist_checkpoint(out, text, sizes)
             continue
         try:
             if key in GLOBAL_MICRO_BATCH_KEYS and not sft:  # read as its `_per_gpu` key, as verl reads it
@@ -320,6 +324,7 @@ _SIZES = {
     "trainer.n_gpus_per_node",
     "trainer.resume_mode",
     "trainer.resume_from_path",
+    *DIST_KEYS,
     *filter(None, GLOBAL_MICRO_BATCH_KEYS.values()),
 }
 

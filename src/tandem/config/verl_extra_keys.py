@@ -95,7 +95,10 @@ REWARD_KWARGS = (
     "reward_manager=batch: passed to each call of your function; a class of your own: to its constructor (dapo's "
     "overlong_buffer_cfg and max_resp_len are reward.overlong.*)"
 )
-_DIST_ONLY = "read only with use_dist_checkpointing=True (Tandem starts from the Hugging Face folder)"
+_DIST_PREFIX = default_only(
+    "Tandem reads a distributed checkpoint's keys as megatron-core names them, with no prefix (verl's default '')",
+    ("",),
+)
 _FORWARD_ONLY = "verl's flag for a role that never trains; Tandem knows which roles train"
 _SEED = (
     "Tandem seeds megatron's random state from trainer.seed: another seed draws another random stream "
@@ -309,7 +312,7 @@ EXTRA_KEYS: dict[str, Rule] = {
     "reward_model.model.override_config.max_position_embeddings": no_effect(_CONTEXT_LENGTH),
     # the actor's megatron engine settings
     "actor_rollout_ref.actor.load_weight": _true_only(_LOADS_WEIGHTS),
-    "actor_rollout_ref.actor.megatron.dist_checkpointing_prefix": no_effect(_DIST_ONLY),
+    "actor_rollout_ref.actor.megatron.dist_checkpointing_prefix": _DIST_PREFIX,
     "actor_rollout_ref.actor.megatron.forward_only": no_effect(_FORWARD_ONLY),
     "actor_rollout_ref.actor.megatron.seed": no_effect(_SEED),
     "actor_rollout_ref.actor.megatron.use_remove_padding": no_effect(_PACKS),
@@ -320,7 +323,7 @@ EXTRA_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.actor.megatron.dtype": default_only(_DTYPE, ("bfloat16", None), _DTYPE_NOTE),
     # the reference's megatron engine settings
     "actor_rollout_ref.ref.load_weight": _true_only(_LOADS_WEIGHTS),
-    "actor_rollout_ref.ref.megatron.dist_checkpointing_prefix": no_effect(_DIST_ONLY),
+    "actor_rollout_ref.ref.megatron.dist_checkpointing_prefix": _DIST_PREFIX,
     "actor_rollout_ref.ref.megatron.forward_only": no_effect(_FORWARD_ONLY),
     "actor_rollout_ref.ref.megatron.seed": no_effect(_SEED),
     "actor_rollout_ref.ref.megatron.use_remove_padding": no_effect(_PACKS),
@@ -337,7 +340,7 @@ EXTRA_KEYS: dict[str, Rule] = {
     ),
     # the critic's megatron engine settings
     "critic.load_weight": _true_only(_LOADS_WEIGHTS),
-    "critic.megatron.dist_checkpointing_prefix": no_effect(_DIST_ONLY),
+    "critic.megatron.dist_checkpointing_prefix": _DIST_PREFIX,
     "critic.megatron.forward_only": no_effect(_FORWARD_ONLY),
     "critic.megatron.seed": no_effect(_SEED),
     "critic.megatron.use_remove_padding": no_effect(_PACKS),

@@ -31,15 +31,6 @@ def _expert_tensor_parallel(value: Any) -> None:
         )
 
 
-def _no_dist_checkpoint(value: Any) -> None:
-    if value in (True, "true", "True"):
-        raise UnsupportedValue(
-            "Tandem converts the Hugging Face folder (model.path) into megatron-core itself; it does not load "
-            "a megatron distributed checkpoint as the starting weights (its own checkpoints, "
-            "trainer.resume, are megatron distributed checkpoints). Set it false"
-        )
-
-
 def _router_replay(value: Any) -> None:
     """verl's MoE router replay (its megatron actor routes each token as the rollout did) changes the update's
     numbers; Tandem's trainer routes every token in its own forward, so only replay off is taken."""
@@ -92,8 +83,9 @@ def _offload_rule(role: str, kind: str) -> Rule:
 
 _MBRIDGE = "Tandem converts the Hugging Face weights to megatron-core itself (engine/megatron/convert.py), no mbridge"
 _REF_OVERRIDES = "the {role} is built with the actor's actor.megatron.override_transformer_config"
-_HF_START = "false: Tandem reads the Hugging Face folder"
-_DIST_ONLY = "read only with use_dist_checkpointing=True (Tandem starts from the Hugging Face folder)"
+# read together, switch and folder, by config/verl_dist_checkpoint.py (these rules name the targets)
+_DIST_START = "with {other}: the {role}'s starting weights, a megatron distributed checkpoint"
+_DIST_REF = "Tandem's reference is the actor's starting weights: accepted when it names the actor's folder"
 _ETP_ONE = "Tandem's expert tensor parallel is 1"
 _LORA_TYPE = (
     "Tandem's LoRA is plain LoRA (PEFT's); verl's other adapter types (dora, canonical_lora) are not built"
@@ -135,8 +127,13 @@ MEGATRON_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.actor.megatron.param_offload": _offload_rule("actor", "param"),
     "actor_rollout_ref.actor.megatron.grad_offload": _offload_rule("actor", "grad"),
     "actor_rollout_ref.actor.megatron.optimizer_offload": _offload_rule("actor", "optimizer"),
-    "actor_rollout_ref.actor.megatron.use_dist_checkpointing": maps("", _HF_START, _no_dist_checkpoint),
-    "actor_rollout_ref.actor.megatron.dist_checkpointing_path": no_effect(_DIST_ONLY),
+    "actor_rollout_ref.actor.megatron.use_dist_checkpointing": maps(
+        "actor.megatron.dist_checkpoint", _DIST_START.format(other="dist_checkpointing_path", role="actor")
+    ),
+    "actor_rollout_ref.actor.megatron.dist_checkpointing_path": maps(
+        "actor.megatron.dist_checkpoint",
+        _DIST_START.format(other="use_dist_checkpointing=True", role="actor"),
+    ),
     "actor_rollout_ref.actor.megatron.use_mbridge": no_effect(_MBRIDGE),
     "actor_rollout_ref.actor.megatron.vanilla_mbridge": no_effect(_MBRIDGE),
     "actor_rollout_ref.actor.megatron.expert_tensor_parallel_size": maps(
@@ -146,8 +143,12 @@ MEGATRON_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.ref.megatron.param_offload": _offload_rule("reference", "param"),
     "actor_rollout_ref.ref.megatron.grad_offload": _offload_rule("reference", "grad"),
     "actor_rollout_ref.ref.megatron.optimizer_offload": _offload_rule("reference", "optimizer"),
-    "actor_rollout_ref.ref.megatron.use_dist_checkpointing": maps("", _HF_START, _no_dist_checkpoint),
-    "actor_rollout_ref.ref.megatron.dist_checkpointing_path": no_effect(_DIST_ONLY),
+    "actor_rollout_ref.ref.megatron.use_dist_checkpointing": maps(
+        "actor.megatron.dist_checkpoint", _DIST_REF
+    ),
+    "actor_rollout_ref.ref.megatron.dist_checkpointing_path": maps(
+        "actor.megatron.dist_checkpoint", _DIST_REF
+    ),
     "actor_rollout_ref.ref.megatron.use_mbridge": no_effect(_MBRIDGE),
     "actor_rollout_ref.ref.megatron.vanilla_mbridge": no_effect(_MBRIDGE),
     "actor_rollout_ref.ref.megatron.expert_tensor_parallel_size": maps("", _ETP_ONE, _expert_tensor_parallel),
@@ -173,8 +174,13 @@ MEGATRON_KEYS: dict[str, Rule] = {
     "critic.megatron.param_offload": _offload_rule("critic", "param"),
     "critic.megatron.grad_offload": _offload_rule("critic", "grad"),
     "critic.megatron.optimizer_offload": _offload_rule("critic", "optimizer"),
-    "critic.megatron.use_dist_checkpointing": maps("", _HF_START, _no_dist_checkpoint),
-    "critic.megatron.dist_checkpointing_path": no_effect(_DIST_ONLY),
+    "critic.megatron.use_dist_checkpointing": maps(
+        "critic.megatron_dist_checkpoint", _DIST_START.format(other="dist_checkpointing_path", role="critic")
+    ),
+    "critic.megatron.dist_checkpointing_path": maps(
+        "critic.megatron_dist_checkpoint",
+        _DIST_START.format(other="use_dist_checkpointing=True", role="critic"),
+    ),
     "critic.megatron.use_mbridge": no_effect(_MBRIDGE),
     "critic.megatron.vanilla_mbridge": no_effect(_MBRIDGE),
     "critic.megatron.expert_tensor_parallel_size": maps("", _ETP_ONE, _expert_tensor_parallel),

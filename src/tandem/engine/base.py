@@ -148,6 +148,9 @@ class EngineSpec:
     text model: a warning).
     override_config: attributes set on the folder's Hugging Face config before the model is built (FSDP2 only;
     `models.config_overrides.apply_overrides`), kept in the exported config.json; `override_key` names that setting in errors.
+    dist_checkpoint: megatron only: a megatron distributed checkpoint the weights start from instead of
+    model_path's (which still gives the architecture; engine/megatron/dist_start.py); `dist_checkpoint_key`
+    names that setting in errors.
     """
 
     model_path: str | Path
@@ -168,6 +171,8 @@ class EngineSpec:
     freeze_vision_tower: bool = False
     override_config: dict[str, Any] = field(default_factory=dict)
     override_key: str = "actor.override_config"
+    dist_checkpoint: str | Path | None = None
+    dist_checkpoint_key: str = "actor.megatron.dist_checkpoint"
 
 
 def strategy_param_dtype(
@@ -193,6 +198,11 @@ def check_engine_args(engine: str, spec: EngineSpec) -> None:
         raise ValueError(f"grad_clip must be > 0 or None (no clipping), got {grad_clip}")
     if max_tokens_per_micro_batch is not None and max_tokens_per_micro_batch < 1:
         raise ValueError(f"max_tokens_per_micro_batch must be >= 1 or None, got {max_tokens_per_micro_batch}")
+    if spec.dist_checkpoint and engine != "MegatronEngine":
+        raise ValueError(
+            f"{spec.dist_checkpoint_key}: a megatron distributed checkpoint starts the megatron engine only; "
+            "set actor.strategy=megatron, or start from a Hugging Face folder (`tandem convert mcore-to-hf`)"
+        )
 
 
 def pad_micro_batch(pad_id: int, device: torch.device | str = "cpu", tokens: int = 1) -> Batch:

@@ -80,5 +80,14 @@ def role_engine(
         freeze_vision_tower=freeze_vision_tower,
         override_config=override_config or {},
         override_key=override_key,
+        **start_checkpoint(cfg, head, optim),
     )
     return build_engine(spec)
+
+
+def start_checkpoint(cfg: TandemConfig, head: Head, optim: OptimConfig | None) -> dict[str, str | None]:
+    """The megatron distributed checkpoint a role's weights start from (EngineSpec's dist_checkpoint and the
+    setting's name): the actor's, also the reference's (the initial policy) and SFT's, for a causal LM; the
+    critic's own for a trained value model; none for the reward model (its folder's trained head)."""
+    if cfg.actor.strategy != "megatron":
+        return {}

@@ -50,8 +50,10 @@ class RolloutRole:
         self.agent = agent_loop_from_config(cfg, self.engine) if cfg.rollout.mode == "async" else None
         # reported with the first step
         self.metrics: dict[str, float] = {"timing_s/rollout_start": time.perf_counter() - start}
-        # The rollout starts from actor.model_path, as the actor does: in sync until the first update.
-        self.stale = False
+        # The rollout starts from actor.model_path, as the actor does: in sync until the first update. An actor
+        # started from a megatron distributed checkpoint holds other weights: synced before the first generation.
+        a = cfg.actor
+        self.stale = self.hybrid and a.strategy == "megatron" and bool(a.megatron.dist_checkpoint)
         self.bus: WeightBus | None = None  # rollout.layout=separate: the weight channel, once joined
         self._adapter_root: Path | None = None  # actor.lora.rollout_sync=adapter: the adapter folders' home
         # the cuts of a shard-only sync into this rank's tensor-parallel engine (None: whole tensors)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import unicodedata
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 from tandem.config.errors import ConfigError
@@ -159,11 +160,31 @@ def check_available(cfg: TandemConfig, purpose: str = "rl") -> None:
     problems += model_override_problems(cfg, purpose)
     settings = cfg.actor.megatron if cfg.actor.strategy == "megatron" else cfg.actor.fsdp
     problems += check_buildable(cfg.actor.strategy, settings, engine_model_folders(cfg))
+    problems += dist_checkpoint_problems(cfg, purpose)
     model_type = folder_model_type(cfg.actor.model_path)
     if model_type in VISION_LANGUAGE_TYPES:
         problems += vision_language_problems(cfg, model_type, purpose)
     if problems:
         raise ConfigError("\n".join(problems))
+
+
+def dist_checkpoint_problems(cfg: TandemConfig, purpose: str = "rl") -> list[str]:
+    """The megatron distributed checkpoints the run starts from are folders megatron wrote (its metadata.json);
+    whether they hold the model's weights is checked as each engine loads them (engine/megatron/dist_start.py)."""
+    if cfg.actor.strategy != "megatron":
+        return []
+    folders = {"actor.megatron.dist_checkpoint": cfg.actor.megatron.dist_checkpoint}
+    if purpose != "sft" and cfg.derived.critic_needed:
+        folders["critic.megatron_dist_checkpoint"] = cfg.critic.megatron_dist_checkpoint
+    problems = []
+    for key, folder in folders.items():
+        if folder and not (Path(folder).expanduser() / "metadata.json").is_file():
+            what = "no such folder" if not Path(folder).expanduser().is_dir() else "no metadata.json in it"
+            problems.append(
+                f"{key}={folder}: not a megatron distributed checkpoint ({what}); `tandem convert hf-to-mcore "
+                "MODEL_DIR OUT_DIR` writes one from a Hugging Face folder"
+            )
+    return problems
 
 
 # attention kernels that run on CUDA only (engine/attention.py `resolve` says the same in the worker)

@@ -164,8 +164,20 @@ def override_problems(kind: str, overrides: dict[str, Any], fields: set[str] | N
 
 
 def check_megatron(cfg: TandemConfig, problems: Problems) -> None:
-    """The override keys of actor.megatron (read whatever the strategy: a typo is a typo)."""
+    """The override keys of actor.megatron (read whatever the strategy: a typo is a typo); the distributed
+    checkpoints a run starts from need the megatron engine (their folders are checked at start-up)."""
     mp = cfg.actor.megatron
+    for key, value in (
+        ("actor.megatron.dist_checkpoint", mp.dist_checkpoint),
+        ("critic.megatron_dist_checkpoint", cfg.critic.megatron_dist_checkpoint),
+    ):
+        if value and cfg.actor.strategy != "megatron":
+            problems.add(
+                (key, "actor.strategy"),
+                f"{key}: a megatron distributed checkpoint starts the megatron engine only; set "
+                "actor.strategy=megatron, or convert it to a Hugging Face folder (`tandem convert mcore-to-hf`) "
+                "and start from that",
+            )
     for kind, overrides in (
         ("transformer", mp.override_transformer_config),
         ("optimizer", mp.override_optimizer_config),

@@ -17,7 +17,7 @@ from tandem.config.checks.megatron import CUDA_ONLY, resolved_overrides
 from tandem.config.schema import MegatronConfig, OptimConfig
 from tandem.engine import hf_io
 from tandem.engine.base import Head
-from tandem.engine.megatron import convert
+from tandem.engine.megatron import convert, dist_start
 from tandem.engine.megatron.layers import ValueHead, layer_spec
 from tandem.engine.megatron.parallel import ParallelLayout
 
@@ -102,10 +102,15 @@ class ModelBuild:
         )
 
     def _build(
-        self, activation_checkpointing: bool, seed: int, megatron: MegatronConfig
+        self,
+        activation_checkpointing: bool,
+        seed: int,
+        megatron: MegatronConfig,
+        start: tuple[str, str] | None = None,
     ) -> tuple[list[nn.Module], type, dict[str, tuple]]:
         """This rank's model chunks (one per virtual stage; one without virtual_pipeline), each filled with its
-        cut of the folder's weights."""
+        cut of the folder's weights; `start` (folder, its setting's name): from that megatron distributed
+        checkpoint instead (dist_start.py), the folder giving the architecture alone."""
         from megatron.core.models.gpt import GPTModel
 
         tied = self.head == "lm" and bool(getattr(self.config, "tie_word_embeddings", False))
@@ -113,9 +118,12 @@ class ModelBuild:
             activation_checkpointing, megatron
         )  # one object: the schedule reads it
         self._layer_split = config  # each chunk's layers, as megatron splits them (`_chunk_layers`)
-        hf_model = hf_io.load_pretrained(self.model_path, self.config, self.head, seed)
-        hf_state = hf_model.state_dict()
-        hf_shapes = {name: tuple(t.shape) for name, t in hf_state.items()}
+        if start is None:
+            hf_model = hf_io.load_pretrained(self.model_path, self.config, self.head, seed)
+            hf_state: dict[str, Tensor] | None = hf_model.state_dict()
+        else:  # no weights read from the folder: its architecture's names and shapes only
+            hf_model, hf_state = hf_io.build_on_meta(self.config, self.head), None
+        hf_shapes = {name: tuple(t.shape) for name, t in hf_model.state_dict().items()}
         inv_freq = convert.rotary_inv_freq(self.config)
         chunks = []
         for chunk in range(self.vp_size):
@@ -150,13 +158,20 @@ class ModelBuild:
 
                 model.rotary_pos_emb = RowRotary(model.rotary_pos_emb)
                 self._row_rotaries.append(model.rotary_pos_emb)
-            self._fill(model, self._slots(self.pp_rank, chunk), hf_state)
+            if hf_state is not None:
+                self._fill(model, self._slots(self.pp_rank, chunk), hf_state)
+            elif (
+                self.head == "value" and last
+            ):  # as the folder's missing `score` (a checkpoint's own head wins)
+                dist_start.value_head_init(model.output_layer, self.config, seed)
             # megatron builds its torch norms in float32 whatever params_dtype says (its own training loop
             # casts the whole model, Float16Module); buffers keep their dtype
             for param in model.parameters():
                 param.data = param.data.to(self.param_dtype)
             model.to(self.device)
             chunks.append(model)
+        if start is not None:
+            dist_start.load_start_weights(chunks, start[0], start[1], self.head)
         hf_class = type(hf_model)
         del hf_model, hf_state
         return chunks, hf_class, hf_shapes

@@ -183,8 +183,9 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
 
         self._row_rotaries: list[nn.Module] = []  # context parallel: each chunk's RowRotary
         with self._scope():
+            start = (str(spec.dist_checkpoint), spec.dist_checkpoint_key) if spec.dist_checkpoint else None
             self.chunks, self._hf_class, self._hf_shapes = self._build(
-                activation_checkpointing, seed, megatron
+                activation_checkpointing, seed, megatron, start
             )
             self.optimizer = None
             self.models: list[nn.Module] = list(

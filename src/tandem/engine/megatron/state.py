@@ -74,6 +74,19 @@ class Checkpoints:
             save_engine_state(path, {"global_step": self.global_step, "schedule_step": self._schedule_step})
         dist.barrier()
 
+    def save_weights(self, path: str | Path) -> None:
+        """The model's weights alone as a megatron distributed checkpoint (dist_start.py's format, what verl's
+        dist_checkpointing_path names): no optimizer state, no step counters. `path` must be new or empty."""
+        from megatron.core import dist_checkpointing
+
+        path = Path(path)
+        if dist.get_rank() == 0:
+            path.mkdir(parents=True, exist_ok=True)
+        dist.barrier()
+        with self.on_device(), self._scope():
+            dist_checkpointing.save(self._sharded_state(is_loading=False, weights_only=True), str(path))
+        dist.barrier()
+
     def load(self, path: str | Path, weights_only: bool = False) -> None:
         from megatron.core import dist_checkpointing
 
