@@ -91,3 +91,11 @@ def start_checkpoint(cfg: TandemConfig, head: Head, optim: OptimConfig | None) -
     critic's own for a trained value model; none for the reward model (its folder's trained head)."""
     if cfg.actor.strategy != "megatron":
         return {}
+    if head == "lm":
+        return {"dist_checkpoint": cfg.actor.megatron.dist_checkpoint}
+    if optim is not None:
+        return {
+            "dist_checkpoint": cfg.critic.megatron_dist_checkpoint,
+            "dist_checkpoint_key": "critic.megatron_dist_checkpoint",
+        }
+    return {}
