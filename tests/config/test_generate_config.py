@@ -75,7 +75,7 @@ def test_verl_keys_with_no_effect_are_named():
         (["temperature=0", "n=2"], "greedy"),
         (["batch_size=0"], "batch_size=0"),
         (["top_k=0"], "top_k=0"),
-        (["trainer.n_gpus_per_node=8"], "trainer.n_gpus_per_node=8"),
+        (["trainer.n_gpus_per_node=3", "rollout.tensor_model_parallel_size=2"], "trainer.n_gpus_per_node=3"),
         (["rollout.tensor_model_parallel_size=2", "rollout.name=hf"], "rollout.tensor_model_parallel_size=2"),
         (["output_path=d.parquet"], "is the input file"),
         (["nn=3"], "unknown key 'nn'; did you mean 'n'?"),

@@ -27,6 +27,7 @@ ACCEPTED = {
     "ppo_trainer_run_deepseek_math_gsm8k_megatron",
     "ppo_trainer_run_qwen2_7b_math_gsm8k_megatron",
     "ppo_trainer_run_deepseek_full_hh_rlhf",
+    "ppo_trainer_run_deepseek_math_gsm8k_megatron_nsys",  # Nsight Systems (trainer.profile.tool=nsys)
     # actor, reference and critic started from megatron distributed checkpoints (use_dist_checkpointing); their
     # models' architectures (Moonlight's deepseek_v3, qwen2_moe) are refused at start-up, as the folder is read
     "ppo_trainer_run_moonlight16b_a3b_gsm8k_megatron",
@@ -46,8 +47,8 @@ ACCEPTED = {
     "tuning_32b_qwen2_32b_grpo_8_h20_megatron_vllm",
 }
 # verl keys outside the megatron namespace that Tandem does not read yet (the scripts that name them are
-# refused for them); a megatron key is never among them. None left: the other 12 scripts are refused for a
-# missing feature (LoRA on megatron, a dist checkpoint with no folder named, trtllm, nsys, MoE
+# refused for them); a megatron key is never among them. None left: the other 9 scripts are refused for a
+# missing feature (LoRA on megatron, a dist checkpoint with no folder named, trtllm, MoE
 # router replay, training multi-token-prediction layers) or for a layout larger than the 8 GPUs of the placeholder
 NOT_READ_YET: set[str] = set()
 

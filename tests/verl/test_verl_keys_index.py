@@ -37,7 +37,7 @@ def test_every_key_of_verls_configs_is_written_in_a_table_or_the_index(generator
         "sft": [k for k in generator.config_keys(*generator.SFT_CONFIGS) if _reads_as_verl(k, True)],
         "generation": generator.config_keys("generation"),
     }
-    assert {name: len(keys) for name, keys in configs.items()} == {"rl": 646, "sft": 126, "generation": 43}
+    assert {name: len(keys) for name, keys in configs.items()} == {"rl": 644, "sft": 126, "generation": 43}
     assert {name: [k for k in keys if k not in named] for name, keys in configs.items()} == {
         "rl": [],
         "sft": [],
@@ -64,7 +64,7 @@ def test_no_key_is_in_two_tables():
         if isinstance(node, ast.AnnAssign) and getattr(node.target, "id", "") == "VERL_KEYS"
     )
     own = [k.value for k in table.keys if isinstance(k, ast.Constant)]
-    assert len(own) == 227
+    assert len(own) == 226
     assert set(own).isdisjoint(MEGATRON_KEYS) and set(own).isdisjoint(EXTRA_KEYS)
     assert set(MEGATRON_KEYS).isdisjoint(EXTRA_KEYS)
     assert len(VERL_KEYS) == len(own) + len(MEGATRON_KEYS) + len(EXTRA_KEYS)
