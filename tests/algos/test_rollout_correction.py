@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+from tandem.algo_options import parse_rollout_is_threshold, parse_rollout_rs, ratio_bounds
 from tandem.algos import (
     ROLLOUT_RS,
     batch_normalize,
@@ -15,7 +16,6 @@ from tandem.algos import (
     rollout_correction,
     rollout_is_weights,
 )
-from tandem.algo_options import parse_rollout_is_threshold, parse_rollout_rs, ratio_bounds
 from tandem.algos.rollout_correction import is_metrics, rs_metrics
 
 # log r = old - rollout: row 0 (0.5, -0.5, 2.0); row 1 (0.1, then padding holding 1000 / -inf / NaN)

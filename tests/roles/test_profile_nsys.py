@@ -41,7 +41,8 @@ def test_verls_nsys_keys_become_tandems_profile_keys():
 
 def test_each_worker_runs_under_verls_nsight_options_with_the_users_over_them():
     cfg = load_config(
-        "verl", [*NSYS, "global_profiler.global_tool_config.nsys.worker_nsight_options.cuda-memory-usage=false"]
+        "verl",
+        [*NSYS, "global_profiler.global_tool_config.nsys.worker_nsight_options.cuda-memory-usage=false"],
     )
     assert cfg.trainer.profile.tool == "nsys"
     assert nsight_options(cfg, "cuda") == {**NSIGHT_WORKER_OPTIONS, "cuda-memory-usage": "false"}

@@ -140,7 +140,9 @@ def test_fsdp_dtypes_verl_acts_on_are_read_not_swallowed():
     assert one.overrides == ["actor.fsdp.param_dtype=bfloat16"]
     assert translate_overrides(["actor_rollout_ref.actor.fsdp_config.model_dtype=fp32"]).problems == []
     kept = translate_overrides(["actor_rollout_ref.actor.fsdp_config.model_dtype=bf16"])
-    assert kept.problems == [] and kept.overrides == ["actor.fsdp.model_dtype=bfloat16"]  # bf16 weights, built
+    assert kept.problems == [] and kept.overrides == [
+        "actor.fsdp.model_dtype=bfloat16"
+    ]  # bf16 weights, built
     ((key, message),) = translate_overrides(["actor_rollout_ref.actor.fsdp_config.model_dtype=fp16"]).problems
     assert key.endswith("model_dtype") and "fp16 weights are not built" in message
     ((_, message),) = translate_overrides(

@@ -66,7 +66,9 @@ def test_curves_overlay_the_runs_with_their_metrics(page, url):
             {title: div.layout.title.text, x: div.layout.title.xanchor, hover: div.layout.yaxis.hoverformat,
              modes: div.data.map((t) => t.mode)}]))"""
     )
-    assert layouts["rollout_mismatch/kl"]["title"].startswith("rollout_mismatch/kl<br><sub>signed k1 estimate")
+    assert layouts["rollout_mismatch/kl"]["title"].startswith(
+        "rollout_mismatch/kl<br><sub>signed k1 estimate"
+    )
     assert "signed" in layouts["rollout_mismatch/kl"]["title"]
     assert {(v["x"], v["hover"]) for v in layouts.values()} == {("left", ".4~g")}  # clear of the toolbar
     assert set(layouts["score/mean"]["modes"]) == {"lines+markers"}  # a few points: markers

@@ -4,8 +4,8 @@ config.yaml), the data routes the page asks for, the server, the static file and
 from __future__ import annotations
 
 import json
-import shutil
 import re
+import shutil
 import subprocess
 import sys
 import threading

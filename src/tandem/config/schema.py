@@ -326,7 +326,9 @@ class SandboxFusionConfig:
     """Where the code scorer (rewards/scorers/code.py: data_sources codecontests, apps, codeforces, taco) runs a
     response's program: Sandbox Fusion's run_code API at `url`, or a local subprocess when it is None."""
 
-    url: str | None = None  # e.g. https://<your endpoint>/run_code; None = run locally (not a security sandbox)
+    url: str | None = (
+        None  # e.g. https://<your endpoint>/run_code; None = run locally (not a security sandbox)
+    )
     max_concurrent: int = 64  # >= 1: test cases in flight at once, over all reward.num_workers processes
     memory_limit_mb: int = 1024  # >= 0: a program's memory limit (0 = none)
 
@@ -349,7 +351,9 @@ class RewardConfig:
     timeout_s: float = 10.0  # SECONDS a sample's scoring may take, > 0 (batch: x its samples); timeout = 0
     num_workers: int = 1  # processes scoring in parallel, >= 0; 0 = in the controller process
     reward_model: RewardModelConfig = field(default_factory=RewardModelConfig)
-    sandbox_fusion: SandboxFusionConfig = field(default_factory=SandboxFusionConfig)  # the code scorer's runner
+    sandbox_fusion: SandboxFusionConfig = field(
+        default_factory=SandboxFusionConfig
+    )  # the code scorer's runner
     overlong: OverlongConfig = field(default_factory=OverlongConfig)
     format: FormatConfig = field(default_factory=FormatConfig)
     # Agent loop: add the sum of a trajectory's tool step rewards to its score (reward term "tool_reward",

@@ -441,7 +441,9 @@ def _apply_rule(key: str, rule: Rule, value_text: str) -> list[tuple[str, str]] 
         return [(rule.target, f"{rule.target}={value_text}")]
     targets = rule.target.split(",")
     if rule.convert is not None and isinstance(value, tuple) and len(value) == len(targets) > 1:
-        return [(t, f"{t}={_override_text(v)}") for t, v in zip(targets, value, strict=True)]  # one value each
+        return [
+            (t, f"{t}={_override_text(v)}") for t, v in zip(targets, value, strict=True)
+        ]  # one value each
     return [(target, f"{target}={value_text}") for target in targets]
 
 

@@ -76,7 +76,10 @@ class Rollouts:
         and `uid`, and the sampling of the step that will train on them."""
         r, d = self.cfg.rollout, self.cfg.data
         prompts = collate_prompts([self.train_data[i] for i in indices], self.pad_id)
-        rows = {PROMPT_INDEX: torch.arange(len(prompts)), DATASET_INDEX: torch.tensor(indices, dtype=torch.long)}
+        rows = {
+            PROMPT_INDEX: torch.arange(len(prompts)),
+            DATASET_INDEX: torch.tensor(indices, dtype=torch.long),
+        }
         prompts = prompts.union(Batch.from_dict(rows))
         prompts["uid"] = [f"{step}.{round_}.{i}" for i in range(len(prompts))]
         sampling = SamplingParams(
