@@ -214,7 +214,7 @@ def test_what_cannot_run_is_refused_naming_the_class(managers):
         ManagerClassRewards(CharTokenizer(), manager_file=managers, manager_class="Raises")(
             rollout_batch(*ROWS)
         )
-    with pytest.raises(TypeError, match="the file has no 'Missing'.*classes in the file: .*MarkerManager"):
+    with pytest.raises(TypeError, match="the module has no 'Missing'.*classes in it: .*MarkerManager"):
         ManagerClassRewards(CharTokenizer(), manager_file=managers, manager_class="Missing")
     with pytest.raises(TypeError, match="reward-loop managers"):
         ManagerClassRewards(CharTokenizer(), manager_file=managers, manager_class="LoopManager")

@@ -12,7 +12,6 @@ per sample}}); Tandem's reward terms are added on each sample's last response to
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import os
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -33,7 +32,7 @@ from tandem.rewards.registry import (
 )
 from tandem.rewards.scoring import Outcome, describe_error, plain_field, resolve
 from tandem.rewards.terms import Term
-from tandem.usercode import load_user_module
+from tandem.usercode import load_user_class
 
 logger = logging.getLogger(__name__)
 
@@ -112,23 +111,9 @@ def _objects(values: Iterable[Any]) -> np.ndarray:
 def load_manager_class(path: str, name: str) -> type:
     """Class `name` of the Python file at `path` (or of the module `pkg://package/module`), as verl loads it."""
     where = f"reward manager class '{name}' in '{path}'"
-    if path.startswith("pkg://"):
-        module = importlib.import_module(path.removeprefix("pkg://").replace("/", "."))
-    else:
-        module = load_user_module(
-            path.removeprefix("file://"),
-            where=where,
-            setting="reward.manager_file",
-            prefix="tandem_reward_manager_",
-        )
-    cls = getattr(module, name, None)
-    if not isinstance(cls, type):
-        classes = sorted(n for n, v in vars(module).items() if isinstance(v, type) and not n.startswith("_"))
-        what = "has no" if cls is None else f"has a {type(cls).__name__}, not a class, as"
-        raise TypeError(
-            f"{where}: the file {what} '{name}' (reward.manager names the class; classes in the file: "
-            f"{', '.join(classes) or 'none'})"
-        )
+    cls = load_user_class(
+        path, name, where=where, setting="reward.manager_file", prefix="tandem_reward_manager_"
+    )
     if any(base.__name__ == "RewardManagerBase" for base in cls.__mro__):
         raise TypeError(
             f"{where} is one of verl's reward-loop managers (RewardManagerBase: built with verl's whole config, "
