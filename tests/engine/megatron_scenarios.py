@@ -152,7 +152,7 @@ def zero_advantage_invariant(strategy: str, parallel: MegatronConfig, model_path
         for key in ("old_log_probs", "ref_log_probs", "rollout_log_probs"):
             share[key] = old
         share["advantages"] = torch.zeros_like(advantages)
-        inner = actor._loss_fn(global_counts(engine, share["response_mask"]))
+        inner = actor._loss_fn(global_counts(engine, share["response_mask"]), share)
 
         def loss_fn(output, micro: Batch, inner=inner, temperature=actor.temperature):
             loss, metrics = inner(output, micro)
@@ -213,7 +213,10 @@ def weights(engine) -> dict[str, torch.Tensor]:
 def step(role, engine, batch: Batch) -> dict:
     """One optimizer step of `role`'s real loss on `batch` (this rank's share)."""
     counts = global_counts(engine, batch["response_mask"])
-    result = engine.train_step(batch, role._loss_fn(counts), 2)
+    loss_fn = (
+        role._loss_fn(counts, batch) if isinstance(role, Actor) else role._loss_fn(counts)
+    )  # run_update's
+    result = engine.train_step(batch, loss_fn, 2)
     return dataclasses.asdict(result)
 
 
@@ -359,7 +362,9 @@ def gpu_worker(rank: int, init_method: str, model_path: str, out_dir: str) -> No
         result["param_dtypes"] = {p.dtype for model in engine.models for p in model.parameters()}
         counts = global_counts(engine, batch["response_mask"])
         cfg = role_config(model_path, model_path)
-        result["step"] = dataclasses.asdict(engine.train_step(batch, Actor(engine, cfg)._loss_fn(counts), 2))
+        result["step"] = dataclasses.asdict(
+            engine.train_step(batch, Actor(engine, cfg)._loss_fn(counts, batch), 2)
+        )
         before = engine.forward(batch.select(*MODEL_INPUTS), logits, 2)["logits"]
         allocated = torch.cuda.memory_allocated(device)
         engine.offload()
@@ -372,7 +377,7 @@ def gpu_worker(rank: int, init_method: str, model_path: str, out_dir: str) -> No
         after = engine.forward(batch.select(*MODEL_INPUTS), logits, 2)["logits"]
         result["onload_unchanged"] = torch.equal(before, after)
         result["step_after_onload"] = dataclasses.asdict(
-            engine.train_step(batch, Actor(engine, cfg)._loss_fn(counts), 2)
+            engine.train_step(batch, Actor(engine, cfg)._loss_fn(counts, batch), 2)
         )
         torch.save(result, Path(out_dir) / "gpu-rank0.pt")
     finally:

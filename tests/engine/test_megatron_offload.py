@@ -156,7 +156,9 @@ def megatron_worker(rank: int, init_method: str, model_path: str, out_dir: str) 
         steps = []
         for engine in (moving, plain):
             counts = global_counts(engine, batch["response_mask"])
-            steps.append(dataclasses.asdict(engine.train_step(batch, Actor(engine, cfg)._loss_fn(counts), 2)))
+            steps.append(
+                dataclasses.asdict(engine.train_step(batch, Actor(engine, cfg)._loss_fn(counts, batch), 2))
+            )
         r["step_equal"] = steps[0] == steps[1]
         r["parked_after_step"] = set(moving._offload.parked)
         r["optimizer_tensors"] = len(moving._offload.host_copies("optimizer"))  # Adam's moments, after a step
@@ -297,7 +299,9 @@ def cuda_worker(rank: int, init_method: str, model_path: str, out_dir: str) -> N
         steps = []
         for engine in (moving, plain):
             counts = global_counts(engine, batch["response_mask"])
-            steps.append(dataclasses.asdict(engine.train_step(batch, Actor(engine, cfg)._loss_fn(counts), 2)))
+            steps.append(
+                dataclasses.asdict(engine.train_step(batch, Actor(engine, cfg)._loss_fn(counts, batch), 2))
+            )
         r["steps"] = steps
         updates = [Actor(e, cfg).update(batch) for e in (moving, plain)]
         r["updates"] = updates

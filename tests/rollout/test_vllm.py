@@ -223,12 +223,11 @@ def test_lora_adapters_served_on_the_base_weights_give_the_peft_models_log_probs
     """actor.lora.rollout_sync=adapter: the engine keeps the folder's base weights and serves each new PEFT
     adapter folder in place of the last; its log-probs are those of base + adapters (PEFT), in generate and in
     the agent loop's turn engine."""
-    from types import SimpleNamespace
-
+    from tandem.config.schema_engine import LoraConfig
     from tandem.engine.fsdp import lora
 
     served = start(tiny_dir, lora_rank=4)  # served with vLLM's max_lora_rank 8
-    settings = SimpleNamespace(rank=4, alpha=8.0, dropout=0.0, target_modules=["all-linear"])
+    settings = LoraConfig(rank=4, alpha=8.0, dropout=0.0, target_modules=["all-linear"])
     model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32).eval()
     lora.inject(model, settings, seed=0)
     base = served.generate(prompts, SAMPLED)  # no adapter yet: the base model, B = 0 or not
