@@ -394,3 +394,16 @@ def test_tandem_sft_says_the_dump_folders_have_no_effect(char_folders, tmp_path,
     assert message.startswith(
         "trainer.rollout_data_dir has no effect in tandem sft: SFT trains on the dataset's"
     )
+
+
+def test_tandem_sft_refuses_the_rl_data_classes_it_would_not_read(char_folders, tmp_path):
+    rows = [{"prompt": [{"role": "user", "content": "2 + 3"}], "response": "is 5", "data_source": "x"}] * 4
+    data = write_rows(rows, tmp_path / "sft.parquet")
+    (tmp_path / "mine.py").write_text("class Mine:\n    pass\n")
+    folders = {"model": char_folders["qwen2"], "train": data, "val": data}
+    for key in ("custom_dataset", "sampler"):
+        cfg = run_config(
+            folders, tmp_path, "sft", f"data.{key}_file={tmp_path / 'mine.py'}", f"data.{key}_class=Mine"
+        )
+        with pytest.raises(ConfigError, match=f"data.{key}_file=.* is read by RL training"):
+            SFTTrainer(cfg)

@@ -45,6 +45,15 @@ class SFTTrainer(Trainer):
                 "(set data.truncation=error or right)"
             )
         check_model_folders(cfg, "sft")
+        for key in (
+            "custom_dataset_file",
+            "sampler_file",
+        ):  # RL training's (tandem train): never silently dropped
+            if getattr(d, key):
+                raise ConfigError(
+                    f"data.{key}={getattr(d, key)} is read by RL training (tandem train); tandem sft trains on the "
+                    "parquet rows of data.train_files in the order of data.shuffle and data.seed. Remove it"
+                )
         for key in ("rollout_data_dir", "validation_data_dir"):
             if getattr(cfg.trainer, key):
                 logger.warning(
