@@ -189,10 +189,13 @@ def _preset_and_overrides(args: argparse.Namespace, default: str) -> tuple[str, 
 
 
 def is_verl_override(text: str) -> bool:
-    """Whether `key=value` uses one of verl's keys (config/verl_keys.py)."""
+    """Whether `key=value` uses a key only verl has (config/verl_keys.py): one Tandem's schema has as well
+    (trainer.device) says nothing of whose command line it is, and must not put verl's defaults under a Tandem one."""
+    from tandem.config.verl import is_tandem_key
     from tandem.config.verl_keys import is_verl_key
 
-    return is_verl_key(text.partition("=")[0].strip().lstrip("+"))
+    key = text.partition("=")[0].strip().lstrip("+")
+    return is_verl_key(key) and not is_tandem_key(key)
 
 
 def is_verl_sft_override(text: str) -> bool:

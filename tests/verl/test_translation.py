@@ -373,3 +373,17 @@ def test_verls_sft_yamls_load_over_their_own_trainers_defaults():
         (0.9, 0.95),
     )
     assert not older.actor.sequence_packing
+
+
+def test_a_tandem_command_line_with_a_key_verl_has_too_keeps_tandems_preset(capsys):
+    """trainer.device is a key of both: `tandem config trainer.device=cpu` is GRPO's preset with it, not verl's
+    defaults under it (and a line with a verl-only key still is verl's)."""
+    assert main(["config", "trainer.device=cpu"]) == 0
+    out = capsys.readouterr()
+    assert (
+        "tandem config verl" not in out.err
+        and yaml.safe_load(out.out)["algorithm"]["adv_estimator"] == "grpo"
+    )
+    assert main(["config", "trainer.device=cpu", "trainer.n_gpus_per_node=1"]) == 0
+    out = capsys.readouterr()
+    assert "tandem config verl" in out.err and yaml.safe_load(out.out)["algorithm"]["adv_estimator"] == "gae"
