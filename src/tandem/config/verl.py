@@ -25,7 +25,7 @@ from tandem.config.verl_removed import Trainer, old_defaults, removed_key, remov
 from tandem.config.verl_rules import Rule, UnsupportedValue
 from tandem.config.verl_sft_keys import SFT_KEYS, SFT_ONLY_PREFIXES, sft_rule_key
 from tandem.config.verl_values import hydra_value
-from tandem.config.yaml_io import dotted_leaves, parse_scalar
+from tandem.config.yaml_io import dotted_leaves, is_true, parse_scalar
 
 # keys of a verl YAML not read: verl writes its own default there, which would not suit Tandem
 _TREE_DROPS = {
@@ -170,7 +170,7 @@ def translate_overrides(
             if target in _ANY_OF and target in combined:  # the second of param / optimizer offload
                 i = combined[target]
                 previous = out.overrides[i].partition("=")[2]
-                if _truthy(tandem_text.partition("=")[2]) or not _truthy(previous):
+                if is_true(tandem_text.partition("=")[2]) or not is_true(previous):
                     out.overrides[i] = tandem_text
                 continue
             if target in _ANY_OF:
@@ -451,10 +451,6 @@ def _override_text(value: Any) -> str:
     if isinstance(value, str):
         return value
     return json.dumps(value)
-
-
-def _truthy(text: str) -> bool:
-    return str(parse_scalar(text.strip())).lower() == "true"
 
 
 def _count(n: int, noun: str) -> str:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from tandem.config.yaml_io import parse_scalar
+from tandem.config.yaml_io import is_true, parse_scalar
 
 _ROLES = {
     "actor_rollout_ref.actor.megatron.": "actor.megatron.dist_checkpoint",
@@ -28,10 +28,6 @@ _ROLES = {
 USE, PATH = "use_dist_checkpointing", "dist_checkpointing_path"
 DIST_KEYS = {prefix + name for prefix in _ROLES for name in (USE, PATH)}
 REFERENCE = "the reference is the actor's starting weights (actor.megatron.dist_checkpoint)"
-
-
-def _on(text: str | None) -> bool:
-    return str(parse_scalar((text or "false").strip())).lower() == "true"
 
 
 def _folder(text: str | None) -> str:
@@ -45,7 +41,7 @@ def read_dist_checkpoint(out: Any, text: str, given: Mapping[str, str]) -> None:
     key = text.lstrip("+").partition("=")[0].strip()
     prefix = key[: -len(USE)] if key.endswith(USE) else key[: -len(PATH)]
     target, reference = _ROLES[prefix], prefix.startswith("actor_rollout_ref.ref.")
-    on, folder = _on(given.get(prefix + USE)), _folder(given.get(prefix + PATH))
+    on, folder = is_true(given.get(prefix + USE)), _folder(given.get(prefix + PATH))
     shown = text.lstrip("+")
     if key.endswith(USE):
         if not on:
@@ -64,7 +60,7 @@ def read_dist_checkpoint(out: Any, text: str, given: Mapping[str, str]) -> None:
         out.no_effect.append((shown, f"verl reads it only with {prefix + USE}=True"))
     elif reference:
         actor = "actor_rollout_ref.actor.megatron."
-        actor_folder = _folder(given.get(actor + PATH)) if _on(given.get(actor + USE)) else ""
+        actor_folder = _folder(given.get(actor + PATH)) if is_true(given.get(actor + USE)) else ""
         if folder == actor_folder:
             out.mapped.append((shown, f"(the same as {target})", REFERENCE))
         else:

@@ -79,6 +79,11 @@ def parse_scalar(text: str) -> Any:
         return text
 
 
+def is_true(text: str | None) -> bool:
+    """Whether a command line's value text reads as true (`True`, `true`); None (not given) is false."""
+    return str(parse_scalar((text or "false").strip())).lower() == "true"
+
+
 def dotted_leaves(tree: Mapping[str, Any], prefix: str = "") -> Iterable[tuple[str, Any]]:
     """(dotted key, value) of every leaf of a nested mapping; an empty mapping is a leaf (`{}`)."""
     for key, value in tree.items():
