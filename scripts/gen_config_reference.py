@@ -1,7 +1,7 @@
 """Write docs/config-reference.md, the configuration reference, from the code that defines the config.
 
 Every key of `tandem.config.schema` with its type, default, the comment beside it in schema.py, the
-values the bundled presets (config/presets/*.yaml) give it, and the verl (config/verl_keys.py) and TRL
+values the bundled presets (config/presets/*.yaml) give it, and the verl (config/verl/keys.py) and TRL
 (config/foreign_names.py) names that map to it. Run it after changing any of those:
 
     make config-reference        # or: python scripts/gen_config_reference.py
@@ -26,8 +26,8 @@ import yaml
 
 from tandem.config import schema
 from tandem.config.foreign_names import TRL
-from tandem.config.verl import is_tandem_key
-from tandem.config.verl_keys import VERL_KEYS, VERL_SECTIONS, verl_rule
+from tandem.config.verl.keys import VERL_KEYS, VERL_SECTIONS, verl_rule
+from tandem.config.verl.translate import is_tandem_key
 
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "config-reference.md"
@@ -43,7 +43,7 @@ HEADER = f"""# Configuration reference
 
 Every key of a Tandem config, section by section, generated from `src/tandem/config/schema.py` and
 `schema_engine.py` (the type, the default and the comment beside each field), the bundled presets
-(`src/tandem/config/presets/`), verl's key table (`src/tandem/config/verl_keys.py`) and the TRL
+(`src/tandem/config/presets/`), verl's key table (`src/tandem/config/verl/keys.py`) and the TRL
 argument names the "unknown key" error points from (`src/tandem/config/foreign_names.py`).
 How overrides, presets and verl's command lines are read: [Configuration](configuration.md).
 

@@ -1,6 +1,6 @@
-"""Writes src/tandem/config/verl_defaults.json: verl's default value of every key of its configs, composed by Hydra
+"""Writes src/tandem/config/verl/defaults.json: verl's default value of every key of its configs, composed by Hydra
 from verl's config folder (tests/verl/data/verl_config, verl/trainer/config at the commit the project tracks).
-config/verl_defaults.py reads it: the verl translation accepts a key given at verl's own default value
+config/verl/defaults.py reads it: the verl translation accepts a key given at verl's own default value
 (`trainer.default_hdfs_dir=null`) as if it were absent. tests/verl/test_verl_defaults.py fails when it is stale.
 
     python scripts/gen_verl_defaults.py
@@ -11,11 +11,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tandem.config.verl_yaml import compose
+from tandem.config.verl.hydra_yaml import compose
 from tandem.config.yaml_io import dotted_leaves
 
 ROOT = Path(__file__).resolve().parents[1]
-OUT = ROOT / "src/tandem/config/verl_defaults.json"
+OUT = ROOT / "src/tandem/config/verl/defaults.json"
 VERL_CONFIG = ROOT / "tests/verl/data/verl_config"
 # the table each command line's keys are read by: (name, verl's configs it unites)
 TABLES = (

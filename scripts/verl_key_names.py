@@ -1,11 +1,11 @@
-"""Write src/tandem/config/verl_names.py: the dotted keys of verl's trainer, megatron and SFT configs.
+"""Write src/tandem/config/verl/names.py: the dotted keys of verl's trainer, megatron and SFT configs.
 
-    python scripts/verl_key_names.py VERL_CHECKOUT > src/tandem/config/verl_names.py
+    python scripts/verl_key_names.py VERL_CHECKOUT > src/tandem/config/verl/names.py
 
 Read from verl's generated configs (verl/trainer/config/_generated_ppo_trainer.yaml,
 _generated_ppo_megatron_trainer.yaml) and its SFT configs (sft_trainer.yaml, sft_trainer_engine.yaml with the
 model / engine / optim files it names): the keys' names only, as facts; Tandem uses them to tell a verl key it
-does not support from a misspelled one (config/verl.py).
+does not support from a misspelled one (config/verl/translate.py).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def main(root: str) -> int:
         groups[head].append(last)
     print('"""The dotted keys of verl\'s configs (trainer, megatron, SFT; verl b178a3c), written by')
     print(
-        "scripts/verl_key_names.py: names only. config/verl.py tells by them a verl key Tandem does not support"
+        "scripts/verl_key_names.py: names only. config/verl/translate.py tells by them a verl key Tandem does not support"
     )
     print('from a misspelled one."""')
     print()

@@ -222,3 +222,38 @@ def test_no_source_file_is_over_600_lines():
         if (n := len(p.read_text().splitlines())) > MAX_LINES
     }
     assert long == {}
+
+
+# config/verl/ is the verl translation, a package of its own inside config/ (docs/DESIGN.md): the rest of Tandem
+# reads it through its face (`tandem.config.verl`), never a table or rule inside it, and it reads config's
+# schema and helpers, never the loader or the checks that use it.
+VERL = "tandem.config.verl"
+VERL_READS = {"tandem.config.coerce", "tandem.config.errors", "tandem.config.schema", "tandem.config.yaml_io"}
+
+
+def _verl_face_breaches(graph: dict[str, set[str]]) -> list[str]:
+    inside = {m for m in graph if m == VERL or m.startswith(VERL + ".")}
+    out = [f"{a} imports {b}" for a in graph if a not in inside for b in graph[a] if b.startswith(VERL + ".")]
+    out += [
+        f"{a} imports {b}"
+        for a in inside
+        for b in graph[a]
+        if _package(b) == "config" and b not in inside and b not in VERL_READS
+    ]
+    return sorted(out)
+
+
+def test_the_verl_translation_is_read_through_its_face():
+    assert _verl_face_breaches(GRAPH) == []
+
+
+def test_the_verl_face_check_finds_one():
+    graph = {
+        "tandem.cli": {"tandem.config.verl", "tandem.config.verl.keys"},
+        "tandem.config.verl": {"tandem.config.verl.keys"},
+        "tandem.config.verl.keys": {"tandem.config.schema", "tandem.config.loader"},
+    }
+    assert _verl_face_breaches(graph) == [
+        "tandem.cli imports tandem.config.verl.keys",
+        "tandem.config.verl.keys imports tandem.config.loader",
+    ]

@@ -17,7 +17,7 @@
 
 verl's keys and Hydra flags are read as Tandem's: `tandem train actor_rollout_ref.model.path=DIR ...`
 or `tandem train --config-path DIR --config-name NAME ...` (the base is then the `verl` preset, verl's
-defaults); the run prints the translation once (tandem/config/verl.py).
+defaults); the run prints the translation once (tandem/config/verl/translate.py).
     tandem presets                                  list the bundled presets
     tandem data TASK OUT_DIR [--n-train N] [--n-val N] [--seed S]   write a synthetic task
     tandem view RUN_DIR [RUN_DIR ...] [--port N] [--static OUT.html]   a local page of runs: curves, samples
@@ -168,7 +168,7 @@ def _preset_and_overrides(args: argparse.Namespace, default: str) -> tuple[str, 
     if "=" in preset:  # `tandem config a.b=1`: an override, not a preset name
         preset, overrides = default, [preset, *overrides]
         if any(is_verl_sft_override(o) for o in overrides):  # verl's SFT command line: its trainer's defaults
-            from tandem.config.sft_trainers import verl_sft_preset
+            from tandem.config.verl import verl_sft_preset
 
             preset = verl_sft_preset(o.partition("=")[0].strip() for o in overrides)
         elif any(is_verl_override(o) for o in overrides):  # a verl command line: verl's defaults under it
@@ -189,17 +189,16 @@ def _preset_and_overrides(args: argparse.Namespace, default: str) -> tuple[str, 
 
 
 def is_verl_override(text: str) -> bool:
-    """Whether `key=value` uses a key only verl has (config/verl_keys.py): one Tandem's schema has as well
+    """Whether `key=value` uses a key only verl has (config/verl/keys.py): one Tandem's schema has as well
     (trainer.device) says nothing of whose command line it is, and must not put verl's defaults under a Tandem one."""
-    from tandem.config.verl import is_tandem_key
-    from tandem.config.verl_keys import is_verl_key
+    from tandem.config.verl import is_tandem_key, is_verl_key
 
     key = text.partition("=")[0].strip().lstrip("+")
     return is_verl_key(key) and not is_tandem_key(key)
 
 
 def is_verl_sft_override(text: str) -> bool:
-    """Whether `key=value` uses a key only verl's SFT trainers have (config/verl_sft_keys.py)."""
+    """Whether `key=value` uses a key only verl's SFT trainers have (config/verl/sft_keys.py)."""
     from tandem.config.verl import is_verl_sft_key
 
     return is_verl_sft_key(text.partition("=")[0].strip().lstrip("+"))

@@ -8,7 +8,7 @@ import pytest
 
 from tandem.config import ConfigError, load_config
 from tandem.config.generate import load_generate_config
-from tandem.config.verl import translate_overrides, translate_tree
+from tandem.config.verl.translate import translate_overrides, translate_tree
 
 GENERATE = ["model.path=/m", "data.path=/d.parquet", "data.output_path=/o.parquet"]
 

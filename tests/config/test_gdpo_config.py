@@ -3,7 +3,7 @@ keys and the fix."""
 
 from config_helpers import error_of, load
 
-from tandem.config.verl import translate_overrides
+from tandem.config.verl.translate import translate_overrides
 
 GDPO = "algorithm.adv_estimator=gdpo"
 

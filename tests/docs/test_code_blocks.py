@@ -25,7 +25,7 @@ import pytest
 
 from tandem.cli import is_verl_sft_override
 from tandem.config import ConfigError, load_config
-from tandem.config.sft_trainers import verl_sft_preset
+from tandem.config.verl.sft_trainers import verl_sft_preset
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = [*sorted((ROOT / "docs").glob("*.md")), ROOT / "README.md"]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from tandem.config.verl import translate_overrides
+from tandem.config.verl.translate import translate_overrides
 from tandem.engine import kernels
 from tandem.models.tiny import save_tiny
 

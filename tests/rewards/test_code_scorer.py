@@ -17,7 +17,7 @@ import pytest
 from test_manager import CharTokenizer, make_batch
 
 from tandem.config import ConfigError, load_config
-from tandem.config.verl import translate_overrides
+from tandem.config.verl.translate import translate_overrides
 from tandem.rewards import RewardManager
 from tandem.rewards.from_config import code_scorer_kwargs
 from tandem.rewards.scorers.code import check_code_truth, code_score, extract_code, run_local

@@ -12,7 +12,7 @@ import torch
 
 from tandem.config import ConfigError, load_config
 from tandem.config.schema import NSIGHT_WORKER_OPTIONS
-from tandem.config.verl import translate_overrides
+from tandem.config.verl.translate import translate_overrides
 from tandem.roles.layout import build_worker_groups, nsight_options
 from tandem.roles.profile import PhaseProfiler
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from tandem.config import ConfigError, load_config
-from tandem.config.verl import translate_overrides
+from tandem.config.verl.translate import translate_overrides
 from tandem.models.tiny_families import family_config
 from tandem.rollout.vllm_models import (
     CPU_ATTENTION_HEAD_SIZES,

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from tandem.config import ConfigError, load_config
-from tandem.config.verl import translate_overrides
+from tandem.config.verl.translate import translate_overrides
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the rewards' test helpers
 from rewards.test_manager import CharTokenizer, make_batch

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from tandem.config.verl import _reads_as_verl, _rule, is_tandem_key, translate_overrides
-from tandem.config.verl_extra_keys import EXTRA_KEYS
-from tandem.config.verl_generation_keys import generation_rule
+from tandem.config.verl.extra_keys import EXTRA_KEYS
+from tandem.config.verl.generation_keys import generation_rule
+from tandem.config.verl.translate import _reads_as_verl, _rule, is_tandem_key, translate_overrides
 
 from .verl_config import composed
 from .verl_keys_script import load_generator
@@ -24,7 +24,7 @@ def _keys(name: str) -> list[str]:
 
 
 def _has_rule(key: str, sft: bool) -> bool:
-    """As config/verl.py reads a key: a verl key with a rule, or a key Tandem has with verl's meaning."""
+    """As config/verl/translate.py reads a key: a verl key with a rule, or a key Tandem has with verl's meaning."""
     if _reads_as_verl(key, sft):
         return _rule(key, sft) is not None
     return is_tandem_key(key)

@@ -11,7 +11,7 @@ from tandem.cli import main
 from tandem.config import ConfigError, load_config
 from tandem.config.checks.megatron import resolved_overrides
 from tandem.config.schema import MegatronConfig
-from tandem.config.verl import translate_overrides
+from tandem.config.verl.translate import translate_overrides
 
 from .megatron_scripts import MEGATRON_SCRIPTS
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tandem.config.verl import translate_overrides
+from tandem.config.verl.translate import translate_overrides
 
 from .verl_config import composed
 

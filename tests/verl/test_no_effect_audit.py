@@ -17,13 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from tests.verl.keys_index import GENERATION_INDEX, RL_INDEX, SFT_INDEX
 
-from tandem.config.verl import translate_overrides
-from tandem.config.verl_defaults import RL_DEFAULTS, SFT_DEFAULTS
-from tandem.config.verl_generation_keys import GENERATION_KEYS, GENERATION_PATTERNS
-from tandem.config.verl_keys import ENGINE_KWARGS, VERL_KEYS, VERL_PATTERNS, verl_rule
-from tandem.config.verl_keys_index import GENERATION_INDEX, RL_INDEX, SFT_INDEX
-from tandem.config.verl_sft_keys import SFT_KEYS
+from tandem.config.verl.defaults import RL_DEFAULTS, SFT_DEFAULTS
+from tandem.config.verl.generation_keys import GENERATION_KEYS, GENERATION_PATTERNS
+from tandem.config.verl.keys import ENGINE_KWARGS, VERL_KEYS, VERL_PATTERNS, verl_rule
+from tandem.config.verl.sft_keys import SFT_KEYS
+from tandem.config.verl.translate import translate_overrides
 
 from .verl_keys_script import load_generator
 

@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from tandem.config import ConfigError, load_config
-from tandem.config.verl import translate_overrides
-from tandem.config.verl_keys import VERL_KEYS
+from tandem.config.verl.keys import VERL_KEYS
+from tandem.config.verl.translate import translate_overrides
 from tandem.rewards import ManagerClassRewards, RewardManager, reward_manager_from_config
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the rewards' and the trainer's test helpers

@@ -13,8 +13,8 @@ import torch
 
 from tandem.cli import main
 from tandem.config import ConfigError, load_config
-from tandem.config.sft_trainers import SFT_TRAINER_ONLY, sft_trainer_of, verl_sft_preset
-from tandem.config.verl import translate_overrides
+from tandem.config.verl.sft_trainers import SFT_TRAINER_ONLY, sft_trainer_of, verl_sft_preset
+from tandem.config.verl.translate import translate_overrides
 from tandem.data.synthetic import write_rows
 from tandem.models.tiny import save_tiny
 from tandem.roles.engines import role_engine

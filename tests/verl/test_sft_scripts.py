@@ -9,7 +9,7 @@ import pytest
 
 from tandem.cli import main
 from tandem.config import ConfigError, load_config
-from tandem.config.verl import translate_overrides
+from tandem.config.verl.translate import translate_overrides
 from tandem.data import SFTDataset
 from tandem.data.synthetic import write_rows
 from tandem.models.tiny import save_tiny

@@ -13,8 +13,8 @@ import yaml
 from tandem.cli import hydra_flags_first, main
 from tandem.config import ConfigError, config_to_dict, load_config
 from tandem.config.loader import verl_yaml_to_tandem
-from tandem.config.verl import translate_overrides, translate_tree
-from tandem.config.verl_yaml import compose
+from tandem.config.verl.hydra_yaml import compose
+from tandem.config.verl.translate import translate_overrides, translate_tree
 
 from .scripts import MULTITURN_GSM8K_CONFIG, SCRIPTS
 

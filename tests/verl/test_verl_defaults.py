@@ -13,7 +13,7 @@ import pytest
 
 from tandem.config import load_config
 from tandem.config.generate import generate_layout, load_generate_config, translate_generation_overrides
-from tandem.config.verl import translate_overrides
+from tandem.config.verl.translate import translate_overrides
 from tandem.config.yaml_io import dotted_leaves
 from tandem.models.tiny import save_tiny
 
@@ -60,8 +60,8 @@ def test_the_defaults_table_is_up_to_date():
     )
     generator = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(generator)
-    assert (ROOT / "src/tandem/config/verl_defaults.json").read_text() == generator.render(), (
-        "src/tandem/config/verl_defaults.json is stale: run `python scripts/gen_verl_defaults.py`"
+    assert (ROOT / "src/tandem/config/verl/defaults.json").read_text() == generator.render(), (
+        "src/tandem/config/verl/defaults.json is stale: run `python scripts/gen_verl_defaults.py`"
     )
 
 
@@ -114,7 +114,7 @@ def test_all_of_verls_defaults_at_once_load_over_verls_own_yaml(name, model):
     overrides = with_paths(default_overrides(name), model)
     quiet = {"on_verl": lambda translation: None, "sft": sft}
     # trainer.device=cuda given on a command line asks for CUDA; verl's YAML says cuda whatever the machine, and
-    # Tandem reads the YAML's as the preset's auto (config/verl.py _TREE_DROPS)
+    # Tandem reads the YAML's as the preset's auto (config/verl/translate.py _TREE_DROPS)
     given = load_config(path, [o for o in overrides if o != "trainer.device=cuda"], **quiet)
     paths_only = load_config(path, [o for o in overrides if o.partition("=")[0].endswith(PATH_KEYS)], **quiet)
     assert given == paths_only

@@ -1,4 +1,4 @@
-"""verl's megatron distributed checkpoint keys (config/verl_dist_checkpoint.py): a role's
+"""verl's megatron distributed checkpoint keys (config/verl/dist_checkpoint.py): a role's
 use_dist_checkpointing and dist_checkpointing_path read together into actor.megatron.dist_checkpoint /
 critic.megatron_dist_checkpoint; the refusals; Tandem's own keys' checks (config and start-up)."""
 

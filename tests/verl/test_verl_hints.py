@@ -1,4 +1,4 @@
-"""What Tandem says of a verl key no rule covers (config/verl_hints.py): a key verl has, now or in a release of the
+"""What Tandem says of a verl key no rule covers (config/verl/hints.py): a key verl has, now or in a release of the
 last year, is never called "not a key of verl's config"; a "Did you mean" names only a key of verl's config or of
 Tandem's. Checked over every key of verl's current configs and near-miss spellings of each (a letter dropped, two
 letters swapped)."""
@@ -9,10 +9,10 @@ import re
 
 import pytest
 
-from tandem.config.verl import is_tandem_key, translate_overrides
-from tandem.config.verl_defaults import GENERATION_DEFAULTS, RL_DEFAULTS, SFT_DEFAULTS
-from tandem.config.verl_hints import is_verl_config_key, unknown_verl_key_message
-from tandem.config.verl_removed_keys import REMOVED_GENERATION, REMOVED_PPO, REMOVED_SFT
+from tandem.config.verl.defaults import GENERATION_DEFAULTS, RL_DEFAULTS, SFT_DEFAULTS
+from tandem.config.verl.hints import is_verl_config_key, unknown_verl_key_message
+from tandem.config.verl.removed_keys import REMOVED_GENERATION, REMOVED_PPO, REMOVED_SFT
+from tandem.config.verl.translate import is_tandem_key, translate_overrides
 
 TABLES = {False: RL_DEFAULTS, True: SFT_DEFAULTS}  # sft -> verl's current keys of that trainer
 HINT = re.compile(r"Did you mean '([^']+)'\?")

@@ -1,6 +1,6 @@
 """Every key of verl's configs can be found by grepping its exact name: written in a table of src/tandem/config/
-(config/verl_keys.py and the tables it merges), or, where a rule for many keys covers it (a glob, a subtree, a
-renamed section), in the generated index config/verl_keys_index.py, which must be current."""
+(config/verl/keys.py and the tables it merges), or, where a rule for many keys covers it (a glob, a subtree, a
+renamed section), in the generated index tests/verl/keys_index.py, which must be current."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from tandem.config.verl import _reads_as_verl
-from tandem.config.verl_extra_keys import EXTRA_KEYS
-from tandem.config.verl_keys import VERL_KEYS
-from tandem.config.verl_megatron_keys import MEGATRON_KEYS
+from tandem.config.verl.extra_keys import EXTRA_KEYS
+from tandem.config.verl.keys import VERL_KEYS
+from tandem.config.verl.megatron_keys import MEGATRON_KEYS
+from tandem.config.verl.translate import _reads_as_verl
 
 from .verl_keys_script import ROOT, load_generator
 
@@ -57,7 +57,7 @@ def test_a_table_key_no_line_names_is_refused(generator, monkeypatch):
 
 def test_no_key_is_in_two_tables():
     """VERL_KEYS is its literal and the megatron and extra tables merged: a key in two would hide one rule."""
-    source = (ROOT / "src/tandem/config/verl_keys.py").read_text()
+    source = (ROOT / "src/tandem/config/verl/keys.py").read_text()
     table = next(
         node.value
         for node in ast.parse(source).body

@@ -1,4 +1,4 @@
-"""Keys verl had in its releases of the last year and has since removed (config/verl_removed_keys.py, generated from
+"""Keys verl had in its releases of the last year and has since removed (config/verl/removed_keys.py, generated from
 the releases' composed configs in data/verl_release_keys.json): at their old default accepted as if absent, with a
 note; at another value refused, naming the key, the release that last had it and verl's key for it now. Checked
 over the whole table, for verl's PPO and SFT command lines, and over a whole older release's config tree."""
@@ -15,9 +15,9 @@ import pytest
 
 from tandem.config import ConfigError, load_config
 from tandem.config.generate import translate_generation_overrides
-from tandem.config.verl import _rule, translate_overrides, translate_tree
-from tandem.config.verl_removed import removed_key
-from tandem.config.verl_removed_keys import RELEASES, REMOVED_GENERATION, REMOVED_PPO, REMOVED_SFT
+from tandem.config.verl.removed import removed_key
+from tandem.config.verl.removed_keys import RELEASES, REMOVED_GENERATION, REMOVED_PPO, REMOVED_SFT
+from tandem.config.verl.translate import _rule, translate_overrides, translate_tree
 
 from .test_verl_defaults import hydra_text
 
@@ -55,8 +55,8 @@ def another_value(defaults: tuple) -> str:
 
 
 def test_the_table_is_up_to_date():
-    assert (ROOT / "src/tandem/config/verl_removed_keys.py").read_text() == generator().render(), (
-        "src/tandem/config/verl_removed_keys.py is stale: run `python scripts/gen_verl_removed_keys.py`"
+    assert (ROOT / "src/tandem/config/verl/removed_keys.py").read_text() == generator().render(), (
+        "src/tandem/config/verl/removed_keys.py is stale: run `python scripts/gen_verl_removed_keys.py`"
     )
 
 

@@ -7,7 +7,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from tandem.config.verl_yaml import compose
+from tandem.config.verl.hydra_yaml import compose
 
 VERL_CONFIG = Path(__file__).parent / "data" / "verl_config"  # what a user's --config-path names
 

@@ -1,7 +1,7 @@
 """Argument names people bring from TRL, and the Tandem key to use instead.
 
 Only used to word the "unknown key" error: TRL's flat `GRPOConfig` / `TrainingArguments` names are
-not read as Tandem's. verl's keys are read as Tandem's (config/verl.py, config/verl_keys.py).
+not read as Tandem's. verl's keys are read as Tandem's (config/verl/translate.py, config/verl/keys.py).
 """
 
 from __future__ import annotations

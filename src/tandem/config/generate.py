@@ -1,8 +1,8 @@
 """`tandem generate`'s config: n samples per prompt of a parquet file, written out as verl's
-`main_generation` writes them (the work is `trainer/generate.py`).
+`main_generation` writes them (the work is `commands/generate.py`).
 
 Its keys are flat (`model_path=DIR n=4`); a dotted key (`data.n_samples=4`, `rollout.top_p=0.7`) is
-one of verl's `main_generation` keys, translated by the table in `config/verl_generation_keys.py`. A
+one of verl's `main_generation` keys, translated by the table in `config/verl/generation_keys.py`. A
 command line with verl's keys starts from verl's defaults (`VERL_GENERATION_DEFAULTS`).
 """
 
@@ -17,11 +17,17 @@ import yaml
 
 from tandem.config.coerce import parse_into
 from tandem.config.errors import ConfigError, Problems
-from tandem.config.verl import VerlTranslation, _apply_rule, accept_default, accept_old_default
-from tandem.config.verl_defaults import GENERATION_DEFAULTS
-from tandem.config.verl_generation_keys import VERL_GENERATION_DEFAULTS, generation_rule
-from tandem.config.verl_removed import removed_key_message
-from tandem.config.verl_rules import UnsupportedValue
+from tandem.config.verl import (
+    GENERATION_DEFAULTS,
+    VERL_GENERATION_DEFAULTS,
+    UnsupportedValue,
+    VerlTranslation,
+    accept_default,
+    accept_old_default,
+    apply_rule,
+    generation_rule,
+    removed_key_message,
+)
 from tandem.config.yaml_io import parse_scalar, read_yaml
 from tandem.models.chat_template import template_kwargs_problems
 
@@ -100,13 +106,13 @@ def translate_generation_overrides(overrides: Iterable[str]) -> VerlTranslation:
                         key,
                         removed_key_message(key, "generation", value_text)
                         or f"{key}: a key verl's main_generation config (generation.yaml) does not have, or one "
-                        "Tandem does not support (tandem/config/verl_generation_keys.py); tandem generate's own "
+                        "Tandem does not support (tandem/config/verl/generation_keys.py); tandem generate's own "
                         "keys are flat: model_path, data_path, n, ... (`tandem generate --help`)",
                     )
                 )
             continue
         try:
-            pairs = _apply_rule(key, rule, value_text)
+            pairs = apply_rule(key, rule, value_text)
         except UnsupportedValue as err:
             old_default = accept_old_default(out.no_effect, text, "generation")
             if not old_default and not accept_default(out, text, GENERATION_DEFAULTS, rule.note or str(err)):

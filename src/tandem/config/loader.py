@@ -24,16 +24,17 @@ from tandem.config.coerce import (
 )
 from tandem.config.errors import ConfigError, Problems, closest
 from tandem.config.schema import TandemConfig
-from tandem.config.sft_trainers import verl_sft_preset
 from tandem.config.validate import finalize
 from tandem.config.verl import (
     VerlTranslation,
+    compose,
     layout_problems,
+    looks_like_verl,
     translate_overrides,
     translate_tree,
+    verl_sft_preset,
     verl_sizes,
 )
-from tandem.config.verl_yaml import compose, looks_like_verl
 from tandem.config.yaml_io import deep_merge, dotted_keys, read_yaml
 
 PRESET_DIR = Path(__file__).parent / "presets"
@@ -55,11 +56,11 @@ def load_config(
 ) -> TandemConfig:
     """A validated config from a preset name or YAML path (None = schema defaults) and `key=value` overrides.
 
-    verl's keys are read as Tandem's (config/verl.py), and a verl YAML file is composed with its
+    verl's keys are read as Tandem's (config/verl/translate.py), and a verl YAML file is composed with its
     `defaults:` over the `verl` preset; `on_verl` then gets the translation (default: logged).
     With `require_data=True` the training files must be given (and exist): use it when about to train.
     `gpus_per_node`: the GPUs workers_per_node=auto takes per node (None: counted, config/gpus.py).
-    `sft`: verl keys are those of verl's SFT trainers (config/verl_sft_keys.py); a verl SFT YAML (with top-level
+    `sft`: verl keys are those of verl's SFT trainers (config/verl/sft_keys.py); a verl SFT YAML (with top-level
     `model:` / `optim:` sections) is read so without it, over its trainer's preset (`verl_sft_engine` for
     sft_trainer_engine.yaml, `verl_sft` for fsdp_sft_trainer's sft_trainer.yaml).
     Raises ConfigError listing every problem found.

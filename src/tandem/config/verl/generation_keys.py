@@ -2,7 +2,7 @@
 `tandem generate`: the table `config/generate.py` reads.
 
 Each key maps to a key of `GenerateConfig` (its value converted where the two differ), has no effect
-(with the reason), or is unsupported (with what to do instead), as in `config/verl_keys.py`. The
+(with the reason), or is unsupported (with what to do instead), as in `config/verl/keys.py`. The
 defaults a verl command line starts from are verl's (`VERL_GENERATION_DEFAULTS`), so that a verl script
 gets verl's numbers.
 """
@@ -12,8 +12,8 @@ from __future__ import annotations
 import fnmatch
 from typing import Any
 
-from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect, unsupported
-from tandem.config.verl_values import chat_template_kwargs
+from tandem.config.verl.rules import Rule, UnsupportedValue, maps, no_effect, unsupported
+from tandem.config.verl.values import chat_template_kwargs
 
 # generation.yaml's values, in GenerateConfig's keys (its other keys are GPU-engine settings with no effect)
 VERL_GENERATION_DEFAULTS: dict[str, Any] = {

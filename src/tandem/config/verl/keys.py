@@ -1,4 +1,4 @@
-"""verl's configuration keys and what each means in Tandem: the table `config/verl.py` reads.
+"""verl's configuration keys and what each means in Tandem: the table `config/verl/translate.py` reads.
 
 A verl key either *maps* (it is read as a Tandem key, its value converted where the two differ), has
 *no effect* (Tandem accepts it and says why nothing needs it: a GPU-memory knob of a library Tandem
@@ -9,9 +9,9 @@ error, never a guess at a Tandem key. Keys verl and Tandem share (`data.train_ba
 `algorithm.gamma`, `trainer.total_epochs`, ...) need no entry.
 
 Every key of verl's own configs with a rule of its own is written out here, in the megatron and extra tables
-merged below, or in verl_sft_keys.py / verl_generation_keys.py; a key a rule for many keys covers (a glob of
+merged below, or in sft_keys.py / generation_keys.py; a key a rule for many keys covers (a glob of
 VERL_PATTERNS, a subtree, a renamed section) is listed with the rule it resolves to in the generated
-verl_keys_index.py (scripts/gen_verl_keys.py). So grepping an exact key of verl's configs finds its line.
+tests/verl/keys_index.py (scripts/gen_verl_keys.py). So grepping an exact key of verl's configs finds its line.
 
 The names and defaults follow verl's `ppo_trainer.yaml` (verl 0.7, read in 2026-11).
 """
@@ -21,11 +21,11 @@ from __future__ import annotations
 import fnmatch
 from collections.abc import Callable
 
-from tandem.config.verl_extra_keys import EXTRA_KEYS, EXTRA_PATTERNS, EXTRA_PREFIXES, REWARD_KWARGS
-from tandem.config.verl_megatron_keys import MEGATRON_KEYS, MEGATRON_PATTERNS, MEGATRON_SUBTREES
-from tandem.config.verl_model_overrides import ACTOR_MODEL, CRITIC_MODEL, model_override_rule
-from tandem.config.verl_rules import Rule, maps, no_effect, unsupported
-from tandem.config.verl_values import (
+from tandem.config.verl.extra_keys import EXTRA_KEYS, EXTRA_PATTERNS, EXTRA_PREFIXES, REWARD_KWARGS
+from tandem.config.verl.megatron_keys import MEGATRON_KEYS, MEGATRON_PATTERNS, MEGATRON_SUBTREES
+from tandem.config.verl.model_overrides import ACTOR_MODEL, CRITIC_MODEL, model_override_rule
+from tandem.config.verl.rules import Rule, maps, no_effect, unsupported
+from tandem.config.verl.values import (
     as_list,
     compile_where_it_pays,
     device,
@@ -85,8 +85,8 @@ _ROPE_LENGTH = (
 _NO_ACTIVATION_OFFLOAD = "Tandem has no activation offload"
 
 VERL_KEYS: dict[str, Rule] = {
-    **MEGATRON_KEYS,  # config/verl_megatron_keys.py (no key is in two tables: tests/verl/test_verl_keys_index.py)
-    **EXTRA_KEYS,  # config/verl_extra_keys.py: the data, reward-model, model and megatron details
+    **MEGATRON_KEYS,  # config/verl/megatron_keys.py (no key is in two tables: tests/verl/test_verl_keys_index.py)
+    **EXTRA_KEYS,  # config/verl/extra_keys.py: the data, reward-model, model and megatron details
     # model
     "actor_rollout_ref.model.path": maps("actor.model_path"),
     "actor_rollout_ref.model.tokenizer_path": maps("actor.tokenizer_path"),

@@ -1,5 +1,5 @@
 """The rule a verl key follows in Tandem (`Rule`: maps / no effect / unsupported / same) and its constructors,
-in a module of their own: the verl tables (config/verl_keys.py and the tables it merges) import them from
+in a module of their own: the verl tables (config/verl/keys.py and the tables it merges) import them from
 here, not from each other."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""verl's keys beyond config/verl_keys.py's main table: the data section's, the rewards' (the rule scorers, the
+"""verl's keys beyond config/verl/keys.py's main table: the data section's, the rewards' (the rule scorers, the
 reward manager, the reward model), the model's and the megatron engine's details, and the rollout engine's
 arguments. Merged into the table (`EXTRA_KEYS`, `EXTRA_PATTERNS`); tests/verl/test_key_coverage.py checks that
 every key of verl's generated configs has a rule.
@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect
-from tandem.config.verl_values import as_list, chat_template_kwargs, hydra_mapping, reward_manager_name
+from tandem.config.verl.rules import Rule, UnsupportedValue, maps, no_effect
+from tandem.config.verl.values import as_list, chat_template_kwargs, hydra_mapping, reward_manager_name
 
 _UNSET = (None, "null", "", {}, [], -1)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from tandem.config.verl_rules import Rule, UnsupportedValue, maps
-from tandem.config.verl_values import hydra_mapping
+from tandem.config.verl.rules import Rule, UnsupportedValue, maps
+from tandem.config.verl.values import hydra_mapping
 
 _NOTE = "set on the model's Hugging Face config before the model is built"
 _ATTENTION_NOTE = "verl builds the model config with this attention kernel"

@@ -1,9 +1,9 @@
 """verl's SFT keys (`fsdp_sft_trainer`'s sft_trainer.yaml, `sft_trainer`'s sft_trainer_engine.yaml) and what
-each means in `tandem sft`: read by `config/verl.py` when the config is an SFT run.
+each means in `tandem sft`: read by `config/verl/translate.py` when the config is an SFT run.
 
 An SFT key either has a rule of its own here, or is verl's RL key of the same meaning under another name
 (`optim.lr` is `actor_rollout_ref.actor.optim.lr`, `model.lora_rank` is `actor_rollout_ref.model.lora_rank`):
-that key's rule in `config/verl_keys.py` applies, and messages name the SFT key as written. Keys verl's SFT
+that key's rule in `config/verl/keys.py` applies, and messages name the SFT key as written. Keys verl's SFT
 and Tandem share (`data.train_files`, `data.prompt_key`, `data.max_length`, `trainer.total_epochs`, ...)
 need no entry. The names and defaults follow verl's examples/ at b178a3c (2026-01).
 """
@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.config.verl_model_overrides import SFT_MODEL
-from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect, unsupported
-from tandem.config.verl_values import (
+from tandem.config.verl.model_overrides import SFT_MODEL
+from tandem.config.verl.rules import Rule, UnsupportedValue, maps, no_effect, unsupported
+from tandem.config.verl.values import (
     float32_only,
     fsdp_mixed_precision,
     master_dtype,

@@ -1,5 +1,5 @@
 """verl's megatron keys (`ppo_megatron_trainer.yaml`'s `*.megatron.*`, `override_*_config`, `model.lora.*`) and
-what each means in Tandem: merged into the table of `config/verl_keys.py`.
+what each means in Tandem: merged into the table of `config/verl/keys.py`.
 
 Tandem builds the reference and the critic with the actor's megatron layout (the engines of one process
 share megatron's parallel state), so their own sizes are accepted when they equal the actor's and refused
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tandem.config.verl_rules import Rule, UnsupportedValue, maps, no_effect, unsupported
+from tandem.config.verl.rules import Rule, UnsupportedValue, maps, no_effect, unsupported
 
 _SHARED_LAYOUT = (
     "Tandem builds the {role} with the actor's megatron layout (the engines of one process share "
@@ -83,7 +83,7 @@ def _offload_rule(role: str, kind: str) -> Rule:
 
 _MBRIDGE = "Tandem converts the Hugging Face weights to megatron-core itself (engine/megatron/convert.py), no mbridge"
 _REF_OVERRIDES = "the {role} is built with the actor's actor.megatron.override_transformer_config"
-# read together, switch and folder, by config/verl_dist_checkpoint.py (these rules name the targets)
+# read together, switch and folder, by config/verl/dist_checkpoint.py (these rules name the targets)
 _DIST_START = "with {other}: the {role}'s starting weights, a megatron distributed checkpoint"
 _DIST_REF = "Tandem's reference is the actor's starting weights: accepted when it names the actor's folder"
 _ETP_ONE = "Tandem's expert tensor parallel is 1"

@@ -1,15 +1,15 @@
-"""verl keys its releases of the last year had and its current config lacks (the table: config/verl_removed_keys.py,
+"""verl keys its releases of the last year had and its current config lacks (the table: config/verl/removed_keys.py,
 generated from verl's releases). A command line written for such a release gives them: at the old default a key
 changes nothing and is accepted as if absent, with a note; at any other value it is refused, naming the release
-that last had it and the key verl has for it now (or that verl dropped the setting). config/verl.py's
-accept_old_default and config/verl_hints.py read them where no rule covers a key."""
+that last had it and the key verl has for it now (or that verl dropped the setting). config/verl/translate.py's
+accept_old_default and config/verl/hints.py read them where no rule covers a key."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Literal
 
-from tandem.config.verl_removed_keys import REMOVED_GENERATION, REMOVED_PPO, REMOVED_SFT
+from tandem.config.verl.removed_keys import REMOVED_GENERATION, REMOVED_PPO, REMOVED_SFT
 
 # whose command line: verl's main_ppo, its SFT trainers, main_generation
 Trainer = Literal["ppo", "sft", "generation"]
@@ -35,7 +35,7 @@ def removed_key(key: str, trainer: Trainer = "ppo") -> RemovedKey | None:
 
 
 def old_defaults(trainer: Trainer = "ppo") -> dict[str, tuple]:
-    """Each removed key of `trainer`'s configs -> the defaults it had (the shape of config/verl_defaults.py's)."""
+    """Each removed key of `trainer`'s configs -> the defaults it had (the shape of config/verl/defaults.py's)."""
     return {key: entry[0] for key, entry in _TABLES[trainer].items()}
 
 

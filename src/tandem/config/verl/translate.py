@@ -4,9 +4,9 @@
 overrides (`actor.model_path=...`) and records every key it read: mapped (verl key -> Tandem key),
 accepted with no effect (and why), or a problem (a verl key Tandem has no meaning for). Keys Tandem
 shares with verl, and keys of neither, pass through untouched for the loader to check.
-`translate_tree` does the same for a verl config tree (`config/verl_yaml.py` composes one from a
+`translate_tree` does the same for a verl config tree (`config/verl/hydra_yaml.py` composes one from a
 verl YAML and its `defaults:`), where a key Tandem has no meaning for is dropped and named instead.
-The table of keys is `config/verl_keys.py`.
+The table of keys is `config/verl/keys.py`.
 """
 
 from __future__ import annotations
@@ -17,14 +17,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tandem.config.coerce import type_at
-from tandem.config.verl_defaults import RL_DEFAULTS, SFT_DEFAULTS
-from tandem.config.verl_dist_checkpoint import DIST_KEYS, read_dist_checkpoint
-from tandem.config.verl_hints import unknown_verl_key_message
-from tandem.config.verl_keys import SGLANG_NOTE, VERL_KEYS, is_verl_key, verl_rule
-from tandem.config.verl_removed import Trainer, old_defaults, removed_key, removed_note
-from tandem.config.verl_rules import Rule, UnsupportedValue
-from tandem.config.verl_sft_keys import SFT_KEYS, SFT_ONLY_PREFIXES, sft_rule_key
-from tandem.config.verl_values import hydra_value
+from tandem.config.verl.defaults import RL_DEFAULTS, SFT_DEFAULTS
+from tandem.config.verl.dist_checkpoint import DIST_KEYS, read_dist_checkpoint
+from tandem.config.verl.hints import unknown_verl_key_message
+from tandem.config.verl.keys import SGLANG_NOTE, VERL_KEYS, is_verl_key, verl_rule
+from tandem.config.verl.removed import Trainer, old_defaults, removed_key, removed_note
+from tandem.config.verl.rules import Rule, UnsupportedValue
+from tandem.config.verl.sft_keys import SFT_KEYS, SFT_ONLY_PREFIXES, sft_rule_key
+from tandem.config.verl.values import hydra_value
 from tandem.config.yaml_io import dotted_leaves, is_true, parse_scalar
 
 # keys of a verl YAML not read: verl writes its own default there, which would not suit Tandem
@@ -107,7 +107,7 @@ def translate_overrides(
     overrides: Iterable[str], *, sft: bool = False, sizes: Mapping[str, str] | None = None
 ) -> VerlTranslation:
     """verl's `key=value` overrides as Tandem's; other overrides are kept as they are. `sft`: the keys are
-    those of verl's SFT trainers (`model.partial_pretrain`, `optim.lr`, ...: config/verl_sft_keys.py).
+    those of verl's SFT trainers (`model.partial_pretrain`, `optim.lr`, ...: config/verl/sft_keys.py).
     `sizes`: the settings verl reads together with others (GPU counts, Ulysses sizes, resume mode; see
     `verl_sizes`) as the whole config gives them, over those of `overrides` alone."""
     out = VerlTranslation()
@@ -148,7 +148,7 @@ def translate_overrides(
                 out.problems.append((key, unknown_verl_key_message(key, sft, value_text)))
             continue
         try:
-            pairs = _apply_rule(key, rule, value_text)
+            pairs = apply_rule(key, rule, value_text)
         except UnsupportedValue as err:
             old_default = accept_old_default(out.no_effect, text, "sft" if sft else "ppo")
             if not old_default and not accept_default(out, text, _defaults(sft), rule.note or str(err)):
@@ -186,7 +186,7 @@ def translate_overrides(
 
 def at_verl_default(key: str, value_text: str, defaults: Mapping[str, Sequence[Any]]) -> bool:
     """Whether `key=value_text` gives verl's own default value of `key` (`defaults`: a table of
-    config/verl_defaults.py or verl_removed.py, the configs of the trainer the command line is for), the value read as Hydra reads
+    config/verl/defaults.py or removed.py, the configs of the trainer the command line is for), the value read as Hydra reads
     it (`null`, `False`, `[a,b]`, `1e-6`)."""
     if key not in defaults:
         return False
@@ -225,7 +225,7 @@ def accept_default(
 
 
 def accept_old_default(notes: list[tuple[str, str]], text: str, trainer: Trainer) -> bool:
-    """A key verl removed since a release of the last year (config/verl_removed.py) given at a default it had there:
+    """A key verl removed since a release of the last year (config/verl/removed.py) given at a default it had there:
     accepted as if absent, with a note added to `notes`; True when it was. Other values are the caller's."""
     key, _, value_text = text.lstrip("+").partition("=")
     if not at_verl_default(key.strip(), value_text.strip(), old_defaults(trainer)):
@@ -357,7 +357,7 @@ def _resume(out: VerlTranslation, text: str, given: Mapping[str, str]) -> None:
             out.mapped.append((text.lstrip("+"), "(trainer.resume: trainer.resume_from_path)", ""))
     else:
         try:
-            pairs = _apply_rule(key, VERL_KEYS[key], value)
+            pairs = apply_rule(key, VERL_KEYS[key], value)
         except UnsupportedValue as err:
             out.problems.append((key, f"{key}={value}: {err}"))
             return
@@ -416,7 +416,7 @@ def is_verl_sft_key(key: str) -> bool:
     return sft_only and not is_tandem_key(key)
 
 
-def _apply_rule(key: str, rule: Rule, value_text: str) -> list[tuple[str, str]] | None:
+def apply_rule(key: str, rule: Rule, value_text: str) -> list[tuple[str, str]] | None:
     """The Tandem (key, `key=value` text) pairs a verl override becomes; None for a key with no effect.
     Raises UnsupportedValue for a key or value Tandem has no meaning for."""
     if rule.effect == "unsupported":

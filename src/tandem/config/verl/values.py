@@ -1,4 +1,4 @@
-"""verl's values as Tandem's: the conversions the rules of config/verl_keys.py apply (a verl value in, the Tandem
+"""verl's values as Tandem's: the conversions the rules of config/verl/keys.py apply (a verl value in, the Tandem
 value out; UnsupportedValue for a value Tandem has no meaning for)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from tandem.config.verl_rules import UnsupportedValue
+from tandem.config.verl.rules import UnsupportedValue
 from tandem.config.yaml_io import parse_scalar
 
 
@@ -40,7 +40,7 @@ def strategy(value: Any) -> str:
 def resume_mode(value: Any) -> str:
     if value in ("auto", "disable"):
         return value
-    if value == "resume_path":  # read with trainer.resume_from_path (config/verl.py)
+    if value == "resume_path":  # read with trainer.resume_from_path (config/verl/translate.py)
         raise UnsupportedValue("it takes trainer.resume_from_path=PATH with it")
     raise UnsupportedValue(f"verl's resume modes are auto, disable and resume_path, not {value!r}")
 

@@ -1,5 +1,5 @@
 """The dotted keys of verl's configs (trainer, megatron, SFT; verl b178a3c), written by
-scripts/verl_key_names.py: names only. config/verl.py tells by them a verl key Tandem does not support
+scripts/verl_key_names.py: names only. config/verl/translate.py tells by them a verl key Tandem does not support
 from a misspelled one."""
 
 _BY_SECTION = {

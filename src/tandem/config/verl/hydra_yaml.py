@@ -11,7 +11,7 @@ reference's size, which verl's YAML makes `${oc.select:...actor.megatron.tensor_
 
 Which overrides Hydra applies: those of a key the composed tree has, and those with Hydra's `+`, `++` or
 `~`. Tandem's own keys, and names verl's tree lacks (an older verl key, a misspelling), are left to the
-verl translation (config/verl.py), which maps them or names the problem. A Hydra error (a defaults entry
+verl translation (config/verl/translate.py), which maps them or names the problem. A Hydra error (a defaults entry
 not found, `+` on a key that exists, an override Hydra cannot parse) is a ConfigError: verl stops there too.
 """
 

@@ -1,6 +1,6 @@
 """verl's megatron distributed checkpoint keys, read together as verl reads them: a role's
 `megatron.dist_checkpointing_path` is its starting weights only with that role's `megatron.use_dist_checkpointing`
-true (config/verl.py hands these keys here, with the values the whole command line or YAML gives).
+true (config/verl/translate.py hands these keys here, with the values the whole command line or YAML gives).
 
   verl (actor_rollout_ref.actor / .ref / critic)   Tandem
   actor...use_dist_checkpointing + ..._path        actor.megatron.dist_checkpoint (the actor's, SFT's start)
@@ -9,7 +9,7 @@ true (config/verl.py hands these keys here, with the values the whole command li
   critic...use_dist_checkpointing + ..._path       critic.megatron_dist_checkpoint
 
 Where Tandem differs: verl with use_dist_checkpointing true and no path fails as it loads; here the command
-line is refused naming the key. The reward model's keys stay refused (verl_extra_keys.py): verl's loader drops
+line is refused naming the key. The reward model's keys stay refused (extra_keys.py): verl's loader drops
 a value model's output layer, a reward model's trained head.
 """
 
@@ -36,7 +36,7 @@ def _folder(text: str | None) -> str:
 
 
 def read_dist_checkpoint(out: Any, text: str, given: Mapping[str, str]) -> None:
-    """One of DIST_KEYS (`text`, a `key=value` override) into the translation `out` (config/verl.py's
+    """One of DIST_KEYS (`text`, a `key=value` override) into the translation `out` (config/verl/translate.py's
     VerlTranslation); `given`: the values of DIST_KEYS the whole config gives."""
     key = text.lstrip("+").partition("=")[0].strip()
     prefix = key[: -len(USE)] if key.endswith(USE) else key[: -len(PATH)]

@@ -1,6 +1,6 @@
 """What to tell a user about a verl key that no rule covers: a key verl has that Tandem does not support, a key of
-an older verl release (config/verl_removed.py), or a misspelled one with the nearest key Tandem reads that is a key
-of verl's config or of Tandem's (config/verl.py's problems)."""
+an older verl release (config/verl/removed.py), or a misspelled one with the nearest key Tandem reads that is a key
+of verl's config or of Tandem's (config/verl/translate.py's problems)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import functools
 from tandem.config.coerce import all_paths, type_at
 from tandem.config.errors import closest
 from tandem.config.schema import TandemConfig
-from tandem.config.verl_defaults import GENERATION_DEFAULTS, RL_DEFAULTS, SFT_DEFAULTS
-from tandem.config.verl_keys import VERL_KEYS, VERL_SECTIONS
-from tandem.config.verl_names import VERL_NAMES
-from tandem.config.verl_removed import removed_key, removed_key_message
-from tandem.config.verl_removed_keys import REMOVED_GENERATION, REMOVED_PPO, REMOVED_SFT
-from tandem.config.verl_sft_keys import SFT_AS_RL, SFT_KEYS
+from tandem.config.verl.defaults import GENERATION_DEFAULTS, RL_DEFAULTS, SFT_DEFAULTS
+from tandem.config.verl.keys import VERL_KEYS, VERL_SECTIONS
+from tandem.config.verl.names import VERL_NAMES
+from tandem.config.verl.removed import removed_key, removed_key_message
+from tandem.config.verl.removed_keys import REMOVED_GENERATION, REMOVED_PPO, REMOVED_SFT
+from tandem.config.verl.sft_keys import SFT_AS_RL, SFT_KEYS
 
 
 @functools.cache
@@ -81,7 +81,7 @@ def unknown_verl_key_message(key: str, sft: bool = False, value_text: str | None
     if is_verl_config_key(key):
         return (
             f"{key}: a verl key Tandem does not support (Tandem has no setting for it; "
-            "tandem/config/verl_keys.py lists the verl keys it reads). Remove it; where it changes what is "
+            "tandem/config/verl/keys.py lists the verl keys it reads). Remove it; where it changes what is "
             "trained, find the nearest Tandem setting in `tandem config` output"
         )
     known = _suggestions(sft)

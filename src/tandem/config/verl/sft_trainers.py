@@ -1,7 +1,7 @@
 """Which of verl's two SFT trainers a command line is written for, and so which defaults it gets:
 `verl.trainer.sft_trainer` (preset `verl_sft_engine`) or `verl.trainer.fsdp_sft_trainer` (preset `verl_sft`).
 Each trainer is told by the keys its composed config has and the other's lacks; `tandem sft` (cli.py) asks
-`verl_sft_preset` when the command line holds verl's SFT keys. The rules for each key are config/verl_sft_keys.py's.
+`verl_sft_preset` when the command line holds verl's SFT keys. The rules for each key are config/verl/sft_keys.py's.
 """
 
 from __future__ import annotations
