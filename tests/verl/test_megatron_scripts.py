@@ -9,7 +9,7 @@ import pytest
 
 from tandem.cli import main
 from tandem.config import ConfigError, load_config
-from tandem.config.checks.megatron import resolved_overrides
+from tandem.config.megatron_overrides import resolved_overrides
 from tandem.config.schema import MegatronConfig
 from tandem.config.verl.translate import translate_overrides
 

@@ -103,7 +103,7 @@ class MegatronConfig:
     distributed_optimizer: bool = True  # shard optimizer state over data-parallel ranks (CUDA only)
     # fields of megatron-core's TransformerConfig, passed through (e.g. recompute_granularity: selective,
     # recompute_method: block, recompute_num_layers: 2); keys Tandem sets itself are refused, CUDA-only
-    # kernels are off on a CPU (config/checks/megatron.py)
+    # kernels are off on a CPU (config/megatron_overrides.py)
     override_transformer_config: dict[str, Any] = field(default_factory=dict)
     # fields of megatron-core's OptimizerConfig, passed through likewise (e.g. optimizer_cpu_offload on CUDA)
     override_optimizer_config: dict[str, Any] = field(default_factory=dict)

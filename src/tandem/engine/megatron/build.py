@@ -13,7 +13,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor, nn
 
-from tandem.config.checks.megatron import CUDA_ONLY, resolved_overrides
+from tandem.config.megatron_overrides import CUDA_ONLY, resolved_overrides
 from tandem.config.schema import MegatronConfig, OptimConfig
 from tandem.engine import hf_io
 from tandem.engine.base import Head
@@ -78,7 +78,7 @@ class ModelBuild:
             variable_seq_lengths=self.vp_size == 1,
             moe_token_dispatcher_type="alltoall",  # megatron asks for it with variable_seq_lengths
             # The fused kernels are CUDA-only or need Apex / Transformer Engine; the torch paths compute the same.
-            # override_transformer_config turns them on, on CUDA only (config/checks/megatron.py).
+            # override_transformer_config turns them on, on CUDA only (config/megatron_overrides.py).
             **{
                 "masked_softmax_fusion": False,
                 "bias_activation_fusion": False,
