@@ -75,3 +75,21 @@ def test_a_verl_command_line():
     assert (code, heavy) == (0, [])
     assert "actor_rollout_ref.rollout.n=5  " in err and "->  rollout.n=5" in err
     assert "model_path: Qwen/Qwen2-7B-Instruct" in out and "workers_per_node: 8" in out
+
+
+def test_config_with_a_readable_data_file(tmp_path):
+    """A data file that is there: `tandem config` reads its data_source column (pyarrow) and checks each value
+    against the reward scorers, whose registry loads without torch (rewards/__init__.py loads the manager
+    lazily). A data_source no scorer covers is still the error it was."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    good, bad = tmp_path / "good.parquet", tmp_path / "bad.parquet"
+    pq.write_table(pa.table({"data_source": ["openai/gsm8k"], "prompt": ["1+1?"]}), good)
+    pq.write_table(pa.table({"data_source": ["no_such_task"], "prompt": ["1+1?"]}), bad)
+    code, out, _, heavy = run_tandem("config", "grpo", f"data.train_files=[{good}]")
+    assert (code, heavy) == (0, [])
+    assert str(good) in out
+    code, _, err, heavy = run_tandem("config", "grpo", f"data.train_files=[{bad}]")
+    assert (code, heavy) == (2, [])
+    assert "no_such_task" in err
