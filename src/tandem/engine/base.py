@@ -74,6 +74,8 @@ class ModelOutput:
     head: ChunkedHead | None = None
     # A mixture-of-experts model in training: its routers' load-balancing term on this micro-batch (engine/moe.py)
     router_balance: Tensor | None = None
+    # Router replay's record of this pass: [b, T, L, k] experts per token and layer (engine/router_replay.py)
+    routed_experts: Tensor | None = None
 
     def zero_loss(self) -> Tensor:
         """0 x every output: a loss with the gradient reductions of a real pass and no gradient."""
@@ -151,6 +153,8 @@ class EngineSpec:
     dist_checkpoint: megatron only: a megatron distributed checkpoint the weights start from instead of
     model_path's (which still gives the architecture; engine/megatron/dist_start.py); `dist_checkpoint_key`
     names that setting in errors.
+    router_replay: a mixture-of-experts model's routers record their choices on request and replay the ones a
+    batch carries (engine/router_replay.py; actor.router_replay).
     """
 
     model_path: str | Path
@@ -173,6 +177,7 @@ class EngineSpec:
     override_key: str = "actor.override_config"
     dist_checkpoint: str | Path | None = None
     dist_checkpoint_key: str = "actor.megatron.dist_checkpoint"
+    router_replay: bool = False
 
 
 def strategy_param_dtype(
@@ -233,8 +238,13 @@ class TrainEngine(ABC):
     optimizer: Any = None  # None: a frozen engine (built with optim=None), forward only
 
     @abstractmethod
-    def forward(self, batch: Batch, fn: ForwardFn, micro_batch_size: int) -> Batch:
-        """No-grad forward in micro-batches; `fn`'s per-row tensors concatenated, in order."""
+    def forward(
+        self, batch: Batch, fn: ForwardFn, micro_batch_size: int, record_routing: bool = False
+    ) -> Batch:
+        """No-grad forward in micro-batches; `fn`'s per-row tensors concatenated, in order. Router replay
+        (an engine built with `EngineSpec.router_replay`; engine/router_replay.py): `record_routing` adds each
+        token's experts to the outputs as `routed_experts`; a batch that carries that column (here or in
+        `train_step`) is routed to those experts."""
 
     @abstractmethod
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> StepResult:

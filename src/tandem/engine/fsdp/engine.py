@@ -41,6 +41,7 @@ from tandem.config.schema import FSDPConfig
 from tandem.data.packing import pack_model_inputs
 from tandem.engine import attention as packed_attention
 from tandem.engine import hf_io, kernels, moe
+from tandem.engine import router_replay as replay
 from tandem.engine.base import (
     EngineSpec,
     ForwardFn,
@@ -88,6 +89,8 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
     resolved `spec.fsdp.param_dtype`. `spec.optim=None` builds a frozen engine (reference model): forward
     only. `spec`: the model, head, optimizer and settings (engine/base.py `EngineSpec`).
     """
+
+    _routes: replay.HFRouterReplay | None = None  # router replay's hooks (spec.router_replay)
 
     def __init__(self, spec: EngineSpec) -> None:
         check_engine_args("FSDPEngine", spec)
@@ -171,6 +174,8 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
             spec.freeze_vision_tower and vision_language,
         )
         self._state_keys = set(state_keys)  # the HF state_dict's names: what state_dict_iter yields
+        # actor.router_replay: the routers' choices recorded / replayed through the batch (engine/router_replay.py)
+        self._routes = self._route_hooks(config, vision_language) if spec.router_replay else None
         # image inputs, and the vision tower on every rank in every forward (engine/fsdp/vision.py)
         self._vision = VisionTower(self.model) if vision_language else None
         if self.packing:
@@ -208,13 +213,17 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         self.compile_seconds = sum(compiles) if compiles else None
 
     # ------------------------------------------------------------------ forward
-    def forward(self, batch: Batch, fn: ForwardFn, micro_batch_size: int) -> Batch:
+    def forward(
+        self, batch: Batch, fn: ForwardFn, micro_batch_size: int, record_routing: bool = False
+    ) -> Batch:
         """`fn(output, micro)` per micro-batch under no_grad; its per-row tensors concatenated on the CPU.
 
         A rank with no rows still runs `fn` once on a dummy row (zeros in the batch's shapes) and
         returns 0 rows of its outputs, so an empty shard has the same keys as the others. When
-        every rank is empty, the result is an empty Batch with no keys."""
+        every rank is empty, the result is an empty Batch with no keys. `record_routing`: the outputs also
+        hold each token's experts (engine/router_replay.py)."""
         self._check_onloaded("forward")
+        self._check_routes(record_routing or replay.ROUTED_EXPERTS in batch)
         micros, plan = self._micro_batches(batch, micro_batch_size)
         num_passes = self._max_over_ranks(len(micros))
         self.model.eval()
@@ -226,21 +235,26 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
                     with explain_out_of_memory(
                         "forward", self.global_step, micro, i, len(micros), self.max_tokens_per_micro_batch
                     ):
-                        parts.append(to_cpu(fn(self._model_forward(micro), micro)))
+                        parts.append(to_cpu(self._outputs(fn, micro, record_routing)))
                 elif not micros and i == 0:
                     # An empty shard: run fn on a dummy row of the batch's shapes, keep 0 rows of it.
                     micro = dummy_like(batch).to(self.device)
-                    parts.append({k: v[:0] for k, v in to_cpu(fn(self._model_forward(micro), micro)).items()})
+                    parts.append(
+                        {k: v[:0] for k, v in to_cpu(self._outputs(fn, micro, record_routing)).items()}
+                    )
                 else:
                     self._model_forward(pad_micro_batch(self._pad_id(), self.device, tokens=2))
         # FSDP2 keeps the root's parameters unsharded after a forward until the next backward: register the
         # sharded ones again, or a save (or an optimizer built now) would see other tensors than the optimizer's.
         self.model.reshard()
+        if self._routes is not None:
+            self._routes.end()
         return merge_outputs(parts, plan)
 
     # ------------------------------------------------------------------ training
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> StepResult:
         self._check_trainable()
+        self._check_routes(replay.ROUTED_EXPERTS in batch)
         micros, _ = self._micro_batches(batch, micro_batch_size)
         num_passes = self._max_over_ranks(len(micros))
         self.model.train()  # dropout is 0; train mode switches on activation checkpointing
@@ -276,6 +290,8 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
                     pad_micro_batch(self._pad_id(), self.device, tokens=2)
                 ).zero_loss().backward()
 
+        if self._routes is not None:
+            self._routes.end()
         dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM, group=self._dp_group)
         grad_norm = self._clip_gradients()
         lr = float(self.optimizer.param_groups[0]["lr"])
@@ -355,12 +371,44 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
             agree=self._max_over_ranks,
         )
 
+    def _outputs(self, fn: ForwardFn, micro: Batch, record_routing: bool) -> dict[str, Tensor]:
+        output = self._model_forward(micro, record_routing=record_routing)
+        out = fn(output, micro)
+        return {**out, replay.ROUTED_EXPERTS: output.routed_experts} if record_routing else out
+
+    def _route_hooks(self, config: Any, vision_language: bool) -> replay.HFRouterReplay:
+        if self.routing is None or vision_language:
+            raise ValueError(
+                f"actor.router_replay: {self.model_path} is not a mixture-of-experts language model (no routers "
+                "to replay); set actor.router_replay=off"
+            )
+        return replay.HFRouterReplay(
+            self.model,
+            config.num_hidden_layers,
+            self.routing.top_k,
+            self.routing.num_experts,
+            self.model_path,
+        )
+
+    def _check_routes(self, wanted: bool) -> None:
+        if wanted and self._routes is None:
+            raise ValueError(
+                f"a batch with {replay.ROUTED_EXPERTS} (or record_routing) on an engine built without "
+                "router replay (EngineSpec.router_replay, actor.router_replay)"
+            )
+
     def _model_forward(
-        self, micro: Batch, packed: bool | None = None, chunk: int | None = -1, router: bool = False
+        self,
+        micro: Batch,
+        packed: bool | None = None,
+        chunk: int | None = -1,
+        router: bool = False,
+        record_routing: bool = False,
     ) -> ModelOutput:
         """The model on one micro-batch, packed (default: as the engine is set) or padded; its logits, or with
         a head chunk (default: as the engine is set) its last hidden states and the head that makes logits.
-        `router`: also the routers' load-balancing term of a mixture-of-experts model (engine/moe.py)."""
+        `router`: also the routers' load-balancing term of a mixture-of-experts model (engine/moe.py). With
+        router replay: a micro-batch with `routed_experts` is routed to them; `record_routing` records."""
         ids = micro["input_ids"]
         chunk = self.lm_head_chunk if chunk == -1 else chunk
         packing = None
@@ -386,22 +434,41 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
             else partial(sp_forward, self.model, sp=self.sp, pad_id=self._pad_id())
         )
         balance = None
+        grid = tuple(inputs["input_ids"].shape)
+        if self._routes is not None:  # set for every call: a recomputing backward replays it too
+            self._routes.begin(self._route_target(micro, packing, grid), record_routing)
         if chunk is None:
             logits = run(inputs)
         else:
             with hidden_states_out(self.model) as out_embedding:
                 logits = run(inputs)
+        routed = None
+        if record_routing:
+            taken = self._routes.take(grid[0] * grid[1], self.device)
+            real = micro.get("attention_mask") if "attention_mask" in micro else None
+            routed = replay.from_grid(taken.view(*grid, *taken.shape[1:]), packing, tuple(ids.shape), real)
         if routers is not None:
             tokens = moe.real_tokens(inputs.get("attention_mask"), tuple(inputs["input_ids"].shape), packing)
             balance = moe.balance_loss(routers, tokens.to(self.device), self.routing)
         if chunk is None:
-            return ModelOutput(logits, tuple(ids.shape), packing, router_balance=balance)
+            return ModelOutput(
+                logits, tuple(ids.shape), packing, router_balance=balance, routed_experts=routed
+            )
         # FSDP2 leaves the root's parameters (the head's among them) unsharded after a forward.
         weight, bias = out_embedding.weight, out_embedding.bias
         if self.sp is not None:  # every rank of the group applies the head to all tokens: count it once
             weight, bias = scale_grad(weight, 1 / self.sp.size), scale_grad(bias, 1 / self.sp.size)
         head = ChunkedHead(weight, bias, chunk, self.lm_head_compiled)
-        return ModelOutput(logits, tuple(ids.shape), packing, head=head, router_balance=balance)
+        return ModelOutput(
+            logits, tuple(ids.shape), packing, head=head, router_balance=balance, routed_experts=routed
+        )
+
+    def _route_target(self, micro: Batch, packing: Any, grid: tuple[int, int]) -> Tensor | None:
+        """The micro-batch's `routed_experts` in the routers' row order (the flattened input grid), or None."""
+        if replay.ROUTED_EXPERTS not in micro:
+            return None
+        placed = replay.to_grid(micro[replay.ROUTED_EXPERTS].to(self.device), packing, grid)
+        return placed.reshape(grid[0] * grid[1], *placed.shape[2:])
 
     def _model(self, inputs: dict[str, Tensor], routers: list[Tensor] | None = None) -> Tensor:
         """The model's logits; with `routers`, its router logits (one [tokens, E] per MoE layer) appended there."""
