@@ -6,8 +6,8 @@ holds for a key a new verl release adds."""
 from __future__ import annotations
 
 from tandem.config import load_config
-from tandem.config.verl import translate_overrides
 from tandem.config.verl import keys as verl_keys
+from tandem.config.verl import translate_overrides
 from tandem.config.verl.rules import maps
 
 NEW = "actor_rollout_ref.actor.a_knob_of_a_new_release"
