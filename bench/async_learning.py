@@ -4,7 +4,7 @@ seeds (issue 17).
     .venv/bin/python bench/async_learning.py [--seeds 0,1,2] [--modes synchronous,one_step_off,streaming]
         [--out runs/async_learning] [--steps 50]
 
-Per seed: the quickstart's model, data and SFT warm start (tandem/trainer/quickstart.py, to validation
+Per seed: the quickstart's model, data and SFT warm start (tandem/commands/quickstart.py, to validation
 loss 0.6), then one GRPO run per mode from that same SFT model with the quickstart's settings (32 prompts x 8
 samples, 4 optimizer steps per step, lr 1e-4, a KL-loss reference, validation on the 256 held-out
 additions every 10 steps, greedy):
@@ -53,9 +53,9 @@ STYLES = {"synchronous": "-", "one_step_off": "--", "streaming": ":"}
 
 def run_seed(out: Path, seed: int, steps: int, modes: list[str], reuse_sft: bool) -> dict[str, Any]:
     """SFT once, then GRPO in each mode from the SFT model; validation accuracy per step and wall times."""
+    from tandem.commands.quickstart import ADDITION, WarmStart, prepare
     from tandem.config import load_config
     from tandem.trainer.ppo import RLTrainer
-    from tandem.trainer.quickstart import ADDITION, WarmStart, prepare
 
     recipe = ADDITION
     model_dir, paths = prepare(out, seed, recipe)

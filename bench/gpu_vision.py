@@ -161,8 +161,8 @@ def first_token_accuracy(folder: Path, rows_file: Path, device: torch.device) ->
 
 
 def sft(workdir: Path, device: torch.device, steps: int) -> dict[str, dict[str, Any]]:
+    from tandem.commands.quickstart import RECIPES, prepare
     from tandem.config import load_config
-    from tandem.trainer.quickstart import RECIPES, prepare
     from tandem.trainer.sft import SFTTrainer
 
     recipe = RECIPES["vision"]

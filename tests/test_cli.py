@@ -12,13 +12,13 @@ from safetensors.torch import load_file
 
 from tandem import cli
 from tandem.cli import headline, main, write_error_log
+from tandem.commands import quickstart
+from tandem.commands.quickstart import prepare as prepare_quickstart
+from tandem.commands.quickstart import run as run_quickstart
 from tandem.controller.errors import WorkerError
 from tandem.data import write_rows, write_splits
 from tandem.models.tiny import save_tiny
-from tandem.trainer import quickstart
 from tandem.trainer.checkpoint import CheckpointManager, save_trainer_state
-from tandem.trainer.quickstart import prepare as prepare_quickstart
-from tandem.trainer.quickstart import run as run_quickstart
 from tandem.trainer.run_lock import RunLock
 
 

@@ -20,6 +20,7 @@ LAYERS = [
     {"engine", "rollout"},
     {"roles"},
     {"trainer"},
+    {"commands"},
     {"cli"},
 ]
 LAYER = {package: level for level, packages in enumerate(LAYERS) for package in packages}
@@ -82,7 +83,7 @@ def test_imports_point_down_the_layers():
 
 
 # docs/DESIGN.md's "knows nothing of" column where a machine can read it: the roles know no engine underneath,
-# the trainer no engine internals. Both reach an engine through `tandem.engine` (its __init__: build_engine,
+# the trainer and the commands no engine internals. Both reach an engine through `tandem.engine` (its __init__: build_engine,
 # check_buildable) and the modules shared by every engine; never through an engine's own package.
 ENGINE_PACKAGES = ("tandem.engine.fsdp", "tandem.engine.megatron")
 
@@ -97,8 +98,8 @@ def _engine_package_imports(graph: dict[str, set[str]], packages: tuple[str, ...
     )
 
 
-def test_roles_and_trainer_import_no_engine_package():
-    assert _engine_package_imports(GRAPH, ("roles", "trainer")) == []
+def test_roles_trainer_and_commands_import_no_engine_package():
+    assert _engine_package_imports(GRAPH, ("roles", "trainer", "commands")) == []
 
 
 def test_the_engine_package_check_finds_one():

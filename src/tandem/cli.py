@@ -263,7 +263,7 @@ def _run(args: argparse.Namespace) -> int:
     from tandem.config import config_to_yaml, list_presets, load_config
 
     if args.command == "quickstart":
-        from tandem.trainer.quickstart import run
+        from tandem.commands.quickstart import run
 
         args.log_dir = Path(args.out) / "logs"
         run(args.out, args.overrides, seed=args.seed, task=args.task)
@@ -294,7 +294,7 @@ def _run(args: argparse.Namespace) -> int:
             metrics = RLTrainer(cfg, train=False).evaluate(args.checkpoint)
             print(json.dumps(metrics, indent=1, sort_keys=True))
     elif args.command == "export":
-        from tandem.trainer.export import export_checkpoint
+        from tandem.commands.export import export_checkpoint
 
         args.log_dir = Path(args.checkpoint).absolute().parent.parent / "logs"  # the checkpoint's run folder
         print(export_checkpoint(args.checkpoint, args.out_dir, args.role))
@@ -357,8 +357,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _generate(args: argparse.Namespace) -> None:
+    from tandem.commands.generate import plan_generation, run_generation
     from tandem.config.generate import generate_config_to_yaml, load_generate_config
-    from tandem.trainer.generate import plan_generation, run_generation
 
     overrides = list(args.overrides)
     file = overrides.pop(0) if overrides and "=" not in overrides[0] else None

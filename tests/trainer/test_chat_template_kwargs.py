@@ -13,6 +13,7 @@ import pytest
 
 from data.data_helpers import char_ids
 from data.thinking_template import block, opening, thinking_tokenizer
+from tandem.commands.generate import run_generation
 from tandem.config.generate import load_generate_config
 from tandem.data import collate_prompts, write_splits
 from tandem.models.tiny import save_tiny, save_tokenizer
@@ -20,7 +21,6 @@ from tandem.roles.rollout import agent_loop_from_config
 from tandem.rollout import SamplingParams, build_rollout
 from tandem.rollout.async_engine import TurnEngine, TurnOutput, TurnRequest
 from tandem.trainer import RLTrainer, SFTTrainer
-from tandem.trainer.generate import run_generation
 
 from .trainer_helpers import run_config
 

@@ -11,10 +11,11 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
+from tandem.commands.export import export_checkpoint
 from tandem.engine.hf_io import merge_adapter
 from tandem.trainer import RLTrainer
 from tandem.trainer.checkpoint import LATEST_ITERATION, CheckpointManager, verify
-from tandem.trainer.export import export_checkpoint, hf_folder, write_checkpoint_hf
+from tandem.trainer.checkpoint_hf import hf_folder, write_checkpoint_hf
 
 from .trainer_helpers import custom_reward, make_assets, run_config
 

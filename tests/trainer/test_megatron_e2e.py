@@ -12,10 +12,10 @@ import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
+from tandem.commands.export import export_checkpoint
 from tandem.rollout.vllm import file_names
 from tandem.trainer import RLTrainer
 from tandem.trainer.checkpoint import COMPLETE
-from tandem.trainer.export import export_checkpoint
 
 from .trainer_helpers import MOE_HALVED, custom_reward, make_assets, run_config, shard_bytes
 

@@ -12,10 +12,10 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from tandem.commands.export import export_checkpoint
 from tandem.engine.flops import ModelFlops
 from tandem.trainer import RLTrainer
 from tandem.trainer.checkpoint import COMPLETE, TRAINER_STATE
-from tandem.trainer.export import export_checkpoint
 from tandem.trainer.tracking import read_jsonl
 
 from .trainer_helpers import (

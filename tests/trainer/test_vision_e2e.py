@@ -10,10 +10,10 @@ import torch
 from safetensors.torch import load_file
 
 from data.data_helpers import png  # tests/ is on sys.path (pytest's rootdir)
+from tandem.commands.export import export_checkpoint
 from tandem.data import write_rows
 from tandem.models.tiny_vlm import save_tiny_vlm
 from tandem.trainer import RLTrainer
-from tandem.trainer.export import export_checkpoint
 
 from .trainer_helpers import as_if_killed_after, assert_same_steps, by_step, custom_reward, run_config
 

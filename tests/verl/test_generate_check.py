@@ -16,10 +16,10 @@ import pytest
 import yaml
 
 from tandem.cli import main
+from tandem.commands.generate import PARTS_META, parts_folder
 from tandem.config.generate import load_generate_config
 from tandem.data.synthetic import write_rows
 from tandem.models.tiny import save_tiny
-from tandem.trainer.generate import PARTS_META, parts_folder
 
 from .examples_data import with_values
 from .generation_scripts import GENERATION_SCRIPTS

@@ -31,8 +31,8 @@ from tandem.trainer.checkpoint import (
     load_trainer_state,
     save_trainer_state,
 )
+from tandem.trainer.checkpoint_hf import write_checkpoint_hf
 from tandem.trainer.device_line import device_line
-from tandem.trainer.export import write_checkpoint_hf
 from tandem.trainer.metrics import worker_metrics
 from tandem.trainer.run_lock import RunLock
 from tandem.trainer.start_checks import check_available

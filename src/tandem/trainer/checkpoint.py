@@ -8,7 +8,7 @@
     <root>/.partial-global_step_6/   a checkpoint being written (or left by a crash): never read
     <root>/latest_checkpointed_iteration.txt   the step of the newest complete checkpoint (verl's file)
 
-`actor/huggingface/` holds the actor's Hugging Face folder (trainer/export.py), where verl's tools look.
+`actor/huggingface/` holds the actor's Hugging Face folder (trainer/checkpoint_hf.py), where verl's tools look.
 verl's `trainer.default_local_dir` is the folder `<root>` is here. Tandem itself never reads the iteration
 file: resume trusts the COMPLETE markers and the manifests (below); the file is kept equal to what
 `resume=auto` picks, written atomically after each checkpoint is complete and after old ones are deleted,

@@ -9,13 +9,13 @@ import pytest
 import torch
 
 from tandem.cli import main
+from tandem.commands.generate import parts_folder, run_generation
+from tandem.commands.generate_replicas import own_padding
 from tandem.config import ConfigError
 from tandem.config.generate import GenerateConfig, generate_layout, load_generate_config
 from tandem.data.prompts import collate_prompts
 from tandem.data.synthetic import write_rows
 from tandem.models.tiny import save_tiny
-from tandem.trainer.generate import parts_folder, run_generation
-from tandem.trainer.generate_replicas import own_padding
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 

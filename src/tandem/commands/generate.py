@@ -5,7 +5,7 @@ and `finish_reasons` (`stop`: the end-of-sequence token; `length`: max_response_
 extra_columns=false.
 
 The engine (vLLM, or Hugging Face generate) is fed `batch_size` consecutive rows at a time: one engine in
-this process, or several side by side on Ray, each dealt whole batches (`trainer/generate_replicas.py`;
+this process, or several side by side on Ray, each dealt whole batches (`commands/generate_replicas.py`;
 the layout: `config.generate.generate_layout`). Each finished batch is written to `<output_path>.parts/` at
 once; a run that stops (Ctrl-C, a crash, a lost machine) and is started again with the same settings skips
 the batches there, and the final file is the one an uninterrupted run writes, with any number of replicas.
@@ -178,7 +178,7 @@ def run_generation(
     tokenizer, items, batches, parts, done = plan.tokenizer, plan.items, plan.batches, plan.parts, plan.done
     output = Path(cfg.output_path)
     if not plan.layout.in_process:
-        from tandem.trainer.generate_replicas import check_devices, generate_on_replicas
+        from tandem.commands.generate_replicas import check_devices, generate_on_replicas
 
         check_devices(plan.layout, plan.engine_kwargs["device"].type, cfg, names)
     _start_parts(parts, plan.fingerprint, cfg.overwrite)

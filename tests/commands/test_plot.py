@@ -3,7 +3,7 @@ import math
 import pytest
 from matplotlib.image import imread
 
-from tandem.trainer.plot import plot_run
+from tandem.commands.plot import plot_run
 from tandem.trainer.tracking import Tracker
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"

@@ -35,6 +35,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from tandem.commands.plot import plot_run
 from tandem.config import load_config
 from tandem.config.schema import TandemConfig
 from tandem.data import write_splits
@@ -42,7 +43,6 @@ from tandem.models.tiny import save_tiny
 from tandem.models.tiny_vlm import save_tiny_vlm
 from tandem.rollout import resolve_engine
 from tandem.trainer.base import run_dir
-from tandem.trainer.plot import plot_run
 from tandem.trainer.ppo import RLTrainer
 from tandem.trainer.sft import SFTTrainer
 

@@ -8,13 +8,13 @@ import pyarrow.parquet as pq
 import pytest
 
 from tandem.cli import main
+from tandem.commands.generate import parts_folder, run_generation
 from tandem.config import ConfigError
 from tandem.config.generate import load_generate_config
 from tandem.data import DataError
 from tandem.data.synthetic import write_rows
 from tandem.models.tiny import save_tiny
 from tandem.rollout import build_rollout
-from tandem.trainer.generate import parts_folder, run_generation
 
 TINY = {"hidden_size": 32, "intermediate_size": 64, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2}
 
@@ -139,7 +139,7 @@ def test_an_output_that_cannot_be_written_is_named_before_the_model_loads(assets
 
 def test_ctrl_c_exits_130_and_the_next_run_resumes(assets, tmp_path, capsys, monkeypatch):
     """SIGINT arrives as KeyboardInterrupt in the main thread: here after the first part is written."""
-    import tandem.trainer.generate as generate
+    import tandem.commands.generate as generate
 
     whole = run_generation(config(assets, tmp_path / "whole.parquet"))
     model, data = assets
