@@ -50,10 +50,9 @@ class RolloutRole:
         self.agent = agent_loop_from_config(cfg, self.engine) if cfg.rollout.mode == "async" else None
         # reported with the first step
         self.metrics: dict[str, float] = {"timing_s/rollout_start": time.perf_counter() - start}
-        # The rollout starts from actor.model_path, as the actor does: in sync until the first update. An actor
-        # started from a megatron distributed checkpoint holds other weights: synced before the first generation.
-        a = cfg.actor
-        self.stale = self.hybrid and a.strategy == "megatron" and bool(a.megatron.dist_checkpoint)
+        # The rollout starts from actor.model_path's weights; an actor that starts from others (a megatron
+        # distributed checkpoint, a saved LoRA adapter) is synced before the first generation.
+        self.stale = self.hybrid and starts_from_other_weights(cfg)
         self.bus: WeightBus | None = None  # rollout.layout=separate: the weight channel, once joined
         self._adapter_root: Path | None = None  # actor.lora.rollout_sync=adapter: the adapter folders' home
         # the cuts of a shard-only sync into this rank's tensor-parallel engine (None: whole tensors)
@@ -228,6 +227,15 @@ class RolloutRole:
         self.metrics["timing_s/weight_sync"] = time.perf_counter() - start
         self.metrics["weight_sync/bytes"] = size
         self.stale = False
+
+
+def starts_from_other_weights(cfg: TandemConfig) -> bool:
+    """The actor's first weights are not actor.model_path's, which a rollout engine loads: a megatron distributed
+    checkpoint (actor.megatron.dist_checkpoint) or a saved adapter (actor.lora.adapter_path, whose B is not 0).
+    A hybrid rollout syncs them before its first generation; a separate one is sent the actor's weights before
+    its first generation anyway (trainer/rollouts.py)."""
+    a = cfg.actor
+    return (a.strategy == "megatron" and bool(a.megatron.dist_checkpoint)) or bool(a.lora.adapter_path)
 
 
 def _empty_rollout(prompts: Batch, sampling: SamplingParams, *, agent: bool = False) -> Batch:
