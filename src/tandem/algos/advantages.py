@@ -1,8 +1,8 @@
 """Advantage estimators: (token_level_rewards, response_mask, ...) -> (advantages, returns), both (B, T).
 
-Every estimator takes the same keywords (`index`, `values`, `reward_baselines`, `gamma`, `lam`,
-`norm_adv_by_std`, `epsilon`) and ignores the ones it does not use, so the trainer can call any of
-them the same way. Outputs are 0 at padding (whatever the rewards hold there), carry no gradient,
+Each estimator takes the keywords its spec in tandem/algo_options.py names (`index`, `values`,
+`gamma`, ...: the advantage step passes exactly those) and keeps the defaults of the rest (`epsilon`);
+no estimator swallows keywords it does not use. Outputs are 0 at padding (whatever the rewards hold there), carry no gradient,
 and are float32 at least (bf16 / fp16 inputs are upcast).
 
 Group-relative estimators (grpo, dr_grpo, grpo_passk, rloo, rloo_vectorized, opo, gpg, gdpo,
@@ -62,7 +62,7 @@ def _broadcast(per_seq: Tensor, mask: Tensor) -> Tensor:
     return per_seq[:, None] * mask
 
 
-@ADV_ESTIMATORS.register("gae", needs_critic=True, needs_groups=False, needs_reward_baselines=False)
+@ADV_ESTIMATORS.register("gae")
 @torch.no_grad()
 def gae(
     token_level_rewards: Tensor,
@@ -71,7 +71,6 @@ def gae(
     values: Tensor | None = None,
     gamma: float = 1.0,
     lam: float = 1.0,
-    **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """GAE: delta_t = r_t + gamma V_{t+1} - V_t, A_t = delta_t + gamma lam A_{t+1}; R = A + V; A whitened.
 
@@ -140,7 +139,7 @@ def _group_relative(
     return advantages, advantages.clone()
 
 
-@ADV_ESTIMATORS.register("grpo", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
+@ADV_ESTIMATORS.register("grpo")
 @torch.no_grad()
 def grpo(
     token_level_rewards: Tensor,
@@ -149,13 +148,12 @@ def grpo(
     index: GroupIndex | None = None,
     norm_adv_by_std: bool = True,
     epsilon: float = 1e-6,
-    **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """GRPO: A_i = (s_i - mean_g(s)) / (std_g(s) + eps), s_i = sum_t r_i,t, unbiased std; returns = A."""
     return _group_relative("grpo", token_level_rewards, response_mask, index, norm_adv_by_std, epsilon)
 
 
-@ADV_ESTIMATORS.register("dr_grpo", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
+@ADV_ESTIMATORS.register("dr_grpo")
 @torch.no_grad()
 def dr_grpo(
     token_level_rewards: Tensor,
@@ -163,7 +161,6 @@ def dr_grpo(
     *,
     index: GroupIndex | None = None,
     epsilon: float = 1e-6,
-    **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """Dr. GRPO: A_i = s_i - mean_g(s) (no std division, whatever `norm_adv_by_std` says); returns = A."""
     return _group_relative("dr_grpo", token_level_rewards, response_mask, index, False, epsilon)
@@ -187,34 +184,26 @@ def _leave_one_out(
     return advantages, advantages.clone()
 
 
-@ADV_ESTIMATORS.register("rloo", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
+@ADV_ESTIMATORS.register("rloo")
 @torch.no_grad()
 def rloo(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     *,
     index: GroupIndex | None = None,
-    **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """RLOO: A_i = s_i - (sum_g s - s_i) / (n_g - 1), the mean of the other samples; a group of one has
     baseline 0 (A_i = s_i, as verl's rloo); returns = A."""
     return _leave_one_out("rloo", token_level_rewards, response_mask, index, alone_keeps_score=True)
 
 
-@ADV_ESTIMATORS.register(
-    "rloo_vectorized",
-    needs_critic=False,
-    needs_groups=True,
-    needs_reward_baselines=False,
-    zero_for_group_of_one=True,
-)
+@ADV_ESTIMATORS.register("rloo_vectorized")
 @torch.no_grad()
 def rloo_vectorized(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     *,
     index: GroupIndex | None = None,
-    **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """RLOO as verl's rloo_vectorized: rloo's A_i for groups of 2+, but 0 for a group of one (verl
     multiplies by n_g > 1); returns = A. With rollout.n=1 every advantage would be 0, so Tandem refuses
@@ -235,16 +224,13 @@ def _discounted_returns(rewards: Tensor, mask: Tensor, gamma: float) -> Tensor:
     return returns * mask
 
 
-@ADV_ESTIMATORS.register(
-    "reinforce_plus_plus", needs_critic=False, needs_groups=False, needs_reward_baselines=False
-)
+@ADV_ESTIMATORS.register("reinforce_plus_plus")
 @torch.no_grad()
 def reinforce_plus_plus(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     *,
     gamma: float = 1.0,
-    **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++: G_t = sum_{k>=t} gamma^(k-t) r_k; A = whiten_batch(G); returns = G."""
     rewards, mask = _prepare(token_level_rewards, response_mask)
@@ -252,16 +238,13 @@ def reinforce_plus_plus(
     return masked_whiten(returns, mask), returns
 
 
-@ADV_ESTIMATORS.register(
-    "reinforce_plus_plus_baseline", needs_critic=False, needs_groups=True, needs_reward_baselines=False
-)
+@ADV_ESTIMATORS.register("reinforce_plus_plus_baseline")
 @torch.no_grad()
 def reinforce_plus_plus_baseline(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     *,
     index: GroupIndex | None = None,
-    **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """REINFORCE++-baseline: A = whiten_batch(s_i - mean_g(s)) over tokens (mean 0 in a group of one); returns = A."""
     rewards, mask = _prepare(token_level_rewards, response_mask)
@@ -272,14 +255,13 @@ def reinforce_plus_plus_baseline(
     return advantages, advantages.clone()
 
 
-@ADV_ESTIMATORS.register("remax", needs_critic=False, needs_groups=False, needs_reward_baselines=True)
+@ADV_ESTIMATORS.register("remax")
 @torch.no_grad()
 def remax(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     *,
     reward_baselines: Tensor | None = None,
-    **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """ReMax: G_t = sum_{k>=t} r_k; A_t = G_t - b, b = the greedy response's score."""
     baselines = _require(
@@ -291,14 +273,13 @@ def remax(
     return advantages, returns
 
 
-@ADV_ESTIMATORS.register("opo", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
+@ADV_ESTIMATORS.register("opo")
 @torch.no_grad()
 def opo(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     *,
     index: GroupIndex | None = None,
-    **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """OPO: A_i = s_i - b_g, b_g = sum_g(l_j s_j) / sum_g(l_j), l_j = response length (b = 0 in a group of
     one, as verl's opo); returns = A."""
@@ -317,13 +298,7 @@ def opo(
     return advantages, advantages.clone()
 
 
-@ADV_ESTIMATORS.register(
-    "grpo_passk",
-    needs_critic=False,
-    needs_groups=True,
-    needs_reward_baselines=False,
-    needs_two_per_group=True,
-)
+@ADV_ESTIMATORS.register("grpo_passk")
 @torch.no_grad()
 def grpo_passk(
     token_level_rewards: Tensor,
@@ -332,7 +307,6 @@ def grpo_passk(
     index: GroupIndex | None = None,
     norm_adv_by_std: bool = True,
     epsilon: float = 1e-6,
-    **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """Pass@k training (Chen et al. 2025, arXiv 2503.19595, as verl's grpo_passk): only the best sample
     of each group learns, A = (s_max - s_second) / (std_g(s) + eps) (no division with norm_adv_by_std
@@ -363,14 +337,13 @@ def grpo_passk(
     return advantages, advantages.clone()
 
 
-@ADV_ESTIMATORS.register("gpg", needs_critic=False, needs_groups=True, needs_reward_baselines=False)
+@ADV_ESTIMATORS.register("gpg")
 @torch.no_grad()
 def gpg(
     token_level_rewards: Tensor,
     response_mask: Tensor,
     *,
     index: GroupIndex | None = None,
-    **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """GPG (Chu et al. 2025, arXiv 2504.02546): A_i = alpha (s_i - mean_g(s)), alpha = B / (B - M).
 
@@ -398,13 +371,7 @@ def gpg(
     return advantages, advantages.clone()
 
 
-@ADV_ESTIMATORS.register(
-    "gdpo",
-    needs_critic=False,
-    needs_groups=True,
-    needs_reward_baselines=False,
-    needs_reward_components=True,
-)
+@ADV_ESTIMATORS.register("gdpo")
 @torch.no_grad()
 def gdpo(
     token_level_rewards: Tensor,
@@ -415,7 +382,6 @@ def gdpo(
     reward_weights: Sequence[float] | Tensor | None = None,
     norm_adv_by_std: bool = True,
     epsilon: float = 1e-6,
-    **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """GDPO (Liu et al. 2026, arXiv 2601.05242): A = whiten_batch(sum_k w_k z_k) over tokens, where
     z_k,i = (r_k,i - mean_g(r_k)) / (std_g(r_k) + eps) is GRPO's normalisation of reward component k
@@ -457,7 +423,9 @@ def gdpo(
 
 
 def compute_advantages(
-    name: str, token_level_rewards: Tensor, response_mask: Tensor, **kwargs: Any
+    name: str, token_level_rewards: Tensor, response_mask: Tensor, **inputs: Any
 ) -> tuple[Tensor, Tensor]:
-    """Look `name` up in ADV_ESTIMATORS and call it: (A, R) = estimator(r, mask, **kwargs)."""
-    return ADV_ESTIMATORS.get(name)(token_level_rewards, response_mask, **kwargs)
+    """(A, R) of the estimator `name` on a bag of `inputs` for any estimator: it gets those its function
+    takes, and a keyword no estimator takes is an error. For tools and tests; the training step passes
+    exactly what the estimator's spec names (trainer/advantage_step.py)."""
+    return ADV_ESTIMATORS.call_with(name, token_level_rewards, response_mask, **inputs)

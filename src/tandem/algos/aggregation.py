@@ -26,13 +26,12 @@ Definitions (the same everywhere, including `global_counts`):
     seq-mean-token-sum-norm:  sum_i (sum_t m l) / (global_num_seqs * norm_length)   (Dr. GRPO)
   norm_length defaults to loss_mat.shape[-1]; pass the configured max response length when
   micro-batches may be padded to different lengths, or the contract breaks.
+Each mode's spec (tandem/algo_options.py) names the counts it divides by; `agg_loss` passes it those.
 A zero count (an all-padding batch) gives a loss of 0, not NaN; inf / NaN losses at padding are
 ignored (value and gradient). A float16 / bfloat16 loss is summed and returned in float32.
 """
 
 from __future__ import annotations
-
-from typing import Any
 
 from torch import Tensor
 
@@ -63,19 +62,19 @@ def _masked(loss_mat: Tensor, mask: Tensor) -> Tensor:
 
 
 @AGG_MODES.register("token-mean")
-def token_mean(loss_mat: Tensor, mask: Tensor, *, global_num_tokens: Count = None, **_: Any) -> Tensor:
+def token_mean(loss_mat: Tensor, mask: Tensor, *, global_num_tokens: Count = None) -> Tensor:
     """sum_{i,t} m l / global_num_tokens."""
     return _masked(loss_mat, mask).sum() / _count(global_num_tokens, (mask != 0).sum())
 
 
 @AGG_MODES.register("seq-mean-token-sum")
-def seq_mean_token_sum(loss_mat: Tensor, mask: Tensor, *, global_num_seqs: Count = None, **_: Any) -> Tensor:
+def seq_mean_token_sum(loss_mat: Tensor, mask: Tensor, *, global_num_seqs: Count = None) -> Tensor:
     """sum_i (sum_t m l) / global_num_seqs."""
     return _masked(loss_mat, mask).sum() / _count(global_num_seqs, (mask != 0).any(dim=-1).sum())
 
 
 @AGG_MODES.register("seq-mean-token-mean")
-def seq_mean_token_mean(loss_mat: Tensor, mask: Tensor, *, global_num_seqs: Count = None, **_: Any) -> Tensor:
+def seq_mean_token_mean(loss_mat: Tensor, mask: Tensor, *, global_num_seqs: Count = None) -> Tensor:
     """sum_i (sum_t m l / n_i) / global_num_seqs; rows with n_i = 0 contribute 0."""
     n_tokens = (mask != 0).sum(dim=-1).clamp(min=1).to(loss_mat.dtype)
     per_seq = _masked(loss_mat, mask).sum(dim=-1) / n_tokens
@@ -89,7 +88,6 @@ def seq_mean_token_sum_norm(
     *,
     global_num_seqs: Count = None,
     norm_length: int | None = None,
-    **_: Any,
 ) -> Tensor:
     """sum_i (sum_t m l) / (global_num_seqs * norm_length), norm_length = max response length (Dr. GRPO)."""
     length = loss_mat.shape[-1] if norm_length is None else norm_length
@@ -111,11 +109,10 @@ def agg_loss(
     """Aggregate a (B, T) per-token loss by `mode` (see the module docstring for each formula)."""
     if loss_mat.shape != mask.shape:
         raise ValueError(f"loss_mat {tuple(loss_mat.shape)} and mask {tuple(mask.shape)} differ in shape")
-    fn = AGG_MODES.get(mode)
-    return fn(
-        upcast(loss_mat),
-        mask,
-        global_num_tokens=global_num_tokens,
-        global_num_seqs=global_num_seqs,
-        norm_length=norm_length,
-    )
+    entry = AGG_MODES.entry(mode)
+    counts = {
+        "global_num_tokens": global_num_tokens,
+        "global_num_seqs": global_num_seqs,
+        "norm_length": norm_length,
+    }
+    return entry.fn(upcast(loss_mat), mask, **{name: counts[name] for name in entry.spec.counts})

@@ -1,8 +1,9 @@
 """Policy losses (PPO clip with dual clip, GSPO, REINFORCE and GPG, CISPO, GMPO, SAPO, Clip-Cov, KL-Cov, DRO, DPPO)
 and the clipped value loss.
 
-Every policy loss takes (old_log_probs, log_probs, advantages, response_mask) as (B, T) tensors and
-the same keywords, and returns (scalar loss, metrics). The scalar is aggregated by `agg_loss`
+Every policy loss takes (old_log_probs, log_probs, advantages, response_mask) as (B, T) tensors,
+`is_weights` and `agg_kwargs`, and the settings its spec in tandem/algo_options.py names (`actor.<name>`:
+the actor passes exactly those), and returns (scalar loss, metrics). The scalar is aggregated by `agg_loss`
 (`loss_agg_mode`, with `agg_kwargs` = the global counts; see aggregation.py for the contract).
 Metrics are detached 0-d tensors: pg_clipfrac, pg_clipfrac_lower, ppo_kl for every loss, so that
 the trainer logs the same keys whichever loss runs.
@@ -71,7 +72,6 @@ def vanilla(
     clip_ratio_c: float = 3.0,
     is_weights: Tensor | None = None,
     agg_kwargs: dict[str, Any] | None = None,
-    **_: Any,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """PPO clip: max(-A r, -A clip(r, 1-lo, 1+hi)), r = exp(logp - old); for A < 0 min(., -A c) (dual clip)."""
     if clip_ratio_c <= 1.0:
@@ -99,7 +99,6 @@ def gspo(
     clip_ratio_high: float = 0.2,
     is_weights: Tensor | None = None,
     agg_kwargs: dict[str, Any] | None = None,
-    **_: Any,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GSPO-token: s_i,t = sg(s_i) exp(logp_t - sg(logp_t)), s_i = exp(mean_t(logp - old)); PPO-clipped.
 
@@ -129,7 +128,6 @@ def reinforce(
     loss_agg_mode: str = "token-mean",
     is_weights: Tensor | None = None,
     agg_kwargs: dict[str, Any] | None = None,
-    **_: Any,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """REINFORCE: l_t = -A_t logp_t (times the IS weight when given); no ratio, no clip."""
     pg = -advantages * zero_padding(upcast(log_probs), response_mask)
@@ -157,7 +155,6 @@ def cispo(
     clip_ratio_high: float = 0.2,
     is_weights: Tensor | None = None,
     agg_kwargs: dict[str, Any] | None = None,
-    **_: Any,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """CISPO (MiniMax-M1, arXiv 2506.13585): l_t = -sg(clip(r_t, 1 - low, 1 + high)) A_t logp_t.
 
@@ -184,15 +181,16 @@ def geo_mean(
     clip_ratio_high: float = 0.2,
     is_weights: Tensor | None = None,
     agg_kwargs: dict[str, Any] | None = None,
-    **_: Any,
+    loss_agg_mode: str | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """GMPO (arXiv 2507.20673): l_i = -A_i exp(mean_t c_t), the geometric mean of the token ratios.
 
-    c_t = sign(A) min(sign(A) d_t, sign(A) clip(d_t, -low, high)) with d_t = logp_t - old_t: the log-ratio
-    clipped per token, pessimistically for the advantage's sign (the clip range applies to log-ratios,
-    as in the paper and verl). A_i is the token-mean advantage of sequence i; the loss is the mean over
-    sequences whatever loss_agg_mode says (GMPO is a sequence-level objective). IS weights enter as
-    their per-sequence geometric mean. pg_clipfrac / _lower: clipped tokens with A > 0 / A < 0.
+        c_t = sign(A) min(sign(A) d_t, sign(A) clip(d_t, -low, high)) with d_t = logp_t - old_t: the log-ratio
+        clipped per token, pessimistically for the advantage's sign (the clip range applies to log-ratios,
+        as in the paper and verl). A_i is the token-mean advantage of sequence i; the loss is the mean over
+        sequences whatever loss_agg_mode says (GMPO is a sequence-level objective: its spec does not name
+    actor.loss_agg_mode, and a loss_agg_mode given here is not read). IS weights enter as
+        their per-sequence geometric mean. pg_clipfrac / _lower: clipped tokens with A > 0 / A < 0.
     """
     log_ratio = _log_ratio(log_probs, old_log_probs, response_mask)
     sign = torch.sign(advantages)
@@ -223,7 +221,6 @@ def sapo(
     tau_neg: float = 1.05,
     is_weights: Tensor | None = None,
     agg_kwargs: dict[str, Any] | None = None,
-    **_: Any,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """SAPO (arXiv 2511.20347): l_t = -f(r_t) A_t with the soft gate f(r) = (4 / tau) sigmoid(tau (r - 1)).
 
@@ -280,7 +277,6 @@ def clip_cov(
     clip_cov_ub: float = 5.0,
     is_weights: Tensor | None = None,
     agg_kwargs: dict[str, Any] | None = None,
-    **_: Any,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """Clip-Cov (Cui et al. 2025, arXiv 2505.22617): PPO clip; random tokens with lb < cov_t < ub get loss 0.
 
@@ -318,7 +314,6 @@ def kl_cov(
     ppo_kl_coef: float = 0.1,
     is_weights: Tensor | None = None,
     agg_kwargs: dict[str, Any] | None = None,
-    **_: Any,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """KL-Cov (Cui et al. 2025, arXiv 2505.22617): l_t = -A_t r_t + coef |logp_t - old_t| on the top-k cov_t.
 
@@ -353,7 +348,6 @@ def dro(
     dro_beta: float | None = None,
     is_weights: Tensor | None = None,
     agg_kwargs: dict[str, Any] | None = None,
-    **_: Any,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DRO (Richemond et al. 2024, arXiv 2405.19107): l_t = -(A_t logp_t - beta/2 (logp_t - old_t)^2).
 
@@ -396,13 +390,12 @@ def _dppo(
     advantages: Tensor,
     response_mask: Tensor,
     *,
-    loss_agg_mode: str = "token-mean",
-    clip_ratio_low: float = 0.2,
-    clip_ratio_high: float = 0.2,
-    clip_ratio_c: float = 3.0,
-    is_weights: Tensor | None = None,
-    agg_kwargs: dict[str, Any] | None = None,
-    **_: Any,
+    loss_agg_mode: str,
+    clip_ratio_low: float,
+    clip_ratio_high: float,
+    clip_ratio_c: float,
+    is_weights: Tensor | None,
+    agg_kwargs: dict[str, Any] | None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """l_t = -A_t sg(min(r_t, c)) logp_t inside the trust region `region` says, 0 outside."""
     log_ratio = _log_ratio(log_probs, old_log_probs, response_mask)
@@ -421,7 +414,17 @@ def _dppo(
 
 @POLICY_LOSSES.register("dppo_tv")
 def dppo_tv(
-    old_log_probs: Tensor, log_probs: Tensor, advantages: Tensor, response_mask: Tensor, **kwargs: Any
+    old_log_probs: Tensor,
+    log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    is_weights: Tensor | None = None,
+    agg_kwargs: dict[str, Any] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DPPO-Binary-TV (Qi et al. 2026, arXiv 2602.04879): l_t = -A_t sg(min(r_t, c)) logp_t, 0 off the region.
 
@@ -431,14 +434,35 @@ def dppo_tv(
     c = clip_ratio_c truncates the detached IS weight (verl passes actor.clip_ratio_c; the paper wants
     it large, verl's example sets 10000); the gradient of a kept token is -A min(r, c) d logp, PPO's
     unclipped one while r < c. pg_clipfrac = share dropped; pg_clipfrac_lower = share kept but r > c.
-    Keywords: loss_agg_mode, clip_ratio_low, clip_ratio_high, clip_ratio_c, is_weights, agg_kwargs.
     """
-    return _dppo(_tv_region, old_log_probs, log_probs, advantages, response_mask, **kwargs)
+    return _dppo(
+        _tv_region,
+        old_log_probs,
+        log_probs,
+        advantages,
+        response_mask,
+        loss_agg_mode=loss_agg_mode,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+        is_weights=is_weights,
+        agg_kwargs=agg_kwargs,
+    )
 
 
 @POLICY_LOSSES.register("dppo_kl")
 def dppo_kl(
-    old_log_probs: Tensor, log_probs: Tensor, advantages: Tensor, response_mask: Tensor, **kwargs: Any
+    old_log_probs: Tensor,
+    log_probs: Tensor,
+    advantages: Tensor,
+    response_mask: Tensor,
+    *,
+    loss_agg_mode: str = "token-mean",
+    clip_ratio_low: float = 0.2,
+    clip_ratio_high: float = 0.2,
+    clip_ratio_c: float = 3.0,
+    is_weights: Tensor | None = None,
+    agg_kwargs: dict[str, Any] | None = None,
 ) -> tuple[Tensor, dict[str, Tensor]]:
     """DPPO-Binary-KL (Qi et al. 2026, arXiv 2602.04879): dppo_tv with a region on KL(Bern(p_old) || Bern(p)).
 
@@ -446,12 +470,26 @@ def dppo_kl(
     log, as verl does, for p = 1). A token with A > 0 is dropped when KL > clip_ratio_high and p > p_old,
     one with A <= 0 when KL > clip_ratio_low and p < p_old (verl's example: 0.05 both).
     """
-    return _dppo(_binary_kl_region, old_log_probs, log_probs, advantages, response_mask, **kwargs)
+    return _dppo(
+        _binary_kl_region,
+        old_log_probs,
+        log_probs,
+        advantages,
+        response_mask,
+        loss_agg_mode=loss_agg_mode,
+        clip_ratio_low=clip_ratio_low,
+        clip_ratio_high=clip_ratio_high,
+        clip_ratio_c=clip_ratio_c,
+        is_weights=is_weights,
+        agg_kwargs=agg_kwargs,
+    )
 
 
-def policy_loss(name: str, *args: Any, **kwargs: Any) -> tuple[Tensor, dict[str, Tensor]]:
-    """Look `name` up in POLICY_LOSSES and call it: (loss, metrics) = fn(old, logp, A, mask, **kw)."""
-    return POLICY_LOSSES.get(name)(*args, **kwargs)
+def policy_loss(name: str, *args: Any, **settings: Any) -> tuple[Tensor, dict[str, Tensor]]:
+    """(loss, metrics) = fn(old, logp, A, mask, ...) of the loss `name` on a bag of `settings` for any loss:
+    it gets those its function takes, and a keyword no loss takes is an error. For tools and tests; the
+    actor passes exactly what the loss's spec names (roles/actor.py)."""
+    return POLICY_LOSSES.call_with(name, *args, **settings)
 
 
 def value_loss(

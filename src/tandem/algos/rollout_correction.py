@@ -16,7 +16,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from tandem import algo_options
 from tandem.algo_options import parse_rollout_rs
 from tandem.algos.core import masked_mean, masked_sum, upcast, zero_padding
 from tandem.algos.importance import is_weights, mismatch_metrics
@@ -114,7 +113,7 @@ def _register_rs(name: str, estimator: str, reduce) -> None:
     statistic.__doc__ = f"{name}: {estimator} per token" + (
         "" if reduce is None else f", {reduce.__name__[1:]}"
     )
-    ROLLOUT_RS.register(name, **algo_options.ROLLOUT_RS.info(name))(statistic)  # its level and bounds
+    ROLLOUT_RS.register(name)(statistic)  # with algo_options' spec: its level and bounds
 
 
 for _est in ("k1", "k2", "k3"):

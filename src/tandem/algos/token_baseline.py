@@ -87,13 +87,7 @@ def _inputs(
     return rewards, mask, old.to(rewards.dtype), spi.to(rewards.dtype)
 
 
-@ADV_ESTIMATORS.register(
-    "optimal_token_baseline",
-    needs_critic=False,
-    needs_groups=True,
-    needs_reward_baselines=False,
-    needs_sum_pi_squared=True,
-)
+@ADV_ESTIMATORS.register("optimal_token_baseline")
 @torch.no_grad()
 def optimal_token_baseline(
     token_level_rewards: Tensor,
@@ -105,7 +99,6 @@ def optimal_token_baseline(
     rollout_is_weights: Tensor | None = None,
     handle_zero_tail: bool = True,
     epsilon: float = 1e-8,
-    **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """OTB: A_t = G_t - sum_i G_t W_t / (sum_i W_t + eps) over the prompt's group; returns = G (see module)."""
     rewards, mask, old, spi = _inputs(
@@ -130,13 +123,7 @@ def expand(compacted: Tensor, mask: Tensor) -> Tensor:
     return torch.where(mask != 0, compacted.gather(-1, slot), torch.zeros_like(compacted))
 
 
-@ADV_ESTIMATORS.register(
-    "tir_optimal_token_baseline",
-    needs_critic=False,
-    needs_groups=True,
-    needs_reward_baselines=False,
-    needs_sum_pi_squared=True,
-)
+@ADV_ESTIMATORS.register("tir_optimal_token_baseline")
 @torch.no_grad()
 def tir_optimal_token_baseline(
     token_level_rewards: Tensor,
@@ -148,7 +135,6 @@ def tir_optimal_token_baseline(
     rollout_is_weights: Tensor | None = None,
     handle_zero_tail: bool = True,
     epsilon: float = 1e-8,
-    **_: Any,
 ) -> tuple[Tensor, Tensor]:
     """Multi-turn OTB: the baseline of a sample's k-th model token pools the group's k-th model tokens
     (observation tokens skipped); returns = G at model tokens (see module)."""

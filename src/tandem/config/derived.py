@@ -8,6 +8,7 @@ The `Derived` dataclass that holds them is plain data in schema.py; validation s
 
 from __future__ import annotations
 
+from tandem.algo_options import EstimatorSpec
 from tandem.config.schema import Derived, TandemConfig
 
 
@@ -91,7 +92,7 @@ def gen_prompts_per_round(cfg: TandemConfig) -> int:
     return (ds.gen_batch_size or cfg.data.train_batch_size) if ds.enable else cfg.data.train_batch_size
 
 
-def compute_derived(cfg: TandemConfig, *, estimator_info: dict, ranks_why: str = "") -> Derived:
+def compute_derived(cfg: TandemConfig, *, estimator: EstimatorSpec, ranks_why: str = "") -> Derived:
     """Sizes of a config that passed validation (so every division below is exact); `ranks_why`: how the
     ranks per node were chosen (`choose_workers_per_node`)."""
     world, dp = data_parallel_size(cfg)
@@ -138,7 +139,7 @@ def compute_derived(cfg: TandemConfig, *, estimator_info: dict, ranks_why: str =
         critic_needed=critic_needed,
         reference_needed=cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward,
         reward_model_needed=cfg.reward.reward_model.enable,
-        reward_baselines_needed=bool(estimator_info.get("needs_reward_baselines", False)),
+        reward_baselines_needed=estimator.needs_reward_baselines,
         old_log_probs_from_update=cfg.actor.old_log_probs_from_update
         and actor[4] == 1
         and not cfg.algorithm.use_kl_in_reward

@@ -9,17 +9,18 @@ start-up with the other engine checks (tandem/trainer/start_checks.py check_avai
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tandem.algo_options import EstimatorSpec
 from tandem.config.errors import Problems
 
 if TYPE_CHECKING:
     from tandem.config.schema import TandemConfig
 
 
-def check_modes(cfg: TandemConfig, problems: Problems, info: dict[str, Any]) -> None:
+def check_modes(cfg: TandemConfig, problems: Problems, estimator: EstimatorSpec) -> None:
     """The modes against one another and against what each needs (engine, backend, estimator, tools);
-    `info` is the advantage estimator's registry info."""
+    `estimator` is the advantage estimator's spec (tandem/algo_options.py)."""
     r, t, m = cfg.rollout, cfg.trainer, cfg.rollout.multi_turn
     est = cfg.algorithm.adv_estimator
     if t.async_mode != "synchronous":
@@ -55,7 +56,7 @@ def check_modes(cfg: TandemConfig, problems: Problems, info: dict[str, Any]) -> 
             "actor.lora.rollout_sync=adapter is built for rollout.layout=hybrid; the separate pool's "
             "weight bus sends merged weights: use rollout_sync=merged",
         )
-    if info.get("needs_reward_baselines") and t.async_mode != "synchronous":
+    if estimator.needs_reward_baselines and t.async_mode != "synchronous":
         problems.add(
             ("algorithm.adv_estimator", "trainer.async_mode"),
             f"algorithm.adv_estimator={est} generates a greedy baseline each step, which "

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from tandem.algo_options import EstimatorSpec
 from tandem.config.checks.algorithm import check_algorithm
 from tandem.config.checks.data import check_data, check_dataset_class, check_sampler_class
 from tandem.config.checks.lora import check_lora
 from tandem.config.checks.megatron import check_megatron
-from tandem.config.checks.names import check_names, estimator_info, registries
+from tandem.config.checks.names import check_names, estimator_spec, registries
 from tandem.config.checks.rollout import check_multi_turn
 from tandem.config.checks.rollout_correction import (
     check_old_log_probs_for_correction,
@@ -48,16 +49,16 @@ def finalize(
     """Resolve `auto` / `None = the actor's` values in place, check every rule, then compute `cfg.derived`."""
     cfg._derived = None
     regs = registries()
-    info = estimator_info(cfg.algorithm.adv_estimator, regs)
-    resolve(cfg, info)
+    estimator = estimator_spec(cfg.algorithm.adv_estimator, regs)
+    resolve(cfg, estimator)
     ranks_why = resolve_workers_per_node(cfg, gpus_per_node)
     before = len(problems.items)
     check_names(cfg, problems, regs)
     check_lora(cfg, problems)  # first: an adapter folder fills actor.lora's keys that the rules below read
     check_values(cfg, problems)
     check_dataset_class(cfg, problems)
-    check_modes(cfg, problems, info)
-    check_algorithm(cfg, problems, info)
+    check_modes(cfg, problems, estimator)
+    check_algorithm(cfg, problems, estimator)
     check_batch_sizes(cfg, problems)
     check_parallel(cfg, problems)
     check_megatron(cfg, problems)
@@ -67,7 +68,7 @@ def finalize(
     check_rollout_correction(cfg, problems)
     check_sampler_class(cfg, problems)
     if len(problems.items) == before:
-        cfg._derived = compute_derived(cfg, estimator_info=info, ranks_why=ranks_why)
+        cfg._derived = compute_derived(cfg, estimator=estimator, ranks_why=ranks_why)
         check_old_log_probs_for_correction(cfg, problems)
 
 
@@ -95,11 +96,11 @@ def resolve_workers_per_node(cfg: TandemConfig, gpus_per_node: int | None) -> st
     return why
 
 
-def resolve(cfg: TandemConfig, info: dict[str, Any]) -> None:
+def resolve(cfg: TandemConfig, estimator: EstimatorSpec) -> None:
     """Fill in settings that default to another setting, so consumers never see `auto` or None."""
     critic = cfg.critic
     if critic.enable == "auto":
-        critic.enable = bool(info.get("needs_critic", False))
+        critic.enable = estimator.needs_critic
     if critic.model_path is None:
         if critic.tokenizer_path is None:  # the actor's folder: the actor's tokenizer, wherever it is
             critic.tokenizer_path = cfg.actor.tokenizer_path

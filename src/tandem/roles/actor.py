@@ -10,9 +10,9 @@ from typing import Any
 
 from torch import Tensor
 
+from tandem.algos import POLICY_LOSSES
 from tandem.algos.aggregation import agg_loss
 from tandem.algos.kl import kl_loss
-from tandem.algos.policy_loss import policy_loss
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
 from tandem.engine.base import TrainEngine, scatter_rows
@@ -28,6 +28,12 @@ from tandem.roles.correction import correction_from_config
 
 # What an update reads from the batch, besides the model inputs and the correction's log-probs.
 UPDATE_KEYS = ("responses", "response_mask", "advantages")
+
+
+def update_keys(cfg: TandemConfig) -> tuple[str, ...]:
+    """The keys the actor's update reads besides the model inputs and the rollout correction's
+    (`RolloutCorrection.update_keys`): the controller selects these, the update refuses a batch without them."""
+    return (*UPDATE_KEYS, *(("ref_log_probs",) if cfg.actor.use_kl_loss else ()))
 
 
 class Actor:
@@ -65,9 +71,7 @@ class Actor:
         default the config's; on a worker, this rank's parts of them: `mini_batch_parts`); then one
         LR-schedule step."""
         a = self.cfg.actor
-        missing = [k for k in UPDATE_KEYS if k not in batch] + self.correction.missing_keys(batch)
-        if a.use_kl_loss and "ref_log_probs" not in batch:
-            missing.append("ref_log_probs (actor.use_kl_loss is on)")
+        missing = [k for k in update_keys(self.cfg) if k not in batch] + self.correction.missing_keys(batch)
         if missing:
             raise KeyError(f"actor update: the batch lacks {missing}; it has {batch.keys()}")
         correction = self.correction.for_batch(batch)
@@ -109,26 +113,15 @@ class Actor:
                     entropy = None
             inputs = correction.loss_inputs(log_probs.detach(), micro, counts, is_total)
             metrics |= inputs.metrics
-            pg_loss, pg_metrics = policy_loss(
-                inputs.policy_loss,
+            pg = POLICY_LOSSES.entry(inputs.policy_loss)  # its spec names the actor.<setting>s it reads
+            pg_loss, pg_metrics = pg.fn(
                 inputs.old_log_probs,
                 log_probs,
                 micro["advantages"],
                 inputs.loss_mask,
-                loss_agg_mode=a.loss_agg_mode,
-                clip_ratio_low=a.clip_ratio_low,
-                clip_ratio_high=a.clip_ratio_high,
-                clip_ratio_c=a.clip_ratio_c,
-                tau_pos=a.tau_pos,
-                tau_neg=a.tau_neg,
-                clip_cov_ratio=a.clip_cov_ratio,
-                clip_cov_lb=a.clip_cov_lb,
-                clip_cov_ub=a.clip_cov_ub,
-                kl_cov_ratio=a.kl_cov_ratio,
-                ppo_kl_coef=a.ppo_kl_coef,
-                dro_beta=a.dro_beta,
                 is_weights=inputs.is_weights,
                 agg_kwargs=agg,
+                **{setting: getattr(a, setting) for setting in pg.spec.settings},
             )
             metrics["pg_loss"] = float(pg_loss.detach())
             metrics.update({k: float(v) * share for k, v in pg_metrics.items()})

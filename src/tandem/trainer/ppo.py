@@ -21,7 +21,7 @@ from typing import Any
 
 import torch
 
-from tandem.algos import apply_kl_penalty, compute_advantages, kl_controller_from_config, resample_indices
+from tandem.algos import apply_kl_penalty, kl_controller_from_config, resample_indices
 from tandem.batch import Batch
 from tandem.config.checks.data_sources import check_data_sources
 from tandem.config.errors import ConfigError
@@ -31,11 +31,12 @@ from tandem.data import PromptDataset, UserSampler, sampler_batch, sampler_confi
 from tandem.data.user_dataset import dataset_config, rows_from_class
 from tandem.engine.flops import ModelFlops
 from tandem.rewards import reward_manager_from_config
-from tandem.roles.actor import UPDATE_KEYS
+from tandem.roles.actor import update_keys as actor_update_keys
 from tandem.roles.common import input_keys, model_inputs
 from tandem.roles.correction import correction_from_config
 from tandem.roles.layout import WorkerGroups, build_worker_groups
 from tandem.rollout.agent import tool_schemas
+from tandem.trainer.advantage_step import compute_step_advantages
 from tandem.trainer.base import Trainer
 from tandem.trainer.dumps import SampleDumps
 from tandem.trainer.metrics import Timer, batch_metrics, throughput_metrics
@@ -178,21 +179,9 @@ class RLTrainer(Trainer):
                 else:
                     rewards = scores
                 batch["token_level_rewards"] = rewards
-                batch["advantages"], batch["returns"] = compute_advantages(
-                    alg.adv_estimator,
-                    rewards,
-                    mask,
-                    index=batch["uid"],
-                    values=batch.get("values"),
-                    reward_baselines=batch.get("reward_baselines"),
-                    old_log_probs=batch.get("old_log_probs"),
-                    sum_pi_squared=batch.get("sum_pi_squared"),
-                    rollout_is_weights=is_weights,
-                    gamma=alg.gamma,
-                    lam=alg.lam,
-                    norm_adv_by_std=alg.norm_adv_by_std,
-                    reward_components=batch.get("reward_components"),  # gdpo's terms
-                    reward_weights=alg.gdpo_reward_weights,
+                # what the estimator's spec names, from the batch and algorithm.* (trainer/advantage_step.py)
+                batch["advantages"], batch["returns"] = compute_step_advantages(
+                    batch, rewards, alg, is_weights
                 )
 
             # the rows the updates train on: the batch, or with PF-PPO rows drawn again by their scores
@@ -240,8 +229,7 @@ class RLTrainer(Trainer):
         return devices
 
     def _actor_update_keys(self, batch: Batch) -> list[str]:
-        kl = ["ref_log_probs"] if self.cfg.actor.use_kl_loss else []
-        return [*input_keys(batch), *UPDATE_KEYS, *self.correction.update_keys, *kl]
+        return [*input_keys(batch), *actor_update_keys(self.cfg), *self.correction.update_keys]
 
     # ---- generation, validation ---------------------------------------------------------------------
 

@@ -4,8 +4,9 @@ dynamic sampling, PF-PPO's weight power, the KL controller."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tandem.algo_options import EstimatorSpec, GroupOfOne
 from tandem.config.checks.common import at_least, within
 from tandem.config.derived import gen_prompts_per_round
 from tandem.config.errors import Problems
@@ -38,11 +39,11 @@ def check_policy_loss_keys(cfg: TandemConfig, problems: Problems) -> None:
         problems.add("actor.dro_beta", f"actor.dro_beta={a.dro_beta} must be > 0 (null when dro is unused)")
 
 
-def _check_reward_components(cfg: TandemConfig, problems: Problems, info: dict[str, Any]) -> None:
+def _check_reward_components(cfg: TandemConfig, problems: Problems, estimator: EstimatorSpec) -> None:
     """gdpo's algorithm.gdpo_reward_keys / gdpo_reward_weights (verl's names)."""
     alg, est = cfg.algorithm, cfg.algorithm.adv_estimator
     keys, weights = alg.gdpo_reward_keys, alg.gdpo_reward_weights
-    if not info.get("needs_reward_components"):
+    if not estimator.needs_reward_components:
         for key, value in [("gdpo_reward_keys", keys), ("gdpo_reward_weights", weights)]:
             if value:
                 problems.add(
@@ -93,15 +94,10 @@ def _check_reward_components(cfg: TandemConfig, problems: Problems, info: dict[s
         )
 
 
-def group_of_one_warning(cfg: TandemConfig, info: dict[str, Any]) -> str | None:
+def group_of_one_warning(cfg: TandemConfig, estimator: EstimatorSpec) -> str | None:
     """With rollout.n=1 a group estimator has no baseline: as in verl, the advantage is the raw score. A
     warning that says so, else None (also for the estimators that give a group of one 0: refused instead)."""
-    if (
-        not info.get("needs_groups")
-        or info.get("needs_two_per_group")
-        or info.get("zero_for_group_of_one")
-        or cfg.rollout.n >= 2
-    ):
+    if not estimator.needs_groups or estimator.refuses_group_of_one or cfg.rollout.n >= 2:
         return None
     est = cfg.algorithm.adv_estimator
     return (
@@ -112,15 +108,15 @@ def group_of_one_warning(cfg: TandemConfig, info: dict[str, Any]) -> str | None:
     )
 
 
-def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any]) -> None:
+def check_algorithm(cfg: TandemConfig, problems: Problems, estimator: EstimatorSpec) -> None:
     alg, est = cfg.algorithm, cfg.algorithm.adv_estimator
-    if info.get("needs_critic") and cfg.critic.enable is False:
+    if estimator.needs_critic and cfg.critic.enable is False:
         problems.add(
             ("critic.enable", "algorithm.adv_estimator"),
             f"algorithm.adv_estimator={est} needs a value model but critic.enable=false: set "
             "critic.enable=auto (or true), or pick a critic-free estimator such as grpo or rloo",
         )
-    if info.get("needs_two_per_group") and cfg.rollout.n < 2:
+    if estimator.group_of_one is GroupOfOne.NEEDS_TWO and cfg.rollout.n < 2:
         problems.add(
             ("rollout.n", "algorithm.adv_estimator"),
             f"algorithm.adv_estimator={est} learns from each prompt's best sample by its margin over the "
@@ -129,7 +125,7 @@ def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any])
         )
     # Refused, not warned: verl runs this, but every policy-gradient advantage is 0, so the rewards teach
     # nothing and the run's compute is spent on the KL and entropy terms alone.
-    if info.get("zero_for_group_of_one") and cfg.rollout.n < 2:
+    if estimator.group_of_one is GroupOfOne.ZERO and cfg.rollout.n < 2:
         problems.add(
             ("rollout.n", "algorithm.adv_estimator"),
             f"algorithm.adv_estimator={est} gives a sample that is alone in its group advantage 0 (as in verl), "
@@ -137,17 +133,17 @@ def check_algorithm(cfg: TandemConfig, problems: Problems, info: dict[str, Any])
             "rewards would teach nothing. Set rollout.n>=2 (4-16 is usual), or pick an estimator "
             "that gives a lone sample its raw score, such as rloo",
         )
-    warning = group_of_one_warning(cfg, info)
+    warning = group_of_one_warning(cfg, estimator)
     if warning is not None:
         logger.warning("%s", warning)
-    if info.get("needs_sum_pi_squared") and not cfg.actor.calculate_sum_pi_squared:
+    if estimator.needs_sum_pi_squared and not cfg.actor.calculate_sum_pi_squared:
         problems.add(
             ("actor.calculate_sum_pi_squared", "algorithm.adv_estimator"),
             f"algorithm.adv_estimator={est} weights each token by the policy's sum of squared "
             "probabilities, which the old-log-prob pass computes only when asked: set "
             "actor.calculate_sum_pi_squared=true",
         )
-    _check_reward_components(cfg, problems, info)
+    _check_reward_components(cfg, problems, estimator)
     if (
         alg.dynamic_sampling.enable
         and alg.dynamic_sampling.metric == "seq_final_reward"

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import sys
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from tandem.algo_options import EstimatorSpec
 from tandem.config.errors import Problems, closest
 
 if TYPE_CHECKING:
@@ -32,8 +33,10 @@ def registries() -> dict[str, Registry | Names]:
     }
 
 
-def estimator_info(name: str, regs: dict[str, Registry]) -> dict[str, Any]:
-    return dict(regs["adv"].info(name)) if name in regs["adv"] else {}
+def estimator_spec(name: str, regs: dict[str, Registry]) -> EstimatorSpec:
+    """What the advantage estimator `name` reads (its typed flags); an unknown name (which `check_names`
+    reports) reads nothing, so no other rule fires on it."""
+    return regs["adv"].spec(name) if name in regs["adv"] else EstimatorSpec()
 
 
 def check_name(
