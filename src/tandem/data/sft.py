@@ -344,11 +344,14 @@ def _conversation_pieces(
         after = _render(location, key, render, messages, i + 1, gen=False)
         for text, upto in ((before, i), (after, i + 1)):
             if not text.startswith(previous):
+                if stops is not None:  # e.g. Qwen3's: cut out of the whole rendering instead
+                    return _pieces_of_whole(location, messages, key, render, stops)
                 raise DataError(
                     f"{location}: field {key!r} message {i}: the chat template is not prefix-stable: its "
                     f"rendering of messages[:{upto}] does not start with the rendering of the messages before "
-                    f"it, so the assistant turns cannot be cut out of the whole; use a template that renders "
-                    f"a conversation as the rendering of its beginning followed by the rest"
+                    f"it, so the assistant turns cannot be cut out of the whole as they render; set "
+                    f"data.sft_loss_mask=stop (each turn trained as the whole conversation renders it), or use a "
+                    f"template that renders a conversation as the rendering of its beginning followed by the rest"
                 )
             previous = text
         turn = after[len(before) :]
@@ -375,6 +378,56 @@ def _conversation_pieces(
     if previous[len(done) :]:
         pieces.append((previous[len(done) :], 0))
     return [piece for piece in pieces if piece[0]], previous
+
+
+def _pieces_of_whole(
+    location: str, messages: list[dict[str, Any]], key: str, render: Render, stops: dict[int, str]
+) -> tuple[list[Piece], str]:
+    """`_conversation_pieces` for a template that renders an earlier assistant turn otherwise once later messages
+    follow: Qwen3's drops the think block of the turns before the last user message (with enable_thinking=false
+    the generation prompt holds an empty one, so no growing rendering starts with the one before). The pieces
+    are cut out of the whole conversation's rendering, which is what the model reads at inference: each assistant
+    turn trained from where its rendering leaves the generation prompt's (the generation prompt's common part:
+    ``<|im_start|>assistant\n``) to the first stop token after its content, as the whole renders it. The messages
+    before each assistant turn must still render as the beginning of the whole (else not prefix-stable)."""
+    whole = _render(location, key, render, messages, len(messages), gen=False)
+    pieces: list[Piece] = []
+    done = 0  # the whole rendering cut into pieces up to here
+    for i, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        context = _render(location, key, render, messages, i, gen=False)
+        if not whole.startswith(context) or len(context) < done:
+            raise DataError(
+                f"{location}: field {key!r} message {i}: the chat template is not prefix-stable: the messages "
+                f"before this assistant turn do not render as the beginning of the whole conversation, so its "
+                f"turn cannot be found in it; use a template that renders a conversation as the rendering of its "
+                f"beginning followed by the rest"
+            )
+        opening = _render(location, key, render, messages, i, gen=True)
+        start = len(context)
+        while start < min(len(opening), len(whole)) and opening[start] == whole[start]:
+            start += 1
+        content = message["content"]
+        at = whole.find(content, len(context)) if isinstance(content, str) and content else -1
+        if 0 <= at < start:  # the content begins like the generation prompt's rest: trained whole
+            start = at
+        content_end = at + len(content) if at >= 0 else start
+        ends = [
+            (whole.find(stop, content_end), stop) for stop in stops.values() if stop in whole[content_end:]
+        ]
+        if not ends:
+            raise DataError(
+                f"{location}: field {key!r} message {i}: the chat template does not end assistant turns with "
+                f"a stop token of the model ({', '.join(map(repr, stops.values()))}); it renders the rest of the "
+                f"conversation as {whole[start:]!r}"
+            )
+        position, stop = min(ends)
+        end = position + len(stop)
+        pieces += [(whole[done:start], 0), (whole[start:end], 1)]
+        done = end
+    pieces.append((whole[done:], 0))
+    return [piece for piece in pieces if piece[0]], whole
 
 
 def _check_conversation_ids(
