@@ -37,6 +37,7 @@ RolloutMode = Literal["sync", "async"]
 RolloutLayout = Literal["hybrid", "separate"]
 TruncateSide = Literal["left", "right", "middle"]
 ToolCallFormat = Literal["hermes"]
+RouterReplayMode = Literal["off", "R2", "R3"]
 Device = Literal["cpu", "cuda", "auto"]
 RewardManagerSource = Literal["register", "importlib"]
 LoggerName = Literal["console", "jsonl", "tensorboard", "wandb", "mlflow"]
@@ -169,6 +170,11 @@ class ActorConfig:
     # E/k sum_e P_e f_e (1 = even routing; engine/moe.py), added to the actor's (and SFT's) loss; >= 0, 0 = off;
     # null = the model's own weight, num_experts_per_tok x its config's router_aux_loss_coef
     router_aux_loss_coef: float | None = None
+    # mixture-of-experts models: the update routes each token to the experts it was routed to before (verl's
+    # router_replay.mode; engine/router_replay.py). R2: those of the old-log-prob pass (recorded there; with
+    # the old log-probs taken from the update, its first pass routes as the recording would: nothing to replay).
+    # R3 (the rollout engine's routing) is not built. off: every pass routes itself
+    router_replay: RouterReplayMode = "off"
     activation_checkpointing: bool = False  # recompute activations in backward to save memory
     optim: OptimConfig = field(default_factory=OptimConfig)
     fsdp: FSDPConfig = field(default_factory=FSDPConfig)

@@ -16,6 +16,7 @@ from tandem.algos.kl import kl_loss
 from tandem.batch import Batch
 from tandem.config.schema import TandemConfig
 from tandem.engine.base import TrainEngine, scatter_rows
+from tandem.engine.router_replay import ROUTED_EXPERTS
 from tandem.roles.common import (
     model_inputs,
     response_log_probs,
@@ -28,6 +29,8 @@ from tandem.roles.correction import correction_from_config
 
 # What an update reads from the batch, besides the model inputs and the correction's log-probs.
 UPDATE_KEYS = ("responses", "response_mask", "advantages")
+# ... and, where the batch has it, the routing the update replays (actor.router_replay)
+ROUTING_KEYS = (ROUTED_EXPERTS,)
 
 
 def update_keys(cfg: TandemConfig) -> tuple[str, ...]:
@@ -47,7 +50,9 @@ class Actor:
 
     def compute_log_probs(self, batch: Batch, with_entropy: bool = True) -> Batch:
         """old_log_probs [B, R] (at the rollout temperature) and entropy [B, R] of `responses`; with
-        actor.calculate_sum_pi_squared also sum_pi_squared [B, R], sum_v pi_v^2 of each position."""
+        actor.calculate_sum_pi_squared also sum_pi_squared [B, R], sum_v pi_v^2 of each position; with
+        actor.router_replay=R2 also `routed_experts` [B, T, L, k], this pass's routing, which the update
+        replays when the batch carries it there (verl's R2)."""
         with_spi = self.cfg.actor.calculate_sum_pi_squared
 
         def fn(output: Any, micro: Batch) -> dict[str, Tensor]:
@@ -60,7 +65,8 @@ class Actor:
             return {name: scatter_rows(values, where) for name, values in stats.items()}
 
         micro = self.cfg.rollout.log_prob_micro_batch_size_per_rank
-        return self.engine.forward(model_inputs(batch, "responses"), fn, micro)
+        record = self.cfg.actor.router_replay == "R2" and with_entropy  # the old-log-prob pass, not a probe
+        return self.engine.forward(model_inputs(batch, "responses"), fn, micro, record_routing=record)
 
     def _log_probs(self, batch: Batch) -> Tensor:
         """The policy's log-probs of `batch`'s responses as it stands, no grad [B, R]."""

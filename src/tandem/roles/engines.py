@@ -76,6 +76,8 @@ def role_engine(
         packing=a.sequence_packing,
         max_tokens_per_micro_batch=token_budget(cfg, device),
         router_aux_loss_coef=a.router_aux_loss_coef,
+        # the trained policy's routers record and replay (actor.router_replay); a reference routes itself
+        router_replay=a.router_replay != "off" and head == "lm" and optim is not None,
         lora=lora,
         freeze_vision_tower=freeze_vision_tower,
         override_config=override_config or {},

@@ -31,6 +31,7 @@ from tandem.data import PromptDataset, UserSampler, sampler_batch, sampler_confi
 from tandem.data.user_dataset import dataset_config, rows_from_class
 from tandem.engine.flops import ModelFlops
 from tandem.rewards import reward_manager_from_config
+from tandem.roles.actor import ROUTING_KEYS as ACTOR_ROUTING_KEYS
 from tandem.roles.actor import update_keys as actor_update_keys
 from tandem.roles.common import input_keys, model_inputs
 from tandem.roles.correction import correction_from_config
@@ -229,7 +230,8 @@ class RLTrainer(Trainer):
         return devices
 
     def _actor_update_keys(self, batch: Batch) -> list[str]:
-        return [*input_keys(batch), *actor_update_keys(self.cfg), *self.correction.update_keys]
+        routing = [key for key in ACTOR_ROUTING_KEYS if key in batch]  # actor.router_replay's record
+        return [*input_keys(batch), *actor_update_keys(self.cfg), *self.correction.update_keys, *routing]
 
     # ---- generation, validation ---------------------------------------------------------------------
 

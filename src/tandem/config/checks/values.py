@@ -170,10 +170,30 @@ def check_optimizers(cfg: TandemConfig, problems: Problems) -> None:
             problems.add(key, f"{key}={clip} must be > 0; use null for no clipping")
 
 
+def check_router_replay(cfg: TandemConfig, problems: Problems) -> None:
+    """actor.router_replay: R3 needs the rollout engine's routing, which no rollout engine here returns; R2
+    records in the old-log-prob pass, which bypass mode does not run."""
+    mode = cfg.actor.router_replay
+    if mode == "R3":
+        problems.add(
+            "actor.router_replay",
+            "actor.router_replay=R3 replays the experts the rollout engine routed each token to; Tandem's rollout "
+            "engines do not return them (its vLLM engine does not ask for vLLM's routed experts, and there is no "
+            "SGLang engine): use R2 (the old-log-prob pass's routing) or off",
+        )
+    if mode == "R2" and cfg.algorithm.rollout_correction.bypass_mode:
+        problems.add(
+            "actor.router_replay",
+            "actor.router_replay=R2 replays the routing of the old-log-prob pass, which "
+            "algorithm.rollout_correction.bypass_mode=true does not run: turn one of them off",
+        )
+
+
 def check_model_values(cfg: TandemConfig, problems: Problems) -> None:
     """The actor's and the critic's own settings: LoRA, clip ratios, loss coefficients."""
     a, c = cfg.actor, cfg.critic
     at_least(problems, "actor.router_aux_loss_coef", a.router_aux_loss_coef, 0)
+    check_router_replay(cfg, problems)
     for role, lora in (("actor", a.lora), ("critic", c.lora)):
         at_least(problems, f"{role}.lora.rank", lora.rank, 0)
         if lora.rank <= 0:

@@ -36,6 +36,7 @@ class BuildHost(ParallelLayout, Protocol):
     shapes: convert.Shapes
     chunks: list[nn.Module]  # this rank's model chunks, one per virtual stage
     _row_rotaries: list[nn.Module]  # context parallel: each chunk's RowRotary
+    router_replay: bool  # routers built with megatron's replay (actor.router_replay)
 
 
 class ModelBuild:
@@ -77,6 +78,7 @@ class ModelBuild:
             # micro-batches differ in shape (token budget, packing); the interleaved schedule pads them to one
             variable_seq_lengths=self.vp_size == 1,
             moe_token_dispatcher_type="alltoall",  # megatron asks for it with variable_seq_lengths
+            moe_enable_routing_replay=self.router_replay,  # router replay (experts.RouterTape)
             # The fused kernels are CUDA-only or need Apex / Transformer Engine; the torch paths compute the same.
             # override_transformer_config turns them on, on CUDA only (config/megatron_overrides.py).
             **{

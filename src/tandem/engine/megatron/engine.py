@@ -46,7 +46,7 @@ from torch.nn.utils import clip_grads_with_norm_
 
 from tandem.batch import Batch, Partition
 from tandem.config.schema import MegatronConfig
-from tandem.engine import hf_io, moe
+from tandem.engine import hf_io, moe, router_replay
 from tandem.engine.base import (
     EngineSpec,
     ForwardFn,
@@ -60,7 +60,7 @@ from tandem.engine.base import (
 )
 from tandem.engine.megatron import convert
 from tandem.engine.megatron.build import ModelBuild
-from tandem.engine.megatron.experts import RouterBalance
+from tandem.engine.megatron.experts import RouterBalance, RouterTape
 from tandem.engine.megatron.offload import FORWARD, PARTS, TRAIN, StateOffload
 from tandem.engine.megatron.parallel import init_parallel_state, megatron_available
 from tandem.engine.megatron.schedule import PipelineSchedule
@@ -90,6 +90,8 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
     in `megatron.param_dtype`
     (bfloat16 by default) with float32 master weights in the optimizer.
     """
+
+    _routes: RouterTape | None = None  # router replay (spec.router_replay; experts.py)
 
     def __init__(self, spec: EngineSpec) -> None:
         if spec.lora is not None and spec.lora.rank > 0:
@@ -182,6 +184,8 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
         self.param_dtype = strategy_param_dtype("megatron", spec.fsdp, megatron, self.device)
 
         self._row_rotaries: list[nn.Module] = []  # context parallel: each chunk's RowRotary
+        # actor.router_replay: megatron's routers built with their replay (experts.RouterTape drives it)
+        self.router_replay = spec.router_replay
         with self._scope():
             start = (str(spec.dist_checkpoint), spec.dist_checkpoint_key) if spec.dist_checkpoint else None
             self.chunks, self._hf_class, self._hf_shapes = self._build(
@@ -212,6 +216,7 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
                 f"{self.model_path}: a mixture-of-experts model with {what} and "
                 f"actor.megatron.pipeline_parallel={self.pp_size} is not built; turn one of them off"
             )
+        self._routes = self._route_tape(routing, config) if spec.router_replay else None
         self._balance = (
             RouterBalance(
                 self.chunks, routing, config.num_hidden_layers, self._tp_group, self.sequence_parallel
@@ -223,6 +228,26 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
         self._peak_lr = optim.lr if optim is not None else 0.0
         if optim is not None:
             self._set_lr()
+
+    def _route_tape(self, routing: moe.Routing | None, config: Any) -> RouterTape:
+        if routing is None:
+            raise ValueError(
+                f"actor.router_replay: {self.model_path} is not a mixture-of-experts language model (no routers "
+                "to replay); set actor.router_replay=off"
+            )
+        if self.cp_size > 1:
+            raise ValueError(
+                f"actor.router_replay with actor.megatron.context_parallel={self.cp_size}: not built (each rank "
+                "routes a share of every sequence's columns); set context_parallel=1 or router_replay=off"
+            )
+        return RouterTape(self.chunks, routing, config.num_hidden_layers)
+
+    def _check_routes(self, wanted: bool) -> None:
+        if wanted and self._routes is None:
+            raise ValueError(
+                f"a batch with {router_replay.ROUTED_EXPERTS} (or record_routing) on an engine built without "
+                "router replay (EngineSpec.router_replay, actor.router_replay)"
+            )
 
     @staticmethod
     def check_buildable(settings: MegatronConfig, folders: dict[str, str]) -> list[str]:
@@ -256,14 +281,20 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
         return self.dp_rank, self.dp_size, self.tp_rank == 0 and self.cp_rank == 0 and self.last_stage
 
     # ------------------------------------------------------------------ forward / train
-    def forward(self, batch: Batch, fn: ForwardFn, micro_batch_size: int) -> Batch:
+    def forward(
+        self, batch: Batch, fn: ForwardFn, micro_batch_size: int, record_routing: bool = False
+    ) -> Batch:
         """`fn(output, micro)` per micro-batch under no_grad (on the last stage; its outputs are sent to the
-        other stages); per-row tensors on the CPU in the input's row order, on every rank."""
+        other stages); per-row tensors on the CPU in the input's row order, on every rank. `record_routing`:
+        also each token's experts (engine/router_replay.py)."""
         self._check_onloaded("forward")
+        self._check_routes(record_routing or router_replay.ROUTED_EXPERTS in batch)
         with self.on_device():
-            return self._forward(batch, fn, micro_batch_size)
+            return self._forward(batch, fn, micro_batch_size, record_routing)
 
-    def _forward(self, batch: Batch, fn: ForwardFn, micro_batch_size: int) -> Batch:
+    def _forward(
+        self, batch: Batch, fn: ForwardFn, micro_batch_size: int, record_routing: bool = False
+    ) -> Batch:
         micros, plan = self._micro_batches(batch, micro_batch_size)
         empty = not micros
         if empty:  # keys and widths of the outputs still come from one (dummy) pass, as on FSDP
@@ -278,12 +309,18 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
         for chunk in self.chunks:
             chunk.eval()
         with torch.no_grad():
-            self._schedule(micros, on_output, forward_only=True)
+            routed = self._schedule(micros, on_output, forward_only=True, record=record_routing)
         parts = self._from_last_stage(parts)
+        if record_routing:
+            parts = [
+                {**part, router_replay.ROUTED_EXPERTS: (r[:0] if empty else r).cpu()}
+                for part, r in zip(parts, routed, strict=True)
+            ]
         return merge_outputs(parts, plan)
 
     def train_step(self, batch: Batch, loss_fn: LossFn, micro_batch_size: int) -> StepResult:
         self._check_trainable()
+        self._check_routes(router_replay.ROUTED_EXPERTS in batch)
         with self.on_device(train=True):
             return self._train_step(batch, loss_fn, micro_batch_size)
 

@@ -22,7 +22,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tandem.engine import moe
+from tandem.engine import moe, router_replay
 
 
 class _AttachLoss(torch.autograd.Function):
@@ -104,3 +104,73 @@ def stack_experts(pieces: list[Tensor], group: Any, size: int) -> Tensor:
     parts = [torch.empty_like(local) for _ in range(size)]
     dist.all_gather(parts, local.contiguous(), group=group)
     return torch.cat(parts)
+
+
+class RouterTape:
+    """Router replay on megatron (engine/router_replay.py): drives megatron-core's own per-router replay
+    (`TopKRouter.router_replay`, built with `moe_enable_routing_replay`) for each micro-batch, and gathers what it
+    recorded. Each router's layer is its global `layer_number` (1-based), so pipeline stages and virtual chunks
+    index the same [.., L, k] column.
+
+    Rows are the routers' order: megatron's hidden states [width, rows, H] flattened (this TP rank's width slice
+    under sequence parallel). A token without a valid record takes experts 0..k-1 (megatron replaces the whole
+    top-k; such tokens are padding nothing attends to)."""
+
+    def __init__(self, chunks: list[nn.Module], routing: moe.Routing, num_layers: int) -> None:
+        self.routing, self.num_layers = routing, num_layers
+        self._routers = [
+            (module.layer_number - 1, module.router_replay)
+            for chunk in chunks
+            for name, module in chunk.named_modules()
+            if name.endswith("mlp.router")
+        ]
+        if any(replay is None for _, replay in self._routers):
+            raise RuntimeError("router replay: megatron built the routers without moe_enable_routing_replay")
+        self._recorded: dict[int, dict[int, Tensor]] = {}
+
+    def begin(self, key: int, target: Tensor | None, record: bool) -> None:
+        """Before micro-batch `key`'s forward on this stage: replay `target` [rows, L, k] (None: the routers
+        choose), `record` what they use."""
+        from megatron.core.transformer.moe.router_replay import RouterReplayAction
+
+        self._key = key
+        if target is not None:
+            fallback = torch.arange(self.routing.top_k, device=target.device).expand(target.shape[0], -1)
+        for layer, replay in self._routers:
+            replay.clear_indices()
+            if target is not None:
+                given = target[:, layer]
+                given = torch.where(
+                    router_replay.valid_rows(given, self.routing.num_experts)[:, None], given, fallback
+                )
+                replay.set_target_indices(given)
+                replay.set_router_replay_action(RouterReplayAction.REPLAY_FORWARD)
+            elif record:
+                replay.set_router_replay_action(RouterReplayAction.RECORD)
+            else:
+                replay.clear_router_replay_action()
+        self._recording = record
+
+    def collect(self) -> None:
+        """After the forward: what this stage's routers used for the current micro-batch."""
+        if not self._recording:
+            return
+        kept = self._recorded.setdefault(self._key, {})
+        for layer, replay in self._routers:
+            used = replay.get_recorded_indices() if replay.target_topk_idx is None else replay.target_topk_idx
+            if used is not None:
+                kept[layer] = used.detach().long()
+                replay.clear_indices()
+
+    def take(self, key: int, rows: int, device: torch.device) -> Tensor:
+        """Micro-batch `key`'s [rows, L, k] (-1 on the layers of other stages), forgotten here."""
+        out = torch.full((rows, self.num_layers, self.routing.top_k), -1, dtype=torch.long, device=device)
+        for layer, indices in self._recorded.pop(key, {}).items():
+            out[:, layer] = indices
+        return out
+
+    def end(self) -> None:
+        for _, replay in self._routers:
+            replay.clear_indices()
+            replay.clear_router_replay_action()
+        self._recorded = {}

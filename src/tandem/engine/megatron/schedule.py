@@ -12,14 +12,15 @@ from contextlib import AbstractContextManager
 from typing import Any, Protocol
 
 import torch
+import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tandem.batch import Batch
 from tandem.data.packing import pack_model_inputs
-from tandem.engine import moe
+from tandem.engine import moe, router_replay
 from tandem.engine.base import ModelOutput, pad_micro_batch
-from tandem.engine.megatron.experts import RouterBalance, router_rows
+from tandem.engine.megatron.experts import RouterBalance, RouterTape, router_rows
 from tandem.engine.megatron.vocab_parallel import VocabParallel
 from tandem.engine.micro import real_token_count
 
@@ -41,6 +42,9 @@ class ScheduleHost(Protocol):
     sequence_parallel: bool
     vocab_parallel: VocabParallel | None
     _balance: RouterBalance | None  # a mixture-of-experts model in training: its load-balancing term
+    _routes: RouterTape | None  # router replay (engine/router_replay.py)
+    _tp_group: Any
+    _pp_group: Any
     _row_rotaries: list[nn.Module]
     _cp_group: Any
     _scope: Callable[[], AbstractContextManager[Any]]
@@ -61,14 +65,17 @@ class PipelineSchedule:
         forward_only: bool,
         step_tokens: float = 1.0,
         balance: bool = True,
-    ) -> None:
+        record: bool = False,
+    ) -> list[Tensor] | None:
         """Every micro-batch through megatron's pipeline schedule; `on_output(output, micro)` on the last
         stage returns the micro-batch's loss (forward only: a zero). `step_tokens`: real tokens of the step
         over the data-parallel ranks (a MoE model's balance term weighs each micro-batch by its share);
-        `balance`: add that term (False for a rank's dummy row)."""
+        `balance`: add that term (False for a rank's dummy row). A micro-batch with `routed_experts` is routed
+        to them; `record`: returns each micro-batch's routing [b, T, L, k], the same on every rank."""
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         micros = [micro.to(self.device) for micro in micros]
+        real_micros = list(micros)
         filler = None  # a pass that adds nothing, built only where a schedule needs one
         if self.vp_size > 1 or self.ep_size > 1:
             filler = pad_micro_batch(self._pad_id(), self.device, tokens=self.tp_size)
@@ -86,6 +93,8 @@ class PipelineSchedule:
 
         def step(data_iterator: Iterator, model: nn.Module) -> tuple[Tensor, Any]:
             micro, inputs, make_output, real = next(data_iterator)
+            if self._routes is not None:
+                self._routes.begin(id(micro), inputs["routes"][0], record and micro is not filler)
             if self._balance is not None:
                 train = balance and not forward_only and micro is not filler
                 tokens = (
@@ -96,7 +105,9 @@ class PipelineSchedule:
             if columns_and_order is not None:  # the rotary embedding at this rank's columns
                 for rotary in self._row_rotaries:
                     rotary.columns = columns_and_order[0]
-            output_tensor = model(**{k: v for k, v in inputs.items() if k != "cp"})
+            output_tensor = model(**{k: v for k, v in inputs.items() if k not in ("cp", "routes")})
+            if self._routes is not None:
+                self._routes.collect()
 
             def loss_func(logits: Tensor) -> tuple[Tensor, dict]:
                 if self._cp_group is not None:  # this rank's columns -> whole rows, the same on the CP group
@@ -122,6 +133,41 @@ class PipelineSchedule:
                 micro_batch_size=max(w[0] for w in widths),
                 forward_only=forward_only,
             )
+        if self._routes is None:
+            return None
+        try:
+            if not record:
+                return None
+            by_micro = {id(micro): inputs["routes"][1] for micro, inputs, *_ in prepared}
+            return [self._recorded_routing(id(micro), *by_micro[id(micro)]) for micro in real_micros]
+        finally:
+            self._routes.end()
+
+    def _recorded_routing(
+        self, key: int, packing: Any, grid: tuple[int, int], shape: tuple[int, int], real: Tensor | None
+    ) -> Tensor:
+        """One micro-batch's recorded routing as [b, T, L, k]: this rank's router rows gathered over the TP
+        ranks (sequence parallel) and the pipeline stages (each holds its own layers)."""
+        local_rows = grid[0] * grid[1] // (self.tp_size if self.sequence_parallel else 1)
+        rows = self._routes.take(key, local_rows, self.device)
+        if self.sequence_parallel:
+            parts = [torch.empty_like(rows) for _ in range(self.tp_size)]
+            dist.all_gather(parts, rows.contiguous(), group=self._tp_group)
+            rows = torch.cat(parts)
+        placed = rows.view(grid[1], grid[0], *rows.shape[1:]).transpose(0, 1)
+        routed = router_replay.from_grid(placed, packing, shape, real).contiguous()
+        if self.pp_size > 1:
+            dist.all_reduce(routed, op=dist.ReduceOp.MAX, group=self._pp_group)
+        return routed
+
+    def _route_target(self, micro: Batch, packing: Any, grid: tuple[int, int]) -> Tensor | None:
+        """The micro-batch's `routed_experts` in this rank's router rows [n, L, k], or None."""
+        if self._routes is None or router_replay.ROUTED_EXPERTS not in micro:
+            return None
+        placed = router_replay.to_grid(micro[router_replay.ROUTED_EXPERTS], packing, grid).transpose(0, 1)
+        if self.sequence_parallel:
+            placed = placed.chunk(self.tp_size, dim=0)[self.tp_rank]
+        return placed.reshape(-1, *placed.shape[2:])
 
     def _model_inputs(
         self, micro: Batch, shape: tuple[int, int] | None = None
@@ -167,6 +213,10 @@ class PipelineSchedule:
         inputs["attention_mask"] = ~(allowed & causal).unsqueeze(1)
         if self.cp_size > 1:
             inputs = self._context_parallel_share(inputs, real if packing is not None else None)
+        # router replay: the target in the routers' rows, and what maps a record back to [b, T, L, k]
+        grid = (to_rows, to_width)
+        mask = micro.get("attention_mask")
+        inputs["routes"] = (self._route_target(micro, packing, grid), (packing, grid, padded_shape, mask))
 
         def make_output(logits: Tensor) -> ModelOutput:
             return ModelOutput(
