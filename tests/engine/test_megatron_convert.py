@@ -285,7 +285,7 @@ def test_a_model_the_virtual_stages_cannot_split_fails_before_the_workers(tmp_pa
     """4 layers over PP=2 x VP=4 chunks: a start-up error naming the folder's key and both sizes."""
     from tandem.config import ConfigError, load_config
     from tandem.models.tiny import save_tiny
-    from tandem.trainer.start_checks import check_available
+    from tandem.trainer.start_checks.available import check_available
 
     model = save_tiny(tmp_path / "tiny")  # 4 layers
     base = [f"actor.model_path={model}", "actor.strategy=megatron", "trainer.workers_per_node=2"]
@@ -436,7 +436,7 @@ def test_start_checks_name_a_refused_model_once_in_a_run_without_a_critic(tmp_pa
 
     from tandem.config import ConfigError, load_config
     from tandem.models.tiny import save_tiny
-    from tandem.trainer.start_checks import check_available
+    from tandem.trainer.start_checks.available import check_available
 
     model = save_tiny(tmp_path / "tiny")
     config = json.loads((model / "config.json").read_text())

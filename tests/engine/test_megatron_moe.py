@@ -124,7 +124,7 @@ def test_moe_layouts_megatron_cannot_run_are_refused():
 
 def test_context_parallel_with_a_moe_model_fails_before_the_workers(paths):
     from tandem.config import ConfigError, load_config
-    from tandem.trainer.start_checks import check_available
+    from tandem.trainer.start_checks.available import check_available
 
     overrides = [f"actor.model_path={paths[0]}", "actor.strategy=megatron", "trainer.workers_per_node=2"]
     with pytest.raises(ConfigError, match=r"actor.model_path=.*context_parallel=2 is not built"):

@@ -29,7 +29,7 @@ from tandem.engine.fsdp.ulysses import (
     sp_forward,
 )
 from tandem.models.tiny import save_tiny
-from tandem.trainer.start_checks import check_available
+from tandem.trainer.start_checks.available import check_available
 
 from . import ulysses_scenarios as us
 from .fsdp_scenarios import file_store, rollout_batch

@@ -188,7 +188,7 @@ def test_a_tensor_parallel_engine_names_what_it_cannot_run_with(tiny_dir, monkey
     size k divides, the engine refuses to start."""
     from tandem.config import ConfigError, load_config
     from tandem.rollout.vllm import _tensor_parallel_launch
-    from tandem.trainer.start_checks import check_available
+    from tandem.trainer.start_checks.available import check_available
 
     base = [f"actor.model_path={tiny_dir}", "trainer.workers_per_node=2", "rollout.tensor_parallel=2"]
     check_available(load_config("grpo", base))

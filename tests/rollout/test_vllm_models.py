@@ -142,7 +142,7 @@ def test_engine_kwargs_older_vllm_names_are_read_as_todays_and_unknown_names_are
 def test_the_start_up_checks_name_what_vllm_would_refuse(tmp_path):
     pytest.importorskip("vllm")
     from tandem.models.tiny_families import save_family
-    from tandem.trainer.start_checks import check_available
+    from tandem.trainer.start_checks.available import check_available
 
     folder = save_family("deepseek_v3", tmp_path / "ds", topk_method=None)
     cfg = load_config(
@@ -167,7 +167,7 @@ def test_a_length_past_the_models_positions_is_named_at_start_up(tmp_path):
     worker, where the message is lost to Ray (its pydantic error does not pickle): checked before the workers."""
     pytest.importorskip("vllm")
     from tandem.models.tiny_families import save_family
-    from tandem.trainer.start_checks import check_available
+    from tandem.trainer.start_checks.available import check_available
 
     folder = save_family("qwen3", tmp_path / "qwen3", max_position_embeddings=256)
     base = [f"actor.model_path={folder}", "trainer.device=cpu", "rollout.engine=vllm"]

@@ -102,7 +102,7 @@ def test_engines_that_would_drop_the_images_refuse_them(vlm):
 
 def test_what_a_vision_language_actor_does_not_run_with_yet_is_a_start_up_error(vlm):
     from tandem.config import ConfigError, load_config
-    from tandem.trainer.start_checks import check_available
+    from tandem.trainer.start_checks.available import check_available
 
     folder, _, _ = vlm
     base = [f"actor.model_path={folder}", "rollout.engine=vllm"]

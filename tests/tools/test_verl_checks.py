@@ -15,7 +15,7 @@ from tandem.models.tiny import build_tokenizer
 from tandem.rollout.agent import interaction_from_config, toolset_from_config
 from tandem.tools import InteractionRouter
 from tandem.tools.gsm8k import INCORRECT_REPLY, Gsm8kInteraction
-from tandem.trainer.start_checks import check_multi_turn
+from tandem.trainer.start_checks.multi_turn import check_multi_turn
 
 
 def multi_turn(*overrides):
@@ -183,7 +183,7 @@ def test_an_agent_name_tandem_does_not_run_is_a_data_error(tmp_path, tokenizer):
 def test_verl_fields_this_config_would_not_use_are_warned_about(tmp_path, tokenizer, caplog):
     data = dataset(tmp_path, tokenizer, gsm8k_rows(3))
     sync = load_config("grpo", ["rollout.mode=sync"])
-    with caplog.at_level(logging.WARNING, logger="tandem.trainer.start_checks"):
+    with caplog.at_level(logging.WARNING, logger="tandem.trainer.start_checks.multi_turn"):
         check_multi_turn(sync, [data])
     messages = [r.getMessage() for r in caplog.records]
     assert any(
@@ -197,7 +197,7 @@ def test_verl_fields_this_config_would_not_use_are_warned_about(tmp_path, tokeni
         f"rollout.multi_turn.tool_file={TOOL_YAML}",
         f"rollout.multi_turn.interaction_file={INTERACTION_YAML}",
     )
-    with caplog.at_level(logging.WARNING, logger="tandem.trainer.start_checks"):
+    with caplog.at_level(logging.WARNING, logger="tandem.trainer.start_checks.multi_turn"):
         check_multi_turn(agent, [data])
     assert caplog.records == []  # every verl field has a reader
 

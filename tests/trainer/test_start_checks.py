@@ -1,4 +1,4 @@
-"""Start-up checks (tandem/trainer/start_checks.py): model and tokenizer folders, the tokenizer round trip
+"""Start-up checks (tandem/trainer/start_checks/): model and tokenizer folders, the tokenizer round trip
 on the run's own prompts, and every row's ground truth against its scorer. No Ray, no training: each
 test builds a trainer (or runs the CLI) and stops at the check."""
 
@@ -28,7 +28,7 @@ from tandem.models.tiny import (
     save_tiny,
 )
 from tandem.trainer import RLTrainer, SFTTrainer
-from tandem.trainer.start_checks import load_tokenizer, round_trip_warning
+from tandem.trainer.start_checks.tokenizers import load_tokenizer, round_trip_warning
 
 from .trainer_helpers import run_config
 
@@ -112,9 +112,9 @@ def test_trainer_warns_on_a_tokenizer_that_changes_the_prompts_and_tokenizer_pat
 ):
     # rollout.engine=hf: the character model's head size (16) is one vLLM's CPU attention does not take
     cfg = run_config({**assets, "model": char_folders["qwen2"]}, tmp_path, "grpo", "rollout.engine=hf")
-    with caplog.at_level(logging.WARNING, logger="tandem.trainer.start_checks"):
+    with caplog.at_level(logging.WARNING, logger="tandem.trainer.start_checks.tokenizers"):
         RLTrainer(cfg)
-    warnings = [r.getMessage() for r in caplog.records if r.name == "tandem.trainer.start_checks"]
+    warnings = [r.getMessage() for r in caplog.records if r.name == "tandem.trainer.start_checks.tokenizers"]
     assert len(warnings) == 1 and "Qwen2Tokenizer" in warnings[0] and "train.parquet row 0" in warnings[0]
 
     caplog.clear()
@@ -125,9 +125,9 @@ def test_trainer_warns_on_a_tokenizer_that_changes_the_prompts_and_tokenizer_pat
         f"actor.tokenizer_path={char_folders['tokenizer']}",
         "rollout.engine=hf",
     )
-    with caplog.at_level(logging.WARNING, logger="tandem.trainer.start_checks"):
+    with caplog.at_level(logging.WARNING, logger="tandem.trainer.start_checks.tokenizers"):
         trainer = RLTrainer(cfg)
-    assert not [r for r in caplog.records if r.name == "tandem.trainer.start_checks"]
+    assert not [r for r in caplog.records if r.name == "tandem.trainer.start_checks.tokenizers"]
     # The prompts are the character tokenizer's ids: "\n" (one token) survives.
     newline = trainer.tokenizer("\n", add_special_tokens=False)["input_ids"]
     assert len(newline) == 1 and newline[0] in trainer.train_data[0]["input_ids"]
@@ -139,9 +139,11 @@ def test_sft_trainer_checks_its_rows_too(char_folders, tmp_path, caplog):
     cfg = run_config(
         {"model": char_folders["qwen2"], "train": data, "val": data}, tmp_path, "sft", "data.max_length=64"
     )
-    with caplog.at_level(logging.WARNING, logger="tandem.trainer.start_checks"):
+    with caplog.at_level(logging.WARNING, logger="tandem.trainer.start_checks.tokenizers"):
         SFTTrainer(cfg)
-    (message,) = [r.getMessage() for r in caplog.records if r.name == "tandem.trainer.start_checks"]
+    (message,) = [
+        r.getMessage() for r in caplog.records if r.name == "tandem.trainer.start_checks.tokenizers"
+    ]
     assert (
         "sft.parquet row 0 is '<|im_start|>user\\n2 + 3<|im_end|>\\n<|im_start|>assistant\\nis 5'" in message
     )
@@ -230,9 +232,9 @@ def test_a_tokenizer_transformers_cannot_load_names_the_key(tmp_path):
 
 def test_a_critic_with_another_tokenizer_is_a_warning(assets, char_folders, tmp_path, caplog):
     cfg = run_config(assets, tmp_path, "ppo", f"critic.tokenizer_path={char_folders['tokenizer']}")
-    with caplog.at_level(logging.WARNING, logger="tandem.trainer.start_checks"):
+    with caplog.at_level(logging.WARNING, logger="tandem.trainer.start_checks.tokenizers"):
         RLTrainer(cfg)
-    messages = [r.getMessage() for r in caplog.records if r.name == "tandem.trainer.start_checks"]
+    messages = [r.getMessage() for r in caplog.records if r.name == "tandem.trainer.start_checks.tokenizers"]
     assert len(messages) == 1
     assert messages[0].startswith(f"the critic's tokenizer ({char_folders['tokenizer']}) encodes")
     assert "set critic.tokenizer_path" in messages[0]

@@ -1,4 +1,4 @@
-"""The agent loop's chat-template check at start-up (start_checks.check_chat_template_stops): tools or a
+"""The agent loop's chat-template check at start-up (start_checks/multi_turn.py check_chat_template_stops): tools or a
 simulated user need a template that ends an assistant turn at one of the rollout's stop ids. A template that
 does not is a config error (exit 2) before any worker or Ray starts, naming the tokenizer, its folder and the
 stop ids; the same folder with <|im_end|> among the stop ids passes."""

@@ -15,7 +15,8 @@ from tandem.controller import WorkerGroup
 from tandem.models.tiny import save_tiny
 from tandem.roles.worker import RoleWorker
 from tandem.rollout import SamplingParams
-from tandem.trainer.start_checks import check_available, model_override_problems
+from tandem.trainer.start_checks.available import check_available
+from tandem.trainer.start_checks.training_engine import model_override_problems
 
 ACTOR = "+actor_rollout_ref.model.override_config"
 CRITIC = "+critic.model.override_config"

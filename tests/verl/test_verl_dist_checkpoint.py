@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from tandem.config import ConfigError, load_config
-from tandem.trainer.start_checks import dist_checkpoint_problems
+from tandem.trainer.start_checks.training_engine import dist_checkpoint_problems
 
 MEGATRON = ["actor_rollout_ref.actor.strategy=megatron"]
 ACTOR = "actor_rollout_ref.actor.megatron."

@@ -46,7 +46,7 @@ from tandem.data.prompts import collate_prompts
 from tandem.rollout import PROMPT_INDEX, RolloutEngine, SamplingParams, build_rollout, resolve_engine
 from tandem.rollout.base import read_special_ids
 from tandem.rollout.vllm_models import text_config
-from tandem.trainer.start_checks import load_tokenizer
+from tandem.trainer.start_checks.tokenizers import load_tokenizer
 
 RESPONSES = "responses"  # verl's column
 EXTRA_COLUMNS = ("response_lengths", "finish_reasons")

@@ -4,7 +4,7 @@ rollout.mode: sync (one batched generate call) or async (the agent loop on vLLM'
 rollout.layout: hybrid (the rollout engines share the trainer's ranks) or separate (a pool of their own).
 trainer.async_mode: synchronous, one_step_off or streaming (generation overlaps training).
 `check_modes` runs in validation (tandem/config/validate.py); `rollout_tensor_parallel_problems` runs at
-start-up with the other engine checks (tandem/trainer/start_checks.py check_available).
+start-up with the other engine checks (tandem/trainer/start_checks/rollout_engine.py).
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from tandem.trainer.checkpoint_hf import write_checkpoint_hf
 from tandem.trainer.device_line import device_line
 from tandem.trainer.metrics import worker_metrics
 from tandem.trainer.run_lock import RunLock
-from tandem.trainer.start_checks import check_available
+from tandem.trainer.start_checks.available import check_available
 from tandem.trainer.tracking import Tracker, read_jsonl
 
 logger = logging.getLogger(__name__)

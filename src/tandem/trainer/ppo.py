@@ -44,11 +44,10 @@ from tandem.trainer.metrics import Timer, batch_metrics, throughput_metrics
 from tandem.trainer.one_step_off import OneStepOffSource
 from tandem.trainer.rollout_source import RolloutSource
 from tandem.trainer.rollouts import Rollouts
-from tandem.trainer.start_checks import (
-    check_ground_truths,
-    check_item_data_sources,
-    check_model_folders,
-    check_multi_turn,
+from tandem.trainer.start_checks.model_folders import check_model_folders
+from tandem.trainer.start_checks.multi_turn import check_multi_turn
+from tandem.trainer.start_checks.rows import check_ground_truths, check_item_data_sources
+from tandem.trainer.start_checks.tokenizers import (
     check_tokenizers,
     load_actor_tokenizer,
     load_image_processor,

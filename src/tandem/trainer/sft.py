@@ -17,8 +17,8 @@ from tandem.data import SFTDataset, collate_sft
 from tandem.rollout.agent import tool_schemas
 from tandem.rollout.base import read_special_ids
 from tandem.trainer.base import Trainer
-from tandem.trainer.start_checks import (
-    check_model_folders,
+from tandem.trainer.start_checks.model_folders import check_model_folders
+from tandem.trainer.start_checks.tokenizers import (
     check_tokenizers,
     load_actor_tokenizer,
     load_image_processor,
