@@ -152,3 +152,26 @@ def test_lora_on_a_vision_language_model_syncs_the_rollout_and_exports_a_peft_fo
     ours = Qwen2VLForConditionalGeneration.from_pretrained(exported, dtype=torch.float32).state_dict()
     for name, tensor in ours.items():
         torch.testing.assert_close(merged[name], tensor, rtol=0, atol=1e-6, msg=name)
+
+
+def test_a_frozen_vision_tower_stays_the_folder_s_while_the_language_model_trains(
+    ray_local, assets, tmp_path
+):
+    """actor.freeze_vision_tower: 2 steps with images; the rollout's log-probs stay the trainer's after the sync
+    (which still sends the tower: see roles/rollout.py), and the export holds the folder's tower bit for bit while
+    every language-model weight the images' prompts reach moved."""
+    cfg = grpo_config(assets, tmp_path, "actor.freeze_vision_tower=true", "trainer.total_training_steps=2")
+    history = by_step(RLTrainer(cfg).fit())
+    for step, m in history.items():
+        assert m["rollout_mismatch/max_ratio"] == pytest.approx(1.0, abs=1e-5), step
+        assert m["rollout_mismatch/min_ratio"] == pytest.approx(1.0, abs=1e-5), step
+    final = tmp_path / "tandem" / cfg.trainer.experiment_name / "checkpoints" / "global_step_2"
+    exported = export_checkpoint(final, tmp_path / "hf")
+    trained, initial = (
+        load_file(exported / "model.safetensors"),
+        load_file(assets["model"] / "model.safetensors"),
+    )
+    vision = [name for name in initial if name.startswith("visual.")]
+    assert vision and all(torch.equal(trained[name], initial[name]) for name in vision)
+    language = [name for name in initial if ".layers." in name and name.endswith("proj.weight")]
+    assert language and all(not torch.equal(trained[name], initial[name]) for name in language)
