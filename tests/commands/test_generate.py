@@ -50,8 +50,8 @@ class Interrupted(Exception):
 def interrupting(after_calls: int, calls: list):
     """build_rollout, with an engine whose generate raises after `after_calls` calls (a killed run)."""
 
-    def build(name, **kwargs):
-        engine = build_rollout(name, **kwargs)
+    def build(spec):
+        engine = build_rollout(spec)
         generate = engine.generate
 
         def counted(prompts, sampling):

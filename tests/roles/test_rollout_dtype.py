@@ -1,10 +1,11 @@
-"""The rollout's compute dtype (roles/rollout.py `rollout_dtype`): the actor's, in both layouts."""
+"""The rollout's compute dtype (roles/rollout.py `rollout_dtype`): the actor's, in both layouts, for an engine
+whose facts say it computes in the actor's dtype (vLLM); hf keeps float32."""
 
 from types import SimpleNamespace
 
 import torch
 
-from tandem.roles.rollout import rollout_dtype, rollout_kwargs
+from tandem.roles.rollout import rollout_dtype, rollout_spec
 
 from .roles_helpers import tiny_config
 
@@ -25,9 +26,11 @@ def test_a_separate_rollout_resolves_the_actor_config_as_its_engine_does(tmp_pat
     assert rollout_dtype(megatron, CPU) == torch.float32  # megatron-core: float32 on a CPU, no probe
 
 
-def test_only_the_vllm_engine_is_given_a_dtype(tmp_path):
-    assert "dtype" not in rollout_kwargs(tiny_config(tmp_path, 1, "rollout.engine=hf"), CPU)
+def test_only_the_vllm_engine_computes_in_the_actors_dtype(tmp_path):
+    hf = tiny_config(tmp_path, 1, "rollout.engine=hf", "actor.fsdp.param_dtype=bfloat16")
+    assert rollout_spec(hf, CPU).dtype == torch.float32
     vllm = tiny_config(tmp_path, 1, "rollout.engine=vllm", "actor.fsdp.param_dtype=bfloat16")
-    assert rollout_kwargs(vllm, CPU)["dtype"] == torch.bfloat16
+    assert rollout_spec(vllm, CPU).dtype == torch.bfloat16
     engine = SimpleNamespace(param_dtype=torch.float32)
-    assert rollout_kwargs(vllm, CPU, engine)["dtype"] == torch.float32
+    assert rollout_spec(vllm, CPU, engine).dtype == torch.float32
+    assert rollout_spec(vllm, None).dtype == torch.float32  # no device yet (the start-up check): not resolved

@@ -8,7 +8,7 @@ import torch
 from tandem.algos.core import log_probs_from_logits
 from tandem.batch import Batch
 from tandem.models.tiny import build_model
-from tandem.rollout import ROLLOUT_KEYS, HFRollout, RolloutEngine, SamplingParams, build_rollout
+from tandem.rollout import ROLLOUT_KEYS, HFRollout, RolloutSpec, SamplingParams, build_rollout
 from tandem.rollout.base import METRICS_KEY, PROMPT_INDEX, read_special_ids
 
 from .conftest import PROMPTS, TINY, make_prompts
@@ -301,13 +301,13 @@ def test_from_pretrained_reads_stop_and_pad_ids(tiny_dir, tmp_path):
 
 
 def test_build_rollout(tiny_dir):
-    rollout = build_rollout("hf", model_path=tiny_dir, eos_token_ids=[5])
-    assert isinstance(rollout, RolloutEngine)
+    rollout = build_rollout(RolloutSpec("hf", tiny_dir, eos_token_ids=[5]))
+    assert isinstance(rollout, HFRollout)
     assert (rollout.eos_token_ids, rollout.pad_token_id) == ([5], 0)
     with pytest.raises(NotImplementedError, match="not available yet"):
-        build_rollout("sglang", model_path=tiny_dir)
+        build_rollout(RolloutSpec("sglang", tiny_dir))
     with pytest.raises(ValueError, match="unknown rollout engine 'hff'"):
-        build_rollout("hff", model_path=tiny_dir)
+        build_rollout(RolloutSpec("hff", tiny_dir))
 
 
 def test_constructor_and_prompt_errors(tiny_dir, tokenizer, prompts):

@@ -6,7 +6,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 from tandem.algos.core import log_probs_from_logits
 from tandem.models.tiny import save_tiny
-from tandem.rollout import ROLLOUT_KEYS, SamplingParams, build_rollout, resolve_engine
+from tandem.rollout import ROLLOUT_KEYS, RolloutSpec, SamplingParams, build_rollout, resolve_engine
 from tandem.rollout.base import METRICS_KEY, PROMPT_INDEX
 from tandem.rollout.vllm import VLLMRollout
 
@@ -152,7 +152,7 @@ def test_weight_sync_keeps_log_probs_equal_and_changes_generation(tiny_dir, prom
 
 
 def test_build_rollout_names_and_a_prompt_too_long(tiny_dir, tokenizer):
-    engine = build_rollout("vllm", model_path=tiny_dir, max_model_len=16)
+    engine = build_rollout(RolloutSpec("vllm", tiny_dir, max_model_len=16))
     ENGINES.append(engine)
     assert isinstance(engine, VLLMRollout) and engine.eos_token_ids  # read from the folder
     with pytest.raises(ValueError, match="max_model_len=16"):

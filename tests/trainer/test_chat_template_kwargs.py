@@ -81,8 +81,8 @@ def test_sft_rows(assets, tmp_path):
 def test_generate_hands_the_engine_the_rendered_prompts(assets, tmp_path):
     seen = []
 
-    def build(name, **kwargs):
-        engine = build_rollout(name, **kwargs)
+    def build(spec):
+        engine = build_rollout(spec)
         generate = engine.generate
 
         def recorded(prompts, sampling):

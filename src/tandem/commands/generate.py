@@ -43,9 +43,10 @@ from tandem.config.errors import ConfigError
 from tandem.config.generate import GenerateConfig, GenerateLayout, check_engine_layout, generate_layout
 from tandem.data.generation import generation_items
 from tandem.data.prompts import collate_prompts
-from tandem.rollout import PROMPT_INDEX, RolloutEngine, SamplingParams, build_rollout, resolve_engine
+from tandem.models.config_overrides import text_config
+from tandem.rollout import PROMPT_INDEX, RolloutEngine, RolloutSpec, SamplingParams, build_rollout
 from tandem.rollout.base import read_special_ids
-from tandem.rollout.vllm_models import text_config
+from tandem.rollout_options import facts, resolve_engine
 from tandem.trainer.start_checks.tokenizers import load_tokenizer
 
 RESPONSES = "responses"  # verl's column
@@ -67,23 +68,22 @@ class GenerationPlan:
     tokenizer: Any
     items: list[dict[str, Any]]  # one per prompt row (`data.generation.generation_items`)
     batches: list[range]  # the rows of each engine call, and of each part of `parts`
-    engine: str  # vllm or hf (engine=auto resolved)
     layout: GenerateLayout  # the engines: replicas x tensor_parallel devices
-    engine_kwargs: dict[str, Any]  # what the engine would be built with
+    spec: RolloutSpec  # what the engine would be built from (engine=auto resolved)
     fingerprint: dict[str, Any]  # what the parts depend on: a resumed run must match it
     parts: Path
     done: set[int]  # the batches an interrupted run finished in `parts`, which this run skips
 
     def summary(self, cfg: GenerateConfig) -> str:
         """A few lines: the work, the engine and device, the output (and what becomes of one there)."""
-        rows, batches, kwargs = len(self.items), len(self.batches), self.engine_kwargs
-        dtype = str(kwargs["dtype"]).removeprefix("torch.")
-        max_model_len = f", max_model_len {kwargs['max_model_len']}" if "max_model_len" in kwargs else ""
+        rows, batches, spec = len(self.items), len(self.batches), self.spec
+        dtype = str(spec.dtype).removeprefix("torch.")
+        max_model_len = f", max_model_len {spec.max_model_len}" if facts(spec.engine).max_model_len else ""
         lines = [
             f"{rows} prompts x n={cfg.n} = {rows * cfg.n} samples of up to {cfg.max_response_length} tokens, "
             f"in {batches} batch{'es' if batches != 1 else ''} of up to {cfg.batch_size} prompts",
-            f"model {cfg.model_path}, engine {self.engine} on {kwargs['device']} ({dtype}){max_model_len}"
-            + ("" if self.layout.in_process else f": {self.layout.describe(kwargs['device'].type)}, on Ray"),
+            f"model {cfg.model_path}, engine {spec.engine} on {spec.device} ({dtype}){max_model_len}"
+            + ("" if self.layout.in_process else f": {self.layout.describe(spec.device.type)}, on Ray"),
         ]
         if self.done:
             lines.append(f"resumes {self.parts}: {len(self.done)} of {batches} batches done")
@@ -151,15 +151,15 @@ def plan_generation(cfg: GenerateConfig, *, key_names: Mapping[str, str] | None 
     fingerprint = _fingerprint(cfg, items, engine)
     parts = parts_folder(cfg.output_path)
     done = _done_batches(parts, Path(cfg.output_path), fingerprint, cfg.overwrite, len(batches), names)
-    kwargs = _engine_kwargs(cfg, engine, device)
-    return GenerationPlan(tokenizer, items, batches, engine, layout, kwargs, fingerprint, parts, done)
+    spec = _engine_spec(cfg, engine, device)
+    return GenerationPlan(tokenizer, items, batches, layout, spec, fingerprint, parts, done)
 
 
 def run_generation(
     cfg: GenerateConfig,
     *,
     key_names: Mapping[str, str] | None = None,
-    build_engine: Callable[..., RolloutEngine] = build_rollout,
+    build_engine: Callable[[RolloutSpec], RolloutEngine] = build_rollout,
     on_part: Callable[[int, int | None], None] | None = None,
 ) -> Path:
     """Generate, resume or start over as `cfg` says; returns the output path.
@@ -167,7 +167,7 @@ def run_generation(
     Args:
         cfg: the checked config (`config.generate.load_generate_config`).
         key_names: config key -> the key as the user wrote it (a verl key), for the messages.
-        build_engine: `build_rollout`'s signature, for the engine in this process (one engine on one
+        build_engine: `build_rollout(spec)`, for the engine in this process (one engine on one
             device); tests wrap it.
         on_part: called with (batch, replica; None in this process) after each part is written; tests use
             it to stop a run as a kill would.
@@ -180,7 +180,7 @@ def run_generation(
     if not plan.layout.in_process:
         from tandem.commands.generate_replicas import check_devices, generate_on_replicas
 
-        check_devices(plan.layout, plan.engine_kwargs["device"].type, cfg, names)
+        check_devices(plan.layout, plan.spec.device.type, cfg, names)
     _start_parts(parts, plan.fingerprint, cfg.overwrite)
     todo = [i for i in range(len(batches)) if i not in done]
     if todo:
@@ -218,9 +218,8 @@ def run_generation(
 
         with bar:
             if plan.layout.in_process:
-                engine = build_engine(plan.engine, **plan.engine_kwargs)
-                pad_id = getattr(engine, "pad_token_id", tokenizer.pad_token_id)
-                eos_ids = set(getattr(engine, "eos_token_ids", [tokenizer.eos_token_id]))
+                engine = build_engine(plan.spec)
+                pad_id, eos_ids = engine.pad_token_id, set(engine.eos_token_ids)
                 for i in todo:
                     rows = batches[i]
                     prompts = collate_prompts([items[r] for r in rows], pad_id)
@@ -232,8 +231,7 @@ def run_generation(
                 stop_ids, pad_id = read_special_ids(cfg.model_path, cfg.tokenizer_path, tokenizer)
                 generate_on_replicas(
                     plan.layout,
-                    plan.engine,
-                    plan.engine_kwargs,
+                    plan.spec,
                     items,
                     batches,
                     todo,
@@ -248,7 +246,11 @@ def run_generation(
     return output
 
 
-def _engine_kwargs(cfg: GenerateConfig, engine: str, device: torch.device) -> dict[str, Any]:
+def _engine_spec(cfg: GenerateConfig, engine: str, device: torch.device) -> RolloutSpec:
+    """The engine's spec from tandem generate's config (`engine`: resolved). Unlike training, the dtype is the
+    config's (auto: bfloat16 on a GPU), and where the engine bounds a sequence's length (vLLM) the bound stops at
+    the model's own positions: verl leaves vLLM's max_model_len to the model's limit, so a long prompt_length
+    (verl's default 1536 + 512) must not make vLLM refuse a model of 2048 positions whose prompts are short."""
     dtype = (
         DTYPES[cfg.dtype]
         if cfg.dtype != "auto"
@@ -256,25 +258,23 @@ def _engine_kwargs(cfg: GenerateConfig, engine: str, device: torch.device) -> di
         if device.type == "cuda"
         else torch.float32
     )
-    kwargs: dict[str, Any] = {
-        "model_path": cfg.model_path,
-        "tokenizer_path": cfg.tokenizer_path,
-        "device": device,
-        "dtype": dtype,
-    }
-    if engine == "vllm":
-        # verl leaves vLLM's max_model_len to the model's own limit: a long prompt_length (verl's default 1536
-        # + 512) must not make vLLM refuse a model of 2048 positions whose prompts are short
+    max_model_len = cfg.max_prompt_length + cfg.max_response_length
+    if facts(engine).max_model_len:
         positions = (text_config(cfg.model_path) or {}).get("max_position_embeddings")
-        kwargs.update(
-            max_model_len=min(cfg.max_prompt_length + cfg.max_response_length, positions or 1 << 30),
-            tensor_parallel=cfg.tensor_parallel,
-            gpu_memory_utilization=cfg.gpu_memory_utilization,
-            kv_cache_gib=cfg.cpu_kv_cache_gib,
-            seed=cfg.seed,
-            engine_kwargs=cfg.engine_kwargs,
-        )
-    return kwargs
+        max_model_len = min(max_model_len, positions or 1 << 30)
+    return RolloutSpec(
+        engine=engine,
+        model_path=cfg.model_path,
+        tokenizer_path=cfg.tokenizer_path,
+        device=device,
+        dtype=dtype,
+        max_model_len=max_model_len,
+        tensor_parallel=cfg.tensor_parallel,
+        gpu_memory_utilization=cfg.gpu_memory_utilization,
+        kv_cache_gib=cfg.cpu_kv_cache_gib,
+        seed=cfg.seed,
+        engine_kwargs=cfg.engine_kwargs,
+    )
 
 
 def _decode(out: Batch, tokenizer: Any, n: int, eos_ids: set[int]) -> dict[str, list[list[Any]]]:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import os
 from collections import deque
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import torch
@@ -28,7 +29,7 @@ from tandem.config.errors import ConfigError
 from tandem.config.generate import GenerateConfig, GenerateLayout
 from tandem.controller import Dispatch, ResourcePool, Worker, WorkerContext, WorkerGroup, dispatch, init_ray
 from tandem.data.prompts import collate_prompts
-from tandem.rollout import PROMPT_INDEX, SamplingParams, build_rollout
+from tandem.rollout import PROMPT_INDEX, RolloutSpec, SamplingParams, build_rollout
 
 REPLICA_KEY = "generate_replica"  # per prompt row: the replica (part of the round) that generates it
 IN_FLIGHT_ROUNDS = 2
@@ -44,12 +45,10 @@ class GenerateWorker(Worker):
     """One device's process: it holds its replica's engine (the whole engine, or one tensor-parallel cut of a
     vLLM engine spanning `tensor_parallel` consecutive ranks, built on the group's torch.distributed group)."""
 
-    def __init__(
-        self, ctx: WorkerContext, engine: str, engine_kwargs: dict[str, Any], tensor_parallel: int
-    ) -> None:
+    def __init__(self, ctx: WorkerContext, spec: RolloutSpec, tensor_parallel: int) -> None:
         super().__init__(ctx)
         self.tensor_parallel = tensor_parallel
-        self.engine = build_rollout(engine, **{**engine_kwargs, "device": ctx.torch_device})
+        self.engine = build_rollout(replace(spec, device=ctx.torch_device))
 
     def replica_info(self) -> tuple[int, int, bool]:
         """The tensor_parallel consecutive ranks of one engine get the same prompts; the first answers."""
@@ -106,8 +105,7 @@ def check_devices(layout: GenerateLayout, device: str, cfg: GenerateConfig, name
 
 def generate_on_replicas(
     layout: GenerateLayout,
-    engine: str,
-    engine_kwargs: dict[str, Any],
+    spec: RolloutSpec,
     items: Sequence[dict[str, Any]],
     batches: Sequence[range],
     todo: Sequence[int],
@@ -118,19 +116,19 @@ def generate_on_replicas(
     cpus_per_worker: float = 1.0,
     ray_address: str | None = None,
 ) -> None:
-    """Generate the batches `todo` on `layout.replicas` engines built as `build_rollout(engine,
-    **engine_kwargs)` on each worker's device (`engine_kwargs["device"]`: cuda or cpu); `write(batch,
+    """Generate the batches `todo` on `layout.replicas` engines built from `spec` on each worker's device
+    (`spec.device`'s type: cuda or cpu); `write(batch,
     output)` takes each batch's output (responses, response_mask, replica) in this process as its round comes
     back. Ray: the one this process runs, else a local one (`ray_address` None) or a cluster's."""
     init_ray(address=ray_address)
-    gpus = 1 if torch.device(engine_kwargs["device"]).type == "cuda" else 0
+    gpus = 1 if spec.device is not None and spec.device.type == "cuda" else 0
     pool = ResourcePool(layout.nnodes, layout.workers_per_node, cpus_per_worker, gpus, name="generate")
     try:
         with WorkerGroup.ray(
             GenerateWorker,
             pool,
             name="generate",
-            args=(engine, engine_kwargs, layout.tensor_parallel),
+            args=(spec, layout.tensor_parallel),
         ) as group:
             replicas = layout.replicas
             rounds = [list(todo[k : k + replicas]) for k in range(0, len(todo), replicas)]

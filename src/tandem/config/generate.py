@@ -30,6 +30,7 @@ from tandem.config.verl import (
 )
 from tandem.config.yaml_io import parse_scalar, read_yaml
 from tandem.models.chat_template import template_kwargs_problems
+from tandem.rollout_options import facts, named
 
 
 @dataclass
@@ -216,8 +217,8 @@ def check_generate_config(cfg: GenerateConfig, verl_names: Mapping[str, str] | N
         problems.append(f"{name('top_k')}={cfg.top_k}: must be >= 1, or -1 (off)")
     try:
         layout = generate_layout(cfg, verl_names)
-        if cfg.engine == "hf":
-            check_engine_layout("hf", layout, "hf", verl_names)
+        if named(cfg.engine) is not None:  # auto: checked once resolved (commands/generate.py)
+            check_engine_layout(cfg.engine, layout, cfg.engine, verl_names)
     except ConfigError as err:
         problems += err.problems
     # the key as written: verl's data.apply_chat_template_kwargs where its keys set it
@@ -338,11 +339,15 @@ def generate_layout(cfg: GenerateConfig, verl_names: Mapping[str, str] | None = 
 def check_engine_layout(
     engine: str, layout: GenerateLayout, asked: str = "auto", verl_names: Mapping[str, str] | None = None
 ) -> None:
-    """Refuse a tensor-parallel layout for an engine that cannot split a model: Hugging Face generate holds
-    the whole model on each device (`engine`: the engine resolved, `asked`: the engine key as given)."""
-    if engine == "hf" and layout.tensor_parallel > 1:
+    """Refuse a tensor-parallel layout for an engine that cannot split a model (its facts: Hugging Face generate
+    holds the whole model on each device; `engine`: the engine resolved, `asked`: the engine key as given)."""
+    if not facts(engine).tensor_parallel and layout.tensor_parallel > 1:
         names = verl_names or {}
-        chosen = "engine=hf" if asked == "hf" else "engine=auto, which is hf where vLLM is not installed"
+        chosen = (
+            f"engine={engine}"
+            if asked == engine
+            else f"engine={asked}, which is {engine} where vLLM is not installed"
+        )
         raise ConfigError(
             f"{names.get('tensor_parallel', 'tensor_parallel')}={layout.tensor_parallel} needs the vLLM engine "
             f"({chosen}): Hugging Face generate holds the whole model on one device; install vLLM and use "

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from tandem.algo_options import EstimatorSpec
 from tandem.config.errors import Problems
+from tandem.rollout_options import engines_with, named
 
 if TYPE_CHECKING:
     from tandem.config.schema import TandemConfig
@@ -70,11 +71,12 @@ def check_modes(cfg: TandemConfig, problems: Problems, estimator: EstimatorSpec)
             f"rollout.multi_turn names tools or an interaction, but rollout.mode={r.mode}: tools run in the agent "
             "loop; set rollout.mode=async",
         )
-    if r.mode == "async" and r.engine in ("hf", "sglang"):
+    engine = named(r.engine)  # None for auto: the start-up check asks the engine it resolves to
+    if r.mode == "async" and engine is not None and not engine.turn_engine:
         problems.add(
             ("rollout.mode", "rollout.engine"),
-            f"rollout.mode=async runs on vLLM's continuously batched engine; rollout.engine={r.engine} has none. "
-            "Set rollout.engine=vllm (or auto where vLLM is installed)",
+            f"rollout.mode=async runs on a continuously batched engine; rollout.engine={r.engine} has none. "
+            f"Set rollout.engine={' or '.join(engines_with('turn_engine'))} (or auto where vLLM is installed)",
         )
 
 

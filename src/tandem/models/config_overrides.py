@@ -4,6 +4,8 @@ one place for every engine that builds the model: the training engines (engine/f
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 from transformers import PretrainedConfig
@@ -37,3 +39,18 @@ def overridden_dict(config: dict[str, Any], overrides: dict[str, Any]) -> dict[s
         current = merged.get(key)
         merged[key] = {**current, **value} if isinstance(value, dict) and isinstance(current, dict) else value
     return merged
+
+
+def text_config(model_path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """config.json of a model folder as a dict (a vision-language model's text_config), with `overrides` set as
+    the model is built with them (actor.override_config), or None when the folder has none to read (the loaders
+    name what is wrong then)."""
+    file = Path(model_path) / "config.json"
+    try:
+        config = json.loads(file.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    config = overridden_dict(config, overrides or {})
+    return config.get("text_config", config)

@@ -31,10 +31,11 @@ from tandem.controller import WorkerContext
 from tandem.engine.base import TrainEngine, strategy_param_dtype
 from tandem.models.tp_cuts import TensorParallelCuts, loader_input
 from tandem.roles.weight_bus import WeightBus
-from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, SamplingParams, build_rollout, resolve_engine
+from tandem.rollout import PROMPT_INDEX, ROLLOUT_KEYS, RolloutSpec, SamplingParams, build_rollout
 from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY, TRAJECTORY_KEY, AgentLoop, AgentSettings
 from tandem.rollout.base import METRICS_KEY
 from tandem.rollout.stream import RolloutStream
+from tandem.rollout_options import facts, resolve_engine
 
 
 class RolloutRole:
@@ -46,7 +47,7 @@ class RolloutRole:
         self.ctx = ctx
         self.actor_engine = actor_engine
         start = time.perf_counter()
-        self.engine = build_rollout(cfg.rollout.engine, **rollout_kwargs(cfg, ctx.torch_device, actor_engine))
+        self.engine = build_rollout(rollout_spec(cfg, ctx.torch_device, actor_engine))
         self.agent = agent_loop_from_config(cfg, self.engine) if cfg.rollout.mode == "async" else None
         # reported with the first step
         self.metrics: dict[str, float] = {"timing_s/rollout_start": time.perf_counter() - start}
@@ -290,31 +291,32 @@ def agent_loop_from_config(cfg: TandemConfig, rollout: Any) -> AgentLoop:
     )
 
 
-def rollout_kwargs(
-    cfg: TandemConfig, device: torch.device, actor_engine: TrainEngine | None = None
-) -> dict[str, Any]:
-    """The rollout engine's constructor arguments from the config; `actor_engine`: the actor's engine in the
-    same worker, whose compute dtype the rollout takes (see `rollout_dtype`)."""
-    kwargs: dict[str, Any] = {
-        "model_path": cfg.actor.model_path,
-        "tokenizer_path": cfg.actor.tokenizer_path,
-        "device": device,
-        "override_config": cfg.actor.override_config,  # the model config the actor trains
-    }
-    if resolve_engine(cfg.rollout.engine) == "vllm":
-        r, d = cfg.rollout, cfg.data
-        kwargs.update(
-            dtype=rollout_dtype(cfg, device, actor_engine),
-            max_model_len=d.max_prompt_length + d.max_response_length,
-            tensor_parallel=r.tensor_parallel,
-            gpu_memory_utilization=r.gpu_memory_utilization,
-            kv_cache_gib=r.cpu_kv_cache_gib,
-            seed=cfg.trainer.seed,
-            engine_kwargs=r.engine_kwargs,
-        )
-        if cfg.actor.lora.syncs_adapters:
-            kwargs["lora_rank"] = cfg.actor.lora.rank
-    return kwargs
+def rollout_spec(
+    cfg: TandemConfig, device: torch.device | None, actor_engine: TrainEngine | None = None
+) -> RolloutSpec:
+    """The one description of the run's rollout engine, from the config: rollout.engine resolved ("auto": vllm
+    where installed), the actor's model folder and override_config, the lengths, rollout.* sizes. `device`: the
+    rank's (None: not chosen yet, the start-up check); `actor_engine`: the actor's engine in the same worker,
+    whose compute dtype an engine that computes in the actor's dtype takes (see `rollout_dtype`; the others,
+    hf, keep float32)."""
+    r, d, a = cfg.rollout, cfg.data, cfg.actor
+    engine = resolve_engine(r.engine)
+    in_actor_dtype = device is not None and facts(engine).actor_dtype
+    return RolloutSpec(
+        engine=engine,
+        model_path=a.model_path,
+        tokenizer_path=a.tokenizer_path,
+        device=device,
+        dtype=rollout_dtype(cfg, device, actor_engine) if in_actor_dtype else torch.float32,
+        override_config=a.override_config,  # the model config the actor trains
+        max_model_len=d.max_prompt_length + d.max_response_length,
+        tensor_parallel=r.tensor_parallel,
+        gpu_memory_utilization=r.gpu_memory_utilization,
+        kv_cache_gib=r.cpu_kv_cache_gib,
+        seed=cfg.trainer.seed,
+        engine_kwargs=r.engine_kwargs,
+        lora_rank=a.lora.rank if a.lora.syncs_adapters else 0,
+    )
 
 
 def rollout_dtype(

@@ -20,6 +20,10 @@ Masks are int64 like `collate_prompts`'; the meta dict is kept. An optional prom
 `prompt_index` [N] (the prompt's index in the whole step, set before the data-parallel split)
 keys seeded sampling, so that the samples do not depend on how prompts were split over ranks.
 
+Every engine is built from one `RolloutSpec` (what to build: the model folder, device, dtype, lengths, the
+engine's own arguments), made once from the config (roles/rollout.py `rollout_spec`, `tandem generate`'s
+own), and checked before any worker starts by its class's `check_buildable(spec)`.
+
 Besides the interface, the helpers every engine and the agent loop share: `assemble` (the layout
 above), `check_prompts`, `sample_keys` / `request_seed` (seeding), `refuse_images`, `read_special_ids`.
 """
@@ -28,8 +32,8 @@ from __future__ import annotations
 
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Self
 
@@ -77,8 +81,56 @@ class SamplingParams:
         return self.temperature == 0
 
 
+@dataclass(frozen=True)
+class RolloutSpec:
+    """One description of a rollout engine to build, whichever engine: each takes the fields it uses
+    (`RolloutEngine.from_spec`) and ignores the rest. Unlike verl, whose rollout config section is handed
+    to every engine whole, the spec holds resolved values (the engine's name, the dtype, the length), so
+    the start-up check and the engine read the same ones."""
+
+    engine: str  # the engine's name in tandem.rollout's ROLLOUT_ENGINES (resolved: never "auto")
+    model_path: str | Path
+    tokenizer_path: str | Path | None = None  # None: the model folder's tokenizer
+    device: torch.device | None = None  # None: not chosen yet (the start-up check under trainer.device=auto)
+    dtype: torch.dtype = torch.float32  # weights and compute
+    override_config: Mapping[str, Any] | None = None  # set on the model's HF config (actor.override_config)
+    max_model_len: int = 2048  # prompt + response tokens a sequence may hold
+    tensor_parallel: int = 1  # ranks one engine spans
+    gpu_memory_utilization: float = 0.5  # share of a GPU's memory the engine may take
+    kv_cache_gib: int = 1  # GiB of KV cache on a CPU
+    seed: int = 0  # the engine's own seed (a sampling seed keys the draws)
+    engine_kwargs: Mapping[str, Any] = field(default_factory=dict)  # the engine's own arguments, passed on
+    lora_rank: int = 0  # > 0: serve LoRA adapters of this rank (actor.lora.rollout_sync=adapter)
+    eos_token_ids: Sequence[int] | None = None  # None: read from the folder (`read_special_ids`)
+    pad_token_id: int | None = None  # None: read from the folder
+
+
 class RolloutEngine(ABC):
-    """Generates responses. Implementations: `hf.py` (transformers), `vllm.py` (vLLM)."""
+    """Generates responses. Implementations: `hf.py` (transformers), `vllm.py` (vLLM), registered by name
+    in tandem.rollout's ROLLOUT_ENGINES; callers hold this face and never ask which engine it is: what an
+    engine can do is in tandem/rollout_options.py by name."""
+
+    eos_token_ids: list[int]  # the ids that end a response
+    pad_token_id: int  # the id after a response's end
+
+    @classmethod
+    def from_spec(cls, spec: RolloutSpec) -> Self:
+        """The engine `spec` describes; an engine overrides it to take the fields it uses (the default
+        takes the model, tokenizer, device and dtype)."""
+        return cls.from_pretrained(
+            spec.model_path,
+            tokenizer_path=spec.tokenizer_path,
+            eos_token_ids=spec.eos_token_ids,
+            pad_token_id=spec.pad_token_id,
+            device=spec.device or "cpu",
+            dtype=spec.dtype,
+        )
+
+    @staticmethod
+    def check_buildable(spec: RolloutSpec) -> list[str]:
+        """What this engine could not build from `spec`, read before any worker starts (without importing the
+        engine's library): one line per problem naming the key or field; [] when it builds."""
+        return []
 
     @classmethod
     def from_pretrained(

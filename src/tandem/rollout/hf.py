@@ -21,6 +21,7 @@ from tandem.batch import Batch
 from tandem.models.config_overrides import apply_overrides
 from tandem.rollout.base import (
     RolloutEngine,
+    RolloutSpec,
     SamplingParams,
     assemble,
     check_prompts,
@@ -55,6 +56,20 @@ class HFRollout(RolloutEngine):
     depend on the seed, the weights and the prompts only, not on chunking (see `rollout.base.sample_keys`).
     The prompts' ``position_ids`` are not read: positions are recomputed from ``attention_mask``.
     """
+
+    @classmethod
+    def from_spec(cls, spec: RolloutSpec) -> HFRollout:
+        """The model, tokenizer, device, dtype and override_config of the spec; its vLLM-sized fields (lengths,
+        tensor_parallel, memory, engine_kwargs) have no meaning for transformers' generate."""
+        return cls.from_pretrained(
+            spec.model_path,
+            tokenizer_path=spec.tokenizer_path,
+            eos_token_ids=spec.eos_token_ids,
+            pad_token_id=spec.pad_token_id,
+            device=spec.device or "cpu",
+            dtype=spec.dtype,
+            override_config=dict(spec.override_config) if spec.override_config else None,
+        )
 
     def __init__(
         self,

@@ -51,6 +51,7 @@ from tandem.models.without_torchvision import adapt_vllm
 from tandem.rollout.async_engine import VLLMTurnEngine, vllm_sampling
 from tandem.rollout.base import (
     RolloutEngine,
+    RolloutSpec,
     SamplingParams,
     assemble,
     check_prompts,
@@ -58,6 +59,7 @@ from tandem.rollout.base import (
     sample_keys,
 )
 from tandem.rollout.vllm_models import (
+    check_buildable,
     current_engine_kwargs,
     default_engine_kwargs,
     engine_kwargs_problems,
@@ -148,6 +150,28 @@ class VLLMRollout(RolloutEngine):
     (the trainer needs the rest); ``kv_cache_gib`` sizes the KV cache on CPU. ``override_config``:
     attributes set on the model's config (vLLM's ``hf_overrides``; the trainer's actor.override_config).
     """
+
+    @classmethod
+    def from_spec(cls, spec: RolloutSpec) -> VLLMRollout:
+        """Every field of the spec: vLLM takes them all."""
+        return cls.from_pretrained(
+            spec.model_path,
+            tokenizer_path=spec.tokenizer_path,
+            eos_token_ids=spec.eos_token_ids,
+            pad_token_id=spec.pad_token_id,
+            device=spec.device or "cpu",
+            dtype=spec.dtype,
+            max_model_len=spec.max_model_len,
+            tensor_parallel=spec.tensor_parallel,
+            gpu_memory_utilization=spec.gpu_memory_utilization,
+            kv_cache_gib=spec.kv_cache_gib,
+            seed=spec.seed,
+            lora_rank=spec.lora_rank,
+            engine_kwargs=spec.engine_kwargs,
+            override_config=dict(spec.override_config) if spec.override_config else None,
+        )
+
+    check_buildable = staticmethod(check_buildable)  # vllm_models.check_buildable: read without vLLM
 
     def __init__(
         self,

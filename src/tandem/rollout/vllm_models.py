@@ -10,12 +10,13 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import importlib.util
-import json
 from collections.abc import Mapping
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from tandem.models.config_overrides import overridden_dict
+from tandem.models.config_overrides import text_config
+
+if TYPE_CHECKING:
+    from tandem.rollout.base import RolloutSpec
 
 # vLLM's CPU attention (CPUAttentionBackend.get_supported_head_sizes)
 CPU_ATTENTION_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
@@ -104,21 +105,6 @@ def vllm_engine_arg_names() -> set[str] | None:
     return {f.name for f in dataclasses.fields(EngineArgs)}
 
 
-def text_config(model_path: str | Path, overrides: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """config.json of a model folder as a dict (a vision-language model's text_config), with `overrides` set as
-    the model is built with them (actor.override_config), or None when the folder has none to read (the loaders
-    name what is wrong then)."""
-    file = Path(model_path) / "config.json"
-    try:
-        config = json.loads(file.read_text())
-    except (OSError, ValueError):
-        return None
-    if not isinstance(config, dict):
-        return None
-    config = overridden_dict(config, overrides or {})
-    return config.get("text_config", config)
-
-
 def is_mla(config: Mapping[str, Any]) -> bool:
     """Multi-head latent attention (DeepSeek-V2 / V3 and their kin): the config has a kv_lora_rank."""
     return config.get("kv_lora_rank") is not None
@@ -168,3 +154,25 @@ def model_problems(config: Mapping[str, Any] | None, device_type: str | None) ->
             "on a CPU use rollout.engine=hf"
         )
     return problems
+
+
+def check_buildable(spec: RolloutSpec) -> list[str]:
+    """What vLLM would refuse later, after the workers started (`VLLMRollout.check_buildable`): engine arguments
+    Tandem sets itself, and the model folder as vLLM reads it (a missing router field; on a CPU, what vLLM's CPU
+    kernels take; a max_model_len beyond the model's positions); the fix for the model's is rollout.engine=hf.
+    The rollout builds the actor's model, so its folder is named actor.model_path."""
+    problems = engine_kwargs_problems(spec.engine_kwargs)
+    config = text_config(spec.model_path, dict(spec.override_config or {})) if spec.model_path else None
+    model = model_problems(config, spec.device.type if spec.device is not None else None)
+    length = spec.max_model_len
+    positions = (config or {}).get("max_position_embeddings")
+    rope = (config or {}).get("rope_scaling") or {}
+    if positions is not None and rope.get("rope_type", rope.get("type")) not in (None, "default", "llama3"):
+        positions *= rope.get("factor", 1)  # vLLM's derived length of a scaled RoPE (yarn, dynamic, linear)
+    if positions is not None and length > positions:
+        model.append(
+            f"data.max_prompt_length + data.max_response_length = {length} is more than its "
+            f"max_position_embeddings={positions}, and vLLM refuses a longer max_model_len: lower them (or, where "
+            "the model's positions reach further, raise max_position_embeddings in config.json)"
+        )
+    return problems + [f"actor.model_path={spec.model_path} for vLLM: {problem}" for problem in model]

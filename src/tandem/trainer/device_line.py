@@ -3,10 +3,10 @@
 bf16 compute; 8 ranks (1 x 8: auto: 8 GPUs per node on this machine)`.
 
 The dtypes come from the rules the workers apply (engine/base.py `strategy_param_dtype`, roles/rollout.py
-`rollout_dtype`), resolved here for the chosen device (on a CPU, param_dtype=auto is this process's probe;
+`rollout_spec`), resolved here for the chosen device (on a CPU, param_dtype=auto is this process's probe;
 the FSDP2 engine's ranks probe their own and take bf16 only if all chose it). Every trained or frozen engine
-keeps float32 weights (engine/hf_io.py loads them so) and computes in its compute dtype; the hf rollout
-engine is built in float32 (only vLLM is given the actor's compute dtype).
+keeps float32 weights (engine/hf_io.py loads them so) and computes in its compute dtype; a rollout engine
+computes in the actor's compute dtype where its facts say so (vLLM), else in float32 (hf).
 """
 
 from __future__ import annotations
@@ -15,8 +15,7 @@ import torch
 
 from tandem.config.schema import TandemConfig
 from tandem.engine.base import strategy_param_dtype
-from tandem.roles.rollout import rollout_dtype
-from tandem.rollout import resolve_engine
+from tandem.roles.rollout import rollout_spec
 
 SHORT = {torch.float32: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
@@ -29,9 +28,8 @@ def device_line(cfg: TandemConfig, device: str, why: str, purpose: str = "rl") -
     compute = SHORT[strategy_param_dtype(a.strategy, a.fsdp, a.megatron, where)]  # every role shares it
     parts = [f"actor {compute} compute, fp32 master"]
     if purpose != "sft":
-        engine = resolve_engine(cfg.rollout.engine)
-        dtype = rollout_dtype(cfg, where) if engine == "vllm" else torch.float32
-        parts.append(f"rollout {engine} {SHORT[dtype]}")
+        spec = rollout_spec(cfg, where)
+        parts.append(f"rollout {spec.engine} {SHORT[spec.dtype]}")
     if purpose == "rl":
         if d.reference_needed:
             parts.append(f"reference {compute} compute")

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from tandem.config.derived import data_parallel_size
 from tandem.config.errors import Problems
+from tandem.rollout_options import engines_with, named
 
 if TYPE_CHECKING:
     from tandem.config.schema import TandemConfig
@@ -178,13 +179,16 @@ def check_parallel(cfg: TandemConfig, problems: Problems) -> None:
             f"rollout.tensor_parallel={r.tensor_parallel} does not divide the world size {world}: "
             "each inference engine spans tensor_parallel ranks",
         )
-    if r.engine == "hf" and r.tensor_parallel != 1:
+    engine = named(r.engine)  # None for auto: the start-up check asks the engine it resolves to
+    if engine is not None and not engine.tensor_parallel and r.tensor_parallel != 1:
         problems.add(
             ("rollout.tensor_parallel", "rollout.engine"),
-            "rollout.engine=hf generates on each rank alone: set rollout.tensor_parallel=1 or use vllm",
+            f"rollout.engine={r.engine} generates on each rank alone: set rollout.tensor_parallel=1 or use "
+            + " or ".join(engines_with("tensor_parallel")),
         )
-    if r.engine == "sglang" and cfg.trainer.device == "cpu":
+    if engine is not None and not engine.cpu and cfg.trainer.device == "cpu":
         problems.add(
             ("rollout.engine", "trainer.device"),
-            "rollout.engine=sglang has no CPU path: use rollout.engine=vllm or hf on trainer.device=cpu",
+            f"rollout.engine={r.engine} has no CPU path: use rollout.engine={' or '.join(engines_with('cpu'))} "
+            "on trainer.device=cpu",
         )
