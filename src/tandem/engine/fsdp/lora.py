@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tandem.config.checks.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS
+from tandem.config.checks.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, hf_target_modules
 from tandem.engine.base import TrainEngine
 
 ADAPTER = "default"  # PEFT's name for the one adapter
@@ -87,7 +87,7 @@ def lora_config(settings: Any, whole: Sequence[str] = ()) -> Any:
         config = LoraConfig.from_pretrained(folder)
         config.inference_mode = False  # PEFT saves it True: its adapters would load frozen
         return config
-    targets = list(settings.target_modules)
+    targets = hf_target_modules(settings.target_modules)  # verl's megatron names as the projections they fuse
     return LoraConfig(
         r=settings.rank,
         lora_alpha=settings.alpha,
@@ -242,10 +242,13 @@ class WithoutAdapter(TrainEngine):
 
     Forwards run the actor engine's own sharded weights (no second model); its data-parallel layout, dtype,
     config and collectives are the actor's engine's, except offload / onload, which the actor's phases own.
-    It trains nothing and has no weights of its own to read out or checkpoint: those are the actor's."""
+    It trains nothing and has no weights of its own to read out or checkpoint: those are the actor's. `off`: what
+    turns the engine's adapters off while open (by default PEFT's layers of `engine.model`; the megatron engine
+    gives its own: engine/megatron/lora.py)."""
 
-    def __init__(self, engine: TrainEngine) -> None:
+    def __init__(self, engine: TrainEngine, off: Callable[[], Any] | None = None) -> None:
         self._engine = engine
+        self._off = off or (lambda: adapter_disabled(engine.model))  # type: ignore[attr-defined]
 
     @property
     def dp_rank(self) -> int:
@@ -268,7 +271,7 @@ class WithoutAdapter(TrainEngine):
         return self._engine.compile_seconds
 
     def forward(self, batch: Any, fn: Any, micro_batch_size: int) -> Any:
-        with adapter_disabled(self._engine.model):
+        with self._off():
             return self._engine.forward(batch, fn, micro_batch_size)
 
     def train_step(self, batch: Any, loss_fn: Any, micro_batch_size: int) -> Any:

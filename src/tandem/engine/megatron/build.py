@@ -4,7 +4,8 @@ this rank's GPTModel chunks (one per virtual pipeline stage) filled with their c
 
 `ModelBuild` is a part of `MegatronEngine`, kept apart for length: what it reads of the engine is `BuildHost`
 (tests/engine/test_host_contracts.py checks that MegatronEngine provides each entry and that the mixin reads no
-other); it keeps the TransformerConfig as `_layer_split` and sets `models` (DDP-wrapped) and `optimizer`."""
+other); it keeps the TransformerConfig as `_layer_split`, each chunk's LoRA adapters as `_adapters` (lora.py), and sets
+`models` (DDP-wrapped) and `optimizer`."""
 
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from tandem.config.megatron_overrides import CUDA_ONLY, resolved_overrides
 from tandem.config.schema import MegatronConfig, OptimConfig
 from tandem.engine import hf_io
 from tandem.engine.base import Head
+from tandem.engine.fsdp import lora as fsdp_lora
 from tandem.engine.megatron import convert, dist_start
+from tandem.engine.megatron import lora as megatron_lora
 from tandem.engine.megatron.layers import ValueHead, layer_spec
 from tandem.engine.megatron.parallel import ParallelLayout
 
@@ -37,6 +40,7 @@ class BuildHost(ParallelLayout, Protocol):
     chunks: list[nn.Module]  # this rank's model chunks, one per virtual stage
     _row_rotaries: list[nn.Module]  # context parallel: each chunk's RowRotary
     router_replay: bool  # routers built with megatron's replay (actor.router_replay)
+    _tp_group: Any  # the tensor-parallel process group (LoRA's adapters communicate over it)
 
 
 class ModelBuild:
@@ -109,11 +113,19 @@ class ModelBuild:
         seed: int,
         megatron: MegatronConfig,
         start: tuple[str, str] | None = None,
+        lora: Any = None,
     ) -> tuple[list[nn.Module], type, dict[str, tuple]]:
         """This rank's model chunks (one per virtual stage; one without virtual_pipeline), each filled with its
         cut of the folder's weights; `start` (folder, its setting's name): from that megatron distributed
-        checkpoint instead (dist_start.py), the folder giving the architecture alone."""
+        checkpoint instead (dist_start.py), the folder giving the architecture alone. `lora` (actor.lora, on):
+        adapters on the chunks' linears, every other weight frozen (lora.py)."""
         from megatron.core.models.gpt import GPTModel
+
+        if lora is not None and start is not None:
+            raise ValueError(
+                f"actor.lora with {start[1]}: LoRA's adapters start from the Hugging Face folder's model; convert "
+                "the checkpoint to a folder first (`tandem convert mcore-to-hf`) and start from that"
+            )
 
         tied = self.head == "lm" and bool(getattr(self.config, "tie_word_embeddings", False))
         config = self._transformer_config(
@@ -126,6 +138,10 @@ class ModelBuild:
         else:  # no weights read from the folder: its architecture's names and shapes only
             hf_model, hf_state = hf_io.build_on_meta(self.config, self.head), None
         hf_shapes = {name: tuple(t.shape) for name, t in hf_model.state_dict().items()}
+        self._adapters: list[dict[str, megatron_lora.LinearAdapters]] = []
+        if lora is not None:  # PEFT's adapters on the Hugging Face model, as the FSDP2 engine puts them
+            fsdp_lora.inject(hf_model, lora, seed)
+            fsdp_lora.load_saved_adapter(hf_model, lora)  # actor.lora.adapter_path's weights, if any
         inv_freq = convert.rotary_inv_freq(self.config)
         chunks = []
         for chunk in range(self.vp_size):
@@ -171,6 +187,21 @@ class ModelBuild:
             for param in model.parameters():
                 param.data = param.data.to(self.param_dtype)
             model.to(self.device)
+            if lora is not None:
+                self._adapters.append(
+                    megatron_lora.attach(
+                        model,
+                        self._slots(self.pp_rank, chunk),
+                        hf_model,
+                        hf_shapes,
+                        self.shapes,
+                        self.tp_rank,
+                        self.tp_size,
+                        self._tp_group,
+                        self.sequence_parallel,
+                        self.param_dtype,
+                    )
+                )
             chunks.append(model)
         if start is not None:
             dist_start.load_start_weights(chunks, start[0], start[1], self.head)

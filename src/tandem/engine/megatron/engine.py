@@ -37,6 +37,7 @@ import contextlib
 import logging
 import math
 from collections import defaultdict
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -58,7 +59,9 @@ from tandem.engine.base import (
     pad_micro_batch,
     strategy_param_dtype,
 )
+from tandem.engine.fsdp import lora as fsdp_lora
 from tandem.engine.megatron import convert
+from tandem.engine.megatron import lora as megatron_lora
 from tandem.engine.megatron.build import ModelBuild
 from tandem.engine.megatron.experts import RouterBalance, RouterTape
 from tandem.engine.megatron.offload import FORWARD, PARTS, TRAIN, StateOffload
@@ -94,11 +97,19 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
     _routes: RouterTape | None = None  # router replay (spec.router_replay; experts.py)
 
     def __init__(self, spec: EngineSpec) -> None:
-        if spec.lora is not None and spec.lora.rank > 0:
-            raise ValueError(
-                f"actor.lora.rank={spec.lora.rank}: LoRA is built on FSDP2 only; use actor.strategy=fsdp"
-            )
         check_engine_args("MegatronEngine", spec)
+        # actor.lora: PEFT's adapters inside megatron's linears, every other weight frozen (lora.py)
+        self.lora = spec.lora if fsdp_lora.enabled(spec.lora) else None
+        if self.lora is not None and spec.head != "lm":
+            raise ValueError(
+                "critic.lora with actor.strategy=megatron: LoRA on megatron is built for the actor (a causal LM); "
+                "train the critic whole (critic.lora.rank=0) or use actor.strategy=fsdp"
+            )
+        if self.lora is not None and self.lora.dropout > 0:
+            raise ValueError(
+                f"actor.lora.dropout={self.lora.dropout} with actor.strategy=megatron: dropout on the adapters is "
+                "built on FSDP2 only; set it to 0 or use actor.strategy=fsdp"
+            )
         megatron, head, optim, seed = spec.megatron, spec.head, spec.optim, spec.seed
         activation_checkpointing = spec.activation_checkpointing
         self.device = torch.device(spec.device)
@@ -189,7 +200,7 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
         with self._scope():
             start = (str(spec.dist_checkpoint), spec.dist_checkpoint_key) if spec.dist_checkpoint else None
             self.chunks, self._hf_class, self._hf_shapes = self._build(
-                activation_checkpointing, seed, megatron, start
+                activation_checkpointing, seed, megatron, start, self.lora
             )
             self.optimizer = None
             self.models: list[nn.Module] = list(
@@ -279,6 +290,29 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
 
     def dispatch_info(self) -> tuple[int, int, bool]:
         return self.dp_rank, self.dp_size, self.tp_rank == 0 and self.cp_rank == 0 and self.last_stage
+
+    # ------------------------------------------------------------------ LoRA (lora.py)
+    def adapter_state(self) -> dict[str, Tensor]:
+        """actor.lora's adapters, whole, under the names of a PEFT adapter file, on every rank (collective)."""
+        if self.lora is None:
+            raise RuntimeError("adapter_state: this engine trains no LoRA adapters (actor.lora.rank=0)")
+        with self.on_device():
+            return megatron_lora.adapter_state(
+                self._adapters, self._tp_group, self.tp_size, self._pp_group, self.pp_size
+            )
+
+    def save_adapter(self, path: str | Path) -> int:
+        """actor.lora's adapters as a PEFT adapter folder in `path`, written by every rank (collective; give each
+        rank its own folder), as the FSDP2 engine writes it. Returns the adapters' size in bytes."""
+        adapters = self.adapter_state()
+        fsdp_lora.save_adapter(path, self.lora, adapters, self.model_path)
+        return sum(t.numel() * t.element_size() for t in adapters.values())
+
+    def without_adapter(self) -> TrainEngine:
+        """This engine with its adapters off, frozen: a LoRA actor's reference policy over the same weights."""
+        if self.lora is None:
+            raise RuntimeError("without_adapter: this engine trains no LoRA adapters (actor.lora.rank=0)")
+        return fsdp_lora.WithoutAdapter(self, off=lambda: megatron_lora.disabled(self._adapters))
 
     # ------------------------------------------------------------------ forward / train
     def forward(

@@ -39,6 +39,7 @@ class WeightsHost(ParallelLayout, Protocol):
     _hf_shapes: dict[str, tuple]
     _hf_class: type
     _export_config: dict[str, Any]
+    _adapters: list[dict[str, Any]]  # each chunk's LoRA adapters by megatron weight name ([] without LoRA)
 
     def _slots(self, stage: int, chunk: int = 0) -> list[convert.Slot]: ...
 
@@ -94,6 +95,9 @@ class WeightsOut:
                 held = convert.tp_cuts(slot, shapes, self.tp_rank, self.tp_size)
                 if stage == self.pp_rank:
                     shard = self.chunks[chunk].get_parameter(slot.megatron).detach()
+                    adapters = self._adapters[chunk].get(slot.megatron) if self._adapters else None
+                    if adapters is not None:  # LoRA: the adapters folded into this shard (lora.py)
+                        shard = shard + adapters.delta().to(shard.dtype)
                     if expert:
                         full = convert.from_shards(slot, [shard], self.shapes)
                     elif wanted == held:  # this TP rank's own cut is what is wanted: no gather
