@@ -12,8 +12,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tandem"
 
 # docs/DESIGN.md's layers, lowest first: a package may import packages of lower layers only.
 LAYERS = [
-    {"batch", "usercode", "models", "view", "algo_options"},
-    {"algos", "rewards", "controller"},
+    {"batch", "usercode", "models", "algo_options", "run_folder"},
+    {"algos", "rewards", "controller", "view"},
     {"tools"},
     {"config"},
     {"data"},
@@ -110,6 +110,19 @@ def test_the_engine_package_check_finds_one():
     assert _engine_package_imports(graph, ("roles", "trainer")) == [
         "tandem.roles.x imports tandem.engine.fsdp.lora"
     ]
+
+
+# The view reads files only: of the rest of Tandem it knows the run folder's names (tandem/run_folder.py), which
+# itself imports nothing of Tandem, so the trainer that writes a run folder and the view that reads it share them.
+def test_the_view_knows_only_the_run_folder():
+    outside = sorted(
+        f"{a} imports {b}"
+        for a, targets in GRAPH.items()
+        if _package(a) in ("view", "run_folder")
+        for b in targets
+        if _package(b) not in (_package(a), "run_folder")
+    )
+    assert outside == []
 
 
 def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:

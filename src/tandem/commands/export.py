@@ -17,6 +17,7 @@ from pathlib import Path
 from tandem.config import load_config
 from tandem.controller import WorkerGroup
 from tandem.roles.worker import RoleWorker
+from tandem.run_folder import CONFIG_FILE
 from tandem.trainer.checkpoint import PARTIAL, CheckpointManager, write_manifest
 from tandem.trainer.checkpoint_hf import HF_FOLDER, copy_tokenizer, hf_folder
 
@@ -52,7 +53,7 @@ def export_checkpoint(checkpoint: str | Path, out_dir: str | Path | None = None,
     target = hf_folder(folder, role).with_name(PARTIAL + HF_FOLDER) if in_place else Path(out_dir)
     if in_place:
         shutil.rmtree(target, ignore_errors=True)
-    cfg = load_config(folder / "config.yaml", ONE_RANK)
+    cfg = load_config(folder / CONFIG_FILE, ONE_RANK)
     group = WorkerGroup.inprocess(RoleWorker, name="export", args=(cfg, [role]))
     try:
         # The weights alone: an optimizer's state need not reshard to one rank (megatron keeps a mixture-of-

@@ -25,6 +25,7 @@ from tandem.config.schema import TandemConfig
 from tandem.data import StatefulSampler, UserSampler
 from tandem.engine.flops import mfu_metrics
 from tandem.roles.layout import WorkerGroups, build_worker_groups, device_choice
+from tandem.run_folder import CHECKPOINTS_DIR, CONFIG_FILE, METRICS_FILE, STEP
 from tandem.trainer.checkpoint import (
     CheckpointManager,
     checkpoint_step,
@@ -75,7 +76,7 @@ class Trainer(ABC):
                 raise ConfigError(f"data.train_files={d.train_files}: {err}") from None
         self._batches: Any = None
         self.total_steps = t.total_training_steps or t.total_epochs * len(self.sampler)
-        self.checkpoints = CheckpointManager(self.run_dir / "checkpoints", t.max_checkpoints_to_keep)
+        self.checkpoints = CheckpointManager(self.run_dir / CHECKPOINTS_DIR, t.max_checkpoints_to_keep)
         self.step = 0
         self.groups: WorkerGroups | None = None
         self.history: list[dict[str, float]] = []  # every logged metrics dict, with its "step"
@@ -149,7 +150,7 @@ class Trainer(ABC):
                 flush=True,
             )
             return self.history
-        (self.run_dir / "config.yaml").write_text(config_to_yaml(self.cfg))
+        (self.run_dir / CONFIG_FILE).write_text(config_to_yaml(self.cfg))
         try:
             self.groups = build_worker_groups(
                 self.cfg, self.total_steps, purpose=self.purpose, log_dir=self.log_dir
@@ -242,10 +243,10 @@ class Trainer(ABC):
         """A run killed after its checkpoint of step N was complete but before step N's metrics line was written
         resumes after step N: the line is written now from the copy in the checkpoint (metrics.jsonl tells)."""
         metrics, self._checkpoint_metrics = self._checkpoint_metrics, None
-        path = self.run_dir / "metrics.jsonl"
+        path = self.run_dir / METRICS_FILE
         if not metrics or "jsonl" not in self.cfg.trainer.loggers or not path.exists():
             return
-        if any(row.get("step") == self.step for row in read_jsonl(path)):
+        if any(row.get(STEP) == self.step for row in read_jsonl(path)):
             return
         print(
             f"[tandem] step {self.step}'s metrics were not logged before the run stopped: logged now from its "
@@ -270,7 +271,7 @@ class Trainer(ABC):
                 "metrics": dict(metrics or {}),
             }
             save_trainer_state(folder, state)
-            (folder / "config.yaml").write_text(config_to_yaml(self.cfg))
+            (folder / CONFIG_FILE).write_text(config_to_yaml(self.cfg))
         logger.info("saved checkpoint %s", self.checkpoints.root / f"global_step_{self.step}")
         return self.checkpoints.root / f"global_step_{self.step}"
 

@@ -1,4 +1,5 @@
-"""Sample dumps: what the model wrote, one JSON line per sample (docs/run-folder.md has the fields).
+"""Sample dumps: what the model wrote, one JSON line per sample (the fields: `run_folder.SAMPLE_FIELDS`;
+docs/run-folder.md says what each holds).
 
     trainer.rollout_data_dir      <dir>/<step>.jsonl: each training step's samples, with their advantage
                                   and the rollout-vs-trainer log-prob mismatch
@@ -39,6 +40,7 @@ from tandem.data.padding import concat_left_padded
 from tandem.rollout import PROMPT_INDEX
 from tandem.rollout.agent import AGENT_FINISH_KEY, TRAJECTORY_KEY
 from tandem.rollout.base import read_special_ids
+from tandem.run_folder import DUMP_KINDS, SAMPLE_FIELDS, dump_file, dump_steps
 
 logger = logging.getLogger(__name__)
 
@@ -59,28 +61,6 @@ DUMP_KEYS = (
     REWARD_EXTRA_KEY,
     AGENT_FINISH_KEY,
     TRAJECTORY_KEY,
-)
-FIXED_FIELDS = (
-    "input",
-    "output",
-    "gts",
-    "score",
-    "step",
-    "reward_keys",
-    "data_source",
-    "uid",
-    "sample",
-    "prompt_length",
-    "response_length",
-    "finish_reason",
-    "truncated",
-    "advantage",
-    "rollout_mismatch",
-    "tokens",
-    "token_mismatch",
-    "num_turns",
-    "turns",
-    "reward_error",
 )
 
 
@@ -132,7 +112,7 @@ def sample_rows(
             "step": step,
         }
         extra = batch[REWARD_EXTRA_KEY][i] if REWARD_EXTRA_KEY in batch else {}
-        terms = {name: _plain(value) for name, value in extra.items() if name not in FIXED_FIELDS}
+        terms = {name: _plain(value) for name, value in extra.items() if name not in SAMPLE_FIELDS}
         row.update(terms)
         row["reward_keys"] = list(terms)
         stopped = bool(response_ids[k]) and response_ids[k][-1] in stop_ids
@@ -219,10 +199,10 @@ def drop_steps_after(folder: Path, step: int) -> list[Path]:
     """Delete the dump files of steps after `step` in `folder` (a resumed run writes them again)."""
     removed = []
     if folder.is_dir():
-        for path in folder.glob("*.jsonl"):
-            if path.stem.isdigit() and int(path.stem) > step:
-                path.unlink()
-                removed.append(path)
+        for later in (s for s in dump_steps(folder) if s > step):
+            path = dump_file(folder, later)
+            path.unlink()
+            removed.append(path)
     return removed
 
 
@@ -272,7 +252,7 @@ class SampleDumps:
         if t.log_val_generations < 0:
             raise ConfigError(f"trainer.log_val_generations={t.log_val_generations}: use 0 (none) or more")
         # absolute, so config.yaml in the run folder says where they are (`tandem view` reads it)
-        for key in ("rollout_data_dir", "validation_data_dir"):
+        for key in DUMP_KINDS.values():
             if getattr(t, key):
                 setattr(t, key, str(Path(getattr(t, key)).expanduser().resolve()))
         self.train_dir = Path(t.rollout_data_dir) if t.rollout_data_dir else None
@@ -353,7 +333,7 @@ class SampleDumps:
         tokenizer, max_length, stop_ids = self._writer_tokenizer, self.max_response_length, self.stop_ids
 
         def job() -> None:
-            path = folder / f"{step}.jsonl"
+            path = dump_file(folder, step)
             try:
                 rows = sample_rows(
                     batch,

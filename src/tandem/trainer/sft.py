@@ -16,6 +16,7 @@ from tandem.config.validate import validate_config
 from tandem.data import SFTDataset, collate_sft
 from tandem.rollout.agent import tool_schemas
 from tandem.rollout.base import read_special_ids
+from tandem.run_folder import DUMP_KINDS, SFT_MODEL_DIR
 from tandem.trainer.base import Trainer
 from tandem.trainer.start_checks.model_folders import check_model_folders
 from tandem.trainer.start_checks.tokenizers import (
@@ -54,7 +55,7 @@ class SFTTrainer(Trainer):
                     f"data.{key}={getattr(d, key)} is read by RL training (tandem train); tandem sft trains on the "
                     "parquet rows of data.train_files in the order of data.shuffle and data.seed. Remove it"
                 )
-        for key in ("rollout_data_dir", "validation_data_dir"):
+        for key in DUMP_KINDS.values():
             if getattr(cfg.trainer, key):
                 logger.warning(
                     "trainer.%s has no effect in tandem sft: SFT trains on the dataset's responses and generates "
@@ -67,7 +68,7 @@ class SFTTrainer(Trainer):
         self.val_data = self._rows(d.val_files, cfg) if d.val_files else None
         check_tokenizers(cfg, self.tokenizer, [self.train_data, self.val_data], "sft")
         super().__init__(cfg, len(self.train_data), d.train_batch_size)
-        self.hf_dir = self.run_dir / "hf_model"
+        self.hf_dir = self.run_dir / SFT_MODEL_DIR
 
     def _rows(self, files: list[str], cfg: TandemConfig) -> SFTDataset:
         d = cfg.data

@@ -32,6 +32,8 @@ from typing import Any, TextIO
 
 from tqdm import tqdm
 
+from tandem.run_folder import METRICS_FILE, VAL_GENERATIONS_FILE
+
 logger = logging.getLogger(__name__)
 
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
@@ -185,7 +187,7 @@ class Tracker:
     # ---- the other loggers: each returns its sink and registers its close on the stack ------------------
 
     def _open_jsonl(self, project: str, experiment: str, config: dict[str, Any]) -> Sink:
-        path = self.log_dir / "metrics.jsonl"
+        path = self.log_dir / METRICS_FILE
         if self.start_step > 0:
             _drop_steps_after(path, self.start_step)
         mode = "a" if self.start_step > 0 else "w"  # a fresh run starts a fresh file
@@ -200,7 +202,7 @@ class Tracker:
             file.write(json.dumps(row, allow_nan=False) + "\n")
             file.flush()
 
-        generations = self.log_dir / "val_generations.jsonl"
+        generations = self.log_dir / VAL_GENERATIONS_FILE
         if self.start_step > 0:
             _drop_steps_after(generations, self.start_step)
         elif generations.exists():

@@ -1,4 +1,4 @@
-"""Reading a run folder for `tandem view`: its metrics.jsonl and its sample dumps, read afresh on every
+"""Reading a run folder for `tandem view` (its layout: `tandem/run_folder.py`): its metrics.jsonl and its sample dumps, read afresh on every
 call so that a run still writing the folder shows its new steps; a half-written last line is skipped."""
 
 from __future__ import annotations
@@ -9,12 +9,7 @@ from pathlib import Path
 
 import yaml
 
-# the two dump folders: the config key that names each, and the folder a run writes when the key is a
-# relative path read from another directory (the quickstart's layout)
-DUMP_KINDS = {
-    "rollouts": "rollout_data_dir",
-    "validation": "validation_data_dir",
-}
+from tandem.run_folder import CONFIG_FILE, DUMP_KINDS, METRICS_FILE, SFT_METRIC, STEP, dump_file, dump_steps
 
 
 class RunFolderError(ValueError):
@@ -48,7 +43,7 @@ class Run:
 
     def config(self) -> dict:
         try:
-            loaded = yaml.safe_load((self.path / "config.yaml").read_text())
+            loaded = yaml.safe_load((self.path / CONFIG_FILE).read_text())
         except (FileNotFoundError, yaml.YAMLError):
             return {}
         return loaded if isinstance(loaded, dict) else {}
@@ -67,17 +62,15 @@ class Run:
     def dump_steps(self, kind: str) -> list[int]:
         """The steps with a dump file (`<step>.jsonl`), ascending."""
         folder = self.dump_dir(kind)
-        if folder is None:
-            return []
-        return sorted(int(p.stem) for p in folder.glob("*.jsonl") if p.stem.isdigit())
+        return [] if folder is None else dump_steps(folder)
 
     def samples(self, kind: str, step: int) -> list[dict]:
         folder = self.dump_dir(kind)
-        return [] if folder is None else read_jsonl(folder / f"{step}.jsonl")
+        return [] if folder is None else read_jsonl(dump_file(folder, step))
 
     def metrics(self) -> list[dict]:
         """metrics.jsonl's lines that have a step (a resumed run's file holds each step once)."""
-        return [row for row in read_jsonl(self.path / "metrics.jsonl") if isinstance(row.get("step"), int)]
+        return [row for row in read_jsonl(self.path / METRICS_FILE) if isinstance(row.get(STEP), int)]
 
     def summary(self) -> dict:
         """What the page needs to list the run: its name, folder and the steps of each dump."""
@@ -90,7 +83,7 @@ class Run:
 
     def is_sft(self) -> bool:
         """A `tandem sft` run (its metrics are sft/*): it generates nothing, so it has no sample dumps."""
-        return any("sft/loss" in row for row in self.metrics())
+        return any(SFT_METRIC in row for row in self.metrics())
 
 
 def open_runs(folders: list[str | Path]) -> list[Run]:
@@ -101,7 +94,7 @@ def open_runs(folders: list[str | Path]) -> list[Run]:
         path = Path(folder).expanduser().resolve()
         if not path.is_dir():
             raise RunFolderError(f"{folder}: no such folder; give the run folder (it holds config.yaml)")
-        if not (path / "config.yaml").exists() and not (path / "metrics.jsonl").exists():
+        if not (path / CONFIG_FILE).exists() and not (path / METRICS_FILE).exists():
             raise RunFolderError(
                 f"{folder}: no config.yaml or metrics.jsonl in it; give the run folder, "
                 "<trainer.output_dir>/<project_name>/<experiment_name> (runs/tandem/grpo by default)"

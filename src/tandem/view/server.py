@@ -19,7 +19,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
 
-from tandem.view.runs import DUMP_KINDS, Run
+from tandem.run_folder import DUMP_KINDS
+from tandem.view.runs import Run
 
 PAGE = Path(__file__).with_name("page")
 ASSET_TYPES = {".js": "text/javascript; charset=utf-8", ".css": "text/css; charset=utf-8"}
