@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import ast
 import functools
+import re
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "tandem"
 
 # docs/DESIGN.md's layers, lowest first: a package may import packages of lower layers only.
 LAYERS = [
-    {"batch", "usercode", "models", "algo_options", "run_folder"},
+    {"batch", "usercode", "models", "algo_options", "rollout_options", "run_folder"},
     {"algos", "rewards", "controller", "view"},
     {"tools"},
     {"config"},
@@ -110,6 +111,121 @@ def test_the_engine_package_check_finds_one():
     assert _engine_package_imports(graph, ("roles", "trainer")) == [
         "tandem.roles.x imports tandem.engine.fsdp.lora"
     ]
+
+
+# The rollout engines' face (docs/DESIGN.md): outside rollout/, an engine is reached through `tandem.rollout`
+# (RolloutSpec, build_rollout, check_buildable) and asked what it can do through its facts by name
+# (`tandem.rollout_options`); never through an engine's own module, and never by comparing its name.
+DESIGN = SRC.parents[1] / "docs" / "DESIGN.md"
+
+
+def _rollout_engine_names() -> set[str]:
+    """The keys of rollout_options.ROLLOUT_ENGINES, read from the file."""
+    for node in ast.walk(ast.parse((SRC / "rollout_options.py").read_text())):
+        if (
+            isinstance(node, ast.AnnAssign | ast.Assign)
+            and "ROLLOUT_ENGINES" in ast.unparse(node).split(":")[0]
+        ):
+            return {key.value for key in node.value.keys}
+    raise AssertionError("rollout_options.py has no ROLLOUT_ENGINES")
+
+
+ROLLOUT_ENGINE_NAMES = _rollout_engine_names()
+# an engine's own modules: rollout/<name>.py and rollout/<name>_*.py
+ROLLOUT_ENGINE_MODULES = {
+    m
+    for m in GRAPH
+    if m.startswith("tandem.rollout.") and m.split(".")[2].split("_")[0] in ROLLOUT_ENGINE_NAMES
+}
+# where an engine's name may be compared outside rollout/: verl's own value names, read by the verl translation
+NAME_READERS = {
+    "config/verl/": "the verl translation reads verl's rollout.name values",
+    "config/generate.py:translate_generation_overrides": "tandem generate's reading of verl's rollout.name",
+    "models/without_torchvision.py": "the vllm package's import, not an engine choice",
+}
+
+
+def _engine_name_comparisons(sources: dict[str, str], names: set[str]) -> list[str]:
+    """`path:line` of each comparison with an engine's name (==, !=, in) in `sources` (path under src/tandem ->
+    text), outside rollout/ and NAME_READERS."""
+    found = []
+    for path, text in sources.items():
+        if path.startswith("rollout/") or any(path.startswith(r) for r in NAME_READERS if ":" not in r):
+            continue
+        functions = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)]
+        for node in ast.walk(ast.parse(text)):
+            if not isinstance(node, ast.Compare):
+                continue
+            sides = [node.left, *node.comparators]
+            values = [
+                e.value
+                for side in sides
+                for e in ([side] if isinstance(side, ast.Constant) else getattr(side, "elts", []))
+                if isinstance(e, ast.Constant)
+            ]
+            inside = {f.name for f in functions if f.lineno <= node.lineno <= (f.end_lineno or f.lineno)}
+            if names & set(values) and not any(f"{path}:{f}" in NAME_READERS for f in inside):
+                found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
+    return sorted(found)
+
+
+def _sources() -> dict[str, str]:
+    return {str(p.relative_to(SRC)): p.read_text() for p in SRC.rglob("*.py")}
+
+
+def test_no_engine_name_is_compared_outside_rollout():
+    assert _engine_name_comparisons(_sources(), ROLLOUT_ENGINE_NAMES) == []
+
+
+def test_the_engine_name_check_finds_one():
+    sources = {
+        "config/x.py": "def f(r):\n    return r.engine == 'hf' or r.mode in ('sync', 'vllm')\n",
+        "rollout/y.py": "ok = name == 'vllm'\n",
+        "config/generate.py": "def translate_generation_overrides(v):\n    return v == 'sglang'\n",
+    }
+    assert _engine_name_comparisons(sources, {"hf", "vllm", "sglang"}) == [
+        "config/x.py:2: r.engine == 'hf'",
+        "config/x.py:2: r.mode in ('sync', 'vllm')",
+    ]
+
+
+def test_roles_trainer_and_commands_import_no_rollout_engine_module():
+    breaches = sorted(
+        f"{a} imports {b}"
+        for a, targets in GRAPH.items()
+        if _package(a) in ("roles", "trainer", "commands")
+        for b in targets & ROLLOUT_ENGINE_MODULES
+    )
+    assert {
+        "tandem.rollout.hf",
+        "tandem.rollout.vllm",
+        "tandem.rollout.vllm_models",
+    } <= ROLLOUT_ENGINE_MODULES
+    assert breaches == []
+
+
+def _new_rollout_engine_files() -> set[str]:
+    """The files DESIGN.md's "Where the next things go" names for a new rollout engine (its SGLang entry)."""
+    entry = next(line for line in DESIGN.read_text().split("\n- ") if line.startswith("**SGLang**"))
+    files = entry.split("do not change")[0]  # the list; what follows names the tests and what is reused
+    return set(re.findall(r"`((?:[a-z_]+/)*[a-z_]+\.py)`", files))
+
+
+def test_designs_list_of_the_files_a_new_rollout_engine_touches_is_true():
+    """Every file that writes an engine's name (outside the engines' own modules) is on the list, and every file
+    on the list but the new engine's own module writes one: a new engine touches these files and no other."""
+    named = {
+        path
+        for path, text in _sources().items()
+        if not path.startswith("models/without_torchvision")
+        if f"tandem.{path[:-3].replace('/', '.')}" not in ROLLOUT_ENGINE_MODULES
+        if any(
+            isinstance(n, ast.Constant) and n.value in ROLLOUT_ENGINE_NAMES for n in ast.walk(ast.parse(text))
+        )
+    }
+    listed = _new_rollout_engine_files()
+    assert "rollout/sglang.py" in listed
+    assert named == listed - {"rollout/sglang.py"}
 
 
 # The view reads files only: of the rest of Tandem it knows the run folder's names (tandem/run_folder.py), which

@@ -21,7 +21,6 @@ ROLLOUT_ENGINES: dict[str, str | type[RolloutEngine]] = {
     "hf": "tandem.rollout.hf:HFRollout",
     "vllm": "tandem.rollout.vllm:VLLMRollout",
 }
-LATER_ENGINES = ("sglang",)  # TRANSITION (H4): until trainer/start_checks/rollout_engine.py asks the face
 
 __all__ = [
     "PROMPT_INDEX",

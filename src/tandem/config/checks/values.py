@@ -11,6 +11,7 @@ from tandem.config.checks.common import at_least, non_finite, within
 from tandem.config.checks.rollout import check_sampling
 from tandem.config.errors import Problems
 from tandem.models.chat_template import template_kwargs_problems
+from tandem.rollout_options import named
 
 if TYPE_CHECKING:
     from tandem.config.schema import TandemConfig
@@ -212,11 +213,12 @@ def check_model_values(cfg: TandemConfig, problems: Problems) -> None:
                 "use actor.strategy=fsdp",
             )
     if a.lora.syncs_adapters:
-        if cfg.rollout.engine == "hf":
+        engine = named(cfg.rollout.engine)  # None for auto: the start-up check asks the engine it resolves to
+        if engine is not None and not engine.serves_adapters:
             problems.add(
                 ("actor.lora.rollout_sync", "rollout.engine"),
                 "actor.lora.rollout_sync=adapter needs vLLM's LoRA support (rollout.engine=vllm or auto); "
-                "the hf engine takes merged weights: use rollout_sync=merged",
+                f"the {cfg.rollout.engine} engine takes merged weights: use rollout_sync=merged",
             )
         if a.lora.rank > 512:
             problems.add(
