@@ -45,11 +45,13 @@ ACCEPTED = {
     "gspo_trainer_test_gspo_qwen30b_a3b_ep",
     "sapo_trainer_run_qwen30b_sapo",
     "tuning_32b_qwen2_32b_grpo_8_h20_megatron_vllm",
+    # MoE router replay R2 (actor.router_replay), trainer.balance_batch=False (the rollout's order over the ranks)
+    "router_replay_run_qwen30_a3b_megatron_vllm",
 }
 # verl keys outside the megatron namespace that Tandem does not read yet (the scripts that name them are
-# refused for them); a megatron key is never among them. None left: the other 9 scripts are refused for a
+# refused for them); a megatron key is never among them. None left: the other 8 scripts are refused for a
 # missing feature (LoRA on megatron, a dist checkpoint with no folder named, trtllm, MoE
-# router replay, training multi-token-prediction layers) or for a layout larger than the 8 GPUs of the placeholder
+# router replay R3, training multi-token-prediction layers) or for a layout larger than the 8 GPUs of the placeholder
 NOT_READ_YET: set[str] = set()
 
 
@@ -163,7 +165,7 @@ def test_a_reference_layout_other_than_the_actors_is_refused_naming_both():
             "override_optimizer_config.lr: Tandem sets it from actor.optim.*",
         ),
         ("actor_rollout_ref.model.lora.rank=8", "LoRA is built on FSDP2 only; use actor.strategy=fsdp"),
-        ("actor_rollout_ref.actor.router_replay.mode=R2", "Tandem has no MoE router replay (mode 'R2')"),
+        ("actor_rollout_ref.actor.router_replay.mode=R3", "Tandem's rollout engines do not return them"),
         ("actor_rollout_ref.model.mtp.enable_train=True", "it trains no MTP layers and adds no MTP loss"),
     ],
 )
@@ -171,6 +173,23 @@ def test_megatron_keys_tandem_cannot_honour_are_refused_with_the_reason(override
     with pytest.raises(ConfigError) as info:
         load_config("verl", [*MEGATRON_TRAINER, override])
     assert message in str(info.value)
+
+
+def test_router_replay_and_balance_batch_map():
+    """verl's R2 (the old-log-prob pass's routing replayed in the update) and balance_batch=False (the rollout's
+    order over the ranks) as the router-replay example writes them; the reference's mode has no effect."""
+    cfg = load_config(
+        "verl",
+        [
+            *MEGATRON_TRAINER,
+            "actor_rollout_ref.actor.router_replay.mode=R2",
+            "actor_rollout_ref.ref.router_replay.mode=R2",
+            "trainer.balance_batch=False",
+        ],
+    )
+    assert cfg.actor.router_replay == "R2" and cfg.trainer.balance_batch is False
+    default = load_config("verl", MEGATRON_TRAINER)
+    assert default.actor.router_replay == "off" and default.trainer.balance_batch is True
 
 
 def test_megatron_keys_map_where_they_should(capsys, tmp_path):

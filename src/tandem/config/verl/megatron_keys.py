@@ -31,14 +31,13 @@ def _expert_tensor_parallel(value: Any) -> None:
         )
 
 
-def _router_replay(value: Any) -> None:
-    """verl's MoE router replay (its megatron actor routes each token as the rollout did) changes the update's
-    numbers; Tandem's trainer routes every token in its own forward, so only replay off is taken."""
-    if value not in (None, "disabled", "none"):
-        raise UnsupportedValue(
-            f"Tandem has no MoE router replay (mode {value!r}): its trainer routes every token itself, which "
-            "changes a MoE model's update; set it to disabled"
-        )
+def _router_replay(value: Any) -> str:
+    """verl's router_replay.mode -> actor.router_replay: disabled -> off, R2 / R3 as they are (R3 is refused by
+    the config's check, naming what is missing). verl's FSDP workers ignore the key; Tandem replays on FSDP2 too."""
+    modes = {None: "off", "disabled": "off", "R2": "R2", "R3": "R3"}
+    if value not in modes:
+        raise UnsupportedValue(f"router_replay.mode={value!r}: verl takes disabled, R2 or R3")
+    return modes[value]
 
 
 def _no_mtp_training(value: Any) -> None:
@@ -118,8 +117,10 @@ MEGATRON_KEYS: dict[str, Rule] = {
     "critic.model.lora.adapter_path": unsupported(_LORA_ADAPTER),
     "critic.model.lora.exclude_modules": unsupported(_LORA_EXCLUDE),
     # router replay's files (record_file, replay_file) have no effect: verl_keys' pattern
-    "actor_rollout_ref.actor.router_replay.mode": maps("", "Tandem has no MoE router replay", _router_replay),
-    "actor_rollout_ref.ref.router_replay.mode": maps("", "Tandem has no MoE router replay", _router_replay),
+    "actor_rollout_ref.actor.router_replay.mode": maps("actor.router_replay", convert=_router_replay),
+    "actor_rollout_ref.ref.router_replay.mode": no_effect(
+        "verl's reference routes every token itself whatever its mode, as Tandem's does"
+    ),
     "actor_rollout_ref.model.mtp.enable_train": maps(
         "", "Tandem has no multi-token prediction", _no_mtp_training
     ),
