@@ -47,3 +47,16 @@ def test_mini_batch_parts_are_update_order_split_evenly():
     order = update_order(8, 2, 2, [9, 8, 1, 2, 5, 5, 5, 5])
     assert mini_batch_parts(batch, 2, {"mini_batches": 2}) == [order[:4], order[4:]]
     assert mini_batch_parts(batch, 1, {"mini_batches": 2}) == [list(range(8))]
+
+
+def test_balance_batch_false_keeps_the_rollout_order():
+    # trainer.balance_batch=false (Batch.meta): contiguous parts, each mini-batch's rows in the rollout's order
+    mask = torch.zeros(8, 10, dtype=torch.long)
+    for row, tokens in enumerate([9, 8, 1, 2, 5, 5, 5, 5]):
+        mask[row, :tokens] = 1
+    batch = Batch.from_dict({"attention_mask": mask}, meta={"balance_batch": False})
+    assert balanced_parts(batch, 2) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    # rank 0: the first halves of mini-batches 0 (rows 0-3) and 1 (rows 4-7); rank 1 the second halves
+    assert mini_batch_parts(batch, 2, {"mini_batches": 2}) == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    balanced = Batch.from_dict({"attention_mask": mask}, meta={"balance_batch": True})
+    assert mini_batch_parts(balanced, 2, {"mini_batches": 2})[0] != [0, 1, 4, 5]  # by tokens: 9+1 | 8+2

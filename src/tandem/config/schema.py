@@ -170,10 +170,8 @@ class ActorConfig:
     # E/k sum_e P_e f_e (1 = even routing; engine/moe.py), added to the actor's (and SFT's) loss; >= 0, 0 = off;
     # null = the model's own weight, num_experts_per_tok x its config's router_aux_loss_coef
     router_aux_loss_coef: float | None = None
-    # mixture-of-experts models: the update routes each token to the experts it was routed to before (verl's
-    # router_replay.mode; engine/router_replay.py). R2: those of the old-log-prob pass (recorded there; with
-    # the old log-probs taken from the update, its first pass routes as the recording would: nothing to replay).
-    # R3 (the rollout engine's routing) is not built. off: every pass routes itself
+    # MoE models: R2 = the update routes each token to the experts of the old-log-prob pass (verl's router_replay;
+    # engine/router_replay.py); R3 (the rollout engine's routing) is not built; off: every pass routes itself
     router_replay: RouterReplayMode = "off"
     activation_checkpointing: bool = False  # recompute activations in backward to save memory
     optim: OptimConfig = field(default_factory=OptimConfig)
@@ -504,6 +502,9 @@ class TrainerConfig:
     )
     cpus_per_worker: float = 1.0  # CPUs Ray reserves per rank (> 0); torch threads per rank follow it
     seed: int = 1  # seed of model init, sampling and everything else that is random
+    # each mini-batch's (and forward's) rows split over the data-parallel ranks by tokens; false: in the rollout's
+    # order, contiguous (verl's balance_batch; its true also moves rows between mini-batches, Tandem's never)
+    balance_batch: bool = True
     # metric trackers, any of: console, jsonl, tensorboard, wandb, mlflow
     loggers: list[LoggerName] = field(default_factory=lambda: ["console"])
     save_freq: int = -1  # steps between checkpoints, >= 1; -1 = none (trainer.save_final: the last one)

@@ -19,6 +19,8 @@ from tandem.engine.lm_head import HeadRows
 
 MODEL_INPUTS = ("input_ids", "attention_mask", "position_ids")  # what every engine forward reads
 IMAGE_INPUTS = "multi_modal_inputs"  # a vision-language model's rows: their images' processor outputs
+# Batch.meta: False splits rows over the ranks in the rollout's order, not by tokens (trainer.balance_batch)
+BALANCE_META = "balance_batch"
 
 
 def input_keys(batch: Batch) -> tuple[str, ...]:
@@ -201,18 +203,25 @@ def update_order(
 
 def balanced_parts(batch: Batch, num_parts: int, call: Mapping[str, Any] | None = None) -> list[list[int]]:
     """The rows of each data-parallel part for a forward call (`dispatch(Dispatch.MP, parts=...)`): as
-    many rows as an even split, about equal tokens per part (a packed forward costs by tokens)."""
+    many rows as an even split, about equal tokens per part (a packed forward costs by tokens); contiguous
+    slices when the batch's meta says `balance_batch` False."""
     if num_parts <= 1:
         return [list(range(len(batch)))]
-    return equal_count_groups(token_lengths(batch), even_sizes(len(batch), num_parts))
+    sizes = even_sizes(len(batch), num_parts)
+    if not batch.meta.get(BALANCE_META, True):  # contiguous slices, in the rollout's order
+        bounds = [0, *itertools.accumulate(sizes)]
+        return [list(range(a, b)) for a, b in itertools.pairwise(bounds)]
+    return equal_count_groups(token_lengths(batch), sizes)
 
 
 def mini_batch_parts(batch: Batch, num_parts: int, call: Mapping[str, Any]) -> list[list[int]]:
     """The rows of each data-parallel part for an update call with `mini_batches=` M: the rows in
     `update_order` (token-balanced), split evenly, so that `run_update`'s `batch.chunk(M)` on each rank
-    gives that rank's part of each of the M global mini-batches."""
+    gives that rank's part of each of the M global mini-batches; with the batch's meta `balance_batch` False each
+    part keeps the rollout's order (no token balancing)."""
     if "mini_batches" not in call:
         raise TypeError("an update call must say how many mini-batches the batch makes: mini_batches=<int>")
-    order = update_order(len(batch), num_parts, call["mini_batches"], token_lengths(batch))
+    lengths = token_lengths(batch) if batch.meta.get(BALANCE_META, True) else None  # None: rollout order
+    order = update_order(len(batch), num_parts, call["mini_batches"], lengths)
     bounds = [0, *itertools.accumulate(even_sizes(len(batch), num_parts))]
     return [order[a:b] for a, b in itertools.pairwise(bounds)]

@@ -33,7 +33,7 @@ from tandem.engine.flops import ModelFlops
 from tandem.rewards import reward_manager_from_config
 from tandem.roles.actor import ROUTING_KEYS as ACTOR_ROUTING_KEYS
 from tandem.roles.actor import update_keys as actor_update_keys
-from tandem.roles.common import input_keys, model_inputs
+from tandem.roles.common import BALANCE_META, input_keys, model_inputs
 from tandem.roles.correction import correction_from_config
 from tandem.roles.layout import WorkerGroups, build_worker_groups
 from tandem.rollout.agent import tool_schemas
@@ -145,6 +145,7 @@ class RLTrainer(Trainer):
         metrics: dict[str, float] = {}
         with timer("step"):
             batch, rollout_metrics = self.source.next(self.step, timer)
+            batch.meta[BALANCE_META] = cfg.trainer.balance_batch  # how the workers split its rows
             metrics.update(rollout_metrics)
             mask = batch["response_mask"]
 

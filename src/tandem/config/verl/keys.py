@@ -462,10 +462,9 @@ VERL_KEYS: dict[str, Rule] = {
     ),
     "trainer.device": maps("trainer.device", convert=device),
     "trainer.profile_steps": maps("trainer.profile.steps", convert=as_list),
-    "trainer.balance_batch": unsupported(
-        "Tandem always orders the rows so every data-parallel rank gets as many tokens (verl's true); keeping "
-        "the rollout's order, which puts other rows in each mini-batch, is not built"
-    ),
+    # true: each mini-batch's rows split over the ranks by tokens; verl's true also moves rows between
+    # mini-batches, Tandem's keeps every mini-batch's rows (the same whenever a step is one mini-batch)
+    "trainer.balance_batch": maps("trainer.balance_batch"),
     "trainer.use_legacy_worker_impl": no_effect("Tandem has one worker implementation"),
     "trainer.ray_wait_register_center_timeout": no_effect(
         "Tandem's workers start within trainer.worker_timeout_s"
@@ -534,7 +533,10 @@ VERL_PATTERNS: list[tuple[str, Rule]] = [
     ("*.profiler.*", no_effect("verl's per-role profiler; Tandem's profiler is trainer.profile.*")),
     ("*.fsdp_config.*", no_effect("Tandem's FSDP2 settings are actor.fsdp.*; it shards every decoder layer")),
     ("*.checkpoint.*", no_effect("Tandem saves model, optimizer and run state in every checkpoint")),
-    ("*.router_replay.*", no_effect("Tandem has no MoE router replay")),
+    (
+        "*.router_replay.*",
+        no_effect("record_file / replay_file: verl reads neither; the routing travels with the step's batch"),
+    ),
     ("*.tiled_mlp.*", no_effect("Tandem has no tiled MLP")),
     ("*.mtp.*", no_effect("Tandem has no multi-token prediction")),
     ("actor_rollout_ref.model.mtp", no_effect("Tandem has no multi-token prediction")),
