@@ -12,6 +12,7 @@ import json
 import pytest
 
 from tandem.config import ConfigError, load_config
+from tandem.config.checks.lora import hf_target_modules
 from tandem.config.verl.translate import translate_overrides
 
 PEFT_CONFIG = {  # as PEFT 0.21's save_pretrained writes it (the fields the check reads, and a few others)
@@ -47,7 +48,8 @@ def test_the_adapters_config_fills_the_lora_keys_left_at_their_defaults(tmp_path
     # the same values given explicitly are the same run; the LoRA rules read the filled keys
     same = ["actor.lora.rank=8", "actor.lora.alpha=32", "actor.lora.target_modules=[q_proj,v_proj]"]
     assert load_config(overrides=[f"actor.lora.adapter_path={folder}", *same]).actor.lora == lora
-    with pytest.raises(ConfigError, match="actor.lora.rank=8 with actor.strategy=megatron"):
+    # the folder's dropout reaches the rules: adapter dropout is built on FSDP2 only
+    with pytest.raises(ConfigError, match="actor.lora.dropout=0.05 with actor.strategy=megatron"):
         load_config(overrides=[f"actor.lora.adapter_path={folder}", "actor.strategy=megatron"])
 
 
@@ -114,7 +116,37 @@ def test_verls_keys_map():
     assert translate_overrides(["actor_rollout_ref.model.exclude_modules=[a,b]"]).overrides == [
         'actor.lora.exclude_modules=["a", "b"]'
     ]
-    # verl's megatron LoRA keys stay refused, naming the FSDP2 keys
+    # verl's megatron adapter checkpoint stays refused, naming Tandem's adapter folder key
     ((key, message),) = translate_overrides(["actor_rollout_ref.model.lora.adapter_path=/a"]).problems
     assert key == "actor_rollout_ref.model.lora.adapter_path" and "actor.lora.adapter_path" in message
     assert "megatron" in message
+
+
+def test_megatron_lora_is_the_actors_and_reads_verls_megatron_keys():
+    megatron = ["actor.strategy=megatron", "actor.lora.rank=4"]
+    assert load_config(overrides=megatron).actor.lora.rank == 4
+    with pytest.raises(
+        ConfigError, match="critic.lora.rank=4 with actor.strategy=megatron: LoRA on megatron is"
+    ):
+        load_config("ppo", overrides=["actor.strategy=megatron", "critic.lora.rank=4"])
+    t = translate_overrides(
+        [
+            "actor_rollout_ref.model.lora.rank=16",
+            "actor_rollout_ref.model.lora.target_modules=[linear_qkv,linear_fc2]",
+            "actor_rollout_ref.model.lora.lora_A_init_method=kaiming",
+            "actor_rollout_ref.model.lora.lora_B_init_method=zero",
+        ]
+    )
+    assert t.problems == []
+    assert t.overrides == ["actor.lora.rank=16", 'actor.lora.target_modules=["linear_qkv", "linear_fc2"]']
+    # the megatron names are the projections they fuse, on either engine
+    assert hf_target_modules(["linear_qkv", "o_proj", "linear_fc2"]) == [
+        "q_proj",
+        "k_proj",
+        "v_proj",
+        "o_proj",
+        "down_proj",
+    ]
+    for key, value in (("lora_A_init_method", "normal"), ("lora_B_init_method", "kaiming")):
+        ((_, message),) = translate_overrides([f"actor_rollout_ref.model.lora.{key}={value}"]).problems
+        assert f"{key}={value!r}" in message

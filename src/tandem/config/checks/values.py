@@ -206,11 +206,18 @@ def check_model_values(cfg: TandemConfig, problems: Problems) -> None:
             problems.add(
                 f"{role}.lora.target_modules", f"{role}.lora.target_modules is empty; use [all-linear]"
             )
-        if a.strategy == "megatron":
+        # megatron: the actor's adapters sit inside megatron's linears (engine/megatron/lora.py), without dropout
+        if a.strategy == "megatron" and role == "critic":
             problems.add(
-                (f"{role}.lora.rank", "actor.strategy"),
-                f"{role}.lora.rank={lora.rank} with actor.strategy=megatron: LoRA is built on FSDP2 only; "
-                "use actor.strategy=fsdp",
+                ("critic.lora.rank", "actor.strategy"),
+                f"critic.lora.rank={lora.rank} with actor.strategy=megatron: LoRA on megatron is built for the "
+                "actor; train the critic whole (critic.lora.rank=0) or use actor.strategy=fsdp",
+            )
+        elif a.strategy == "megatron" and lora.dropout > 0:
+            problems.add(
+                ("actor.lora.dropout", "actor.strategy"),
+                f"actor.lora.dropout={lora.dropout} with actor.strategy=megatron: dropout on the adapters is built "
+                "on FSDP2 only; set it to 0 or use actor.strategy=fsdp",
             )
     if a.lora.syncs_adapters:
         engine = named(cfg.rollout.engine)  # None for auto: the start-up check asks the engine it resolves to

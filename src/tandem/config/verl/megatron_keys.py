@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 from tandem.config.verl.rules import Rule, UnsupportedValue, maps, no_effect, unsupported
+from tandem.config.verl.values import as_list
 
 _SHARED_LAYOUT = (
     "Tandem builds the {role} with the actor's megatron layout (the engines of one process share "
@@ -90,23 +91,51 @@ _LORA_TYPE = (
     "Tandem's LoRA is plain LoRA (PEFT's); verl's other adapter types (dora, canonical_lora) are not built"
 )
 _LORA_ADAPTER = (
-    "verl's megatron LoRA adapters are not read: Tandem's LoRA runs on FSDP2 (actor.strategy=fsdp), where a PEFT "
-    "adapter folder to start from is actor.lora.adapter_path (verl: actor_rollout_ref.model.lora_adapter_path)"
+    "verl's megatron-bridge adapter checkpoint is not read: Tandem's adapters start from a PEFT adapter folder, "
+    "actor.lora.adapter_path (verl: actor_rollout_ref.model.lora_adapter_path), on either engine"
 )
 _LORA_EXCLUDE = (
-    "verl's megatron LoRA exclusion is not read: Tandem's LoRA runs on FSDP2 (actor.strategy=fsdp), where the "
-    "exclusion list is {actor,critic}.lora.exclude_modules (verl: actor_rollout_ref.model.exclude_modules)"
+    "verl's megatron exclusion (megatron module names, wildcards) is not read: Tandem's is "
+    "{actor,critic}.lora.exclude_modules over the Hugging Face model's module names (verl: "
+    "actor_rollout_ref.model.exclude_modules), on either engine"
 )
+
+
+def _lora_a_kaiming(value: Any) -> None:
+    """verl's megatron lora_A_init_method: Tandem draws A as PEFT does (kaiming-uniform, a = sqrt(5)) on both
+    engines, which is verl's `kaiming`; verl's default `xavier` reads as absent and gets the same draw."""
+    if value not in (None, "kaiming", "xavier"):
+        raise UnsupportedValue(
+            f"lora_A_init_method={value!r}: Tandem draws A kaiming-uniform (PEFT's); set it to kaiming"
+        )
+
+
+def _lora_b_zero(value: Any) -> None:
+    if value not in (None, "zero"):
+        raise UnsupportedValue(
+            f"lora_B_init_method={value!r}: Tandem starts B at 0 (the model starts as the base model); set it to zero"
+        )
+
 
 MEGATRON_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.actor.megatron.override_transformer_config": unsupported(
         "give its keys one at a time: actor_rollout_ref.actor.megatron.override_transformer_config.NAME=VALUE"
     ),
-    # verl's megatron LoRA: the same keys as Tandem's LoRA, which is built on FSDP2 (the config check refuses
-    # LoRA with actor.strategy=megatron and names actor.strategy=fsdp)
+    # verl's megatron LoRA: the same keys as Tandem's LoRA, on either engine (engine/megatron/lora.py: PEFT's
+    # adapters inside megatron's linears; the config check refuses a critic's and adapter dropout on megatron)
     "actor_rollout_ref.model.lora.rank": maps("actor.lora.rank"),
     "actor_rollout_ref.model.lora.alpha": maps("actor.lora.alpha"),
     "actor_rollout_ref.model.lora.dropout": maps("actor.lora.dropout"),
+    "actor_rollout_ref.model.lora.target_modules": maps(
+        "actor.lora.target_modules",
+        "verl's megatron names (linear_qkv, linear_proj, linear_fc1, linear_fc2) name the Hugging Face projections "
+        "they fuse; a mixture-of-experts model's experts get none (see engine/megatron/lora.py)",
+        as_list,
+    ),
+    "actor_rollout_ref.model.lora.lora_A_init_method": maps(
+        "", "Tandem draws A kaiming-uniform (PEFT's) on both engines", _lora_a_kaiming
+    ),
+    "actor_rollout_ref.model.lora.lora_B_init_method": maps("", "Tandem starts B at 0", _lora_b_zero),
     "actor_rollout_ref.model.lora.type": unsupported(_LORA_TYPE),
     "actor_rollout_ref.model.lora.adapter_path": unsupported(_LORA_ADAPTER),
     "actor_rollout_ref.model.lora.exclude_modules": unsupported(_LORA_EXCLUDE),
@@ -219,5 +248,5 @@ MEGATRON_PATTERNS: list[tuple[str, Rule]] = [
         "critic.optim.override_optimizer_config.*",
         no_effect("the critic's optimizer is built with actor.megatron.override_optimizer_config"),
     ),
-    ("actor_rollout_ref.model.lora.*", no_effect("Tandem's LoRA is PEFT's, on FSDP2 (actor.lora.*)")),
+    ("actor_rollout_ref.model.lora.*", no_effect("Tandem's LoRA is PEFT's, on either engine (actor.lora.*)")),
 ]
