@@ -150,8 +150,10 @@ def test_two_ranks_equal_one_and_resume_equals_continuing(runs):
 def test_lora_keys_are_validated():
     with pytest.raises(ConfigError, match="actor.lora.alpha=0.0 must be > 0"):
         load_config(overrides=["actor.lora.rank=4", "actor.lora.alpha=0"])
-    with pytest.raises(ConfigError, match="LoRA is built on FSDP2 only"):
-        load_config(overrides=["actor.lora.rank=4", "actor.strategy=megatron"])
+    # the actor's adapters on megatron (engine/megatron/lora.py), without dropout
+    assert load_config(overrides=["actor.lora.rank=4", "actor.strategy=megatron"]).actor.lora.rank == 4
+    with pytest.raises(ConfigError, match="actor.lora.dropout=0.1 with actor.strategy=megatron"):
+        load_config(overrides=["actor.lora.rank=4", "actor.lora.dropout=0.1", "actor.strategy=megatron"])
     assert load_config(overrides=["actor.lora.rank=8"]).actor.lora.target_modules == ["all-linear"]
     adapter = ["actor.lora.rank=8", "actor.lora.rollout_sync=adapter"]
     with pytest.raises(ConfigError, match="rollout_sync=adapter needs vLLM's LoRA support"):

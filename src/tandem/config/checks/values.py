@@ -213,6 +213,15 @@ def check_model_values(cfg: TandemConfig, problems: Problems) -> None:
                 f"critic.lora.rank={lora.rank} with actor.strategy=megatron: LoRA on megatron is built for the "
                 "actor; train the critic whole (critic.lora.rank=0) or use actor.strategy=fsdp",
             )
+        elif a.strategy == "megatron" and a.megatron.expert_parallel > 1 and _reaches_mlp(lora.target_modules):
+            # experts split over ranks: a mixture-of-experts model, whose experts megatron LoRA would adapt
+            problems.add(
+                ("actor.lora.target_modules", "actor.megatron.expert_parallel"),
+                f"actor.lora.target_modules={lora.target_modules} with actor.megatron.expert_parallel="
+                f"{a.megatron.expert_parallel} asks for adapters on a mixture-of-experts model's experts "
+                "(linear_fc1 / linear_fc2), which Tandem does not build on megatron (verl does); set "
+                "actor.lora.target_modules=[linear_qkv,linear_proj] to adapt the attention alone",
+            )
         elif a.strategy == "megatron" and lora.dropout > 0:
             problems.add(
                 ("actor.lora.dropout", "actor.strategy"),
@@ -383,3 +392,8 @@ def _check_reward_terms(cfg: TandemConfig, problems: Problems) -> None:
                 "reward.format.pattern",
                 f"reward.format.pattern={fmt.pattern!r} is not a valid regular expression: {err}",
             )
+
+
+def _reaches_mlp(targets: list[str]) -> bool:
+    """Whether LoRA target_modules put adapters on the MLP projections (verl's linear_fc1 / linear_fc2)."""
+    return bool({"all-linear", "linear_fc1", "linear_fc2", "gate_proj", "up_proj", "down_proj"} & set(targets))

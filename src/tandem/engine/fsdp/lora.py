@@ -123,7 +123,26 @@ def inject(model: nn.Module, settings: Any, seed: int, whole: Sequence[str] = ()
             f"actor.lora.target_modules={settings.target_modules!r} matched no linear layer of "
             f"{type(model).__name__}; name its projections (e.g. [q_proj, v_proj]) or use all-linear"
         )
+    refuse_fused_adapters(layers, settings)
     return model
+
+
+def refuse_fused_adapters(layers: dict[str, nn.Module], settings: Any) -> None:
+    """PEFT adapts a mixture-of-experts model's fused expert tensors ([experts, ...]) when target_modules names
+    gate / up / down_proj (verl's linear_fc1 / linear_fc2); Tandem folds adapters into linear weights only
+    (`merged_weights`, megatron's per-expert linears), so the rollout, the export and megatron would not see
+    them: an error naming them, not a run whose rollout samples from other weights than it trains."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    fused = sorted(name for name, layer in layers.items() if isinstance(layer, ParamWrapper))
+    if fused:
+        raise ValueError(
+            f"lora.target_modules={list(settings.target_modules)!r} puts adapters on fused expert tensors "
+            f"({fused[0]}, ...: a mixture-of-experts model's experts, which verl's megatron LoRA adapts); Tandem's "
+            "LoRA folds adapters into linear layers only (the rollout and the export would not see these); name "
+            "the projections to adapt instead, without the experts' gate_proj / up_proj / down_proj (verl's "
+            "linear_fc1 / linear_fc2) or all-linear: e.g. lora.target_modules=[q_proj,k_proj,v_proj,o_proj]"
+        )
 
 
 def in_model_name(saved: str) -> str:
