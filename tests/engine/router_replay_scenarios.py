@@ -86,7 +86,9 @@ def run(strategy: str, parallel: MegatronConfig, model_path: str) -> dict:
     return result
 
 
-def worker(rank: int, world: int, init_method: str, strategy: str, layout: tuple, path: str, out: str) -> None:
+def worker(
+    rank: int, world: int, init_method: str, strategy: str, layout: tuple, path: str, out: str
+) -> None:
     dist.init_process_group(
         "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=300)
     )

@@ -56,7 +56,9 @@ def test_both_engines_record_and_replay_alike(results):
         assert (meg["routed"][~mask.bool()] == -1).all()
         assert torch.allclose(meg["old_log_probs"], fsdp["old_log_probs"], atol=TOL)
         for result in (meg, fsdp):
-            assert torch.allclose(result["replayed_same"][response], result["old_log_probs"][response], atol=1e-6)
+            assert torch.allclose(
+                result["replayed_same"][response], result["old_log_probs"][response], atol=1e-6
+            )
         for step_m, step_f in zip(meg["steps"], fsdp["steps"], strict=True):
             for key in ("actor/pg_loss", "actor/grad_norm", "actor/router_aux_loss"):
                 assert step_m[key] == pytest.approx(step_f[key], abs=TOL), key

@@ -213,7 +213,9 @@ def check_model_values(cfg: TandemConfig, problems: Problems) -> None:
                 f"critic.lora.rank={lora.rank} with actor.strategy=megatron: LoRA on megatron is built for the "
                 "actor; train the critic whole (critic.lora.rank=0) or use actor.strategy=fsdp",
             )
-        elif a.strategy == "megatron" and a.megatron.expert_parallel > 1 and _reaches_mlp(lora.target_modules):
+        elif (
+            a.strategy == "megatron" and a.megatron.expert_parallel > 1 and _reaches_mlp(lora.target_modules)
+        ):
             # experts split over ranks: a mixture-of-experts model, whose experts megatron LoRA would adapt
             problems.add(
                 ("actor.lora.target_modules", "actor.megatron.expert_parallel"),
@@ -396,4 +398,6 @@ def _check_reward_terms(cfg: TandemConfig, problems: Problems) -> None:
 
 def _reaches_mlp(targets: list[str]) -> bool:
     """Whether LoRA target_modules put adapters on the MLP projections (verl's linear_fc1 / linear_fc2)."""
-    return bool({"all-linear", "linear_fc1", "linear_fc2", "gate_proj", "up_proj", "down_proj"} & set(targets))
+    return bool(
+        {"all-linear", "linear_fc1", "linear_fc2", "gate_proj", "up_proj", "down_proj"} & set(targets)
+    )
