@@ -387,3 +387,16 @@ def test_the_verl_face_check_finds_one():
         "tandem.cli imports tandem.config.verl.keys",
         "tandem.config.verl.keys imports tandem.config.loader",
     ]
+
+
+def test_no_engine_imports_a_config_check():
+    """The rules an engine shares with a config check live beside the schema (config/megatron_overrides.py, config/lora_names.py), so
+    the engines, rollouts and roles read no config check (config/checks/)."""
+    found = sorted(
+        f"{a} imports {b}"
+        for a, targets in GRAPH.items()
+        if _package(a) in ("engine", "rollout", "roles")
+        for b in targets
+        if b.startswith("tandem.config.checks")
+    )
+    assert found == []

@@ -12,7 +12,7 @@ import json
 import pytest
 
 from tandem.config import ConfigError, load_config
-from tandem.config.checks.lora import hf_target_modules
+from tandem.config.lora_names import hf_target_modules
 from tandem.config.verl.translate import translate_overrides
 
 PEFT_CONFIG = {  # as PEFT 0.21's save_pretrained writes it (the fields the check reads, and a few others)

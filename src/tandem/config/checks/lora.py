@@ -14,11 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tandem.config.errors import Problems
+from tandem.config.lora_names import ADAPTER_CONFIG, ADAPTER_WEIGHTS
 
 if TYPE_CHECKING:
     from tandem.config.schema import TandemConfig
 
-ADAPTER_CONFIG, ADAPTER_WEIGHTS = "adapter_config.json", "adapter_model.safetensors"  # a PEFT adapter folder
 _KEY = "actor.lora.adapter_path"
 # what a PEFT LoRA config may hold that Tandem's merge into the rollout's weights, its checkpoints and vLLM's
 # adapter sync do not reproduce: (field, its plain value)
@@ -29,24 +29,6 @@ _NOT_BUILT = (
     ("rank_pattern", {}),
     ("alpha_pattern", {}),
 )
-
-# verl's megatron LoRA names its targets by megatron's fused linears; Tandem's adapters sit on the Hugging Face
-# projections each of them fuses (engine/megatron/lora.py), on either engine
-MEGATRON_TARGETS = {
-    "linear_qkv": ("q_proj", "k_proj", "v_proj"),
-    "linear_proj": ("o_proj",),
-    "linear_fc1": ("gate_proj", "up_proj"),
-    "linear_fc2": ("down_proj",),
-}
-
-
-def hf_target_modules(targets: list[str]) -> list[str]:
-    """`lora.target_modules` with each of verl's megatron names replaced by the projections it fuses, in order,
-    once each: [linear_qkv, o_proj] -> [q_proj, k_proj, v_proj, o_proj]."""
-    names: list[str] = []
-    for target in targets:
-        names += [name for name in MEGATRON_TARGETS.get(target, (target,)) if name not in names]
-    return names
 
 
 def check_lora(cfg: TandemConfig, problems: Problems) -> None:

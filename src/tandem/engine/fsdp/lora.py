@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from tandem.config.checks.lora import ADAPTER_CONFIG, ADAPTER_WEIGHTS, hf_target_modules
+from tandem.config.lora_names import ADAPTER_CONFIG, ADAPTER_WEIGHTS, hf_target_modules
 from tandem.engine.base import TrainEngine
 
 ADAPTER = "default"  # PEFT's name for the one adapter

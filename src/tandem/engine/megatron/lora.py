@@ -25,7 +25,7 @@ Where we differ from verl (megatron-bridge): verl's fused LoRA puts one A on lin
 shared by q, k and v. Here q, k and v each keep their own A, PEFT's layout on the Hugging Face model: a PEFT
 folder written here loads in PEFT and in vLLM as the FSDP2 engine's does, one folder starts either engine
 (actor.lora.adapter_path), and the rollout's adapter sync is the FSDP2 path's. verl's megatron names in
-target_modules (linear_qkv, linear_proj, linear_fc1, linear_fc2) name those linears (config/checks/lora.py).
+target_modules (linear_qkv, linear_proj, linear_fc1, linear_fc2) name those linears (config/lora_names.py).
 A mixture-of-experts model's experts take no adapters: PEFT would adapt the Hugging Face model's fused [E, ...]
 expert tensors, which this engine (and FSDP2's merge) does not carry, so `inject` refuses them by name
 (engine/fsdp/lora.py `refuse_fused_adapters`); verl's megatron LoRA adapts every expert's linear_fc1 / linear_fc2.
