@@ -400,3 +400,69 @@ def test_no_engine_imports_a_config_check():
         if b.startswith("tandem.config.checks")
     )
     assert found == []
+
+
+# docs/DESIGN.md's "knows nothing of" column where the layers alone do not say it (a package of a lower layer
+# that a package could import, or a library): package -> (tandem modules it must not import, libraries it must
+# not import anywhere in its files, lazy imports included)
+KNOWS_NOTHING_OF: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "models": ((), ("ray",)),
+    "algos": (("tandem.models", "tandem.controller"), ("ray",)),
+    "rewards": (("tandem.models",), ()),
+    "tools": (("tandem.models",), ()),
+    "config": (("tandem.controller",), ()),
+    "data": ((), ("ray",)),
+    "engine": (("tandem.algos",), ("ray",)),  # but algos/core's per-token primitives (below)
+}
+ENGINE_MAY_USE = ("tandem.algos.core",)
+# the one exception, said in docs/DESIGN.md: workers_per_node=auto on a Ray cluster asks the cluster its GPUs per
+# node when the config resolves (config/gpus.py, lazily, through the controller's init_ray)
+ALLOWED = {"tandem.config.gpus imports tandem.controller"}
+
+
+@functools.cache
+def _libraries(path: Path) -> set[str]:
+    """The top-level names of every library a file imports, anywhere in it."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def _knows_what_it_should_not(graph: dict[str, set[str]], files: dict[str, Path]) -> list[str]:
+    out = []
+    for module, targets in graph.items():
+        if _package(module) not in KNOWS_NOTHING_OF:
+            continue
+        modules, libraries = KNOWS_NOTHING_OF[_package(module)]
+        out += [
+            f"{module} imports {b}"
+            for b in targets
+            if any(b == m or b.startswith(m + ".") for m in modules)
+            and not (_package(module) == "engine" and b.startswith(ENGINE_MAY_USE))
+        ]
+        out += [f"{module} imports {lib}" for lib in sorted(_libraries(files[module]) & set(libraries))]
+    return sorted(out)
+
+
+def test_each_package_knows_nothing_of_what_design_says():
+    assert [line for line in _knows_what_it_should_not(GRAPH, _modules()) if line not in ALLOWED] == []
+
+
+def test_the_knows_nothing_check_finds_one(tmp_path):
+    lazy = tmp_path / "x.py"
+    lazy.write_text("def f():\n    import ray\n")
+    graph = {
+        "tandem.algos.x": {"tandem.models.tiny"},
+        "tandem.engine.x": {"tandem.algos.core", "tandem.algos.kl"},
+    }
+    files = {"tandem.algos.x": lazy, "tandem.engine.x": tmp_path / "y.py"}
+    files["tandem.engine.x"].write_text("import torch\n")
+    assert _knows_what_it_should_not(graph, files) == [
+        "tandem.algos.x imports ray",
+        "tandem.algos.x imports tandem.models.tiny",
+        "tandem.engine.x imports tandem.algos.kl",
+    ]
