@@ -144,7 +144,7 @@ class EngineSpec:
     packing: run micro-batches as packed sequences (no padding computed).
     max_tokens_per_micro_batch: cut micro-batches by this token budget instead of `micro_batch_size`.
     router_aux_loss_coef: a mixture-of-experts model's load-balancing weight (None: its own; engine/moe.py).
-    lora: low-rank adapters (rank > 0 or an adapter folder to start from; FSDP2 only), every other weight frozen
+    lora: low-rank adapters (rank > 0 or an adapter folder to start from; FSDP2, and megatron for the actor), every other weight frozen
     but a value model's head.
     freeze_vision_tower: a vision-language model's vision tower gets no gradient and no optimizer state (FSDP2; a
     text model: a warning).
@@ -300,8 +300,8 @@ class TrainEngine(ABC):
 
     def _no_adapters(self, what: str) -> str:
         return (
-            f"{what}: {type(self).__name__} trains no LoRA adapters (LoRA is built on FSDP2 only, with "
-            "actor.lora.rank > 0; use actor.strategy=fsdp)"
+            f"{what}: {type(self).__name__} trains no LoRA adapters (LoRA is built on the FSDP2 and megatron "
+            "engines, with actor.lora.rank > 0)"
         )
 
     def vision_adapters(self) -> list[str]:
