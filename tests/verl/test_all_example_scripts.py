@@ -69,7 +69,9 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
         MISSING,
         ("which Tandem does not build on megatron",),
     ),
-    # R3: the rollout engine's routing, which no rollout engine here returns (R2, the vLLM script, is accepted)
+    # R3: the rollout engine's routing, which no rollout engine here returns (R2, the vLLM script, is accepted);
+    # rollout.name=sglang reads as auto (SGLANG_NOTE), and vLLM returns routed experts only from its Model Runner
+    # V2, which needs Triton (its CPU backend on vLLM's CPU build): tests/rollout/test_vllm_routed_experts.py
     "examples/router_replay/run_qwen30_a3b_megatron_sglang.sh": (
         MISSING,
         ("Tandem's rollout engines do not return them",),

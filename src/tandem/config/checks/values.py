@@ -172,15 +172,19 @@ def check_optimizers(cfg: TandemConfig, problems: Problems) -> None:
 
 
 def check_router_replay(cfg: TandemConfig, problems: Problems) -> None:
-    """actor.router_replay: R3 needs the rollout engine's routing, which no rollout engine here returns; R2
-    records in the old-log-prob pass, which bypass mode does not run."""
+    """actor.router_replay: R3 needs the rollout engine's routing, which no rollout engine here returns (the hf
+    engine records none; vLLM 0.32 returns it only from its Model Runner V2, which needs Triton, and on vLLM's
+    CPU build Triton's CPU backend, which released triton lacks: tests/rollout/test_vllm_routed_experts.py fails
+    when that changes); R2 records in the old-log-prob pass, which bypass mode does not run."""
     mode = cfg.actor.router_replay
     if mode == "R3":
         problems.add(
             "actor.router_replay",
             "actor.router_replay=R3 replays the experts the rollout engine routed each token to; Tandem's rollout "
-            "engines do not return them (its vLLM engine does not ask for vLLM's routed experts, and there is no "
-            "SGLang engine): use R2 (the old-log-prob pass's routing) or off",
+            "engines do not return them (the hf engine records no routing; vLLM returns routed experts only from "
+            "its Model Runner V2, which needs Triton, on vLLM's CPU build Triton's CPU backend, and Tandem's vLLM "
+            "engine does not ask for them; there is no SGLang engine): use R2 (the old-log-prob pass's routing) "
+            "or off",
         )
     if mode == "R2" and cfg.algorithm.rollout_correction.bypass_mode:
         problems.add(
