@@ -398,14 +398,20 @@ def test_tandem_sft_says_the_dump_folders_have_no_effect(char_folders, tmp_path,
     )
 
 
-def test_tandem_sft_refuses_the_rl_data_classes_it_would_not_read(char_folders, tmp_path):
+def test_tandem_sft_refuses_the_rl_sampler_and_reads_a_dataset_class_before_any_worker(
+    char_folders, tmp_path
+):
     rows = [{"prompt": [{"role": "user", "content": "2 + 3"}], "response": "is 5", "data_source": "x"}] * 4
     data = write_rows(rows, tmp_path / "sft.parquet")
-    (tmp_path / "mine.py").write_text("class Mine:\n    pass\n")
+    mine = tmp_path / "mine.py"
+    mine.write_text("class Mine:\n    pass\n")
     folders = {"model": char_folders["qwen2"], "train": data, "val": data}
-    for key in ("custom_dataset", "sampler"):
-        cfg = run_config(
-            folders, tmp_path, "sft", f"data.{key}_file={tmp_path / 'mine.py'}", f"data.{key}_class=Mine"
-        )
-        with pytest.raises(ConfigError, match=f"data.{key}_file=.* is read by RL training"):
-            SFTTrainer(cfg)
+    cfg = run_config(folders, tmp_path, "sft", f"data.sampler_file={mine}", "data.sampler_class=Mine")
+    with pytest.raises(ConfigError, match="data.sampler_file=.* is read by RL training"):
+        SFTTrainer(cfg)
+    # a dataset class is tandem sft's too (verl's SFT data.custom_cls): loaded and checked as the trainer is built
+    cfg = run_config(
+        folders, tmp_path, "sft", f"data.custom_dataset_file={mine}", "data.custom_dataset_class=Mine"
+    )
+    with pytest.raises(DataError, match=rf"class 'Mine' \({mine} line 1\) is not a torch.utils.data.Dataset"):
+        SFTTrainer(cfg)

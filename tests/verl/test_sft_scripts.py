@@ -71,6 +71,8 @@ def test_the_cli_picks_verls_sft_defaults_for_a_verl_sft_command_line(capsys):
         ("data.multiturn.messages_key=conv", "data.messages_key=conv"),
         ("trainer.max_ckpt_to_keep=3", "trainer.max_checkpoints_to_keep=3"),
         ("engine=fsdp", "actor.strategy=fsdp"),
+        ("data.custom_cls.path=my.py", "data.custom_dataset_file=my.py"),
+        ("data.custom_cls.name=Mine", "data.custom_dataset_class=Mine"),
     ],
 )
 def test_an_sft_key_maps(verl, tandem):
@@ -82,7 +84,6 @@ def test_an_sft_key_maps(verl, tandem):
     ("verl", "words"),
     [
         ("data.truncation=left", "error or right"),
-        ("data.custom_cls.path=my.py", "dataset class"),
         ("data.train_max_samples=100", "reads every row"),
         ("optim.min_lr=1e-6", "optim.min_lr_ratio"),
         ("model.external_lib=foo", "transformers only"),

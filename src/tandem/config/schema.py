@@ -79,10 +79,11 @@ class DataConfig:
     image_key: str = (
         "images"  # column of a row's images, one <image> in its messages each (vision-language models)
     )
-    # a torch Dataset class of your own that makes the RL prompt rows (verl's data.custom_cls.path / .name): the
-    # Python file and the class's name in it, built as verl builds it, cls(data_files, tokenizer, config,
-    # processor), on train_files and on val_files; its items are verl's row dicts (docs/own-model.md). None: the
-    # files' rows as they are
+    # a torch Dataset class of your own that makes the RL prompt rows, or tandem sft's rows (verl's
+    # data.custom_cls.path / .name): the Python file and the class's name in it, built as verl builds it on
+    # train_files and on val_files, cls(data_files, tokenizer, config, processor) for RL (items: verl's row
+    # dicts), cls(parquet_files, tokenizer, config) for SFT (items: input_ids, loss_mask, ...; docs/own-model.md).
+    # None: the files' rows as they are
     custom_dataset_file: str | None = None
     custom_dataset_class: str | None = None
     max_prompt_length: int = 512  # TOKENS per prompt at most, >= 1; longer ones follow `truncation`

@@ -88,7 +88,7 @@ def load_dataset_class(path: str, name: str) -> type:
     if not issubclass(cls, Dataset):
         raise DataError(
             f"{where}: class '{name}'{at} is not a torch.utils.data.Dataset; subclass it (verl's RLHFDataset "
-            "is one), with __len__ and __getitem__ returning one row dict"
+            "and SFTDataset are), with __len__ and __getitem__ returning one item, a dict"
         )
     if issubclass(cls, IterableDataset):
         raise DataError(
@@ -123,7 +123,7 @@ def rows_from_class(
         "config": config,
         "processor": processor,
     }
-    if _takes(cls, "max_samples"):
+    if takes_argument(cls, "max_samples"):
         kwargs["max_samples"] = -1
     try:
         dataset = cls(**kwargs)
@@ -229,7 +229,8 @@ def _as_list(value: Any) -> Any:
     return value
 
 
-def _takes(cls: type, argument: str) -> bool:
+def takes_argument(cls: type, argument: str) -> bool:
+    """Whether the constructor of `cls` takes `argument` by name (or any keyword)."""
     try:
         parameters = inspect.signature(cls).parameters.values()
     except (TypeError, ValueError):

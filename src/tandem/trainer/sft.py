@@ -1,5 +1,6 @@
-"""The SFT trainer: supervised fine-tuning of the actor's model on (prompt, response) rows, on the
-same workers and engine as RL, to warm-start a policy. Batch sizes: data.train_batch_size ROWS per
+"""The SFT trainer: supervised fine-tuning of the actor's model on (prompt, response) rows or
+conversations (or the rows of a Dataset class of the user's, data.custom_dataset_file), on the same
+workers and engine as RL, to warm-start a policy. Batch sizes: data.train_batch_size ROWS per
 optimizer step, split over the ranks, actor.micro_batch_size_per_rank rows per forward/backward.
 At the end the model is exported as a Hugging Face folder, `<run dir>/hf_model`, ready to be an
 RL run's actor.model_path."""
@@ -14,6 +15,7 @@ from tandem.config.errors import ConfigError
 from tandem.config.schema import TandemConfig
 from tandem.config.validate import validate_config
 from tandem.data import SFTDataset, collate_sft
+from tandem.data.user_sft_dataset import UserSFTRows, sft_dataset_config
 from tandem.rollout.agent import tool_schemas
 from tandem.rollout.base import read_special_ids
 from tandem.run_folder import DUMP_KINDS, SFT_MODEL_DIR
@@ -46,15 +48,11 @@ class SFTTrainer(Trainer):
                 "(set data.truncation=error or right)"
             )
         check_model_folders(cfg, "sft")
-        for key in (
-            "custom_dataset_file",
-            "sampler_file",
-        ):  # RL training's (tandem train): never silently dropped
-            if getattr(d, key):
-                raise ConfigError(
-                    f"data.{key}={getattr(d, key)} is read by RL training (tandem train); tandem sft trains on the "
-                    "parquet rows of data.train_files in the order of data.shuffle and data.seed. Remove it"
-                )
+        if d.sampler_file:  # RL training's (tandem train): never silently dropped
+            raise ConfigError(
+                f"data.sampler_file={d.sampler_file} is read by RL training (tandem train); tandem sft trains on the "
+                "rows of data.train_files in the order of data.shuffle and data.seed. Remove it"
+            )
         for key in DUMP_KINDS.values():
             if getattr(cfg.trainer, key):
                 logger.warning(
@@ -64,18 +62,31 @@ class SFTTrainer(Trainer):
                 )
         self.tokenizer = load_actor_tokenizer(cfg)
         self.processor = load_image_processor(cfg)  # a vision-language model's: its rows may carry images
-        self.train_data = self._rows(d.train_files, cfg)
-        self.val_data = self._rows(d.val_files, cfg) if d.val_files else None
+        self.train_data = self._rows(d.train_files, cfg, "data.train_files")
+        self.val_data = self._rows(d.val_files, cfg, "data.val_files") if d.val_files else None
         check_tokenizers(cfg, self.tokenizer, [self.train_data, self.val_data], "sft")
         super().__init__(cfg, len(self.train_data), d.train_batch_size)
         self.hf_dir = self.run_dir / SFT_MODEL_DIR
 
-    def _rows(self, files: list[str], cfg: TandemConfig) -> SFTDataset:
+    def _rows(self, files: list[str], cfg: TandemConfig, key: str) -> SFTDataset | UserSFTRows:
         d = cfg.data
+        max_length = d.max_length or d.max_prompt_length + d.max_response_length
+        if d.custom_dataset_file:  # the rows of a Dataset class of the user's (verl's data.custom_cls)
+            return UserSFTRows(
+                d.custom_dataset_file,
+                d.custom_dataset_class,
+                files,
+                tokenizer=self.tokenizer,
+                processor=self.processor,
+                config=sft_dataset_config(d, max_length),
+                files_key=key,
+                max_length=max_length,
+                truncation=d.truncation,
+            )
         return SFTDataset(
             files,
             self.tokenizer,
-            max_length=d.max_length or d.max_prompt_length + d.max_response_length,
+            max_length=max_length,
             prompt_key=d.prompt_key,
             response_key=d.response_key,
             prompt_dict_keys=d.prompt_dict_keys,

@@ -49,14 +49,6 @@ def _engine_group(value: Any) -> str:
     raise UnsupportedValue(f"Tandem's training engines are fsdp (FSDP2) and megatron, not {value!r}")
 
 
-def _empty_only(what: str):
-    def check(value: Any) -> None:
-        if value not in (None, {}, [], "", "null", "{}"):
-            raise UnsupportedValue(f"Tandem has no {what}; leave it empty")
-
-    return check
-
-
 def _all_samples(value: Any) -> None:
     if value is not None and value > 0:
         raise UnsupportedValue(
@@ -136,11 +128,11 @@ SFT_KEYS: dict[str, Rule] = {
     "data.shuffle": maps("data.shuffle"),
     "data.use_shm": no_effect("Tandem reads the data from disk"),
     "data.custom_cls.path": maps(
-        "", "null: Tandem's own SFT rows", convert=_empty_only("dataset class of a user's (data.custom_cls)")
+        "data.custom_dataset_file",
+        "built as verl's SFT trainers build it; its items (input_ids, loss_mask, attention_mask) are read once at "
+        "start-up, the padding dropped, the loss mask read as verl's trainers read it",
     ),
-    "data.custom_cls.name": maps(
-        "", "null: Tandem's own SFT rows", convert=_empty_only("dataset class of a user's (data.custom_cls)")
-    ),
+    "data.custom_cls.name": maps("data.custom_dataset_class"),
     "data.multiturn.enable": no_effect(
         "Tandem reads a row as a conversation when its data.messages_key field is set, else as a "
         "(prompt, response) pair"
