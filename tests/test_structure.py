@@ -13,7 +13,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "tandem"
 
 # docs/DESIGN.md's layers, lowest first: a package may import packages of lower layers only.
 LAYERS = [
-    {"batch", "usercode", "models", "algo_options", "rollout_options", "run_folder"},
+    {"batch", "usercode", "models", "algo_options", "rollout_options", "train_engine_options", "run_folder"},
     {"algos", "rewards", "controller", "view"},
     {"tools"},
     {"config"},
@@ -145,12 +145,14 @@ NAME_READERS = {
 }
 
 
-def _engine_name_comparisons(sources: dict[str, str], names: set[str]) -> list[str]:
+def _engine_name_comparisons(
+    sources: dict[str, str], names: set[str], home: str = "rollout/", readers: dict[str, str] = NAME_READERS
+) -> list[str]:
     """`path:line` of each comparison with an engine's name (==, !=, in) in `sources` (path under src/tandem ->
-    text), outside rollout/ and NAME_READERS."""
+    text), outside the engines' own package `home` and `readers` (a path prefix, or `path:function`)."""
     found = []
     for path, text in sources.items():
-        if path.startswith("rollout/") or any(path.startswith(r) for r in NAME_READERS if ":" not in r):
+        if path.startswith(home) or any(path.startswith(r) for r in readers if ":" not in r):
             continue
         functions = [n for n in ast.walk(ast.parse(text)) if isinstance(n, ast.FunctionDef)]
         for node in ast.walk(ast.parse(text)):
@@ -164,7 +166,7 @@ def _engine_name_comparisons(sources: dict[str, str], names: set[str]) -> list[s
                 if isinstance(e, ast.Constant)
             ]
             inside = {f.name for f in functions if f.lineno <= node.lineno <= (f.end_lineno or f.lineno)}
-            if names & set(values) and not any(f"{path}:{f}" in NAME_READERS for f in inside):
+            if names & set(values) and not any(f"{path}:{f}" in readers for f in inside):
                 found.append(f"{path}:{node.lineno}: {ast.unparse(node)}")
     return sorted(found)
 
@@ -186,6 +188,42 @@ def test_the_engine_name_check_finds_one():
     assert _engine_name_comparisons(sources, {"hf", "vllm", "sglang"}) == [
         "config/x.py:2: r.engine == 'hf'",
         "config/x.py:2: r.mode in ('sync', 'vllm')",
+    ]
+
+
+# The training engines' face (docs/DESIGN.md): outside engine/, what a training engine does is asked of its facts by
+# name (`tandem.train_engine_options`), never by comparing actor.strategy with a name; the verl translation alone
+# reads verl's strategy values.
+def _train_engine_names() -> set[str]:
+    """The keys of train_engine_options.TRAIN_ENGINES, read from the file."""
+    for node in ast.walk(ast.parse((SRC / "train_engine_options.py").read_text())):
+        if isinstance(node, ast.AnnAssign) and ast.unparse(node.target) == "TRAIN_ENGINES":
+            return {key.value for key in node.value.keys}
+    raise AssertionError("train_engine_options.py has no TRAIN_ENGINES")
+
+
+TRAIN_ENGINE_NAMES = _train_engine_names()
+STRATEGY_READERS = {
+    "config/verl/values.py:strategy": "verl's actor_rollout_ref.actor.strategy values",
+    "config/verl/sft_keys.py:_engine_group": "verl's SFT model.strategy / engine values",
+}
+
+
+def test_no_strategy_name_is_compared_outside_engine():
+    assert sorted(TRAIN_ENGINE_NAMES) == ["fsdp", "megatron"]
+    assert _engine_name_comparisons(_sources(), TRAIN_ENGINE_NAMES, "engine/", STRATEGY_READERS) == []
+
+
+def test_the_strategy_name_check_finds_one():
+    sources = {
+        "roles/x.py": "def f(a):\n    return a.strategy != 'megatron' or a.strategy in ['fsdp']\n",
+        "engine/y.py": "megatron = strategy == 'megatron'\n",
+        "config/verl/values.py": "def strategy(v):\n    return v == 'fsdp'\ndef other(v):\n    return v == 'fsdp'\n",
+    }
+    assert _engine_name_comparisons(sources, {"fsdp", "megatron"}, "engine/", STRATEGY_READERS) == [
+        "config/verl/values.py:4: v == 'fsdp'",
+        "roles/x.py:2: a.strategy != 'megatron'",
+        "roles/x.py:2: a.strategy in ['fsdp']",
     ]
 
 

@@ -10,16 +10,13 @@ from __future__ import annotations
 
 from tandem.algo_options import EstimatorSpec
 from tandem.config.schema import Derived, TandemConfig
+from tandem.train_engine_options import model_parallel_size
 
 
 def data_parallel_size(cfg: TandemConfig) -> tuple[int, int]:
     """(world size, data-parallel size); the latter is 0 when the parallel sizes do not divide."""
     world = cfg.trainer.nnodes * cfg.trainer.workers_per_node
-    if cfg.actor.strategy == "megatron":
-        mp = cfg.actor.megatron
-        model_parallel = mp.tensor_parallel * mp.pipeline_parallel * mp.context_parallel
-    else:
-        model_parallel = cfg.actor.fsdp.sequence_parallel
+    model_parallel = model_parallel_size(cfg.actor)  # megatron: tensor x pipeline x context; fsdp: Ulysses
     if model_parallel <= 0 or world % model_parallel:
         return world, 0
     return world, world // model_parallel

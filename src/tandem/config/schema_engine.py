@@ -34,7 +34,7 @@ class OptimConfig:
 
 @dataclass
 class FSDPConfig:
-    """FSDP2 (`fully_shard`) settings, used when actor.strategy == "fsdp".
+    """FSDP2 (`fully_shard`) settings, used when actor.strategy=fsdp.
 
     Data-parallel size = world size / sequence_parallel (see cfg.derived.dp_size)."""
 
@@ -81,7 +81,7 @@ class FSDPConfig:
 
 @dataclass
 class MegatronConfig:
-    """megatron-core model parallelism, used when actor.strategy == "megatron". Sizes count RANKS, each >= 1.
+    """megatron-core model parallelism, used when actor.strategy=megatron. Sizes count RANKS, each >= 1.
 
     tensor x pipeline x context must divide the world size; the batch is split over the rest
     (data-parallel size = world / (tensor x pipeline x context), see cfg.derived.dp_size)."""

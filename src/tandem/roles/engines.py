@@ -12,6 +12,7 @@ import torch
 from tandem.config.schema import OptimConfig, TandemConfig
 from tandem.engine import build_engine
 from tandem.engine.base import EngineSpec, Head, TrainEngine
+from tandem.train_engine_options import facts
 
 # Micro-batch token budgets when actor.max_tokens_per_micro_batch is None: on a CPU a budget past the
 # caches is slower (bench/README.md: 2048 tokens 1.5x faster than 16384 on W1); a GPU wants large ones.
@@ -91,7 +92,7 @@ def start_checkpoint(cfg: TandemConfig, head: Head, optim: OptimConfig | None) -
     """The megatron distributed checkpoint a role's weights start from (EngineSpec's dist_checkpoint and the
     setting's name): the actor's, also the reference's (the initial policy) and SFT's, for a causal LM; the
     critic's own for a trained value model; none for the reward model (its folder's trained head)."""
-    if cfg.actor.strategy != "megatron":
+    if not facts(cfg.actor.strategy).dist_checkpoint:
         return {}
     if head == "lm":
         return {"dist_checkpoint": cfg.actor.megatron.dist_checkpoint}

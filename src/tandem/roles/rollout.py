@@ -36,6 +36,8 @@ from tandem.rollout.agent import AGENT_COUNT_KEYS, AGENT_FINISH_KEY, TRAJECTORY_
 from tandem.rollout.base import METRICS_KEY
 from tandem.rollout.stream import RolloutStream
 from tandem.rollout_options import facts, resolve_engine
+from tandem.train_engine_options import facts as train_engine
+from tandem.train_engine_options import settings
 
 
 class RolloutRole:
@@ -207,7 +209,11 @@ class RolloutRole:
         another tensor-parallel size than the rollout's, LoRA merged into whole weights, an architecture
         shard-only sync does not know)."""
         a, r = self.cfg.actor, self.cfg.rollout
-        layout = a.strategy == "fsdp" or a.megatron.tensor_parallel == r.tensor_parallel
+        # an engine that holds whole tensors gathers any cut; one that holds tensor-parallel pieces, its own
+        layout = (
+            not train_engine(a.strategy).tensor_parallel_weights
+            or settings(a).tensor_parallel == r.tensor_parallel
+        )
         if not (r.shard_weight_sync and layout and a.lora.rank == 0):
             return None
         return TensorParallelCuts.for_model(self.actor_engine.config, r.tensor_parallel, self.ctx.world_size)
@@ -236,7 +242,8 @@ def starts_from_other_weights(cfg: TandemConfig) -> bool:
     A hybrid rollout syncs them before its first generation; a separate one is sent the actor's weights before
     its first generation anyway (trainer/rollouts.py)."""
     a = cfg.actor
-    return (a.strategy == "megatron" and bool(a.megatron.dist_checkpoint)) or bool(a.lora.adapter_path)
+    dist_start = train_engine(a.strategy).dist_checkpoint and bool(a.megatron.dist_checkpoint)
+    return dist_start or bool(a.lora.adapter_path)
 
 
 def _empty_rollout(prompts: Batch, sampling: SamplingParams, *, agent: bool = False) -> Batch:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from tandem.config.megatron_overrides import megatron_fields, override_problems
+from tandem.train_engine_options import engines_with, facts
 
 if TYPE_CHECKING:
     from tandem.config.errors import Problems
@@ -21,12 +22,12 @@ def check_megatron(cfg: TandemConfig, problems: Problems) -> None:
         ("actor.megatron.dist_checkpoint", mp.dist_checkpoint),
         ("critic.megatron_dist_checkpoint", cfg.critic.megatron_dist_checkpoint),
     ):
-        if value and cfg.actor.strategy != "megatron":
+        if value and not facts(cfg.actor.strategy).dist_checkpoint:
             problems.add(
                 (key, "actor.strategy"),
                 f"{key}: a megatron distributed checkpoint starts the megatron engine only; set "
-                "actor.strategy=megatron, or convert it to a Hugging Face folder (`tandem convert mcore-to-hf`) "
-                "and start from that",
+                f"actor.strategy={' or '.join(engines_with('dist_checkpoint'))}, or convert it to a Hugging Face "
+                "folder (`tandem convert mcore-to-hf`) and start from that",
             )
     for kind, overrides in (
         ("transformer", mp.override_transformer_config),

@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING
 from tandem.config.derived import data_parallel_size
 from tandem.config.errors import Problems
 from tandem.rollout_options import engines_with, named
+from tandem.train_engine_options import facts as train_engine
+from tandem.train_engine_options import model_parallel_size, settings
 
 if TYPE_CHECKING:
     from tandem.config.schema import TandemConfig
@@ -134,44 +136,40 @@ def check_parallel(cfg: TandemConfig, problems: Problems) -> None:
     if world < 1:
         return
     a, r = cfg.actor, cfg.rollout
-    if a.strategy == "megatron":
-        mp = a.megatron
-        size = mp.tensor_parallel * mp.pipeline_parallel * mp.context_parallel
-        if size >= 1 and world % size:
-            problems.add(
-                (
-                    "actor.megatron.tensor_parallel",
-                    "actor.megatron.pipeline_parallel",
-                    "actor.megatron.context_parallel",
-                    "trainer.workers_per_node",
-                ),
-                f"actor.megatron tensor_parallel={mp.tensor_parallel} x pipeline_parallel="
-                f"{mp.pipeline_parallel} x context_parallel={mp.context_parallel} = {size} does not "
-                f"divide the world size {world} (trainer.nnodes x trainer.workers_per_node)",
-            )
-        if mp.virtual_pipeline > 1 and mp.pipeline_parallel == 1:
-            problems.add(
-                ("actor.megatron.virtual_pipeline", "actor.megatron.pipeline_parallel"),
-                f"actor.megatron.virtual_pipeline={mp.virtual_pipeline} needs actor.megatron.pipeline_parallel > 1 "
-                "(model chunks interleave over the pipeline stages)",
-            )
-        # experts are not split by TP (expert tensor parallel 1): their ranks are a pipeline stage's
-        expert_pool = world // max(1, mp.pipeline_parallel)
-        if (
-            mp.expert_parallel >= 1
-            and world % max(1, mp.pipeline_parallel) == 0
-            and expert_pool % mp.expert_parallel
-        ):
-            problems.add(
-                ("actor.megatron.expert_parallel", "trainer.workers_per_node"),
-                f"actor.megatron.expert_parallel={mp.expert_parallel} does not divide world size / "
-                f"pipeline_parallel = {expert_pool}",
-            )
-    elif a.fsdp.sequence_parallel >= 1 and world % a.fsdp.sequence_parallel:
+    # the training engine's sizes, in its own section (actor.fsdp or actor.megatron)
+    training, section = train_engine(a.strategy), settings(a)
+    where = f"actor.{training.section}"
+    sizes = {name: getattr(section, name) for name in training.model_parallel}
+    size = model_parallel_size(a)
+    if size >= 1 and world % size:
+        what = (
+            f"{where}.{next(iter(sizes))}={size}"
+            if len(sizes) == 1
+            else f"{where} {' x '.join(f'{k}={v}' for k, v in sizes.items())} = {size}"
+        )
         problems.add(
-            ("actor.fsdp.sequence_parallel", "trainer.workers_per_node"),
-            f"actor.fsdp.sequence_parallel={a.fsdp.sequence_parallel} does not divide the world size "
-            f"{world} (trainer.nnodes x trainer.workers_per_node)",
+            (*(f"{where}.{k}" for k in sizes), "trainer.workers_per_node"),
+            f"{what} does not divide the world size {world} (trainer.nnodes x trainer.workers_per_node)",
+        )
+    if training.pipeline and section.virtual_pipeline > 1 and section.pipeline_parallel == 1:
+        problems.add(
+            (f"{where}.virtual_pipeline", f"{where}.pipeline_parallel"),
+            f"{where}.virtual_pipeline={section.virtual_pipeline} needs {where}.pipeline_parallel > 1 "
+            "(model chunks interleave over the pipeline stages)",
+        )
+    # experts are not split by TP (expert tensor parallel 1): their ranks are a pipeline stage's
+    stages = section.pipeline_parallel if training.pipeline else 1
+    expert_pool = world // max(1, stages)
+    if (
+        training.expert_parallel
+        and section.expert_parallel >= 1
+        and world % max(1, stages) == 0
+        and expert_pool % section.expert_parallel
+    ):
+        problems.add(
+            (f"{where}.expert_parallel", "trainer.workers_per_node"),
+            f"{where}.expert_parallel={section.expert_parallel} does not divide world size / "
+            f"pipeline_parallel = {expert_pool}",
         )
     if r.tensor_parallel >= 1 and world % r.tensor_parallel:
         problems.add(

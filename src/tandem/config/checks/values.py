@@ -12,6 +12,8 @@ from tandem.config.checks.rollout import check_sampling
 from tandem.config.errors import Problems
 from tandem.models.chat_template import template_kwargs_problems
 from tandem.rollout_options import named
+from tandem.train_engine_options import engines_with as train_engines_with
+from tandem.train_engine_options import facts as train_engine
 
 if TYPE_CHECKING:
     from tandem.config.schema import TandemConfig
@@ -211,14 +213,19 @@ def check_model_values(cfg: TandemConfig, problems: Problems) -> None:
                 f"{role}.lora.target_modules", f"{role}.lora.target_modules is empty; use [all-linear]"
             )
         # megatron: the actor's adapters sit inside megatron's linears (engine/megatron/lora.py), without dropout
-        if a.strategy == "megatron" and role == "critic":
+        engine = train_engine(a.strategy)
+        if not engine.critic_lora and role == "critic":
             problems.add(
                 ("critic.lora.rank", "actor.strategy"),
-                f"critic.lora.rank={lora.rank} with actor.strategy=megatron: LoRA on megatron is built for the "
-                "actor; train the critic whole (critic.lora.rank=0) or use actor.strategy=fsdp",
+                f"critic.lora.rank={lora.rank} with actor.strategy={a.strategy}: LoRA on {a.strategy} is built for "
+                f"the actor; train the critic whole (critic.lora.rank=0) or use actor.strategy="
+                f"{' or '.join(train_engines_with('critic_lora'))}",
             )
         elif (
-            a.strategy == "megatron" and a.megatron.expert_parallel > 1 and _reaches_mlp(lora.target_modules)
+            engine.expert_parallel
+            and not engine.expert_lora
+            and a.megatron.expert_parallel > 1
+            and _reaches_mlp(lora.target_modules)
         ):
             # experts split over ranks: a mixture-of-experts model, whose experts megatron LoRA would adapt
             problems.add(
@@ -228,11 +235,12 @@ def check_model_values(cfg: TandemConfig, problems: Problems) -> None:
                 "(linear_fc1 / linear_fc2), which Tandem does not build on megatron (verl does); set "
                 "actor.lora.target_modules=[linear_qkv,linear_proj] to adapt the attention alone",
             )
-        elif a.strategy == "megatron" and lora.dropout > 0:
+        elif not engine.lora_dropout and lora.dropout > 0:
             problems.add(
                 ("actor.lora.dropout", "actor.strategy"),
-                f"actor.lora.dropout={lora.dropout} with actor.strategy=megatron: dropout on the adapters is built "
-                "on FSDP2 only; set it to 0 or use actor.strategy=fsdp",
+                f"actor.lora.dropout={lora.dropout} with actor.strategy={a.strategy}: dropout on the adapters is "
+                "built on FSDP2 only; set it to 0 or use actor.strategy="
+                + " or ".join(train_engines_with("lora_dropout")),
             )
     if a.lora.syncs_adapters:
         engine = named(cfg.rollout.engine)  # None for auto: the start-up check asks the engine it resolves to

@@ -26,6 +26,7 @@ from tandem.config.verl.rules import Rule, UnsupportedValue
 from tandem.config.verl.sft_keys import SFT_KEYS, SFT_ONLY_PREFIXES, sft_rule_key
 from tandem.config.verl.values import hydra_value
 from tandem.config.yaml_io import dotted_leaves, is_true, parse_scalar
+from tandem.train_engine_options import facts as train_engine
 
 # keys of a verl YAML not read: verl writes its own default there, which would not suit Tandem
 _TREE_DROPS = {
@@ -466,16 +467,17 @@ def _shell_quote(text: str) -> str:
 
 def layout_problems(translation: VerlTranslation, cfg: Any) -> list[tuple[str, str]]:
     """(verl key, message) for each reference / critic megatron size of `translation` that differs from the
-    actor's in the resolved config `cfg` (read only when actor.strategy=megatron, and only for a role the run
-    builds: a GRPO run without KL has neither)."""
-    if cfg.actor.strategy != "megatron":
-        return []
+    actor's in the resolved config `cfg` (read only when the actor's engine reads that section, actor.megatron,
+    and only for a role the run builds: a GRPO run without KL has neither)."""
+    section = f"actor.{train_engine(cfg.actor.strategy).section}."
     out = []
     # cfg.derived's critic_needed / reference_needed, read from their keys: derived waits for the other checks
     critic_built = cfg.critic.enable is True
     reference_built = cfg.actor.use_kl_loss or cfg.algorithm.use_kl_in_reward
     for verl_text, target, value in translation.same:
         key = verl_text.partition("=")[0]
+        if not target.startswith(section):
+            continue  # the settings of an engine the run does not build
         if not (critic_built if key.startswith("critic.") else reference_built):
             continue  # a role the run does not build: its layout is never read, as on verl
         actual: Any = cfg

@@ -8,19 +8,19 @@ from pathlib import Path
 
 from tandem.config.schema import TandemConfig
 from tandem.engine import check_buildable
+from tandem.train_engine_options import facts, settings
 from tandem.trainer.start_checks.model_folders import engine_model_folders
 
 
 def training_engine_problems(cfg: TandemConfig) -> list[str]:
     """What the actor's engine strategy could not build of its settings and the run's model folders."""
-    settings = cfg.actor.megatron if cfg.actor.strategy == "megatron" else cfg.actor.fsdp
-    return check_buildable(cfg.actor.strategy, settings, engine_model_folders(cfg))
+    return check_buildable(cfg.actor.strategy, settings(cfg.actor), engine_model_folders(cfg))
 
 
 def dist_checkpoint_problems(cfg: TandemConfig, purpose: str = "rl") -> list[str]:
     """The megatron distributed checkpoints the run starts from are folders megatron wrote (its metadata.json);
     whether they hold the model's weights is checked as each engine loads them (engine/megatron/dist_start.py)."""
-    if cfg.actor.strategy != "megatron":
+    if not facts(cfg.actor.strategy).dist_checkpoint:
         return []
     folders = {"actor.megatron.dist_checkpoint": cfg.actor.megatron.dist_checkpoint}
     if purpose != "sft" and cfg.derived.critic_needed:
@@ -49,7 +49,7 @@ def model_override_problems(cfg: TandemConfig, purpose: str = "rl") -> list[str]
     if purpose != "sft" and cfg.critic.override_config:
         sections["critic"] = cfg.critic.override_config
     for role, overrides in sections.items():
-        if overrides and cfg.actor.strategy == "megatron":
+        if overrides and not facts(cfg.actor.strategy).override_config:
             problems.append(
                 f"{role}.override_config is applied by the FSDP2 engine (actor.strategy=fsdp); megatron's own is "
                 "actor.megatron.override_transformer_config (or edit the model folder's config.json)"

@@ -4,6 +4,7 @@ sequence parallel, vLLM's rollout of images, no critic or reward model."""
 from __future__ import annotations
 
 from tandem.config.schema import TandemConfig
+from tandem.train_engine_options import engines_with, facts
 from tandem.trainer.start_checks.rollout_engine import vision_language_rollout_problems
 
 
@@ -13,8 +14,10 @@ def vision_language_problems(cfg: TandemConfig, model_type: str, purpose: str = 
     a = cfg.actor
     what = f"actor.model_path is a vision-language model ({model_type})"
     problems = []
-    if a.strategy != "fsdp":
-        problems.append(f"{what}: train it with actor.strategy=fsdp")
+    if not facts(a.strategy).vision_language:
+        problems.append(
+            f"{what}: train it with actor.strategy={' or '.join(engines_with('vision_language'))}"
+        )
     if a.fsdp.sequence_parallel > 1:
         problems.append(f"{what}: not yet with actor.fsdp.sequence_parallel > 1")
     if purpose == "sft":
