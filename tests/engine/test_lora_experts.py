@@ -1,12 +1,16 @@
-"""LoRA on a mixture-of-experts model. PEFT (0.21) adapts a Hugging Face MoE model's fused expert tensors
-([experts, ...] parameters, not linear layers) when target_modules is all-linear or names gate / up / down_proj;
-Tandem folds adapters into linear weights only (FSDP2's merged weights, megatron's per-expert linears), so such a
-run would train adapters the rollout and the export never see. It is refused by name on both engines (they share
-engine/fsdp/lora.py's `inject`), and by the config check where the layout says MoE (megatron's expert_parallel),
-as verl's megatron LoRA script for Qwen3-MoE asks for them. On a real tiny Qwen3-MoE."""
+"""LoRA on a mixture-of-experts model's experts, on a real tiny Qwen3-MoE (4 experts, 2 layers).
+
+PEFT (0.21) adapts a Hugging Face MoE model's fused expert tensors (mlp.experts: gate_up_proj [E, 2I, H],
+down_proj [E, H, I]; one rank-r adapter per expert in a ParamWrapper) and its routers' weights when
+target_modules is all-linear or names gate / up / down_proj. The FSDP2 engine folds each expert's adapter into its
+slice of the fused tensor (engine/fsdp/lora.py `merged_weights`): checked against PEFT's own merge_and_unload and
+forward with B not 0, in process and on 1 and 2 FSDP2 ranks (the export loads in transformers and its adapter
+folder in PEFT, both giving the engine's logits). The megatron engine builds no expert adapters and refuses them
+by name; the config check refuses megatron LoRA reaching the MLP under expert parallel."""
 
 from __future__ import annotations
 
+import copy
 from types import SimpleNamespace
 
 import pytest
@@ -15,32 +19,124 @@ from transformers import AutoModelForCausalLM
 
 from tandem.config import load_config
 from tandem.config.errors import ConfigError
-from tandem.engine.fsdp.lora import inject, lora_layers
-from tandem.models.tiny_families import family_config
+from tandem.engine.fsdp.lora import (
+    adapter_state,
+    fused_adapters,
+    inject,
+    lora_config,
+    lora_layers,
+    merged_weights,
+    refuse_fused_adapters,
+    save_adapter,
+)
+from tandem.models.tiny_families import family_config, save_family
+
+from . import lora_expert_scenarios as les
+from .fsdp_scenarios import rollout_batch, spawn
+from .test_fsdp import hf_logits
+
+TOL = 1e-5
+ROUTED = ("mlp.experts", "mlp.experts.base_layer", "mlp.gate")  # down_proj, gate_up_proj, the router
+EXPERTS = ("model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.experts.down_proj")
 
 
-def _inject(*targets: str):
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(family_config("qwen3_moe"))
-    settings = SimpleNamespace(
-        rank=4, alpha=8.0, dropout=0.0, target_modules=list(targets), exclude_modules=[], adapter_path=None
+def _settings(*targets: str, dropout: float = 0.0) -> SimpleNamespace:
+    return SimpleNamespace(
+        rank=4,
+        alpha=8.0,
+        dropout=dropout,
+        target_modules=list(targets),
+        exclude_modules=[],
+        adapter_path=None,
     )
-    return inject(model, settings, seed=0)
+
+
+def _base() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(family_config("qwen3_moe")).eval()
+
+
+def _random_b(model: torch.nn.Module, seed: int) -> None:
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_B." in name:
+                p.copy_(0.05 * torch.randn(p.shape, generator=gen))
+
+
+def _peft_twin(base: torch.nn.Module, ours: torch.nn.Module, settings) -> torch.nn.Module:
+    """PEFT's own PeftModel on a copy of `base` with `ours`'s adapters (same names under base_model.model.)."""
+    from peft import get_peft_model
+
+    twin = get_peft_model(copy.deepcopy(base), lora_config(settings))
+    mine = dict(ours.named_parameters())
+    with torch.no_grad():
+        for name, p in twin.named_parameters():
+            if ".lora_" in name:
+                p.copy_(mine[name.removeprefix("base_model.model.")])
+    return twin.eval()
 
 
 @pytest.mark.parametrize("targets", [("all-linear",), ("q_proj", "gate_proj", "up_proj", "down_proj")])
-def test_adapters_on_fused_experts_are_refused_naming_them(targets):
-    with pytest.raises(
-        ValueError, match=r"fused expert tensors \(model\.layers\.0\.mlp\.experts, .*q_proj,k_proj"
-    ):
-        _inject(*targets)
-
-
-def test_attention_adapters_on_an_moe_model_are_built():
-    layers = lora_layers(_inject("q_proj", "k_proj", "v_proj", "o_proj"))
-    assert layers and all(
-        name.rsplit(".", 1)[1] in {"q_proj", "k_proj", "v_proj", "o_proj"} for name in layers
+def test_merged_expert_weights_equal_peft_merge_and_unload(targets, tmp_path):
+    base = _base()
+    settings = _settings(*targets)
+    ours = inject(copy.deepcopy(base), settings, seed=0)
+    assert {"model.layers.0.mlp.experts", "model.layers.0.mlp.experts.base_layer"} <= set(
+        fused_adapters(ours)
     )
+    _random_b(ours, seed=1)
+    twin = _peft_twin(base, ours, settings)
+    ids = torch.randint(4, 300, (2, 9), generator=torch.Generator().manual_seed(2))
+    with torch.no_grad():
+        logits = ours(ids).logits
+        torch.testing.assert_close(logits, twin(ids).logits, rtol=0, atol=1e-6)
+    merged = dict(merged_weights(iter(ours.state_dict().items()), ours, lambda t: t))
+    expected = twin.merge_and_unload().state_dict()
+    assert merged.keys() == expected.keys()
+    for name, tensor in expected.items():
+        torch.testing.assert_close(merged[name], tensor, rtol=0, atol=1e-6, msg=name)
+    for name in EXPERTS:  # the experts moved: each expert's own update is in its slice
+        moved = (merged[name] - base.state_dict()[name]).abs().amax(dim=(1, 2))
+        assert (moved > 1e-3).all(), (name, moved)
+    plain = AutoModelForCausalLM.from_config(family_config("qwen3_moe")).eval()
+    plain.load_state_dict(merged)
+    with torch.no_grad():
+        torch.testing.assert_close(plain(ids).logits, logits, rtol=0, atol=TOL)
+
+    # the adapters as a PEFT folder (our config, PEFT converts it on load as on inject): PEFT's logits
+    from peft import PeftModel
+
+    folder = save_adapter(
+        tmp_path / "adapter", settings, adapter_state(ours.named_parameters(), lambda t: t), "x"
+    )
+    loaded = PeftModel.from_pretrained(copy.deepcopy(base), folder).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(loaded(ids).logits, logits, rtol=0, atol=1e-6)
+
+
+def test_megatron_refuses_expert_adapters_and_dropout_on_them_names_the_key():
+    with pytest.raises(
+        ValueError, match=r"actor.strategy=megatron .*\(model\.layers\.0\.mlp\.experts, .*fsdp"
+    ):
+        refuse_fused_adapters(inject(_base(), _settings("all-linear"), seed=0), _settings("all-linear"))
+    with pytest.raises(ValueError, match=r"actor.lora.dropout=0.1 .*experts.*set actor.lora.dropout=0"):
+        inject(_base(), _settings("all-linear", dropout=0.1), seed=0)
+    attention = inject(_base(), _settings("q_proj", "k_proj", "v_proj", "o_proj"), seed=0)
+    refuse_fused_adapters(attention, _settings("q_proj"))  # attention alone: nothing fused
+    assert lora_layers(attention) and not fused_adapters(attention)
+
+
+def test_the_adapter_sync_refuses_expert_adapters():
+    """The worker's check before the first adapter sync (roles/worker.py): the merged sync serves them."""
+    from tandem.roles.rollout import check_servable_adapters
+
+    experts = fused_adapters(inject(_base(), _settings("all-linear"), seed=0))
+    with pytest.raises(
+        ValueError, match=r"rollout_sync=adapter: .* 6 adapters .*model\.layers\.0\.mlp\.experts, "
+    ):
+        check_servable_adapters([], experts)
+    check_servable_adapters([], [])  # attention alone: served
 
 
 def test_the_config_check_refuses_verls_default_targets_with_expert_parallel():
@@ -54,3 +150,74 @@ def test_the_config_check_refuses_verls_default_targets_with_expert_parallel():
         [*base, "actor.megatron.expert_parallel=2", "actor.lora.target_modules=[linear_qkv,linear_proj]"],
     )
     assert cfg.actor.lora.target_modules == ["linear_qkv", "linear_proj"]
+
+
+@pytest.fixture(scope="module")
+def moe_runs(tmp_path_factory):
+    """A tiny Qwen3-MoE folder with a PEFT adapter folder (all-linear, B not 0) inside; 1 and 2 FSDP2 ranks."""
+    from peft import get_peft_model
+
+    root = tmp_path_factory.mktemp("lora_moe")
+    path = save_family("qwen3_moe", root / "moe")
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    peft_model = get_peft_model(base, lora_config(_settings("all-linear")))
+    _random_b(peft_model, seed=3)
+    peft_model.save_pretrained(path / "adapter")
+    out = {world: root / f"ranks{world}" for world in (1, 2)}
+    return path, {
+        world: {"ranks": spawn(les.run_rank, world, path, out[world]), "out": out[world]} for world in out
+    }
+
+
+def _peft_merged(path, raw: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """PEFT's merge_and_unload of the folder's base with the engine's adapters `raw` (in-engine names)."""
+    from peft import PeftModel
+
+    model = PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32), path / "adapter"
+    )
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if ".lora_" in name:
+                p.copy_(raw[name.removeprefix("base_model.model.")])
+    return model.merge_and_unload().state_dict()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_fsdp2_merges_expert_adapters_as_peft_and_two_ranks_equal_one(moe_runs):
+    path, runs = moe_runs
+    one, two = runs[1]["ranks"][0], runs[2]["ranks"][0]
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).state_dict()
+    for merged, raw in (("merged0", "raw0"), ("merged2", "raw2")):
+        expected = _peft_merged(path, one[raw])
+        assert one[merged].keys() == expected.keys()
+        for name, tensor in expected.items():
+            torch.testing.assert_close(one[merged][name], tensor, rtol=0, atol=1e-6, msg=f"{merged} {name}")
+    for name in EXPERTS:  # the folder's B is not 0: the experts' weights differ from the base's
+        assert (one["merged0"][name] - base[name]).abs().max() > 1e-3, name
+    assert one["experts"] == sorted(f"model.layers.{i}.{m}" for i in (0, 1) for m in ROUTED)
+    trained = [n for n in one["raw2"] if ".lora_" in n and "mlp.experts" in n]
+    assert len(trained) == 2 * 2 * 2 and all(not torch.equal(one["raw2"][n], one["raw0"][n]) for n in trained)
+
+    for step in ("step1", "step2"):
+        assert two[step]["loss"] == pytest.approx(one[step]["loss"], rel=TOL)
+        assert two[step]["grad_norm"] == pytest.approx(one[step]["grad_norm"], rel=TOL)
+    for name, tensor in one["merged2"].items():
+        torch.testing.assert_close(two["merged2"][name], tensor, rtol=0, atol=TOL, msg=name)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_the_export_and_its_adapter_folder_give_the_engines_logits(moe_runs):
+    from peft import PeftModel
+
+    path, runs = moe_runs
+    one, export = runs[1]["ranks"][0], runs[1]["out"] / "export"
+    probe = rollout_batch(5, seed=1)
+    real = probe["attention_mask"].bool()
+    exported = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).eval()
+    torch.testing.assert_close(hf_logits(exported, probe)[real], one["logits2"][real], rtol=0, atol=TOL)
+    base = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    peft_model = PeftModel.from_pretrained(base, export / "lora_adapter").eval()
+    torch.testing.assert_close(hf_logits(peft_model, probe)[real], one["logits2"][real], rtol=0, atol=TOL)

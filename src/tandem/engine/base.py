@@ -308,6 +308,10 @@ class TrainEngine(ABC):
         """The LoRA layers inside a vision-language model's vision tower: none without LoRA adapters."""
         return []
 
+    def expert_adapters(self) -> list[str]:
+        """The LoRA layers on a mixture-of-experts model's fused expert tensors and routers: none without them."""
+        return []
+
     @staticmethod
     def check_buildable(settings: Any, folders: dict[str, str]) -> list[str]:
         """What this engine could not build, read before any worker starts (`engine.check_buildable`): this

@@ -339,10 +339,20 @@ def rollout_dtype(
     return strategy_param_dtype(a.strategy, a.fsdp, a.megatron, device)
 
 
-def check_servable_adapters(vision_adapters: list[str]) -> None:
+def check_servable_adapters(vision_adapters: list[str], expert_adapters: list[str]) -> None:
     """vLLM serves LoRA adapters on a vision-language model's language model only: adapters on its vision
     tower would be skipped without a word (measured on Qwen2-VL: rollout/trainer ratios 1.02-1.04 after the
-    first sync), so the adapter sync refuses them."""
+    first sync), so the adapter sync refuses them. Adapters on a mixture-of-experts model's fused expert tensors
+    and routers (PEFT's layout, engine/fsdp/lora.py) reach the rollout merged: whether vLLM's MoE LoRA serves
+    PEFT's fused expert adapters and a router's is not checked here (it needs a GPU), so the adapter sync
+    refuses them too."""
+    if expert_adapters:
+        raise ValueError(
+            f"actor.lora.rollout_sync=adapter: actor.lora.target_modules puts {len(expert_adapters)} adapters on a "
+            f"mixture-of-experts model's experts or routers ({', '.join(expert_adapters[:2])}, ...), which Tandem "
+            "syncs into the rollout merged only; use actor.lora.rollout_sync=merged, or name the attention "
+            "projections alone (e.g. [q_proj,k_proj,v_proj,o_proj])"
+        )
     if vision_adapters:
         raise ValueError(
             f"actor.lora.rollout_sync=adapter: vLLM does not serve LoRA adapters on the vision tower, and "

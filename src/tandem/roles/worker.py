@@ -110,7 +110,7 @@ class RoleWorker(Worker):
         if "rollout" in roles:
             self.rollout = RolloutRole(cfg, ctx, self.actor.engine if self.actor is not None else None)
         if self.actor is not None and cfg.actor.lora.syncs_adapters:
-            check_servable_adapters(self.actor.engine.vision_adapters())
+            check_servable_adapters(self.actor.engine.vision_adapters(), self.actor.engine.expert_adapters())
         self._bus: WeightBus | None = None  # rollout.layout=separate, the actor's rank 0: the bus it sends on
         self._metrics: dict[str, float] = {}
         self._profiler = PhaseProfiler(cfg.trainer.profile, ctx.group_name, ctx.rank)

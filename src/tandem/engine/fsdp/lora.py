@@ -15,6 +15,18 @@ What the rest of Tandem sees:
   second copy of the base weights (`WithoutAdapter`);
 - `adapter_state` / `save_adapter`: the adapters alone as a PEFT adapter folder.
 
+A mixture-of-experts model (Qwen3-MoE, ...) keeps its experts in fused tensors, not linears: `mlp.experts`'s
+gate_up_proj [E, 2I, H] and down_proj [E, H, I]. With target_modules all-linear, or naming gate / up / down_proj,
+PEFT (0.21) wraps each such tensor in a ParamWrapper (nested, one per tensor: `mlp.experts.base_layer` adapts
+gate_up_proj, `mlp.experts` down_proj; a router's `mlp.gate.weight` too) whose A is [E r, in] and B [out, E r]:
+one rank-r adapter per expert. `merged_weights` folds each expert's own update into its slice of the fused tensor
+as PEFT's merge does (`delta_weight`), under the plain names (`model.layers.N.mlp.experts.gate_up_proj`), and the
+adapter folder holds them under PEFT's names, which PEFT loads. Where we differ from verl: verl's megatron LoRA
+adapts each expert's linear_fc1 / linear_fc2; Tandem's megatron engine builds no expert adapters and refuses them
+(`refuse_fused_adapters`), so expert adapters train on FSDP2. The rollout gets them merged: the adapter sync
+(rollout_sync=adapter) refuses them (roles/rollout.py `check_servable_adapters`), as vLLM's serving of PEFT's
+fused expert adapters is not checked here.
+
 Two ways in which the adapters' layout may be given, beyond rank and targets:
 - `actor.lora.adapter_path`: a PEFT adapter folder to start from. Its own adapter_config.json places the
   adapters (as verl's FSDP workers, which load it with `PeftModel.from_pretrained`), and its weights replace the
@@ -114,7 +126,17 @@ def inject(model: nn.Module, settings: Any, seed: int, whole: Sequence[str] = ()
         )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        inject_adapter_in_model(lora_config(settings, whole), model)
+        try:
+            inject_adapter_in_model(lora_config(settings, whole), model)
+        except ValueError as error:  # PEFT's ParamWrapper (fused experts, routers) takes no dropout
+            if "ParamWrapper does not work with lora_dropout" not in str(error):
+                raise
+            raise ValueError(
+                f"actor.lora.dropout={settings.dropout} with target_modules={list(settings.target_modules)!r}: "
+                "the adapters on a mixture-of-experts model's fused experts and routers (PEFT's ParamWrapper) "
+                "take no dropout; set actor.lora.dropout=0, or name the projections to adapt without the "
+                "experts' gate_proj / up_proj / down_proj (e.g. [q_proj,k_proj,v_proj,o_proj])"
+            ) from error
     for name in whole:
         model.get_submodule(name).requires_grad_(True)
     layers = lora_layers(model)
@@ -123,25 +145,31 @@ def inject(model: nn.Module, settings: Any, seed: int, whole: Sequence[str] = ()
             f"actor.lora.target_modules={settings.target_modules!r} matched no linear layer of "
             f"{type(model).__name__}; name its projections (e.g. [q_proj, v_proj]) or use all-linear"
         )
-    refuse_fused_adapters(layers, settings)
     return model
 
 
-def refuse_fused_adapters(layers: dict[str, nn.Module], settings: Any) -> None:
-    """PEFT adapts a mixture-of-experts model's fused expert tensors ([experts, ...]) when target_modules names
-    gate / up / down_proj (verl's linear_fc1 / linear_fc2); Tandem folds adapters into linear weights only
-    (`merged_weights`, megatron's per-expert linears), so the rollout, the export and megatron would not see
-    them: an error naming them, not a run whose rollout samples from other weights than it trains."""
+def fused_adapters(model: nn.Module) -> list[str]:
+    """The names of `model`'s adapters on parameters rather than linear layers (PEFT's ParamWrapper): a
+    mixture-of-experts model's fused expert tensors (`mlp.experts`: gate_up_proj [E, 2I, H] and down_proj
+    [E, H, I]) and its routers' weights (`mlp.gate`), which PEFT adapts when target_modules is all-linear or
+    names gate / up / down_proj."""
     from peft.tuners.lora.layer import ParamWrapper
 
-    fused = sorted(name for name, layer in layers.items() if isinstance(layer, ParamWrapper))
+    return sorted(name for name, layer in lora_layers(model).items() if isinstance(layer, ParamWrapper))
+
+
+def refuse_fused_adapters(model: nn.Module, settings: Any) -> None:
+    """The megatron engine's adapters are per linear (engine/megatron/lora.py) and it builds none on the experts
+    or the routers; adapters PEFT put on the fused expert tensors would train nowhere there and leave the rollout
+    and the export: an error naming them and the settings that work."""
+    fused = fused_adapters(model)
     if fused:
         raise ValueError(
-            f"lora.target_modules={list(settings.target_modules)!r} puts adapters on fused expert tensors "
-            f"({fused[0]}, ...: a mixture-of-experts model's experts, which verl's megatron LoRA adapts); Tandem's "
-            "LoRA folds adapters into linear layers only (the rollout and the export would not see these); name "
-            "the projections to adapt instead, without the experts' gate_proj / up_proj / down_proj (verl's "
-            "linear_fc1 / linear_fc2) or all-linear: e.g. lora.target_modules=[q_proj,k_proj,v_proj,o_proj]"
+            f"actor.lora.target_modules={list(settings.target_modules)!r} with actor.strategy=megatron puts "
+            f"adapters on a mixture-of-experts model's experts or routers ({fused[0]}, ...; PEFT's fused expert "
+            "tensors); megatron's LoRA builds adapters on the attention and dense MLP linears only: name those "
+            "(e.g. actor.lora.target_modules=[q_proj,k_proj,v_proj,o_proj]) or use actor.strategy=fsdp, whose "
+            "merge folds expert adapters into the fused tensors"
         )
 
 
@@ -192,8 +220,37 @@ def lora_layers(model: nn.Module) -> dict[str, nn.Module]:
 
 
 def hf_name(name: str) -> str:
-    """A parameter's name in the plain Hugging Face model: `x.proj.base_layer.weight` -> `x.proj.weight`."""
-    return name.replace(".base_layer.", ".")
+    """A parameter's name in the plain Hugging Face model: `x.proj.base_layer.weight` -> `x.proj.weight`, and
+    `mlp.experts.base_layer.base_layer.gate_up_proj` -> `mlp.experts.gate_up_proj` (PEFT nests one ParamWrapper
+    per adapted parameter of a module)."""
+    return re.sub(r"(?:\.base_layer)+\.", ".", name)
+
+
+def adapted_weights(model: nn.Module) -> dict[str, nn.Module]:
+    """{Hugging Face name of an adapted weight: the LoRA layer that adapts it}: `x.proj.weight` for a linear,
+    `mlp.experts.gate_up_proj` / `mlp.experts.down_proj` / `mlp.gate.weight` for PEFT's ParamWrappers."""
+    return {
+        f"{hf_name(name + '.')}{getattr(layer, 'parameter_name', 'weight')}": layer
+        for name, layer in lora_layers(model).items()
+    }
+
+
+def delta_weight(layer: nn.Module, a: Tensor, b: Tensor, dtype: torch.dtype) -> Tensor:
+    """(alpha / r) times the low-rank update of LoRA `layer`'s weight from its full A [r * E, in] and
+    B [out, r * E], as PEFT computes it (peft/tuners/lora/layer.py, `Linear` / `ParamWrapper.get_delta_weight`):
+    B A for a linear or a 2-D parameter; for E stacked experts, A's rows are E blocks of r (expert e: rows
+    e r .. e r + r - 1) and B's columns r groups of E (expert e: columns e, E + e, ...), so expert e's update is
+    B[:, e::E] A[e r : e r + r], laid out [E, out, in], or [E, in, out] where the tensor is stored that way
+    (PEFT swaps in and out for a fused tensor unless its module says `is_transposed`)."""
+    a, b = a.to(dtype), b.to(dtype)
+    scale = layer.scaling[ADAPTER]
+    experts = getattr(layer, "num_experts", 1)
+    if getattr(layer, "_param_ndim", 2) == 2:
+        return scale * (b @ a)
+    a = a.reshape(experts, -1, a.shape[-1])  # [E, r, in]
+    b = b.reshape(b.shape[0], -1, experts)  # [out, r, E]
+    layout = "e o i" if layer._did_swap_in_out_features else "e i o"
+    return scale * torch.einsum(f"o r e, e r i -> {layout}", b, a)
 
 
 def merged_weights(
@@ -202,21 +259,22 @@ def merged_weights(
     """(Hugging Face name, tensor) with each adapter folded into its base weight; adapters not yielded.
 
     `named`: the model's (name, tensor) in order; `full(tensor)` makes a full local tensor of a (sharded)
-    one and is called in the same order on every rank (a collective under FSDP2)."""
-    layers = lora_layers(model)
+    one and is called in the same order on every rank (a collective under FSDP2). A linear's weight becomes
+    W + (alpha / r) B A; a mixture-of-experts model's fused expert tensors ([E, ...]) each expert's own update
+    (`delta_weight`), which is what PEFT's merge_and_unload writes."""
+    adapted = adapted_weights(model)
     for name, tensor in named:
         if ".lora_" in name:
             continue
-        prefix = name.rsplit(".base_layer.", 1)[0] if ".base_layer.weight" in name else None
-        if prefix in layers:
-            layer = layers[prefix]
-            a = full(layer.lora_A[ADAPTER].weight)
-            b = full(layer.lora_B[ADAPTER].weight)
-            weight = full(tensor)
-            merged = weight + layer.scaling[ADAPTER] * (b.to(weight.dtype) @ a.to(weight.dtype))
-            yield hf_name(name), merged
-        else:
-            yield hf_name(name), full(tensor)
+        plain = hf_name(name)
+        layer = adapted.get(plain) if ".base_layer." in name else None
+        if layer is None:
+            yield plain, full(tensor)
+            continue
+        a = full(layer.lora_A[ADAPTER].weight)
+        b = full(layer.lora_B[ADAPTER].weight)
+        weight = full(tensor)
+        yield plain, weight + delta_weight(layer, a, b, weight.dtype)
 
 
 def adapter_state(named: Iterator[tuple[str, Tensor]], full: Callable[[Tensor], Tensor]) -> dict[str, Tensor]:

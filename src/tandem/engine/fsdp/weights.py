@@ -45,7 +45,8 @@ class WeightsHost(Protocol):
 
 
 class WeightsOut:
-    """state_dict_iter / state_dict_cuts / adapter_state / save_adapter / vision_adapters / export_hf of an FSDPEngine."""
+    """state_dict_iter / state_dict_cuts / adapter_state / save_adapter / vision_adapters / expert_adapters /
+    export_hf of an FSDPEngine."""
 
     @torch.no_grad()
     def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
@@ -121,6 +122,11 @@ class WeightsOut:
             return []
         tower = {id(module) for module in self._vision.visual.modules()}
         return [name for name, layer in lora_layers.lora_layers(self.model).items() if id(layer) in tower]
+
+    def expert_adapters(self) -> list[str]:
+        """The LoRA layers on a mixture-of-experts model's fused expert tensors and routers (PEFT's ParamWrapper,
+        engine/fsdp/lora.py `fused_adapters`)."""
+        return lora_layers.fused_adapters(self.model) if self.lora is not None else []
 
     def _full(self, tensor: Tensor) -> Tensor:
         """A full local tensor of a parameter or buffer (a collective for a sharded one)."""

@@ -141,6 +141,7 @@ class ModelBuild:
         self._adapters: list[dict[str, megatron_lora.LinearAdapters]] = []
         if lora is not None:  # PEFT's adapters on the Hugging Face model, as the FSDP2 engine puts them
             fsdp_lora.inject(hf_model, lora, seed)
+            fsdp_lora.refuse_fused_adapters(hf_model, lora)  # no expert adapters here: FSDP2 builds them
             fsdp_lora.load_saved_adapter(hf_model, lora)  # actor.lora.adapter_path's weights, if any
         inv_freq = convert.rotary_inv_freq(self.config)
         chunks = []

@@ -27,7 +27,7 @@ folder written here loads in PEFT and in vLLM as the FSDP2 engine's does, one fo
 (actor.lora.adapter_path), and the rollout's adapter sync is the FSDP2 path's. verl's megatron names in
 target_modules (linear_qkv, linear_proj, linear_fc1, linear_fc2) name those linears (config/lora_names.py).
 A mixture-of-experts model's experts take no adapters: PEFT would adapt the Hugging Face model's fused [E, ...]
-expert tensors, which this engine (and FSDP2's merge) does not carry, so `inject` refuses them by name
+expert tensors, which this engine does not carry (FSDP2's merge does), so build.py refuses them by name
 (engine/fsdp/lora.py `refuse_fused_adapters`); verl's megatron LoRA adapts every expert's linear_fc1 / linear_fc2.
 
 The base weights are frozen (no gradient, no optimizer state: megatron's DDP and optimizer skip them); the
