@@ -117,7 +117,9 @@ def test_a_verl_style_class_gives_the_rows_tandem_makes_of_the_same_pairs(tmp_pa
     assert made[0] == {"input_ids": [*chat_ids("1+2="), *char_ids("3"), EOS], "loss_mask": [0] * 23 + [1, 1]}
     assert made.report == {"total": 3, "kept": 3, "filtered": 0, "truncated": 0} and made.sample_texts == []
     # verl's arguments: the files as an OmegaConf list, the data section under verl's names, max_samples=-1
-    seen = sys.modules[load_dataset_class(str(path), "Pairs").__module__].BUILT_WITH  # the module the run loaded
+    seen = sys.modules[
+        load_dataset_class(str(path), "Pairs").__module__
+    ].BUILT_WITH  # the module the run loaded
     assert isinstance(seen["files"], ListConfig) and list(seen["files"]) == [str(pairs)]
     assert seen["max_samples"] == -1
     config = seen["config"]
