@@ -29,7 +29,7 @@ class TrainEngineFacts:
     tensor_parallel_weights: bool  # holds each weight cut over its section's tensor_parallel ranks
     critic_lora: bool  # builds LoRA adapters on the critic (a value head) too, not on the actor alone
     lora_dropout: bool  # dropout on the adapters' input (actor.lora.dropout > 0)
-    expert_lora: bool  # adapters on the experts it spreads over expert-parallel ranks
+    expert_lora: bool  # adapters on a mixture-of-experts model's experts
     dist_checkpoint: bool  # starts from megatron distributed checkpoints (actor.megatron.dist_checkpoint)
     override_config: bool  # applies actor.override_config / critic.override_config to the model's config
     vision_language: bool  # trains a vision-language actor (pixel values in its batches)
@@ -45,7 +45,7 @@ TRAIN_ENGINES: dict[str, TrainEngineFacts] = {
         tensor_parallel_weights=False,
         critic_lora=True,
         lora_dropout=True,
-        expert_lora=False,  # PEFT's fused expert adapters are refused at inject (engine/fsdp/lora.py)
+        expert_lora=True,  # PEFT's fused expert adapters, merged per expert (engine/fsdp/lora.py)
         dist_checkpoint=False,
         override_config=True,
         vision_language=True,
