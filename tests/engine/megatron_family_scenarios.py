@@ -126,8 +126,8 @@ def worker(rank: int, world: int, init_method: str, runs: list, out_dir: str) ->
             engine = sc.make_engine("megatron", path, "lm", megatron_config(layout))
             share = batch.chunk(engine.dp_size)[engine.dp_rank]
             out: dict = {"dispatch_info": engine.dispatch_info(), "state0": sc.weights(engine)}
-            if engine.tp_size > 1:  # into a rollout engine of the same TP size
-                cuts = TensorParallelCuts(engine.config, engine.tp_size, world)
+            if engine.layout.tp_size > 1:  # into a rollout engine of the same TP size
+                cuts = TensorParallelCuts(engine.config, engine.layout.tp_size, world)
                 out["cuts0"] = {n: (p.clone(), c) for n, p, c, _ in engine.state_dict_cuts(cuts.cuts)}
             out["norms"] = {
                 type(m).__name__ for c in engine.chunks for m in c.modules() if "Norm" in type(m).__name__

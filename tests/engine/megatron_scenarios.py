@@ -227,8 +227,10 @@ def run_roles(strategy: str, parallel: MegatronConfig, cfg: TandemConfig, out: P
     share = batch.chunk(actor_engine.dp_size)[actor_engine.dp_rank]
     actor = Actor(actor_engine, cfg)
     result: dict = {"dispatch_info": actor_engine.dispatch_info(), "state0": weights(actor_engine)}
-    if strategy == "megatron" and actor_engine.tp_size > 1:  # into a rollout engine of the same TP size
-        cuts = TensorParallelCuts(actor_engine.config, actor_engine.tp_size, dist.get_world_size())
+    if (
+        strategy == "megatron" and actor_engine.layout.tp_size > 1
+    ):  # into a rollout engine of the same TP size
+        cuts = TensorParallelCuts(actor_engine.config, actor_engine.layout.tp_size, dist.get_world_size())
         result["cuts0"] = {n: (p.clone(), c) for n, p, c, _ in actor_engine.state_dict_cuts(cuts.cuts)}
     if strategy == "megatron":  # which norms the layers were built with (sequence parallel: marked ones)
         chunks = actor_engine.chunks

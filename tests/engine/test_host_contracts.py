@@ -1,10 +1,12 @@
 """Each engine mixin's host contract (a `typing.Protocol` in the mixin's module) is what the mixin reads of its
-engine, and the engine provides all of it: read from the source with `ast` and from the classes (nothing is
-built, megatron-core is not imported)."""
+engine, and the engine provides all of it; a part built over explicit arguments (megatron's `PipelineSchedule`)
+reads nothing but what its constructor sets, and the engine is not one of its subclasses. Read from the source
+with `ast` and from the classes (nothing is built, megatron-core is not imported)."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import inspect
 import textwrap
 
@@ -19,6 +21,7 @@ from tandem.engine.megatron import schedule as megatron_schedule
 from tandem.engine.megatron import state as megatron_state
 from tandem.engine.megatron import weights as megatron_weights
 from tandem.engine.megatron.engine import MegatronEngine
+from tandem.engine.megatron.parallel import ParallelLayout
 
 CONTRACTS = [
     (FSDPEngine, fsdp_build.ModelBuild, fsdp_build.BuildHost),
@@ -27,14 +30,15 @@ CONTRACTS = [
     (MegatronEngine, megatron_build.ModelBuild, megatron_build.BuildHost),
     (MegatronEngine, megatron_weights.WeightsOut, megatron_weights.WeightsHost),
     (MegatronEngine, megatron_state.Checkpoints, megatron_state.CheckpointHost),
-    (MegatronEngine, megatron_schedule.PipelineSchedule, megatron_schedule.ScheduleHost),
 ]
 IDS = [f"{engine.__name__}-{mixin.__name__}" for engine, mixin, _ in CONTRACTS]
+# parts an engine builds over explicit arguments and holds (engine, the part's class)
+PARTS = [(MegatronEngine, megatron_schedule.PipelineSchedule)]
 
 
-def _self_attributes(cls: type) -> tuple[set[str], set[str]]:
-    """(names the class's methods read through `self`, names they assign through `self`)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+def _self_attributes(code: object) -> tuple[set[str], set[str]]:
+    """(names a class's methods, or a function, read through `self`, names they assign through `self`)."""
+    tree = ast.parse(textwrap.dedent(inspect.getsource(code)))
     reads, writes = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
@@ -79,6 +83,25 @@ def test_the_protocol_lists_what_the_mixin_reads(engine, mixin, host):
 def test_the_engine_provides_its_mixins_hosts(engine, mixin, host):
     assert issubclass(engine, mixin)
     assert _members(host) - _provided(engine) == set(), f"{engine.__name__} lacks these of {host.__name__}"
+
+
+@pytest.mark.parametrize(("engine", "part"), PARTS, ids=[part.__name__ for _, part in PARTS])
+def test_a_part_reads_only_what_its_constructor_sets(engine, part):
+    reads, writes = _self_attributes(part)
+    assert not issubclass(engine, part), f"{part.__name__} is a part {engine.__name__} holds, not a base"
+    set_in_init = _self_attributes(part.__init__)[1]
+    assert writes == set_in_init, f"{part.__name__} keeps state it does not take in its constructor"
+    assert reads - set(vars(part)) - set_in_init == set(), f"{part.__name__} reads attributes no one gave it"
+
+
+def test_the_parallel_layout_is_a_frozen_value():
+    fields = {field.name for field in dataclasses.fields(ParallelLayout)}
+    assert {"tp_rank", "tp_size", "pp_rank", "pp_size", "vp_size", "dp_rank", "dp_size"} <= fields
+    assert {"cp_rank", "cp_size", "ep_rank", "ep_size", "tp_group", "pp_group", "pp_ranks"} <= fields
+    layout = ParallelLayout(**{name: 1 for name in fields} | {"pp_rank": 1, "pp_size": 2})
+    assert layout.last_stage and not dataclasses.replace(layout, pp_rank=0).last_stage
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        layout.tp_rank = 3
 
 
 def test_the_check_sees_a_missing_attribute():

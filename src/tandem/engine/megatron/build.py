@@ -25,22 +25,19 @@ from tandem.engine.megatron.layers import ValueHead, layer_spec
 from tandem.engine.megatron.parallel import ParallelLayout
 
 
-class BuildHost(ParallelLayout, Protocol):
-    """What `ModelBuild` reads of the MegatronEngine it is part of (the layout's ranks and sizes, and:)."""
+class BuildHost(Protocol):
+    """What `ModelBuild` reads of the MegatronEngine it is part of."""
 
+    layout: ParallelLayout  # this rank's ranks, sizes and process groups (parallel.py)
     config: Any  # the model's Hugging Face config
     head: Head
     model_path: str
-    ep_rank: int
-    cp_size: int
-    sequence_parallel: bool
     param_dtype: torch.dtype
     device: torch.device
     shapes: convert.Shapes
     chunks: list[nn.Module]  # this rank's model chunks, one per virtual stage
     _row_rotaries: list[nn.Module]  # context parallel: each chunk's RowRotary
     router_replay: bool  # routers built with megatron's replay (actor.router_replay)
-    _tp_group: Any  # the tensor-parallel process group (LoRA's adapters communicate over it)
 
 
 class ModelBuild:
@@ -63,12 +60,12 @@ class ModelBuild:
         fusions = {key: extra.pop(key) for key in CUDA_ONLY if key in extra}
         return TransformerConfig(
             **convert.transformer_config_kwargs(self.config),
-            **convert.moe_config_kwargs(self.config, self.ep_size),
-            tensor_model_parallel_size=self.tp_size,
-            pipeline_model_parallel_size=self.pp_size,
-            virtual_pipeline_model_parallel_size=self.vp_size if self.vp_size > 1 else None,
-            sequence_parallel=self.sequence_parallel,
-            context_parallel_size=self.cp_size,
+            **convert.moe_config_kwargs(self.config, self.layout.ep_size),
+            tensor_model_parallel_size=self.layout.tp_size,
+            pipeline_model_parallel_size=self.layout.pp_size,
+            virtual_pipeline_model_parallel_size=self.layout.vp_size if self.layout.vp_size > 1 else None,
+            sequence_parallel=self.layout.sequence_parallel,
+            context_parallel_size=self.layout.cp_size,
             params_dtype=self.param_dtype,
             pipeline_dtype=self.param_dtype,
             bf16=self.param_dtype == torch.bfloat16,
@@ -80,7 +77,7 @@ class ModelBuild:
             # tensor-parallel: without it the gradient norm counts rank 0's shards only.
             perform_initialization=True,
             # micro-batches differ in shape (token budget, packing); the interleaved schedule pads them to one
-            variable_seq_lengths=self.vp_size == 1,
+            variable_seq_lengths=self.layout.vp_size == 1,
             moe_token_dispatcher_type="alltoall",  # megatron asks for it with variable_seq_lengths
             moe_enable_routing_replay=self.router_replay,  # router replay (experts.RouterTape)
             # The fused kernels are CUDA-only or need Apex / Transformer Engine; the torch paths compute the same.
@@ -145,15 +142,15 @@ class ModelBuild:
             fsdp_lora.load_saved_adapter(hf_model, lora)  # actor.lora.adapter_path's weights, if any
         inv_freq = convert.rotary_inv_freq(self.config)
         chunks = []
-        for chunk in range(self.vp_size):
-            first, last = self._chunk_ends(self.pp_rank, chunk)
+        for chunk in range(self.layout.vp_size):
+            first, last = self._chunk_ends(self.layout.pp_rank, chunk)
             model = GPTModel(
                 config,
                 layer_spec(
-                    self.sequence_parallel,
-                    self._chunk_layers(self.pp_rank, chunk)[1],
+                    self.layout.sequence_parallel,
+                    self._chunk_layers(self.layout.pp_rank, chunk)[1],
                     convert.num_experts(self.config),
-                    context_parallel=self.cp_size > 1,
+                    context_parallel=self.layout.cp_size > 1,
                     qk_layernorm=convert.qk_norm(self.config),
                 ),
                 vocab_size=self.config.vocab_size,
@@ -163,22 +160,22 @@ class ModelBuild:
                 share_embeddings_and_output_weights=tied,
                 position_embedding_type="rope",
                 rotary_base=convert.rotary_base(self.config),
-                **({"vp_stage": chunk} if self.vp_size > 1 else {}),
+                **({"vp_stage": chunk} if self.layout.vp_size > 1 else {}),
             )
             # a scaled RoPE (llama3): transformers' frequencies (convert.rotary_inv_freq)
             if inv_freq is not None:
                 model.rotary_pos_emb.inv_freq = inv_freq.clone()
             if self.head == "value" and last:
                 model.output_layer = ValueHead(
-                    self.config.hidden_size, self.param_dtype, self.sequence_parallel
+                    self.config.hidden_size, self.param_dtype, self.layout.sequence_parallel
                 )
-            if self.cp_size > 1:  # rotary positions of each row's own columns (context_parallel.py)
+            if self.layout.cp_size > 1:  # rotary positions of each row's own columns (context_parallel.py)
                 from tandem.engine.megatron.context_parallel import RowRotary
 
                 model.rotary_pos_emb = RowRotary(model.rotary_pos_emb)
                 self._row_rotaries.append(model.rotary_pos_emb)
             if hf_state is not None:
-                self._fill(model, self._slots(self.pp_rank, chunk), hf_state)
+                self._fill(model, self._slots(self.layout.pp_rank, chunk), hf_state)
             elif (
                 self.head == "value" and last
             ):  # as the folder's missing `score` (a checkpoint's own head wins)
@@ -192,14 +189,14 @@ class ModelBuild:
                 self._adapters.append(
                     megatron_lora.attach(
                         model,
-                        self._slots(self.pp_rank, chunk),
+                        self._slots(self.layout.pp_rank, chunk),
                         hf_model,
                         hf_shapes,
                         self.shapes,
-                        self.tp_rank,
-                        self.tp_size,
-                        self._tp_group,
-                        self.sequence_parallel,
+                        self.layout.tp_rank,
+                        self.layout.tp_size,
+                        self.layout.tp_group,
+                        self.layout.sequence_parallel,
                         self.param_dtype,
                     )
                 )
@@ -214,7 +211,9 @@ class ModelBuild:
         filled = set()
         for slot in slots:
             param = model.get_parameter(slot.megatron)
-            tp_rank, tp_size = (0, 1) if slot.expert is not None else (self.tp_rank, self.tp_size)
+            tp_rank, tp_size = (
+                (0, 1) if slot.expert is not None else (self.layout.tp_rank, self.layout.tp_size)
+            )
             shard = convert.to_shard(slot, [hf_state[n] for n in slot.hf], self.shapes, tp_rank, tp_size)
             if tuple(shard.shape) != tuple(param.shape):
                 raise ValueError(
@@ -251,7 +250,7 @@ class ModelBuild:
         config = self.chunks[0].config
         config.finalize_model_grads_func = finalize_model_grads
         no_sync = [model.no_sync for model in self.models]
-        config.no_sync_func = no_sync if self.vp_size > 1 else no_sync[0]
+        config.no_sync_func = no_sync if self.layout.vp_size > 1 else no_sync[0]
         opt_config = OptimizerConfig(
             optimizer="adam",
             lr=optim.lr,
@@ -273,7 +272,10 @@ class ModelBuild:
     def _chunk_ends(self, stage: int, chunk: int) -> tuple[bool, bool]:
         """Whether pipeline `stage`'s model `chunk` holds the embedding (the first virtual stage) and the
         output layer (the last)."""
-        return stage == 0 and chunk == 0, stage == self.pp_size - 1 and chunk == self.vp_size - 1
+        return (
+            stage == 0 and chunk == 0,
+            stage == self.layout.pp_size - 1 and chunk == self.layout.vp_size - 1,
+        )
 
     def _chunk_layers(self, stage: int, chunk: int) -> tuple[int, int]:
         """(first layer, number of layers) of pipeline `stage`'s model `chunk`, by megatron's own split: even,
@@ -283,7 +285,7 @@ class ModelBuild:
         from megatron.core.transformer.transformer_block import get_num_layers_to_build
         from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 
-        vp_stage = chunk if self.vp_size > 1 else None
+        vp_stage = chunk if self.layout.vp_size > 1 else None
         return (
             get_transformer_layer_offset(self._layer_split, vp_stage=vp_stage, pp_rank=stage),
             get_num_layers_to_build(self._layer_split, vp_stage=vp_stage, pp_rank=stage),
@@ -300,6 +302,6 @@ class ModelBuild:
             num_local_layers=count,
             first_stage=first,
             last_stage=last,
-            expert_rank=self.ep_rank,
-            expert_parallel=self.ep_size,
+            expert_rank=self.layout.ep_rank,
+            expert_parallel=self.layout.ep_size,
         )

@@ -17,7 +17,7 @@ with a replicated 1-wide `ValueHead`.
 
 Micro-batches run through megatron's pipeline schedule (`get_forward_backward_func`): one forward /
 backward per micro-batch on every stage (every chunk), activations sent between stages; the interleaved
-schedule gets micro-batches of one shape, in groups of PP (`_schedule`). Packing: each micro-batch's
+schedule gets micro-batches of one shape, in groups of PP (`PipelineSchedule.run`). Packing: each micro-batch's
 sequences are packed into rows as on FSDP (data/packing.py), kept apart by a block-diagonal causal
 attention mask (megatron's RoPE takes no position ids; RoPE scores depend only on the distance between
 positions, so a sequence gives the same outputs wherever it sits in its row). The roles' functions run
@@ -65,7 +65,7 @@ from tandem.engine.megatron import lora as megatron_lora
 from tandem.engine.megatron.build import ModelBuild
 from tandem.engine.megatron.experts import RouterBalance, RouterTape
 from tandem.engine.megatron.offload import FORWARD, PARTS, TRAIN, StateOffload
-from tandem.engine.megatron.parallel import init_parallel_state, megatron_available
+from tandem.engine.megatron.parallel import megatron_available, parallel_layout
 from tandem.engine.megatron.schedule import PipelineSchedule
 from tandem.engine.megatron.state import Checkpoints
 from tandem.engine.megatron.vocab_parallel import VocabParallel
@@ -85,7 +85,7 @@ UNEVEN_PIPELINE = (
 )
 
 
-class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, TrainEngine):
+class MegatronEngine(ModelBuild, WeightsOut, Checkpoints, TrainEngine):
     """One Hugging Face model (+ megatron's optimizer when `optim` is given) on megatron-core.
 
     `spec` as FSDPEngine's (engine/base.py `EngineSpec`); `spec.megatron` holds the parallel sizes and
@@ -130,39 +130,26 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
         self._schedule_step = 0
         self._is_offloaded = False
 
-        from megatron.core import parallel_state as ps
-
-        self.vp_size = megatron.virtual_pipeline
-        if self.vp_size > 1 and megatron.pipeline_parallel == 1:
+        if megatron.virtual_pipeline > 1 and megatron.pipeline_parallel == 1:
             raise ValueError(
-                f"actor.megatron.virtual_pipeline={self.vp_size} needs actor.megatron.pipeline_parallel > 1 (model "
-                "chunks interleave over the pipeline stages)"
+                f"actor.megatron.virtual_pipeline={megatron.virtual_pipeline} needs actor.megatron.pipeline_parallel "
+                "> 1 (model chunks interleave over the pipeline stages)"
             )
-        init_parallel_state(
+        self.layout = parallel_layout(
             megatron.tensor_parallel,
             megatron.pipeline_parallel,
             seed,
-            self.vp_size,
+            megatron.virtual_pipeline,
             megatron.expert_parallel,
             megatron.context_parallel,
+            megatron.sequence_parallel,
         )
-        self.tp_rank, self.tp_size = ps.get_tensor_model_parallel_rank(), megatron.tensor_parallel
-        self.sequence_parallel = megatron.sequence_parallel and self.tp_size > 1
-        self.pp_rank, self.pp_size = ps.get_pipeline_model_parallel_rank(), megatron.pipeline_parallel
-        self.dp_rank, self.dp_size = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-        # context parallel: the ranks of a CP group hold the same rows, each a share of every row's columns
-        self.cp_rank, self.cp_size = ps.get_context_parallel_rank(), megatron.context_parallel
-        self._cp_group = ps.get_context_parallel_group() if self.cp_size > 1 else None
-        self.last_stage = self.pp_rank == self.pp_size - 1
-        self._tp_group = ps.get_tensor_model_parallel_group()
-        self._pp_group = ps.get_pipeline_model_parallel_group()
-        self._dp_group = ps.get_data_parallel_group()
-        self._pp_ranks = dist.get_process_group_ranks(self._pp_group)  # global ranks, stage order
-        self.ep_rank, self.ep_size = ps.get_expert_model_parallel_rank(), megatron.expert_parallel
-        self._ep_group = ps.get_expert_model_parallel_group() if self.ep_size > 1 else None
+        layout = self.layout
+        # the engine face's data-parallel place (engine/base.py): read by the roles and dispatch
+        self.dp_rank, self.dp_size, self._dp_group = layout.dp_rank, layout.dp_size, layout.dp_group
         self.vocab_parallel = (
-            VocabParallel(self._tp_group, self.tp_rank, self.tp_size)
-            if self.tp_size > 1 and head == "lm"
+            VocabParallel(layout.tp_group, layout.tp_rank, layout.tp_size)
+            if layout.tp_size > 1 and head == "lm"
             else None
         )
 
@@ -177,20 +164,20 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
         config.use_cache = False
         convert.check_supported(
             config,
-            self.tp_size,
-            self.pp_size,
-            self.ep_size,
-            megatron.sequence_parallel and self.tp_size > 1,
-            self.cp_size,
+            layout.tp_size,
+            layout.pp_size,
+            layout.ep_size,
+            layout.sequence_parallel,
+            layout.cp_size,
         )
         self.config = config
         self.shapes = convert.shapes_of(config)
         # megatron's uneven split (first / last stage sizes) is checked by its TransformerConfig; an even one here
         uneven = any(megatron.override_transformer_config.get(key) for key in UNEVEN_PIPELINE)
-        if not uneven and config.num_hidden_layers % (self.pp_size * self.vp_size):
+        if not uneven and config.num_hidden_layers % (layout.pp_size * layout.vp_size):
             raise ValueError(
                 f"{self.model_path}: num_hidden_layers={config.num_hidden_layers} is not a multiple of "
-                f"actor.megatron.pipeline_parallel x virtual_pipeline = {self.pp_size * self.vp_size}"
+                f"actor.megatron.pipeline_parallel x virtual_pipeline = {layout.pp_size * layout.vp_size}"
             )
         self.param_dtype = strategy_param_dtype("megatron", spec.fsdp, megatron, self.device)
 
@@ -216,7 +203,7 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
         # A mixture-of-experts causal LM in training: Tandem's load-balancing term in its routers (experts.py)
         routing = moe.routing_of(config, spec.router_aux_loss_coef) if head == "lm" else None
         recompute = megatron.override_transformer_config.get("recompute_granularity")
-        if routing is not None and (activation_checkpointing or recompute) and self.pp_size > 1:
+        if routing is not None and (activation_checkpointing or recompute) and layout.pp_size > 1:
             # Recomputed layers would run their routers' hooks during another micro-batch's turn.
             what = (
                 "actor.activation_checkpointing"
@@ -225,15 +212,33 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
             )
             raise ValueError(
                 f"{self.model_path}: a mixture-of-experts model with {what} and "
-                f"actor.megatron.pipeline_parallel={self.pp_size} is not built; turn one of them off"
+                f"actor.megatron.pipeline_parallel={layout.pp_size} is not built; turn one of them off"
             )
         self._routes = self._route_tape(routing, config) if spec.router_replay else None
         self._balance = (
             RouterBalance(
-                self.chunks, routing, config.num_hidden_layers, self._tp_group, self.sequence_parallel
+                self.chunks,
+                routing,
+                config.num_hidden_layers,
+                layout.tp_group,
+                layout.sequence_parallel,
             )
             if routing is not None and optim is not None
             else None
+        )
+        # the pipeline schedule and each micro-batch's inputs (schedule.py), over what it names
+        self._pipeline = PipelineSchedule(
+            layout,
+            self.models,
+            self.device,
+            pad_id=self._pad_id(),
+            packing=self.packing,
+            vocab_parallel=self.vocab_parallel,
+            router_balance=self._balance,
+            routes=self._routes,
+            row_rotaries=self._row_rotaries,
+            scope=self._scope,
+            agree=self._max_over_ranks,
         )
         self._lr = lr_multiplier(optim, spec.total_training_steps) if optim is not None else None
         self._peak_lr = optim.lr if optim is not None else 0.0
@@ -246,10 +251,10 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
                 f"actor.router_replay: {self.model_path} is not a mixture-of-experts language model (no routers "
                 "to replay); set actor.router_replay=off"
             )
-        if self.cp_size > 1:
+        if self.layout.cp_size > 1:
             raise ValueError(
-                f"actor.router_replay with actor.megatron.context_parallel={self.cp_size}: not built (each rank "
-                "routes a share of every sequence's columns); set context_parallel=1 or router_replay=off"
+                f"actor.router_replay with actor.megatron.context_parallel={self.layout.cp_size}: not built (each "
+                "rank routes a share of every sequence's columns); set context_parallel=1 or router_replay=off"
             )
         return RouterTape(self.chunks, routing, config.num_hidden_layers)
 
@@ -289,7 +294,11 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
         return problems + hf_io.config_problems(folders, check)
 
     def dispatch_info(self) -> tuple[int, int, bool]:
-        return self.dp_rank, self.dp_size, self.tp_rank == 0 and self.cp_rank == 0 and self.last_stage
+        return (
+            self.dp_rank,
+            self.dp_size,
+            self.layout.tp_rank == 0 and self.layout.cp_rank == 0 and self.layout.last_stage,
+        )
 
     # ------------------------------------------------------------------ LoRA (lora.py)
     def adapter_state(self) -> dict[str, Tensor]:
@@ -298,7 +307,11 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
             raise RuntimeError("adapter_state: this engine trains no LoRA adapters (actor.lora.rank=0)")
         with self.on_device():
             return megatron_lora.adapter_state(
-                self._adapters, self._tp_group, self.tp_size, self._pp_group, self.pp_size
+                self._adapters,
+                self.layout.tp_group,
+                self.layout.tp_size,
+                self.layout.pp_group,
+                self.layout.pp_size,
             )
 
     def save_adapter(self, path: str | Path) -> int:
@@ -343,7 +356,7 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
         for chunk in self.chunks:
             chunk.eval()
         with torch.no_grad():
-            routed = self._schedule(micros, on_output, forward_only=True, record=record_routing)
+            routed = self._pipeline.run(micros, on_output, forward_only=True, record=record_routing)
         parts = self._from_last_stage(parts)
         if record_routing:
             parts = [
@@ -387,12 +400,12 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
             local = torch.tensor(float(sum(real_token_count(m) for m in micros) if real else 0.0))
             step_tokens = max(float(self.all_reduce_sum(local)), 1.0)
         # (a rank with no rows runs a dummy row that adds nothing, the balance term included)
-        self._schedule(micros, on_output, forward_only=False, step_tokens=step_tokens, balance=real)
+        self._pipeline.run(micros, on_output, forward_only=False, step_tokens=step_tokens, balance=real)
         losses, metrics = self._from_last_stage((losses, dict(metrics)))
         if self._balance is not None:  # each stage's layers' share of the term, summed over the stages
             balance = torch.tensor(self._balance.take_total(), dtype=torch.float64, device=self.device)
-            if self.pp_size > 1:
-                dist.all_reduce(balance, group=self._pp_group)
+            if self.layout.pp_size > 1:
+                dist.all_reduce(balance, group=self.layout.pp_group)
             metrics["router_aux_loss"] = [float(balance)]
             losses.append(self._balance.routing.coef * float(balance))
         loss_sum = torch.tensor(sum(losses), dtype=torch.float64, device=self.device)
@@ -428,10 +441,10 @@ class MegatronEngine(ModelBuild, PipelineSchedule, WeightsOut, Checkpoints, Trai
 
     def _from_last_stage(self, value: Any) -> Any:
         """`value` as the last pipeline stage has it, on every stage (pickled: small per-row outputs)."""
-        if self.pp_size == 1:
+        if self.layout.pp_size == 1:
             return value
         box = [value]
-        dist.broadcast_object_list(box, src=self._pp_ranks[-1], group=self._pp_group)
+        dist.broadcast_object_list(box, src=self.layout.pp_ranks[-1], group=self.layout.pp_group)
         return box[0]
 
     def _pad_id(self) -> int:

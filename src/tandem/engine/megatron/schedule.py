@@ -2,14 +2,15 @@
 each micro-batch's GPTModel inputs (packed rows or padded ones, megatron's attention mask, the sequence- and
 context-parallel shares of the columns).
 
-`PipelineSchedule` is a part of `MegatronEngine`, kept apart for length: what it reads of the engine is
-`ScheduleHost` (checked by tests/engine/test_host_contracts.py)."""
+`PipelineSchedule` is built once by the engine over explicit arguments (the layout, the model chunks, the settings
+it needs) and reads nothing of the engine; tests/engine/test_host_contracts.py checks that it reads only what its
+constructor sets."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -21,43 +22,50 @@ from tandem.data.packing import pack_model_inputs
 from tandem.engine import moe, router_replay
 from tandem.engine.base import ModelOutput, pad_micro_batch
 from tandem.engine.megatron.experts import RouterBalance, RouterTape, router_rows
+from tandem.engine.megatron.parallel import ParallelLayout
 from tandem.engine.megatron.vocab_parallel import VocabParallel
 from tandem.engine.micro import real_token_count
 
 
-class ScheduleHost(Protocol):
-    """What `PipelineSchedule` reads of the MegatronEngine it is part of."""
-
-    models: list[nn.Module]  # what the schedule runs: the chunks, DDP-wrapped when trainable
-    device: torch.device
-    packing: bool
-    tp_rank: int
-    tp_size: int
-    pp_size: int
-    vp_size: int
-    cp_rank: int
-    cp_size: int
-    ep_size: int
-    dp_size: int
-    sequence_parallel: bool
-    vocab_parallel: VocabParallel | None
-    _balance: RouterBalance | None  # a mixture-of-experts model in training: its load-balancing term
-    _routes: RouterTape | None  # router replay (engine/router_replay.py)
-    _tp_group: Any
-    _pp_group: Any
-    _row_rotaries: list[nn.Module]
-    _cp_group: Any
-    _scope: Callable[[], AbstractContextManager[Any]]
-
-    def _pad_id(self) -> int: ...
-
-    def _max_over_ranks(self, count: int) -> int: ...
-
-
 class PipelineSchedule:
-    """`_schedule` (every micro-batch through the pipeline) and the model inputs of a MegatronEngine."""
+    """Every micro-batch of a MegatronEngine through megatron's pipeline schedule (`run`), and each micro-batch's
+    model inputs. Built once by the engine over what it names: no engine behind it.
 
-    def _schedule(
+    Args:
+        layout: this rank's place in megatron's layout (parallel.py).
+        models: the model chunks the schedule runs (DDP-wrapped when trainable).
+        device: where the micro-batches go.
+        pad_id: the token that pads rows and fills passes that add nothing.
+        packing: pack each micro-batch's sequences into rows (data/packing.py).
+        vocab_parallel: the logits' vocabulary split over the TP ranks (None: whole).
+        router_balance: a mixture-of-experts model in training: its load-balancing term (experts.py), or None.
+        routes: router replay's tape (experts.py, engine/router_replay.py), or None.
+        row_rotaries: context parallel: each chunk's RowRotary (context_parallel.py).
+        scope: the context the schedule runs in (the CPU adapter's mode; a no-op on CUDA).
+        agree: the largest of a count over every rank (an expert group's ranks run as many passes).
+    """
+
+    def __init__(
+        self,
+        layout: ParallelLayout,
+        models: list[nn.Module],
+        device: torch.device,
+        *,
+        pad_id: int,
+        packing: bool,
+        vocab_parallel: VocabParallel | None,
+        router_balance: RouterBalance | None,
+        routes: RouterTape | None,
+        row_rotaries: list[nn.Module],
+        scope: Callable[[], AbstractContextManager[Any]],
+        agree: Callable[[int], int],
+    ) -> None:
+        self.layout, self.models, self.device = layout, models, device
+        self.pad_id, self.packing, self.vocab_parallel = pad_id, packing, vocab_parallel
+        self.router_balance, self.routes, self.row_rotaries = router_balance, routes, row_rotaries
+        self.scope, self.agree = scope, agree
+
+    def run(
         self,
         micros: list[Batch],
         on_output: Any,
@@ -77,43 +85,49 @@ class PipelineSchedule:
         micros = [micro.to(self.device) for micro in micros]
         real_micros = list(micros)
         filler = None  # a pass that adds nothing, built only where a schedule needs one
-        if self.vp_size > 1 or self.ep_size > 1:
-            filler = pad_micro_batch(self._pad_id(), self.device, tokens=self.tp_size)
-        if self.ep_size > 1:  # the experts' all-to-all needs every rank of an expert group in every pass
-            micros += [filler] * (self._max_over_ranks(len(micros)) - len(micros))
+        if self.layout.vp_size > 1 or self.layout.ep_size > 1:
+            filler = pad_micro_batch(self.pad_id, self.device, tokens=self.layout.tp_size)
+        if (
+            self.layout.ep_size > 1
+        ):  # the experts' all-to-all needs every rank of an expert group in every pass
+            micros += [filler] * (self.agree(len(micros)) - len(micros))
         prepared = [self._model_inputs(micro) for micro in micros]
-        if self.vp_size > 1:
+        if self.layout.vp_size > 1:
             # The interleaved schedule: one activation shape for every micro-batch (megatron's shape exchange
             # for variable lengths deadlocks there over gloo), and micro-batches in groups of pp, the last
             # group filled with passes that add nothing.
             shape = tuple(max(shape[i] for shape in self._whole_shapes(prepared)) for i in (0, 1))
             prepared = [self._model_inputs(micro, shape) for micro in micros]
-            prepared += [self._model_inputs(filler, shape)] * (-len(prepared) % self.pp_size)
+            prepared += [self._model_inputs(filler, shape)] * (-len(prepared) % self.layout.pp_size)
         count = len(prepared)
 
         def step(data_iterator: Iterator, model: nn.Module) -> tuple[Tensor, Any]:
             micro, inputs, make_output, real = next(data_iterator)
-            if self._routes is not None:
-                self._routes.begin(id(micro), inputs["routes"][0], record and micro is not filler)
-            if self._balance is not None:
+            if self.routes is not None:
+                self.routes.begin(id(micro), inputs["routes"][0], record and micro is not filler)
+            if self.router_balance is not None:
                 train = balance and not forward_only and micro is not filler
                 tokens = (
-                    router_rows(real, self.tp_rank, self.tp_size, self.sequence_parallel) if train else None
+                    router_rows(real, self.layout.tp_rank, self.layout.tp_size, self.layout.sequence_parallel)
+                    if train
+                    else None
                 )
-                self._balance.begin(tokens, real_token_count(micro) / step_tokens, self.dp_size)
+                self.router_balance.begin(tokens, real_token_count(micro) / step_tokens, self.layout.dp_size)
             columns_and_order = inputs.get("cp")
             if columns_and_order is not None:  # the rotary embedding at this rank's columns
-                for rotary in self._row_rotaries:
+                for rotary in self.row_rotaries:
                     rotary.columns = columns_and_order[0]
             output_tensor = model(**{k: v for k, v in inputs.items() if k not in ("cp", "routes")})
-            if self._routes is not None:
-                self._routes.collect()
+            if self.routes is not None:
+                self.routes.collect()
 
             def loss_func(logits: Tensor) -> tuple[Tensor, dict]:
-                if self._cp_group is not None:  # this rank's columns -> whole rows, the same on the CP group
+                if (
+                    self.layout.cp_group is not None
+                ):  # this rank's columns -> whole rows, the same on the CP group
                     from tandem.engine.megatron.context_parallel import gather_columns
 
-                    logits = gather_columns(logits, self._cp_group, *columns_and_order)
+                    logits = gather_columns(logits, self.layout.cp_group, *columns_and_order)
                 if micro is filler:  # a pass that adds nothing (an interleaved group's or an expert group's)
                     return logits.sum() * 0.0, {}
                 # The schedule divides each micro-batch's loss by their count; the contract sums them.
@@ -122,18 +136,20 @@ class PipelineSchedule:
             return output_tensor, loss_func
 
         widths = self._whole_shapes(prepared)
-        with self._scope():
+        with self.scope():
             get_forward_backward_func()(
                 forward_step_func=step,
                 # one iterator per model chunk: each chunk takes every micro-batch in turn
-                data_iterator=[iter(prepared) for _ in self.models] if self.vp_size > 1 else iter(prepared),
+                data_iterator=[iter(prepared) for _ in self.models]
+                if self.layout.vp_size > 1
+                else iter(prepared),
                 model=self.models,
                 num_microbatches=count,
                 seq_length=max(w[1] for w in widths),
                 micro_batch_size=max(w[0] for w in widths),
                 forward_only=forward_only,
             )
-        if self._routes is None:
+        if self.routes is None:
             return None
         try:
             if not record:
@@ -141,32 +157,32 @@ class PipelineSchedule:
             by_micro = {id(micro): inputs["routes"][1] for micro, inputs, *_ in prepared}
             return [self._recorded_routing(id(micro), *by_micro[id(micro)]) for micro in real_micros]
         finally:
-            self._routes.end()
+            self.routes.end()
 
     def _recorded_routing(
         self, key: int, packing: Any, grid: tuple[int, int], shape: tuple[int, int], real: Tensor | None
     ) -> Tensor:
         """One micro-batch's recorded routing as [b, T, L, k]: this rank's router rows gathered over the TP
         ranks (sequence parallel) and the pipeline stages (each holds its own layers)."""
-        local_rows = grid[0] * grid[1] // (self.tp_size if self.sequence_parallel else 1)
-        rows = self._routes.take(key, local_rows, self.device)
-        if self.sequence_parallel:
-            parts = [torch.empty_like(rows) for _ in range(self.tp_size)]
-            dist.all_gather(parts, rows.contiguous(), group=self._tp_group)
+        local_rows = grid[0] * grid[1] // (self.layout.tp_size if self.layout.sequence_parallel else 1)
+        rows = self.routes.take(key, local_rows, self.device)
+        if self.layout.sequence_parallel:
+            parts = [torch.empty_like(rows) for _ in range(self.layout.tp_size)]
+            dist.all_gather(parts, rows.contiguous(), group=self.layout.tp_group)
             rows = torch.cat(parts)
         placed = rows.view(grid[1], grid[0], *rows.shape[1:]).transpose(0, 1)
         routed = router_replay.from_grid(placed, packing, shape, real).contiguous()
-        if self.pp_size > 1:
-            dist.all_reduce(routed, op=dist.ReduceOp.MAX, group=self._pp_group)
+        if self.layout.pp_size > 1:
+            dist.all_reduce(routed, op=dist.ReduceOp.MAX, group=self.layout.pp_group)
         return routed
 
     def _route_target(self, micro: Batch, packing: Any, grid: tuple[int, int]) -> Tensor | None:
         """The micro-batch's `routed_experts` in this rank's router rows [n, L, k], or None."""
-        if self._routes is None or router_replay.ROUTED_EXPERTS not in micro:
+        if self.routes is None or router_replay.ROUTED_EXPERTS not in micro:
             return None
         placed = router_replay.to_grid(micro[router_replay.ROUTED_EXPERTS], packing, grid).transpose(0, 1)
-        if self.sequence_parallel:
-            placed = placed.chunk(self.tp_size, dim=0)[self.tp_rank]
+        if self.layout.sequence_parallel:
+            placed = placed.chunk(self.layout.tp_size, dim=0)[self.layout.tp_rank]
         return placed.reshape(-1, *placed.shape[2:])
 
     def _model_inputs(
@@ -184,11 +200,11 @@ class PipelineSchedule:
         ids = micro["input_ids"]
         padded_shape = tuple(ids.shape)
         # the columns are split over the TP ranks (sequence parallel), in 2 chunks per CP rank (context parallel)
-        multiple = (self.tp_size if self.sequence_parallel else 1) * (
-            2 * self.cp_size if self.cp_size > 1 else 1
+        multiple = (self.layout.tp_size if self.layout.sequence_parallel else 1) * (
+            2 * self.layout.cp_size if self.layout.cp_size > 1 else 1
         )
         if self.packing and "attention_mask" in micro:  # under CP every sequence splits alike: aligned
-            inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self._pad_id(), align=multiple)
+            inputs, packing = pack_model_inputs(ids, micro["attention_mask"], self.pad_id, align=multiple)
             segment = (inputs["position_ids"] == 0).long().cumsum(-1)
             allowed = segment[:, :, None] == segment[:, None, :]
             real = moe.real_tokens(None, inputs["input_ids"].shape, packing).view(inputs["input_ids"].shape)
@@ -204,14 +220,14 @@ class PipelineSchedule:
         extra_rows, extra = to_rows - rows, to_width - width
         if extra_rows or extra:
             inputs = {
-                "input_ids": F.pad(inputs["input_ids"], (0, extra, 0, extra_rows), value=self._pad_id()),
+                "input_ids": F.pad(inputs["input_ids"], (0, extra, 0, extra_rows), value=self.pad_id),
                 "position_ids": F.pad(inputs["position_ids"], (0, extra, 0, extra_rows)),
             }
             allowed = F.pad(allowed, (0, extra, 0, extra, 0, extra_rows))
             real = F.pad(real, (0, extra, 0, extra_rows))
         causal = torch.ones(to_width, to_width, dtype=torch.bool, device=ids.device).tril()
         inputs["attention_mask"] = ~(allowed & causal).unsqueeze(1)
-        if self.cp_size > 1:
+        if self.layout.cp_size > 1:
             inputs = self._context_parallel_share(inputs, real if packing is not None else None)
         # router replay: the target in the routers' rows, and what maps a record back to [b, T, L, k]
         grid = (to_rows, to_width)
@@ -238,8 +254,8 @@ class PipelineSchedule:
         starts = torch.zeros_like(ids, dtype=torch.bool)
         if packed_real is not None:
             starts = (inputs["position_ids"] == 0) & packed_real
-        every = [sequence_columns(starts, rank, self.cp_size) for rank in range(self.cp_size)]
-        columns, order = every[self.cp_rank], torch.cat(every, dim=1)
+        every = [sequence_columns(starts, rank, self.layout.cp_size) for rank in range(self.layout.cp_size)]
+        columns, order = every[self.layout.cp_rank], torch.cat(every, dim=1)
         mask = inputs["attention_mask"]
         rows = mask.gather(2, columns[:, None, :, None].expand(-1, 1, -1, mask.shape[-1]))
         return {

@@ -23,7 +23,6 @@ class CheckpointHost(Protocol):
 
     chunks: list[nn.Module]
     optimizer: Any  # megatron's optimizer, None for a frozen engine
-    vp_size: int
     global_step: int
     _schedule_step: int
     _scope: Callable[[], AbstractContextManager[Any]]  # the CPU adapter's mode (a no-op on CUDA)
@@ -42,7 +41,7 @@ class Checkpoints:
     def _model_keys(self) -> list[str]:
         """The checkpoint's model entries, one per chunk (megatron's names: model, or model0, model1, ...);
         the tensors inside carry global layer numbers, so a checkpoint reloads under another layout."""
-        return ["model"] if self.vp_size == 1 else [f"model{c}" for c in range(self.vp_size)]
+        return ["model"] if len(self.chunks) == 1 else [f"model{c}" for c in range(len(self.chunks))]
 
     def _sharded_state(self, is_loading: bool, weights_only: bool = False) -> dict[str, Any]:
         state: dict[str, Any] = {
@@ -50,7 +49,7 @@ class Checkpoints:
             for key, chunk in zip(self._model_keys(), self.chunks, strict=True)
         }
         if self.optimizer is not None and not weights_only:
-            models = state["model"] if self.vp_size == 1 else dict(state)
+            models = state["model"] if len(self.chunks) == 1 else dict(state)
             # megatron 0.16's default format for the distributed optimizer (CUDA), fully_sharded_model_space,
             # is refused by its own checkpointing ("ShardedTensor.flattened_range is not supported");
             # fully_reshardable also keeps checkpoints loadable under another layout

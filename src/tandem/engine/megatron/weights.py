@@ -23,19 +23,16 @@ from tandem.engine.megatron.parallel import ParallelLayout
 from tandem.models.tp_cuts import Cut
 
 
-class WeightsHost(ParallelLayout, Protocol):
-    """What `WeightsOut` reads of the MegatronEngine it is part of (the layout's ranks and sizes, and:)."""
+class WeightsHost(Protocol):
+    """What `WeightsOut` reads of the MegatronEngine it is part of."""
 
+    layout: ParallelLayout  # this rank's ranks, sizes and process groups (parallel.py)
     chunks: list[nn.Module]
     config: Any  # the model's Hugging Face config
     shapes: convert.Shapes
     model_path: str
     param_dtype: torch.dtype
     device: torch.device
-    _tp_group: Any  # process groups
-    _pp_group: Any
-    _ep_group: Any
-    _pp_ranks: list[int]  # the pipeline group's global ranks, stage order
     _hf_shapes: dict[str, tuple]
     _hf_class: type
     _export_config: dict[str, Any]
@@ -67,10 +64,11 @@ class WeightsOut:
         actor.megatron.tensor_parallel). Where this TP rank's own cut of a parameter is the rollout's (heads,
         MLP columns and rows, a vocabulary that splits alike), it is taken as it is: no TP gather; other
         tensors are gathered and cut. Pipeline stages send their cuts to the others (same TP rank)."""
-        if self.tp_rank != dist.get_rank() % self.tp_size:
+        if self.layout.tp_rank != dist.get_rank() % self.layout.tp_size:
             raise RuntimeError(
-                f"state_dict_cuts: rank {dist.get_rank()} is megatron TP rank {self.tp_rank}, not rank "
-                f"{dist.get_rank() % self.tp_size} of a rollout engine over {self.tp_size} consecutive ranks"
+                f"state_dict_cuts: rank {dist.get_rank()} is megatron TP rank {self.layout.tp_rank}, not rank "
+                f"{dist.get_rank() % self.layout.tp_size} of a rollout engine over {self.layout.tp_size} consecutive "
+                "ranks"
             )
         with self.on_device():
             yield from self._stream_weights(cuts_of)
@@ -81,9 +79,9 @@ class WeightsOut:
         """state_dict_iter (`cuts_of` None: whole tensors) and state_dict_cuts."""
         yielded = set()
         experts: dict[str, list[Tensor]] = {}  # a fused MoE tensor: this rank's experts' rows so far
-        local_experts = (convert.num_experts(self.config) or 0) // self.ep_size
+        local_experts = (convert.num_experts(self.config) or 0) // self.layout.ep_size
         me = dist.get_rank()
-        for chunk, stage in ((c, s) for c in range(self.vp_size) for s in range(self.pp_size)):
+        for chunk, stage in ((c, s) for c in range(self.layout.vp_size) for s in range(self.layout.pp_size)):
             for slot in self._slots(stage, chunk):
                 expert = slot.expert is not None  # one row of a fused [E, ...] tensor, whole on this rank
                 shapes = [self._hf_shapes[name][1:] if expert else self._hf_shapes[name] for name in slot.hf]
@@ -92,8 +90,8 @@ class WeightsOut:
                     if cuts_of is None or expert
                     else [cuts_of(name, tuple(self._hf_shapes[name]))[me] for name in slot.hf]
                 )
-                held = convert.tp_cuts(slot, shapes, self.tp_rank, self.tp_size)
-                if stage == self.pp_rank:
+                held = convert.tp_cuts(slot, shapes, self.layout.tp_rank, self.layout.tp_size)
+                if stage == self.layout.pp_rank:
                     shard = self.chunks[chunk].get_parameter(slot.megatron).detach()
                     adapters = self._adapters[chunk].get(slot.megatron) if self._adapters else None
                     if adapters is not None:  # LoRA: the adapters folded into this shard (lora.py)
@@ -102,7 +100,7 @@ class WeightsOut:
                         full = convert.from_shards(slot, [shard], self.shapes)
                     elif wanted == held:  # this TP rank's own cut is what is wanted: no gather
                         full = convert.from_shards(
-                            slot, [shard], convert.local_shapes(self.shapes, self.tp_size)
+                            slot, [shard], convert.local_shapes(self.shapes, self.layout.tp_size)
                         )
                     else:
                         full = [
@@ -114,15 +112,15 @@ class WeightsOut:
                         torch.empty(_cut_shape(shape, cut), dtype=self.param_dtype, device=self.device)
                         for shape, cut in zip(shapes, wanted, strict=True)
                     ]
-                if self.pp_size > 1:
+                if self.layout.pp_size > 1:
                     for tensor in full:
-                        dist.broadcast(tensor, src=self._pp_ranks[stage], group=self._pp_group)
+                        dist.broadcast(tensor, src=self.layout.pp_ranks[stage], group=self.layout.pp_group)
                 if expert:
                     rows = experts.setdefault(slot.hf[0], [])
                     rows.append(full[0])
                     if len(rows) < local_experts:
                         continue
-                    full = [stack_experts(experts.pop(slot.hf[0]), self._ep_group, self.ep_size)]
+                    full = [stack_experts(experts.pop(slot.hf[0]), self.layout.ep_group, self.layout.ep_size)]
                 for name, tensor, cut in zip(slot.hf, full, wanted, strict=True):
                     if name not in yielded:  # the last stage's copy of a tied embedding
                         yielded.add(name)
@@ -131,10 +129,10 @@ class WeightsOut:
     def _gather_tp(self, slot: convert.Slot, shard: Tensor) -> list[Tensor]:
         if slot.kind == "rep":
             return [shard]
-        if self.tp_size == 1:
+        if self.layout.tp_size == 1:
             return convert.from_shards(slot, [shard], self.shapes)
-        shards = [torch.empty_like(shard) for _ in range(self.tp_size)]
-        dist.all_gather(shards, shard.contiguous(), group=self._tp_group)
+        shards = [torch.empty_like(shard) for _ in range(self.layout.tp_size)]
+        dist.all_gather(shards, shard.contiguous(), group=self.layout.tp_group)
         return convert.from_shards(slot, shards, self.shapes)
 
     def export_hf(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
