@@ -30,6 +30,7 @@ class TrainEngineFacts:
     critic_lora: bool  # builds LoRA adapters on the critic (a value head) too, not on the actor alone
     lora_dropout: bool  # dropout on the adapters' input (actor.lora.dropout > 0)
     expert_lora: bool  # adapters on a mixture-of-experts model's experts
+    lora_init_a: str  # how A is drawn with lora.init_a=auto: what verl's LoRA on this engine draws
     dist_checkpoint: bool  # starts from megatron distributed checkpoints (actor.megatron.dist_checkpoint)
     override_config: bool  # applies actor.override_config / critic.override_config to the model's config
     vision_language: bool  # trains a vision-language actor (pixel values in its batches)
@@ -46,6 +47,7 @@ TRAIN_ENGINES: dict[str, TrainEngineFacts] = {
         critic_lora=True,
         lora_dropout=True,
         expert_lora=True,  # PEFT's fused expert adapters, merged per expert (engine/fsdp/lora.py)
+        lora_init_a="kaiming",  # PEFT's default, which verl's FSDP workers keep
         dist_checkpoint=False,
         override_config=True,
         vision_language=True,
@@ -60,6 +62,7 @@ TRAIN_ENGINES: dict[str, TrainEngineFacts] = {
         critic_lora=False,  # adapters inside megatron's linears for a causal LM (engine/megatron/lora.py)
         lora_dropout=False,
         expert_lora=False,
+        lora_init_a="xavier",  # verl's megatron LoRA default (lora_A_init_method: megatron-bridge's xavier-uniform)
         dist_checkpoint=True,
         override_config=False,  # builds from config.json; its own is actor.megatron.override_transformer_config
         vision_language=False,
@@ -93,3 +96,9 @@ def engines_with(fact: str) -> list[str]:
     """The engines that have `fact` (a field of TrainEngineFacts), in table order: for messages that say which
     actor.strategy to choose instead."""
     return [name for name, engine in TRAIN_ENGINES.items() if getattr(engine, fact)]
+
+
+def lora_init_a(name: str, init_a: str) -> str:
+    """How training engine `name` draws each adapter's A for lora.init_a=`init_a` (auto: the engine's verl
+    default)."""
+    return facts(name).lora_init_a if init_a == "auto" else init_a

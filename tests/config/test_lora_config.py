@@ -138,7 +138,11 @@ def test_megatron_lora_is_the_actors_and_reads_verls_megatron_keys():
         ]
     )
     assert t.problems == []
-    assert t.overrides == ["actor.lora.rank=16", 'actor.lora.target_modules=["linear_qkv", "linear_fc2"]']
+    assert t.overrides == [
+        "actor.lora.rank=16",
+        'actor.lora.target_modules=["linear_qkv", "linear_fc2"]',
+        "actor.lora.init_a=kaiming",
+    ]
     # the megatron names are the projections they fuse, on either engine
     assert hf_target_modules(["linear_qkv", "o_proj", "linear_fc2"]) == [
         "q_proj",

@@ -21,7 +21,7 @@ from tandem.roles.common import MODEL_INPUTS
 from . import megatron_scenarios as sc
 from .ranks import start_ranks
 
-LORA = LoraConfig(rank=4, alpha=8.0)
+LORA = LoraConfig(rank=4, alpha=8.0, init_a="kaiming")  # one draw on both engines (auto: xavier on megatron)
 
 
 def frozen(engine) -> dict[str, torch.Tensor]:

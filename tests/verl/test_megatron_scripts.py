@@ -167,7 +167,10 @@ def test_a_reference_layout_other_than_the_actors_is_refused_naming_both():
             "+actor_rollout_ref.actor.optim.override_optimizer_config.lr=1",
             "override_optimizer_config.lr: Tandem sets it from actor.optim.*",
         ),
-        ("actor_rollout_ref.model.lora.lora_A_init_method=normal", "Tandem draws A kaiming-uniform (PEFT's)"),
+        (
+            "actor_rollout_ref.model.lora.lora_A_init_method=normal",
+            "Tandem draws A kaiming-uniform or xavier-uniform",
+        ),
         ("actor_rollout_ref.actor.router_replay.mode=R3", "Tandem's rollout engines do not return them"),
         ("actor_rollout_ref.model.mtp.enable_train=True", "it trains no MTP layers and adds no MTP loss"),
     ],

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 Dtype = Literal["float32", "bfloat16", "float16"]
+LoraInit = Literal["auto", "kaiming", "xavier"]
 ParamDtype = Literal["auto", "float32", "bfloat16", "float16"]
 MasterDtype = Literal["float32", "bfloat16"]  # actor.fsdp.model_dtype
 AdamImpl = Literal["fused", "foreach", "for_loop"]
@@ -131,6 +132,10 @@ class LoraConfig:
     # module's name, the end of its dotted name (visual, lm_head) or a regular expression over the whole name
     # (.*visual.*); an entry that names no module of the model is an error (engine/fsdp/lora.py)
     exclude_modules: list[str] = field(default_factory=list)
+    # how each adapter's A is drawn (B starts at 0): kaiming (kaiming-uniform, a = sqrt(5): PEFT's, verl's FSDP
+    # LoRA), xavier (xavier-uniform: megatron-bridge's, verl's megatron default); auto: the engine's verl
+    # default (train_engine_options.py: xavier on megatron, kaiming on fsdp). An adapter folder keeps its own A
+    init_a: LoraInit = "auto"
 
 
 @dataclass

@@ -101,13 +101,15 @@ _LORA_EXCLUDE = (
 )
 
 
-def _lora_a_kaiming(value: Any) -> None:
-    """verl's megatron lora_A_init_method: Tandem draws A as PEFT does (kaiming-uniform, a = sqrt(5)) on both
-    engines, which is verl's `kaiming`; verl's default `xavier` reads as absent and gets the same draw."""
-    if value not in (None, "kaiming", "xavier"):
+def _lora_a_init(value: Any) -> Any:
+    """verl's megatron lora_A_init_method (megatron-bridge's: xavier-uniform or kaiming-uniform) as
+    actor.lora.init_a; its default, xavier, is what actor.lora.init_a=auto draws on the megatron engine."""
+    if value not in ("kaiming", "xavier"):
         raise UnsupportedValue(
-            f"lora_A_init_method={value!r}: Tandem draws A kaiming-uniform (PEFT's); set it to kaiming"
+            f"lora_A_init_method={value!r}: Tandem draws A kaiming-uniform or xavier-uniform (actor.lora.init_a); "
+            "set it to kaiming or xavier"
         )
+    return value
 
 
 def _lora_b_zero(value: Any) -> None:
@@ -133,7 +135,9 @@ MEGATRON_KEYS: dict[str, Rule] = {
         as_list,
     ),
     "actor_rollout_ref.model.lora.lora_A_init_method": maps(
-        "", "Tandem draws A kaiming-uniform (PEFT's) on both engines", _lora_a_kaiming
+        "actor.lora.init_a",
+        "auto (Tandem's default) draws xavier on megatron, kaiming on fsdp, as verl",
+        _lora_a_init,
     ),
     "actor_rollout_ref.model.lora.lora_B_init_method": maps("", "Tandem starts B at 0", _lora_b_zero),
     "actor_rollout_ref.model.lora.type": unsupported(_LORA_TYPE),

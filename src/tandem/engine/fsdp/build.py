@@ -27,6 +27,7 @@ from tandem.engine import hf_io, kernels
 from tandem.engine.base import DTYPES, Head, ModelOutput
 from tandem.engine.fsdp import lora as lora_layers
 from tandem.engine.fsdp.vision import vision_tower
+from tandem.train_engine_options import lora_init_a
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +98,13 @@ class ModelBuild:
         if fsdp.liger:  # fused elementwise kernels, in place; parameter names unchanged (engine/kernels.py)
             kernels.apply_liger(model)
         if self.lora is not None:  # adapters in place, before the state is taken and the layers are sharded
-            lora_layers.inject(model, self.lora, seed, whole=VALUE_HEAD if self.head == "value" else ())
+            lora_layers.inject(
+                model,
+                self.lora,
+                seed,
+                whole=VALUE_HEAD if self.head == "value" else (),
+                init_a=lora_init_a("fsdp", self.lora.init_a),
+            )
             if is_source:
                 lora_layers.load_saved_adapter(model, self.lora)  # actor.lora.adapter_path's weights, if any
                 full_state = model.state_dict()

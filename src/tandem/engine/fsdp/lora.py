@@ -110,10 +110,16 @@ def lora_config(settings: Any, whole: Sequence[str] = ()) -> Any:
     )
 
 
-def inject(model: nn.Module, settings: Any, seed: int, whole: Sequence[str] = ()) -> nn.Module:
+def inject(
+    model: nn.Module, settings: Any, seed: int, whole: Sequence[str] = (), init_a: str = "kaiming"
+) -> nn.Module:
     """LoRA layers into `model` in place (A from `seed` alone, B = 0); everything else frozen but the modules
     named in `whole`, which train whole (a critic's new value head: an adapter on a random head would leave
-    the head itself random). An exclude_modules entry that names no module of `model` is an error."""
+    the head itself random). An exclude_modules entry that names no module of `model` is an error.
+
+    `init_a`: kaiming draws A as PEFT does (kaiming-uniform, a = sqrt(5)); xavier redraws each A [r, in]
+    xavier-uniform, U(-b, b) with b = sqrt(6 / (in + r)), layer by layer in PEFT's order, as megatron-bridge
+    (verl's megatron LoRA) draws it (the engine resolves lora.init_a=auto: train_engine_options.py)."""
     from peft import inject_adapter_in_model
 
     unmatched = [] if saved_adapter(settings) else unmatched_excludes(model, settings.exclude_modules)
@@ -137,6 +143,8 @@ def inject(model: nn.Module, settings: Any, seed: int, whole: Sequence[str] = ()
                 "take no dropout; set actor.lora.dropout=0, or name the projections to adapt without the "
                 "experts' gate_proj / up_proj / down_proj (e.g. [q_proj,k_proj,v_proj,o_proj])"
             ) from error
+        if init_a == "xavier" and saved_adapter(settings) is None:
+            _xavier_a(lora_layers(model))
     for name in whole:
         model.get_submodule(name).requires_grad_(True)
     layers = lora_layers(model)
@@ -156,6 +164,22 @@ def fused_adapters(model: nn.Module) -> list[str]:
     from peft.tuners.lora.layer import ParamWrapper
 
     return sorted(name for name, layer in lora_layers(model).items() if isinstance(layer, ParamWrapper))
+
+
+def _xavier_a(layers: dict[str, nn.Module]) -> None:
+    """Each adapter's A redrawn xavier-uniform (the caller holds the seeded generator)."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    fused = sorted(name for name, layer in layers.items() if isinstance(layer, ParamWrapper))
+    if fused:
+        raise ValueError(
+            f"lora.init_a=xavier with adapters on fused expert tensors ({fused[0]}, ...): Tandem draws those A "
+            "kaiming-uniform only (PEFT's); set actor.lora.init_a=kaiming, or name the projections to adapt "
+            "without the experts' gate_proj / up_proj / down_proj"
+        )
+    for layer in layers.values():
+        with torch.no_grad():
+            nn.init.xavier_uniform_(layer.lora_A[ADAPTER].weight)
 
 
 def refuse_fused_adapters(model: nn.Module, settings: Any) -> None:

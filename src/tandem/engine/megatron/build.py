@@ -23,6 +23,7 @@ from tandem.engine.megatron import convert, dist_start
 from tandem.engine.megatron import lora as megatron_lora
 from tandem.engine.megatron.layers import ValueHead, layer_spec
 from tandem.engine.megatron.parallel import ParallelLayout
+from tandem.train_engine_options import lora_init_a
 
 
 class BuildHost(Protocol):
@@ -137,7 +138,7 @@ class ModelBuild:
         hf_shapes = {name: tuple(t.shape) for name, t in hf_model.state_dict().items()}
         self._adapters: list[dict[str, megatron_lora.LinearAdapters]] = []
         if lora is not None:  # PEFT's adapters on the Hugging Face model, as the FSDP2 engine puts them
-            fsdp_lora.inject(hf_model, lora, seed)
+            fsdp_lora.inject(hf_model, lora, seed, init_a=lora_init_a("megatron", lora.init_a))
             fsdp_lora.refuse_fused_adapters(hf_model, lora)  # no expert adapters here: FSDP2 builds them
             fsdp_lora.load_saved_adapter(hf_model, lora)  # actor.lora.adapter_path's weights, if any
         inv_freq = convert.rotary_inv_freq(self.config)
