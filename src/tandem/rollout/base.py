@@ -104,6 +104,17 @@ class RolloutSpec:
     eos_token_ids: Sequence[int] | None = None  # None: read from the folder (`read_special_ids`)
     pad_token_id: int | None = None  # None: read from the folder
 
+    def common_kwargs(self) -> dict[str, Any]:
+        """What every engine's `from_pretrained` takes of the spec besides the model folder: the tokenizer, the
+        end and pad ids, the device (cpu until chosen) and the dtype."""
+        return {
+            "tokenizer_path": self.tokenizer_path,
+            "eos_token_ids": self.eos_token_ids,
+            "pad_token_id": self.pad_token_id,
+            "device": self.device or "cpu",
+            "dtype": self.dtype,
+        }
+
 
 class RolloutEngine(ABC):
     """Generates responses. Implementations: `hf.py` (transformers), `vllm.py` (vLLM), registered by name
@@ -119,11 +130,7 @@ class RolloutEngine(ABC):
         takes the model, tokenizer, device and dtype)."""
         return cls.from_pretrained(
             spec.model_path,
-            tokenizer_path=spec.tokenizer_path,
-            eos_token_ids=spec.eos_token_ids,
-            pad_token_id=spec.pad_token_id,
-            device=spec.device or "cpu",
-            dtype=spec.dtype,
+            **spec.common_kwargs(),
         )
 
     @staticmethod

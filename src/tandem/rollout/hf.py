@@ -63,11 +63,7 @@ class HFRollout(RolloutEngine):
         tensor_parallel, memory, engine_kwargs) have no meaning for transformers' generate."""
         return cls.from_pretrained(
             spec.model_path,
-            tokenizer_path=spec.tokenizer_path,
-            eos_token_ids=spec.eos_token_ids,
-            pad_token_id=spec.pad_token_id,
-            device=spec.device or "cpu",
-            dtype=spec.dtype,
+            **spec.common_kwargs(),
             override_config=dict(spec.override_config) if spec.override_config else None,
         )
 

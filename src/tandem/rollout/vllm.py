@@ -156,11 +156,7 @@ class VLLMRollout(RolloutEngine):
         """Every field of the spec: vLLM takes them all."""
         return cls.from_pretrained(
             spec.model_path,
-            tokenizer_path=spec.tokenizer_path,
-            eos_token_ids=spec.eos_token_ids,
-            pad_token_id=spec.pad_token_id,
-            device=spec.device or "cpu",
-            dtype=spec.dtype,
+            **spec.common_kwargs(),
             max_model_len=spec.max_model_len,
             tensor_parallel=spec.tensor_parallel,
             gpu_memory_utilization=spec.gpu_memory_utilization,
