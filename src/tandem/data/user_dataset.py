@@ -98,6 +98,35 @@ def load_dataset_class(path: str, name: str) -> type:
     return cls
 
 
+def build_dataset(
+    cls: type, kwargs: dict[str, Any], path: str, name: str, files_key: str, files: list[str], called_as: str
+) -> tuple[Any, int]:
+    """(the user's class built with `kwargs`, its length): a constructor or `len` that raises is a DataError
+    naming the file and line (`called_as`: how the class is called, for the message), and so is an empty one."""
+    where = f"{CLASS_KEY}='{name}' in {FILE_KEY}='{path}'"
+    real = os.path.realpath(path.removeprefix(FILE_PREFIX))
+    try:
+        dataset = cls(**kwargs)
+        count = len(dataset)
+    except Exception as error:
+        raise DataError(
+            f"{where}: building it on {files_key}={list(files)} failed: {describe_load_error(error, real)}; "
+            f"the class is called as {called_as} and must have __len__"
+        ) from error
+    if count < 1:
+        raise DataError(f"{where}: built on {files_key}={list(files)}, it holds no items")
+    return dataset, count
+
+
+def item_of(dataset: Any, i: int, location: str, path: str) -> Any:
+    """dataset[i]; a `__getitem__` that raises is a DataError naming the item and the user's file and line."""
+    try:
+        return dataset[i]
+    except Exception as error:
+        real = os.path.realpath(path.removeprefix(FILE_PREFIX))
+        raise DataError(f"{location}: __getitem__ failed: {describe_load_error(error, real)}") from error
+
+
 def rows_from_class(
     path: str,
     name: str,
@@ -115,8 +144,6 @@ def rows_from_class(
     `image_key`). A constructor, `len` or `[i]` that raises is a DataError naming the file, the line and the
     item; an item that is not a dict, or lacks the prompt, names the item and the field."""
     cls = load_dataset_class(path, name)
-    where = f"{CLASS_KEY}='{name}' in {FILE_KEY}='{path}'"
-    real = os.path.realpath(path.removeprefix(FILE_PREFIX))
     kwargs: dict[str, Any] = {
         "data_files": list(data_files),
         "tokenizer": tokenizer,
@@ -125,23 +152,12 @@ def rows_from_class(
     }
     if takes_argument(cls, "max_samples"):
         kwargs["max_samples"] = -1
-    try:
-        dataset = cls(**kwargs)
-        count = len(dataset)
-    except Exception as error:
-        raise DataError(
-            f"{where}: building it on {files_key}={list(data_files)} failed: {describe_load_error(error, real)}; "
-            f"the class is called as {name}(data_files, tokenizer, config, processor) and must have __len__"
-        ) from error
-    if count < 1:
-        raise DataError(f"{where}: built on {files_key}={list(data_files)}, it holds no items")
+    called_as = f"{name}(data_files, tokenizer, config, processor)"
+    dataset, count = build_dataset(cls, kwargs, path, name, files_key, data_files, called_as)
     rows = []
     for i in range(count):
         location = f"{files_key}: item {i} of {name} ({path})"
-        try:
-            item = dataset[i]
-        except Exception as error:
-            raise DataError(f"{location}: __getitem__ failed: {describe_load_error(error, real)}") from error
+        item = item_of(dataset, i, location, path)
         rows.append((location, row_of_item(location, item, prompt_key, image_key)))
     return rows
 

@@ -32,13 +32,18 @@ a vision-language model's SFT rows come from the files (data.image_key).
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Mapping
 from typing import Any
 
 from tandem.data.rows import DataError
-from tandem.data.user_dataset import CLASS_KEY, FILE_KEY, load_dataset_class, takes_argument
-from tandem.usercode import FILE_PREFIX, describe_load_error
+from tandem.data.user_dataset import (
+    CLASS_KEY,
+    FILE_KEY,
+    build_dataset,
+    item_of,
+    load_dataset_class,
+    takes_argument,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +93,6 @@ class UserSFTRows:
         from omegaconf import OmegaConf
 
         cls = load_dataset_class(path, name)
-        where = f"{CLASS_KEY}='{name}' in {FILE_KEY}='{path}'"
-        real = os.path.realpath(path.removeprefix(FILE_PREFIX))
         kwargs: dict[str, Any] = {
             "parquet_files": OmegaConf.create(list(files)),
             "tokenizer": tokenizer,
@@ -99,29 +102,15 @@ class UserSFTRows:
             kwargs["processor"] = processor
         if takes_argument(cls, "max_samples"):
             kwargs["max_samples"] = -1
-        try:
-            dataset = cls(**kwargs)
-            count = len(dataset)
-        except Exception as error:
-            raise DataError(
-                f"{where}: building it on {files_key}={list(files)} failed: {describe_load_error(error, real)}; the "
-                f"class is called as verl's SFT trainers call it, {name}({', '.join(f'{k}=...' for k in kwargs)}), "
-                "and must have __len__"
-            ) from error
-        if count < 1:
-            raise DataError(f"{where}: built on {files_key}={list(files)}, it holds no items")
+        called_as = f"verl's SFT trainers call it, {name}({', '.join(f'{k}=...' for k in kwargs)}),"
+        dataset, count = build_dataset(cls, kwargs, path, name, files_key, list(files), called_as)
         self.files = list(files)
         self.sample_texts: list[tuple[str, str]] = []
         self._items: list[dict[str, list[int]]] = []
         truncated, filtered = [], []
         for i in range(count):
             location = f"{files_key}: item {i} of {name} ({path})"
-            try:
-                item = dataset[i]
-            except Exception as error:
-                raise DataError(
-                    f"{location}: __getitem__ failed: {describe_load_error(error, real)}"
-                ) from error
+            item = item_of(dataset, i, location, path)
             row = sft_row_of_item(location, item, len(tokenizer))
             size = len(row["input_ids"])
             if size > max_length:
@@ -158,6 +147,7 @@ class UserSFTRows:
                 ", ".join(changed[:MAX_LOGGED_ITEMS]),
             )
         if not self._items:
+            where = f"{CLASS_KEY}='{name}' in {FILE_KEY}='{path}'"
             raise DataError(
                 f"{where}: no SFT rows left out of {count} items on {files_key}: each one's trained tokens lie "
                 f"past data.max_length={max_length}; raise it"
