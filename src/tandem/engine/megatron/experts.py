@@ -127,6 +127,7 @@ class RouterTape:
         if any(replay is None for _, replay in self._routers):
             raise RuntimeError("router replay: megatron built the routers without moe_enable_routing_replay")
         self._recorded: dict[int, dict[int, Tensor]] = {}
+        self._key, self._recording = 0, False  # the micro-batch `begin` set, and whether it records
 
     def begin(self, key: int, target: Tensor | None, record: bool) -> None:
         """Before micro-batch `key`'s forward on this stage: replay `target` [rows, L, k] (None: the routers
