@@ -80,7 +80,7 @@ TRANSFORMER_SET_BY_TANDEM: dict[str, str] = {
     },
 }
 
-# the layer split over pipeline stages: Tandem's build (engine/megatron/build.py `_chunk_layers`) asks megatron
+# the layer split over pipeline stages: Tandem's build (engine/megatron/build.py `ChunkMap.layers`) asks megatron
 # for each stage's layers, an even split or one with the first / last stage's sizes; a layout string places
 # layers by the current rank alone, which the weights' cuts for the other stages cannot ask
 TRANSFORMER_NOT_BUILT: dict[str, str] = {

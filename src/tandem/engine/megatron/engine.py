@@ -37,6 +37,7 @@ import contextlib
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -62,7 +63,7 @@ from tandem.engine.base import (
 from tandem.engine.fsdp import lora as fsdp_lora
 from tandem.engine.megatron import convert
 from tandem.engine.megatron import lora as megatron_lora
-from tandem.engine.megatron.build import ModelBuild
+from tandem.engine.megatron.build import build_model, build_optimizer
 from tandem.engine.megatron.experts import RouterBalance, RouterTape
 from tandem.engine.megatron.offload import FORWARD, PARTS, TRAIN, StateOffload
 from tandem.engine.megatron.parallel import megatron_available, parallel_layout
@@ -72,6 +73,7 @@ from tandem.engine.megatron.vocab_parallel import VocabParallel
 from tandem.engine.megatron.weights import WeightsOut
 from tandem.engine.micro import dummy_like, merge_outputs, real_token_count, split_micro_batches, to_cpu
 from tandem.engine.optim import lr_multiplier
+from tandem.models.tp_cuts import Cut
 
 logger = logging.getLogger(__name__)
 
@@ -85,13 +87,17 @@ UNEVEN_PIPELINE = (
 )
 
 
-class MegatronEngine(ModelBuild, WeightsOut, Checkpoints, TrainEngine):
+class MegatronEngine(TrainEngine):
     """One Hugging Face model (+ megatron's optimizer when `optim` is given) on megatron-core.
 
     `spec` as FSDPEngine's (engine/base.py `EngineSpec`); `spec.megatron` holds the parallel sizes and
     precision. On the CPU the model runs in float32 over gloo (megatron adapted by cpu_adapter.py); on CUDA
     in `megatron.param_dtype`
     (bfloat16 by default) with float32 master weights in the optimizer.
+
+    Its parts, built once over explicit arguments and held: the model (build.py's functions), the pipeline
+    schedule (`PipelineSchedule`), the offload (`StateOffload`), weights out (`WeightsOut`) and checkpoints
+    (`Checkpoints`); none reads the engine.
     """
 
     _routes: RouterTape | None = None  # router replay (spec.router_replay; experts.py)
@@ -159,7 +165,7 @@ class MegatronEngine(ModelBuild, WeightsOut, Checkpoints, TrainEngine):
                 "actor.megatron.override_transformer_config"
             )
         config = hf_io.load_config(self.model_path, head)
-        self._export_config = config.to_dict()
+        export_config = config.to_dict()  # the folder's, as export_hf writes it
         hf_io.disable_dropout(config)
         config.use_cache = False
         convert.check_supported(
@@ -171,7 +177,7 @@ class MegatronEngine(ModelBuild, WeightsOut, Checkpoints, TrainEngine):
             layout.cp_size,
         )
         self.config = config
-        self.shapes = convert.shapes_of(config)
+        shapes = convert.shapes_of(config)
         # megatron's uneven split (first / last stage sizes) is checked by its TransformerConfig; an even one here
         uneven = any(megatron.override_transformer_config.get(key) for key in UNEVEN_PIPELINE)
         if not uneven and config.num_hidden_layers % (layout.pp_size * layout.vp_size):
@@ -181,25 +187,62 @@ class MegatronEngine(ModelBuild, WeightsOut, Checkpoints, TrainEngine):
             )
         self.param_dtype = strategy_param_dtype("megatron", spec.fsdp, megatron, self.device)
 
-        self._row_rotaries: list[nn.Module] = []  # context parallel: each chunk's RowRotary
-        # actor.router_replay: megatron's routers built with their replay (experts.RouterTape drives it)
-        self.router_replay = spec.router_replay
         with self._scope():
             start = (str(spec.dist_checkpoint), spec.dist_checkpoint_key) if spec.dist_checkpoint else None
-            self.chunks, self._hf_class, self._hf_shapes = self._build(
-                activation_checkpointing, seed, megatron, start, self.lora
+            built = build_model(
+                layout,
+                config,
+                head,
+                self.model_path,
+                self.param_dtype,
+                self.device,
+                shapes,
+                activation_checkpointing=activation_checkpointing,
+                seed=seed,
+                megatron=megatron,
+                # actor.router_replay: megatron's routers built with their replay (experts.RouterTape drives it)
+                router_replay=spec.router_replay,
+                start=start,
+                lora=self.lora,
             )
+            self.chunks = built.chunks
+            self._adapters = built.adapters  # each chunk's LoRA adapters (lora.py; [] without LoRA)
             self.optimizer = None
-            self.models: list[nn.Module] = list(
-                self.chunks
-            )  # what the schedule runs: DDP-wrapped when trainable
+            # what the schedule runs: DDP-wrapped when trainable
+            self.models: list[nn.Module] = list(self.chunks)
             if optim is not None:
-                self._build_optimizer(optim, megatron)
+                self.models, self.optimizer = build_optimizer(
+                    self.chunks, optim, megatron, layout, self.param_dtype, self.device
+                )
         switches = (megatron.param_offload, megatron.grad_offload, megatron.optimizer_offload)
         self._offload = StateOffload(
             self.device, self.models, self.chunks, self.optimizer, [p for p, on in zip(PARTS, switches) if on]
         )
         self._offload.offload(self._offload.switched)  # between calls from the start, as after every call
+        # weights out (weights.py) and checkpoints (state.py): parts over what the build made
+        self._weights = WeightsOut(
+            layout,
+            self.chunks,
+            built.chunk_map,
+            adapters=self._adapters,
+            hf_config=config,
+            shapes=shapes,
+            hf_shapes=built.hf_shapes,
+            hf_class=built.hf_class,
+            export_config=export_config,
+            model_path=self.model_path,
+            param_dtype=self.param_dtype,
+            device=self.device,
+            on_device=self.on_device,
+        )
+        self._checkpoints = Checkpoints(
+            self.chunks,
+            self.optimizer,
+            self._offload,
+            scope=self._scope,
+            on_device=self.on_device,
+            check_onloaded=self._check_onloaded,
+        )
         # A mixture-of-experts causal LM in training: Tandem's load-balancing term in its routers (experts.py)
         routing = moe.routing_of(config, spec.router_aux_loss_coef) if head == "lm" else None
         recompute = megatron.override_transformer_config.get("recompute_granularity")
@@ -236,7 +279,7 @@ class MegatronEngine(ModelBuild, WeightsOut, Checkpoints, TrainEngine):
             vocab_parallel=self.vocab_parallel,
             router_balance=self._balance,
             routes=self._routes,
-            row_rotaries=self._row_rotaries,
+            row_rotaries=built.row_rotaries,
             scope=self._scope,
             agree=self._max_over_ranks,
         )
@@ -299,6 +342,33 @@ class MegatronEngine(ModelBuild, WeightsOut, Checkpoints, TrainEngine):
             self.dp_size,
             self.layout.tp_rank == 0 and self.layout.cp_rank == 0 and self.layout.last_stage,
         )
+
+    # ------------------------------------------------------------------ weights out (weights.py), checkpoints (state.py)
+    def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
+        return self._weights.state_dict_iter()
+
+    def state_dict_cuts(
+        self, cuts_of: Callable[[str, tuple[int, ...]], list[Cut | None]]
+    ) -> Iterator[tuple[str, Tensor, Cut | None, torch.Size]]:
+        return self._weights.state_dict_cuts(cuts_of)
+
+    def export_hf(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        self._weights.export_hf(path, dtype)
+
+    def save(self, path: str | Path) -> None:
+        self._checkpoints.save(path, self.global_step, self._schedule_step)
+
+    def save_weights(self, path: str | Path) -> None:
+        """The model's weights alone as a megatron distributed checkpoint (state.py `Checkpoints.save_weights`)."""
+        self._checkpoints.save_weights(path)
+
+    def load(self, path: str | Path, weights_only: bool = False) -> None:
+        steps = self._checkpoints.load(path, weights_only)
+        if steps is None:  # the weights alone: the step and the schedule stay this engine's
+            return
+        self.global_step, self._schedule_step = steps
+        if self.optimizer is not None:
+            self._set_lr()
 
     # ------------------------------------------------------------------ LoRA (lora.py)
     def adapter_state(self) -> dict[str, Tensor]:

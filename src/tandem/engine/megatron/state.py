@@ -1,15 +1,15 @@
 """The megatron engine's checkpoints (megatron's distributed checkpointing).
 
-`Checkpoints` is a part of `MegatronEngine` (engine.py), kept apart for length: what it reads and writes of the
-engine is `CheckpointHost` (checked by tests/engine/test_host_contracts.py); it holds the state on the device
-while it reads or writes it (`on_device`, `_offload`: offload.py)."""
+`Checkpoints` is a part the engine builds once, after its model and optimizer, over explicit arguments (the
+chunks, the optimizer, the offload part: offload.py); it holds the state on the device while it reads or writes
+it. The engine's step counters go in as arguments of `save` and come back as `load`'s return value."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch.distributed as dist
 from torch import nn
@@ -18,25 +18,31 @@ from tandem.engine.base import load_engine_state, save_engine_state
 from tandem.engine.megatron.offload import FORWARD, TRAIN, StateOffload
 
 
-class CheckpointHost(Protocol):
-    """What `Checkpoints` reads (and writes: the step counters) of the MegatronEngine it is part of."""
-
-    chunks: list[nn.Module]
-    optimizer: Any  # megatron's optimizer, None for a frozen engine
-    global_step: int
-    _schedule_step: int
-    _scope: Callable[[], AbstractContextManager[Any]]  # the CPU adapter's mode (a no-op on CUDA)
-    _offload: StateOffload
-
-    def on_device(self, train: bool = False) -> AbstractContextManager[None]: ...
-
-    def _check_onloaded(self, what: str) -> None: ...
-
-    def _set_lr(self) -> None: ...
-
-
 class Checkpoints:
-    """save / load of a MegatronEngine (every rank writes and reads its shards)."""
+    """save / load of a MegatronEngine (every rank writes and reads its shards).
+
+    Args:
+        chunks: this rank's model chunks, one per virtual stage.
+        optimizer: megatron's optimizer, None for a frozen engine.
+        offload: the engine's state between device and host memory (offload.py): `load` holds what it writes on
+            the device.
+        scope: the context megatron's checkpointing runs in (the CPU adapter's mode; a no-op on CUDA).
+        on_device: the engine's `on_device` (refuses on an offloaded engine).
+        check_onloaded: the engine's check that it is not offloaded, naming the call.
+    """
+
+    def __init__(
+        self,
+        chunks: list[nn.Module],
+        optimizer: Any,
+        offload: StateOffload,
+        *,
+        scope: Callable[[], AbstractContextManager[Any]],
+        on_device: Callable[..., AbstractContextManager[None]],
+        check_onloaded: Callable[[str], None],
+    ) -> None:
+        self.chunks, self.optimizer, self.offload = chunks, optimizer, offload
+        self.scope, self.on_device, self.check_onloaded = scope, on_device, check_onloaded
 
     def _model_keys(self) -> list[str]:
         """The checkpoint's model entries, one per chunk (megatron's names: model, or model0, model1, ...);
@@ -59,18 +65,18 @@ class Checkpoints:
             )
         return state
 
-    def save(self, path: str | Path) -> None:
-        """megatron's distributed checkpoint (every rank writes its shards) + the step counters."""
+    def save(self, path: str | Path, global_step: int, schedule_step: int) -> None:
+        """megatron's distributed checkpoint (every rank writes its shards) + the engine's step counters."""
         from megatron.core import dist_checkpointing
 
         path = Path(path)
         if dist.get_rank() == 0:
             path.mkdir(parents=True, exist_ok=True)
         dist.barrier()
-        with self.on_device(train=self.optimizer is not None), self._scope():
+        with self.on_device(train=self.optimizer is not None), self.scope():
             dist_checkpointing.save(self._sharded_state(is_loading=False), str(path))
         if dist.get_rank() == 0:
-            save_engine_state(path, {"global_step": self.global_step, "schedule_step": self._schedule_step})
+            save_engine_state(path, {"global_step": global_step, "schedule_step": schedule_step})
         dist.barrier()
 
     def save_weights(self, path: str | Path) -> None:
@@ -82,18 +88,21 @@ class Checkpoints:
         if dist.get_rank() == 0:
             path.mkdir(parents=True, exist_ok=True)
         dist.barrier()
-        with self.on_device(), self._scope():
+        with self.on_device(), self.scope():
             dist_checkpointing.save(self._sharded_state(is_loading=False, weights_only=True), str(path))
         dist.barrier()
 
-    def load(self, path: str | Path, weights_only: bool = False) -> None:
+    def load(self, path: str | Path, weights_only: bool = False) -> tuple[int, int] | None:
+        """What `save` wrote into the chunks (and the optimizer, unless `weights_only`). Returns the saved
+        (global_step, schedule_step) for the engine to take; None with `weights_only` (the step and the schedule
+        stay the engine's)."""
         from megatron.core import dist_checkpointing
 
         path = Path(path)
         extra = load_engine_state(path)
-        self._check_onloaded("load")
+        self.check_onloaded("load")
         parts = TRAIN if self.optimizer is not None and not weights_only else FORWARD
-        with self._offload.on_device(parts, writes=True), self._scope():
+        with self.offload.on_device(parts, writes=True), self.scope():
             state = dist_checkpointing.load(self._sharded_state(True, weights_only), str(path))
             for key, chunk in zip(self._model_keys(), self.chunks, strict=True):
                 chunk.load_state_dict(state[key])
@@ -101,9 +110,6 @@ class Checkpoints:
                 if "optimizer" not in state:
                     raise ValueError(f"{path} holds no optimizer state (saved by a frozen engine)")
                 self.optimizer.load_state_dict(state["optimizer"])
-        if weights_only:  # the weights alone: the step and the schedule stay this engine's
-            return
-        self.global_step = int(extra["global_step"])
-        self._schedule_step = int(extra["schedule_step"])
-        if self.optimizer is not None:
-            self._set_lr()
+        if weights_only:
+            return None
+        return int(extra["global_step"]), int(extra["schedule_step"])

@@ -2,15 +2,15 @@
 a tensor-parallel rollout engine (`state_dict_cuts`) and a Hugging Face folder (`export_hf`); each megatron
 parameter's TP shards gathered on its stage (convert.py), then sent from that stage to the others.
 
-`WeightsOut` is a part of `MegatronEngine` (engine.py), kept apart for length: what it reads of the engine is
-`WeightsHost` (checked by tests/engine/test_host_contracts.py)."""
+`WeightsOut` is a part the engine builds once, after its model, over explicit arguments (the layout, the chunks
+and what the build made of them); it reads nothing of the engine but the `on_device` it is given."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
@@ -22,29 +22,51 @@ from tandem.engine.megatron.experts import stack_experts
 from tandem.engine.megatron.parallel import ParallelLayout
 from tandem.models.tp_cuts import Cut
 
-
-class WeightsHost(Protocol):
-    """What `WeightsOut` reads of the MegatronEngine it is part of."""
-
-    layout: ParallelLayout  # this rank's ranks, sizes and process groups (parallel.py)
-    chunks: list[nn.Module]
-    config: Any  # the model's Hugging Face config
-    shapes: convert.Shapes
-    model_path: str
-    param_dtype: torch.dtype
-    device: torch.device
-    _hf_shapes: dict[str, tuple]
-    _hf_class: type
-    _export_config: dict[str, Any]
-    _adapters: list[dict[str, Any]]  # each chunk's LoRA adapters by megatron weight name ([] without LoRA)
-
-    def _slots(self, stage: int, chunk: int = 0) -> list[convert.Slot]: ...
-
-    def on_device(self, train: bool = False) -> AbstractContextManager[None]: ...
+if TYPE_CHECKING:
+    from tandem.engine.megatron.build import ChunkMap
 
 
 class WeightsOut:
-    """state_dict_iter / state_dict_cuts / export_hf of a MegatronEngine."""
+    """state_dict_iter / state_dict_cuts / export_hf of a MegatronEngine.
+
+    Args:
+        layout: this rank's place in megatron's layout (parallel.py).
+        chunks: this rank's model chunks, one per virtual stage.
+        chunk_map: each chunk's parameters (build.py).
+        adapters: each chunk's LoRA adapters by megatron weight name ([] without LoRA), folded into the weights.
+        hf_config: the model's Hugging Face config.
+        shapes: its attention shapes (convert.py).
+        hf_shapes: each Hugging Face weight's whole shape.
+        hf_class: the Hugging Face model class export_hf writes.
+        export_config: the folder's config as read (before Tandem's changes), written by export_hf.
+        model_path: the folder (export_hf copies its tokenizer and generation files).
+        param_dtype: the parameters' dtype (stages that do not hold a tensor receive it in this dtype).
+        device: the engine's device.
+        on_device: the engine's `on_device` (the parameters on the device while they are read; refuses on an
+            offloaded engine).
+    """
+
+    def __init__(
+        self,
+        layout: ParallelLayout,
+        chunks: list[nn.Module],
+        chunk_map: ChunkMap,
+        *,
+        adapters: list[dict[str, Any]],
+        hf_config: Any,
+        shapes: convert.Shapes,
+        hf_shapes: dict[str, tuple],
+        hf_class: type,
+        export_config: dict[str, Any],
+        model_path: str,
+        param_dtype: torch.dtype,
+        device: torch.device,
+        on_device: Callable[[], AbstractContextManager[None]],
+    ) -> None:
+        self.layout, self.chunks, self.chunk_map, self.adapters = layout, chunks, chunk_map, adapters
+        self.hf_config, self.shapes, self.hf_shapes, self.hf_class = hf_config, shapes, hf_shapes, hf_class
+        self.export_config, self.model_path = export_config, model_path
+        self.param_dtype, self.device, self.on_device = param_dtype, device, on_device
 
     @torch.no_grad()
     def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
@@ -79,21 +101,21 @@ class WeightsOut:
         """state_dict_iter (`cuts_of` None: whole tensors) and state_dict_cuts."""
         yielded = set()
         experts: dict[str, list[Tensor]] = {}  # a fused MoE tensor: this rank's experts' rows so far
-        local_experts = (convert.num_experts(self.config) or 0) // self.layout.ep_size
+        local_experts = (convert.num_experts(self.hf_config) or 0) // self.layout.ep_size
         me = dist.get_rank()
         for chunk, stage in ((c, s) for c in range(self.layout.vp_size) for s in range(self.layout.pp_size)):
-            for slot in self._slots(stage, chunk):
+            for slot in self.chunk_map.slots(stage, chunk):
                 expert = slot.expert is not None  # one row of a fused [E, ...] tensor, whole on this rank
-                shapes = [self._hf_shapes[name][1:] if expert else self._hf_shapes[name] for name in slot.hf]
+                shapes = [self.hf_shapes[name][1:] if expert else self.hf_shapes[name] for name in slot.hf]
                 wanted = (
                     [None] * len(slot.hf)
                     if cuts_of is None or expert
-                    else [cuts_of(name, tuple(self._hf_shapes[name]))[me] for name in slot.hf]
+                    else [cuts_of(name, tuple(self.hf_shapes[name]))[me] for name in slot.hf]
                 )
                 held = convert.tp_cuts(slot, shapes, self.layout.tp_rank, self.layout.tp_size)
                 if stage == self.layout.pp_rank:
                     shard = self.chunks[chunk].get_parameter(slot.megatron).detach()
-                    adapters = self._adapters[chunk].get(slot.megatron) if self._adapters else None
+                    adapters = self.adapters[chunk].get(slot.megatron) if self.adapters else None
                     if adapters is not None:  # LoRA: the adapters folded into this shard (lora.py)
                         shard = shard + adapters.delta().to(shard.dtype)
                     if expert:
@@ -124,7 +146,7 @@ class WeightsOut:
                 for name, tensor, cut in zip(slot.hf, full, wanted, strict=True):
                     if name not in yielded:  # the last stage's copy of a tied embedding
                         yielded.add(name)
-                        yield name, tensor, cut, torch.Size(self._hf_shapes[name])
+                        yield name, tensor, cut, torch.Size(self.hf_shapes[name])
 
     def _gather_tp(self, slot: convert.Slot, shard: Tensor) -> list[Tensor]:
         if slot.kind == "rep":
@@ -137,7 +159,7 @@ class WeightsOut:
 
     def export_hf(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
         """A Hugging Face folder in `path` (global rank 0 writes; every rank must call)."""
-        dtype = dtype or hf_io.export_dtype(self.config)
+        dtype = dtype or hf_io.export_dtype(self.hf_config)
         writer = dist.get_rank() == 0
         with self.on_device():  # on a CPU device the tensors below may be the parameters themselves
             state = {
@@ -146,9 +168,9 @@ class WeightsOut:
                 if writer
             }
             if writer:
-                config = type(self.config).from_dict(self._export_config)
+                config = type(self.hf_config).from_dict(self.export_config)
                 hf_io.save_folder(
-                    self._hf_class, config, state, path, dtype=dtype, source_path=self.model_path
+                    self.hf_class, config, state, path, dtype=dtype, source_path=self.model_path
                 )
         dist.barrier()
 
