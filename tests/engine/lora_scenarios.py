@@ -12,6 +12,7 @@ import torch.distributed as dist
 
 from tandem.config.schema import LoraConfig
 from tandem.engine.fsdp import lora as lora_layers
+from tandem.engine.fsdp.weights import full_tensor
 
 from .fsdp_scenarios import PROBE_SHARDS, gather_state, logits_fn, make_engine, rollout_batch, shard, train
 
@@ -20,7 +21,7 @@ LORA = LoraConfig(rank=4, alpha=8.0)
 
 def raw_state(engine) -> dict[str, torch.Tensor] | None:
     """Every parameter under its in-engine name (base_layer, lora_A / lora_B), full; rank 0 keeps it."""
-    state = {name: engine._full(p).clone() for name, p in engine.model.named_parameters()}
+    state = {name: full_tensor(p, engine.device).clone() for name, p in engine.model.named_parameters()}
     return state if engine.rank == 0 else None
 
 

@@ -16,6 +16,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from tandem.config.schema import ActorLoraConfig, LoraConfig
+from tandem.engine.fsdp.weights import full_tensor
 
 from .fsdp_scenarios import logits_fn, make_engine, rollout_batch, train
 
@@ -115,9 +116,9 @@ def test_excluded_modules_get_no_adapter_and_do_not_move(one_rank):
     assert adapted and not [n for n in adapted if n.startswith("model.layers.0.") or n.endswith("o_proj")]
     layers = engine.config.num_hidden_layers
     assert len(adapted) == (layers - 1) * 6  # q, k, v, gate, up, down of every layer but the first
-    before = {name: engine._full(p).clone() for name, p in engine.model.named_parameters()}
+    before = {name: full_tensor(p, engine.device).clone() for name, p in engine.model.named_parameters()}
     train(engine, "lm", rollout_batch(6, seed=2), 1, 0)
-    after = {name: engine._full(p) for name, p in engine.model.named_parameters()}
+    after = {name: full_tensor(p, engine.device) for name, p in engine.model.named_parameters()}
     moved = {name for name in before if not torch.equal(before[name], after[name])}
     assert moved and all("lora_B" in n or "lora_A" in n for n in moved)
     assert not [n for n in after if ("layers.0." in n or "o_proj" in n) and ".lora_" in n]
@@ -147,16 +148,16 @@ def test_a_frozen_vision_tower_gets_no_gradient_nor_optimizer_state_and_still_sy
     params = dict(engine.model.named_parameters())
     tower = {name for name in params if name.startswith("model.visual.")}
     assert tower and len(tower) < len(params)
-    before = {name: engine._full(p).clone() for name, p in params.items()}
+    before = {name: full_tensor(p, engine.device).clone() for name, p in params.items()}
     batch = vs.prompt_batch(vlm_path).select(*vs.INPUTS)  # rows 0 and 2 hold an image
     assert engine.train_step(batch, vs.nll, 2).grad_norm > 0
     in_optimizer = {id(p) for group in engine.optimizer.param_groups for p in group["params"]}
     for name in tower:
         assert not params[name].requires_grad and params[name].grad is None, name
         assert id(params[name]) not in in_optimizer and params[name] not in engine.optimizer.state, name
-        assert torch.equal(engine._full(params[name]), before[name]), name
+        assert torch.equal(full_tensor(params[name], engine.device), before[name]), name
     # every weight of the language model moved (its embeddings of the unused ids too: AdamW's weight decay)
-    moved = {n for n in params if not torch.equal(engine._full(params[n]), before[n])}
+    moved = {n for n in params if not torch.equal(full_tensor(params[n], engine.device), before[n])}
     assert moved == set(params) - tower
     # the rollout's weights (what a sync streams): every tensor of the model, the tower's as transformers reads the
     # folder's

@@ -8,8 +8,9 @@ build the same model on the meta device; every decoder layer and then the root a
 `fully_shard`-ed and the full state dict is broadcast from rank 0 into the shards. Buffers
 (which FSDP does not shard) are broadcast from rank 0 as well: that is what gives the ranks
 that started on the meta device their rotary `inv_freq` (non-persistent, so in no state dict).
-The construction, compile and start-up probes: build.py; weights out: weights.py; checkpoints and
-offload: state.py.
+The construction, compile and start-up probes are functions of build.py over explicit arguments (the
+engine's `BuildFacts`, its model call); weights out (weights.py `WeightsOut`), checkpoints and offload (state.py
+`Checkpoints`, `HostOffload`) are parts the engine builds once over explicit arguments and delegates to.
 
 Collectives. FSDP all-gathers parameters in every forward and reduce-scatters gradients in
 every backward, so all ranks must run the same number of passes. `forward` / `train_step`
@@ -27,7 +28,9 @@ from __future__ import annotations
 import logging
 import math
 from collections import defaultdict
+from collections.abc import Callable, Iterator
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -53,10 +56,18 @@ from tandem.engine.base import (
     pad_micro_batch,
     strategy_param_dtype,
 )
-from tandem.engine.fsdp.build import ModelBuild, compile_layers_wanted
+from tandem.engine.fsdp.build import (
+    BuildFacts,
+    build_model,
+    chunked_head_works,
+    compile_layers,
+    compile_layers_wanted,
+    offload_policy,
+    packing_works,
+)
 from tandem.engine.fsdp.lora import WithoutAdapter
 from tandem.engine.fsdp.lora import enabled as lora_enabled
-from tandem.engine.fsdp.state import CheckpointAndOffload
+from tandem.engine.fsdp.state import Checkpoints, HostOffload
 from tandem.engine.fsdp.ulysses import (
     check_heads,
     scale_grad,
@@ -78,11 +89,12 @@ from tandem.engine.micro import (
 from tandem.engine.optim import build_optimizer, build_scheduler
 from tandem.models.config_overrides import apply_overrides
 from tandem.models.model_type import is_vision_language
+from tandem.models.tp_cuts import Cut
 
 logger = logging.getLogger(__name__)
 
 
-class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
+class FSDPEngine(TrainEngine):
     """One Hugging Face model (+ AdamW when `optim` is given) sharded with FSDP2.
 
     Master weights, gradients and optimizer state are float32; forward / backward run in the
@@ -113,8 +125,6 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         self.dp_size = self.world_size // sp_size
         self.grad_clip = spec.grad_clip
         self.global_step = 0  # optimizer steps taken (or skipped); for logs and checkpoints
-        self._offloaded: list[tuple[dict, str]] = []  # optimizer-state entries moved by offload()
-        self._is_offloaded = False
         self.param_dtype = strategy_param_dtype("fsdp", fsdp, spec.megatron, self.device)
         if (
             fsdp.param_dtype == "auto"
@@ -139,7 +149,7 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
         apply_overrides(config, spec.override_config, spec.override_key)
         if self.sp is not None:
             check_heads(config, self.sp.size)
-        self._export_config = config.to_dict()  # as the user wrote it (dropout included), for export_hf
+        export_config = config.to_dict()  # as the user wrote it (dropout included), for export_hf
         hf_io.disable_dropout(config)
         config.use_cache = False
         self.config = config
@@ -164,28 +174,45 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
                 "actor.freeze_vision_tower=true: %s is a text model, no vision tower to freeze",
                 self.model_path,
             )
-        offload = self._offload_policy(fsdp.cpu_offload)
-        self._cpu_offload = offload is not None
-        self.model, self._hf_class, state_keys = self._build_model(
+        # what the build, the start-up probes and the weights out read of this engine (build.py)
+        facts = BuildFacts(
+            model_path=self.model_path,
+            head=head,
+            config=config,
+            rank=self.rank,
+            world_size=self.world_size,
+            device=self.device,
+            param_dtype=self.param_dtype,
+            vocab_size=self.vocab_size,
+        )
+        offload = offload_policy(fsdp.cpu_offload, self.device)
+        self.model, hf_class, state_keys = build_model(
+            facts,
             fsdp,
+            self.lora,
             offload,
             spec.activation_checkpointing,
             spec.seed,
             spec.freeze_vision_tower and vision_language,
         )
-        self._state_keys = set(state_keys)  # the HF state_dict's names: what state_dict_iter yields
         # actor.router_replay: the routers' choices recorded / replayed through the batch (engine/router_replay.py)
         self._routes = self._route_hooks(config, vision_language) if spec.router_replay else None
         # image inputs, and the vision tower on every rank in every forward (engine/fsdp/vision.py)
         self._vision = VisionTower(self.model) if vision_language else None
+        # weights out; the HF state_dict's names are what state_dict_iter yields
+        self._weights = WeightsOut(
+            self.model, facts, self.lora, set(state_keys), self._vision, hf_class, export_config
+        )
         if self.packing:
-            self.packing = self._packing_works()
+            self.packing = packing_works(self.model, self._model_forward, facts, hf_class)
         # fsdp.lm_head_chunk_tokens: the LM head a chunk at a time from the hidden states (engine/lm_head.py)
         self.lm_head_chunk = (
             chunk_tokens(fsdp.lm_head_chunk_tokens, self.vocab_size, self.device) if head == "lm" else None
         )
         self.lm_head_compiled = False  # the probe below runs eager
-        if self.lm_head_chunk is not None and not self._chunked_head_works():
+        if self.lm_head_chunk is not None and not chunked_head_works(
+            self.model, self._model_forward, facts, self.lm_head_chunk, hf_class
+        ):
             self.lm_head_chunk = None
         # fsdp.lm_head_compile: each chunk's arithmetic compiled and warmed up now (engine/lm_head.py), or None
         head_seconds = (
@@ -203,9 +230,21 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
             # the trained weights only: all of them, or the adapters under actor.lora; not a frozen vision tower
             self.optimizer = build_optimizer([p for p in self.model.parameters() if p.requires_grad], optim)
             self.scheduler = build_scheduler(self.optimizer, optim, spec.total_training_steps)
+        self._checkpoints = Checkpoints(
+            self.model, self.optimizer, self.scheduler, self.lora is not None, self.rank
+        )
+        self._host = HostOffload(self.model, self.optimizer, self.device, offload is not None)
         # start-up compiles (fsdp.torch_compile, fsdp.lm_head_compile), warmed up and timed here, not in a step
         layer_seconds = (
-            self._compile_layers(fsdp.torch_compile)
+            compile_layers(
+                fsdp.torch_compile,
+                self.model,
+                self._model_forward,
+                facts,
+                hf_class,
+                self.optimizer is not None,
+                self.packing and self.varlen,
+            )
             if compile_layers_wanted(fsdp.torch_compile, self.device, fsdp.sequence_parallel)
             else None
         )
@@ -334,6 +373,49 @@ class FSDPEngine(ModelBuild, WeightsOut, CheckpointAndOffload, TrainEngine):
             raise RuntimeError("scheduler_step on a frozen engine (built with optim=None)")
         self.scheduler.step()
         return float(self.optimizer.param_groups[0]["lr"])
+
+    # ------------------------------------------------------------------ weights out (weights.py's WeightsOut)
+    def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
+        return self._weights.state_dict_iter()
+
+    def state_dict_cuts(
+        self, cuts_of: Callable[[str, tuple[int, ...]], list[Cut | None]]
+    ) -> Iterator[tuple[str, Tensor, Cut | None, torch.Size]]:
+        return self._weights.state_dict_cuts(cuts_of)
+
+    def adapter_state(self) -> dict[str, Tensor]:
+        return self._weights.adapter_state()
+
+    def save_adapter(self, path: str | Path) -> int:
+        return self._weights.save_adapter(path)
+
+    def vision_adapters(self) -> list[str]:
+        return self._weights.vision_adapters()
+
+    def expert_adapters(self) -> list[str]:
+        return self._weights.expert_adapters()
+
+    def export_hf(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
+        self._weights.export_hf(path, dtype)
+
+    # ------------------------------------------------------------------ checkpoints, offload (state.py's parts)
+    def save(self, path: str | Path) -> None:
+        self._checkpoints.save(path, self.global_step)
+
+    def load(self, path: str | Path, weights_only: bool = False) -> None:
+        step = self._checkpoints.load(path, weights_only)
+        if step is not None:  # the weights alone leave the step and the schedule this engine's
+            self.global_step = step
+
+    def offload(self) -> None:
+        self._host.offload()
+
+    def onload(self) -> None:
+        self._host.onload()
+
+    @property
+    def _is_offloaded(self) -> bool:  # what base.py's _check_onloaded reads
+        return self._host.offloaded
 
     # ------------------------------------------------------------------ pre-flight, LoRA's reference policy
     @staticmethod

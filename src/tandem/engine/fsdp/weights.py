@@ -2,15 +2,15 @@
 rank's cut for a tensor-parallel rollout (`state_dict_cuts`, engine/fsdp/reshard.py), the adapters alone
 (`adapter_state`) and a Hugging Face folder (`export_hf`).
 
-`WeightsOut` is a part of `FSDPEngine` (engine.py), kept apart for length: what it reads of the engine is
-`WeightsHost` (checked by tests/engine/test_host_contracts.py)."""
+`WeightsOut` is a part `FSDPEngine` (engine.py) builds once its model is built, over explicit arguments: it
+reads nothing of the engine, which delegates these calls to it."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from itertools import chain
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -19,34 +19,51 @@ from torch.distributed.tensor import DTensor, Shard
 
 from tandem.config.schema import LoraConfig
 from tandem.engine import hf_io
-from tandem.engine.base import Head
 from tandem.engine.fsdp import lora as lora_layers
 from tandem.engine.fsdp import reshard
+from tandem.engine.fsdp.build import BuildFacts
 from tandem.engine.fsdp.vision import VisionTower
 from tandem.models.tp_cuts import Cut
 
 ADAPTER_FOLDER = "lora_adapter"  # an export's PEFT adapter folder, inside the merged model's folder
 
 
-class WeightsHost(Protocol):
-    """What `WeightsOut` reads of the FSDPEngine it is part of."""
-
-    model: torch.nn.Module
-    rank: int
-    device: torch.device
-    lora: LoraConfig | None
-    head: Head
-    config: Any  # the model's Hugging Face config
-    model_path: str
-    _state_keys: set[str]  # the HF state_dict's names
-    _vision: VisionTower | None
-    _hf_class: type
-    _export_config: dict[str, Any]  # the config as the user wrote it
+def full_tensor(tensor: Tensor, device: torch.device) -> Tensor:
+    """A full local tensor of a parameter or buffer (a collective for a sharded one), gathered on `device`."""
+    if isinstance(tensor, DTensor):
+        if tensor.device != device:  # CPU-offloaded shards: gather on the compute device
+            tensor = tensor.to(device)
+        tensor = tensor.full_tensor()
+    return tensor.detach()
 
 
 class WeightsOut:
     """state_dict_iter / state_dict_cuts / adapter_state / save_adapter / vision_adapters / expert_adapters /
-    export_hf of an FSDPEngine."""
+    export_hf of an FSDPEngine's sharded model.
+
+    Args: `model` the sharded model; `facts` the engine's build facts (rank, device, head, config, folder);
+    `lora` actor.lora when adapters train, else None; `state_keys` the HF state_dict's names (what
+    state_dict_iter yields); `vision` the vision tower of a vision-language model, else None; `hf_class` the
+    model's Hugging Face class (export writes it, not FSDP2's subclass); `export_config` the config as the user
+    wrote it (dropout included)."""
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        facts: BuildFacts,
+        lora: LoraConfig | None,
+        state_keys: set[str],
+        vision: VisionTower | None,
+        hf_class: type,
+        export_config: dict[str, Any],
+    ) -> None:
+        self.model = model
+        self.facts = facts
+        self.lora = lora
+        self.state_keys = state_keys
+        self.vision = vision
+        self.hf_class = hf_class
+        self.export_config = export_config
 
     @torch.no_grad()
     def state_dict_iter(self) -> Iterator[tuple[str, Tensor]]:
@@ -76,7 +93,7 @@ class WeightsOut:
             )
         for name, tensor in self._named_state():
             every = cuts_of(name, tuple(tensor.shape))
-            mine = every[self.rank]
+            mine = every[self.facts.rank]
             if not isinstance(tensor, DTensor):
                 piece = (
                     tensor.detach()
@@ -91,7 +108,10 @@ class WeightsOut:
                         f"state_dict_cuts: {name} is laid out {tensor.placements}, not FSDP2's Shard(0)"
                     )
                 piece = reshard.gather_cut(
-                    tensor.to_local().to(self.device), tensor.shape, every, tensor.device_mesh.get_group()
+                    tensor.to_local().to(self.facts.device),
+                    tensor.shape,
+                    every,
+                    tensor.device_mesh.get_group(),
                 )
             yield name, piece, mine, tensor.shape
 
@@ -99,7 +119,7 @@ class WeightsOut:
         """The parameters (tied duplicates once) and persistent buffers, the checkpoint's tensors."""
         params = self.model.named_parameters()  # drops tied duplicates
         # non-persistent buffers (rotary inv_freq) are not part of a checkpoint
-        return ((n, t) for n, t in chain(params, self.model.named_buffers()) if n in self._state_keys)
+        return ((n, t) for n, t in chain(params, self.model.named_buffers()) if n in self.state_keys)
 
     @torch.no_grad()
     def adapter_state(self) -> dict[str, Tensor]:
@@ -113,14 +133,14 @@ class WeightsOut:
         """actor.lora's adapters as a PEFT adapter folder in `path`, written by every rank (collective: each rank
         gathers them all; give each its own folder). Returns the adapters' size in bytes."""
         adapters = self.adapter_state()
-        lora_layers.save_adapter(path, self.lora, adapters, self.model_path)
+        lora_layers.save_adapter(path, self.lora, adapters, self.facts.model_path)
         return sum(t.numel() * t.element_size() for t in adapters.values())
 
     def vision_adapters(self) -> list[str]:
         """The LoRA layers inside a vision-language model's vision tower (none for a text model)."""
-        if self._vision is None or self.lora is None:
+        if self.vision is None or self.lora is None:
             return []
-        tower = {id(module) for module in self._vision.visual.modules()}
+        tower = {id(module) for module in self.vision.visual.modules()}
         return [name for name, layer in lora_layers.lora_layers(self.model).items() if id(layer) in tower]
 
     def expert_adapters(self) -> list[str]:
@@ -129,12 +149,8 @@ class WeightsOut:
         return lora_layers.fused_adapters(self.model) if self.lora is not None else []
 
     def _full(self, tensor: Tensor) -> Tensor:
-        """A full local tensor of a parameter or buffer (a collective for a sharded one)."""
-        if isinstance(tensor, DTensor):
-            if tensor.device != self.device:  # CPU-offloaded shards: gather on the compute device
-                tensor = tensor.to(self.device)
-            tensor = tensor.full_tensor()
-        return tensor.detach()
+        """`full_tensor` on this engine's compute device."""
+        return full_tensor(tensor, self.facts.device)
 
     def export_hf(self, path: str | Path, dtype: torch.dtype | None = None) -> None:
         """A Hugging Face folder in `path` (rank 0 writes; every rank must call).
@@ -142,16 +158,22 @@ class WeightsOut:
         Weights are written in `dtype`, by default the dtype the source folder declares, with
         the source's config (dropout as the user had it) and its tokenizer / generation files.
         A "value" engine writes a token-classification model with one label."""
-        dtype = dtype or hf_io.export_dtype(self.config)
+        dtype = dtype or hf_io.export_dtype(self.facts.config)
         state: dict[str, Tensor] = {}
         for name, tensor in self.state_dict_iter():
-            if self.rank == 0:
+            if self.facts.rank == 0:
                 state[name] = tensor.to("cpu", dtype=dtype if tensor.is_floating_point() else tensor.dtype)
-        if self.rank == 0:
-            config = type(self.config).from_dict(self._export_config)
-            hf_io.save_folder(self._hf_class, config, state, path, dtype=dtype, source_path=self.model_path)
-        if self.lora is not None and self.head == "lm":  # and the adapters alone, as PEFT saves them, inside
+        if self.facts.rank == 0:
+            config = type(self.facts.config).from_dict(self.export_config)
+            hf_io.save_folder(
+                self.hf_class, config, state, path, dtype=dtype, source_path=self.facts.model_path
+            )
+        if (
+            self.lora is not None and self.facts.head == "lm"
+        ):  # and the adapters alone, as PEFT saves them, inside
             adapters = self.adapter_state()
-            if self.rank == 0:
-                lora_layers.save_adapter(Path(path) / ADAPTER_FOLDER, self.lora, adapters, self.model_path)
+            if self.facts.rank == 0:
+                lora_layers.save_adapter(
+                    Path(path) / ADAPTER_FOLDER, self.lora, adapters, self.facts.model_path
+                )
         dist.barrier()
