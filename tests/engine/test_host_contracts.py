@@ -1,44 +1,36 @@
-"""Each engine mixin's host contract (a `typing.Protocol` in the mixin's module) is what the mixin reads of its
-engine, and the engine provides all of it; a part built over explicit arguments (megatron's `PipelineSchedule`)
-reads nothing but what its constructor sets, and the engine is not one of its subclasses. Read from the source
-with `ast` and from the classes (nothing is built, megatron-core is not imported)."""
+"""The engines hold their parts and inherit none of them. Construction, weights out, checkpoints and offload, and
+megatron's pipeline schedule are functions over explicit arguments or classes the engine builds and holds. Every
+such class in engine/ (each class that extends nothing, but dataclasses) reads through `self` only its own
+members and what its constructor sets, and assigns nothing else; an engine reads only its members, what its
+constructor sets and what the engine face (TrainEngine) declares. So no part reads an attribute of the engine
+that nobody declared. No `typing.Protocol` host contract is
+left in engine/ (there is no host to describe). Read from the source with `ast` and from the classes: nothing is
+built, megatron-core is not imported."""
 
 from __future__ import annotations
 
 import ast
 import dataclasses
 import inspect
+import pathlib
 import textwrap
 
 import pytest
 
-from tandem.engine.fsdp import build as fsdp_build
-from tandem.engine.fsdp import state as fsdp_state
-from tandem.engine.fsdp import weights as fsdp_weights
+import tandem.engine
+from tandem.engine.base import TrainEngine
 from tandem.engine.fsdp.engine import FSDPEngine
-from tandem.engine.megatron import build as megatron_build
-from tandem.engine.megatron import schedule as megatron_schedule
-from tandem.engine.megatron import state as megatron_state
-from tandem.engine.megatron import weights as megatron_weights
+from tandem.engine.fsdp.lora import WithoutAdapter
 from tandem.engine.megatron.engine import MegatronEngine
 from tandem.engine.megatron.parallel import ParallelLayout
 
-CONTRACTS = [
-    (FSDPEngine, fsdp_build.ModelBuild, fsdp_build.BuildHost),
-    (FSDPEngine, fsdp_weights.WeightsOut, fsdp_weights.WeightsHost),
-    (FSDPEngine, fsdp_state.CheckpointAndOffload, fsdp_state.StateHost),
-    (MegatronEngine, megatron_build.ModelBuild, megatron_build.BuildHost),
-    (MegatronEngine, megatron_weights.WeightsOut, megatron_weights.WeightsHost),
-    (MegatronEngine, megatron_state.Checkpoints, megatron_state.CheckpointHost),
-]
-IDS = [f"{engine.__name__}-{mixin.__name__}" for engine, mixin, _ in CONTRACTS]
-# parts an engine builds over explicit arguments and holds (engine, the part's class)
-PARTS = [(MegatronEngine, megatron_schedule.PipelineSchedule)]
+ENGINES = [FSDPEngine, MegatronEngine, WithoutAdapter]
+ENGINE_ROOT = pathlib.Path(tandem.engine.__file__).parent
 
 
 def _self_attributes(code: object) -> tuple[set[str], set[str]]:
     """(names a class's methods, or a function, read through `self`, names they assign through `self`)."""
-    tree = ast.parse(textwrap.dedent(inspect.getsource(code)))
+    tree = code if isinstance(code, ast.AST) else ast.parse(textwrap.dedent(inspect.getsource(code)))
     reads, writes = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
@@ -46,52 +38,111 @@ def _self_attributes(code: object) -> tuple[set[str], set[str]]:
     return reads, writes
 
 
-def _members(protocol: type) -> set[str]:
-    """A Protocol's attributes (annotations) and methods, those of the Protocols it extends included."""
-    names: set[str] = set()
-    for cls in protocol.__mro__:
-        if cls.__module__.startswith("tandem."):
-            names |= set(vars(cls).get("__annotations__", {}))
-            names |= {
-                name for name, value in vars(cls).items() if callable(value) and not name.startswith("__")
-            }
-    return names
+def _is_value(node: ast.ClassDef) -> bool:
+    """A dataclass: a value its fields describe, not a part with behaviour over state."""
+    return any("dataclass" in ast.unparse(decorator) for decorator in node.decorator_list)
 
 
-def _provided(engine: type) -> set[str]:
-    """What an engine instance has: the attributes and methods of its classes, the names they annotate, and
-    every `self.x = ...` in their methods."""
-    names = set(dir(engine))
-    for cls in engine.__mro__[:-1]:  # not `object`
-        names |= set(vars(cls).get("__annotations__", {}))
-        if cls.__module__ != "abc":
-            names |= _self_attributes(cls)[1]
-    return names
+def _part_nodes() -> list[tuple[str, ast.ClassDef]]:
+    """Every class in engine/ that extends nothing (no engine face, no library class, no Protocol) and is not a
+    dataclass: the engines' parts and helpers, as (file, class), read from the source."""
+    found = []
+    for path in sorted(ENGINE_ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (
+                isinstance(node, ast.ClassDef)
+                and all(ast.unparse(base) == "object" for base in node.bases)
+                and not _is_value(node)
+            ):
+                found.append((str(path.relative_to(ENGINE_ROOT)), node))
+    return found
 
 
-@pytest.mark.parametrize(("engine", "mixin", "host"), CONTRACTS, ids=IDS)
-def test_the_protocol_lists_what_the_mixin_reads(engine, mixin, host):
-    reads, writes = _self_attributes(mixin)
-    own = set(vars(mixin))  # the mixin's own methods
-    wanted = reads - own - writes  # what the mixin takes from its host: state it does not set itself
-    members = _members(host)
-    assert wanted - members == set(), f"{mixin.__name__} reads these, missing from {host.__name__}"
-    assert members - (reads | writes) == set(), f"{host.__name__} lists these, {mixin.__name__} reads none"
+def _check_part(node: ast.ClassDef) -> list[str]:
+    """What is wrong with a class as a part: attributes it reads that no one gave it, state it keeps that its
+    constructor does not set."""
+    members = {
+        item.name for item in node.body if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef))
+    } | {
+        target.id
+        for item in node.body
+        for target in (item.targets if isinstance(item, ast.Assign) else [getattr(item, "target", None)])
+        if isinstance(item, (ast.Assign, ast.AnnAssign))
+        and isinstance(target, ast.Name)
+        and (isinstance(item, ast.Assign) or item.value is not None)
+    }
+    constructor = [
+        item for item in node.body if isinstance(item, ast.FunctionDef) and item.name == "__init__"
+    ]
+    set_in_init = _self_attributes(constructor[0])[1] if constructor else set()
+    reads, writes = _self_attributes(node)
+    problems = []
+    if unknown := reads - members - set_in_init:
+        problems.append(f"{node.name} reads attributes no one gave it: {sorted(unknown)}")
+    if kept := writes - set_in_init:
+        problems.append(f"{node.name} keeps state its constructor does not set: {sorted(kept)}")
+    return problems
 
 
-@pytest.mark.parametrize(("engine", "mixin", "host"), CONTRACTS, ids=IDS)
-def test_the_engine_provides_its_mixins_hosts(engine, mixin, host):
-    assert issubclass(engine, mixin)
-    assert _members(host) - _provided(engine) == set(), f"{engine.__name__} lacks these of {host.__name__}"
+def _parse_class(cls: type) -> ast.ClassDef:
+    return ast.parse(textwrap.dedent(inspect.getsource(cls))).body[0]
 
 
-@pytest.mark.parametrize(("engine", "part"), PARTS, ids=[part.__name__ for _, part in PARTS])
-def test_a_part_reads_only_what_its_constructor_sets(engine, part):
-    reads, writes = _self_attributes(part)
-    assert not issubclass(engine, part), f"{part.__name__} is a part {engine.__name__} holds, not a base"
-    set_in_init = _self_attributes(part.__init__)[1]
-    assert writes == set_in_init, f"{part.__name__} keeps state it does not take in its constructor"
-    assert reads - set(vars(part)) - set_in_init == set(), f"{part.__name__} reads attributes no one gave it"
+PARTS = _part_nodes()
+
+
+def _engine_problems(engine: type) -> list[str]:
+    """An engine's methods read only its members, what its constructors set and what the engine face declares
+    (TrainEngine's annotations), and keep no state their constructors do not set."""
+    ours = [cls for cls in engine.__mro__ if cls.__module__.startswith("tandem.")]
+    declared = set(dir(engine)) | {name for cls in ours for name in vars(cls).get("__annotations__", {})}
+    set_in_init = {
+        name for cls in ours if "__init__" in vars(cls) for name in _self_attributes(vars(cls)["__init__"])[1]
+    }
+    reads, writes = set(), set()
+    for cls in ours:
+        cls_reads, cls_writes = _self_attributes(_parse_class(cls))
+        reads, writes = reads | cls_reads, writes | cls_writes
+    problems = []
+    if unknown := reads - declared - set_in_init:
+        problems.append(f"{engine.__name__} reads attributes no one declared: {sorted(unknown)}")
+    if kept := writes - declared - set_in_init:
+        problems.append(f"{engine.__name__} keeps state its constructor does not set: {sorted(kept)}")
+    return problems
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["fsdp/weights.py", "fsdp/state.py", "megatron/weights.py", "megatron/state.py", "megatron/schedule.py"],
+)
+def test_the_former_mixins_are_parts(path):
+    """Weights out, checkpoints and offload, and megatron's schedule: classes the engine builds and holds."""
+    assert [node.name for file, node in PARTS if file == path]
+
+
+@pytest.mark.parametrize("engine", ENGINES, ids=[engine.__name__ for engine in ENGINES])
+def test_an_engine_inherits_only_the_engine_face(engine):
+    assert engine.__bases__ == (TrainEngine,)
+    assert _engine_problems(engine) == []
+
+
+@pytest.mark.parametrize(
+    "part", [node for _, node in PARTS], ids=[f"{file}:{node.name}" for file, node in PARTS]
+)
+def test_a_part_reads_only_what_its_constructor_sets(part):
+    assert _check_part(part) == []
+
+
+def test_no_host_protocol_is_left_in_engine():
+    """A `typing.Protocol` in engine/ would describe a host some mixin reads: there is none."""
+    protocols = []
+    for path in sorted(ENGINE_ROOT.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ClassDef) and any(
+                ast.unparse(base).split(".")[-1] == "Protocol" for base in node.bases
+            ):
+                protocols.append(f"{path.relative_to(ENGINE_ROOT)}:{node.name}")
+    assert protocols == []
 
 
 def test_the_parallel_layout_is_a_frozen_value():
@@ -104,14 +155,40 @@ def test_the_parallel_layout_is_a_frozen_value():
         layout.tp_rank = 3
 
 
-def test_the_check_sees_a_missing_attribute():
-    class Host:
-        def __init__(self) -> None:
-            self.rank = 0
+def test_the_check_sees_an_undeclared_read_and_kept_state():
+    source = textwrap.dedent(
+        """
+        class Reader:
+            def __init__(self, rank):
+                self.rank = rank
 
-    class Mixin:
-        def where(self) -> int:
-            return self.rank + self.world_size
+            def where(self):
+                return self.rank + self.world_size  # world_size: nobody gave it
 
-    assert _self_attributes(Mixin)[0] - set(vars(Mixin)) == {"rank", "world_size"}
-    assert {"rank", "world_size"} - _provided(Host) == {"world_size"}
+        class Keeper:
+            def __init__(self):
+                self.step = 0
+
+            def advance(self):
+                self.step += 1
+                self.last = self.step  # state the constructor does not set
+
+        class Good:
+            limit: int = 3
+
+            def __init__(self, rank):
+                self.rank = rank
+                self.calls = 0
+
+            def where(self):
+                self.calls += 1
+                return self.rank + self.offset() + self.limit
+
+            def offset(self):
+                return 1
+        """
+    )
+    reader, keeper, good = ast.parse(source).body
+    assert _check_part(reader) == ["Reader reads attributes no one gave it: ['world_size']"]
+    assert _check_part(keeper) == ["Keeper keeps state its constructor does not set: ['last']"]
+    assert _check_part(good) == []
