@@ -1,8 +1,9 @@
 """What each spawned rank does in the megatron LoRA tests (tests/engine/test_megatron_lora.py): a megatron engine
 with adapters of rank 4 on every linear of the tiny model (TP = world size, no data parallel) takes two steps of
 the real actor's loss and writes its adapters as a PEFT folder (the 2-rank run also saves and resumes); the 1-rank
-run then does the same on the FSDP2 engine, whose adapters start from the same draw. Each rank writes
-`rank{r}.pt`."""
+run then does the same on the FSDP2 engine, whose adapters start from the same draw. The 2-rank run then takes
+the same two steps in the other 2-rank layouts (`LAYOUTS`: sequence parallel, pipeline, virtual pipeline), each in
+the same processes, megatron's parallel state rebuilt between them. Each rank writes `rank{r}.pt`."""
 
 from __future__ import annotations
 
@@ -22,6 +23,12 @@ from . import megatron_scenarios as sc
 from .ranks import start_ranks
 
 LORA = LoraConfig(rank=4, alpha=8.0, init_a="kaiming")  # one draw on both engines (auto: xavier on megatron)
+# the 2-rank run's other layouts, after TP=2: name -> megatron settings (the tiny model has 4 layers)
+LAYOUTS = {
+    "tp2sp": MegatronConfig(tensor_parallel=2, sequence_parallel=True),
+    "pp2": MegatronConfig(pipeline_parallel=2),
+    "pp2vp2": MegatronConfig(pipeline_parallel=2, virtual_pipeline=2),  # 2 chunks of 1 layer per stage
+}
 
 
 def frozen(engine) -> dict[str, torch.Tensor]:
@@ -35,7 +42,7 @@ def frozen(engine) -> dict[str, torch.Tensor]:
     }
 
 
-def make_engine(strategy: str, model_path: str, tp: int):
+def make_engine(strategy: str, model_path: str, parallel: MegatronConfig):
     """megatron_scenarios' engine with LoRA; FSDP2 in float32 as megatron computes on a CPU (its "auto" may pick
     bfloat16 on a CPU with fast bf16 matmuls)."""
     return build_engine(
@@ -46,7 +53,7 @@ def make_engine(strategy: str, model_path: str, tp: int):
             device=torch.device("cpu"),
             optim=sc.OPTIM,
             fsdp=FSDPConfig(param_dtype="float32"),
-            megatron=MegatronConfig(tensor_parallel=tp),
+            megatron=parallel,
             grad_clip=sc.GRAD_CLIP,
             total_training_steps=sc.TOTAL_STEPS,
             packing=True,
@@ -61,10 +68,16 @@ def adapters(engine) -> dict[str, torch.Tensor]:
 
 
 def record(
-    strategy: str, tp: int, paths: tuple[str, str], out: Path, rank: int, resume: bool = False
+    strategy: str,
+    parallel: MegatronConfig,
+    paths: tuple[str, str],
+    out: Path,
+    rank: int,
+    resume: bool = False,
+    name: str = "",
 ) -> dict:
     cfg = sc.role_config(*paths)
-    engine = make_engine(strategy, cfg.actor.model_path, tp)
+    engine = make_engine(strategy, cfg.actor.model_path, parallel)
     actor = Actor(engine, cfg)
     batch, later = sc.rollout_batch(), sc.rollout_batch(seed=1)
     probe = batch.select(*MODEL_INPUTS)
@@ -80,6 +93,9 @@ def record(
         "adapters0": adapters(engine),
         "base0": frozen(engine),
     }
+    if strategy == "megatron":  # the layout built: (PP, sequence parallel, each chunk's layers)
+        layout = engine.layout
+        result["built"] = (layout.pp_size, layout.sequence_parallel, [len(c.decoder.layers) for c in models])
     result["step1"] = sc.step(actor, engine, batch)
     engine.scheduler_step()
     result["step2"] = sc.step(actor, engine, later)
@@ -90,12 +106,12 @@ def record(
     result["log_probs2"] = actor.compute_log_probs(batch).tensors.to_dict()
     result["base_logits2"] = engine.without_adapter().forward(probe, logits, 2)["logits"]
     result["base2"] = frozen(engine)
-    result["adapter_bytes"] = engine.save_adapter(out / f"{strategy}-adapter{rank}")
+    result["adapter_bytes"] = engine.save_adapter(out / f"{strategy}{name}-adapter{rank}")
     if resume:  # a checkpoint resumed into a fresh engine takes the continuing engine's step
         engine.save(out / "ckpt")
         result["continued"] = sc.step(actor, engine, batch)
         result["continued_adapters"] = adapters(engine)
-        resumed = make_engine(strategy, cfg.actor.model_path, tp)
+        resumed = make_engine(strategy, cfg.actor.model_path, parallel)
         resumed.load(out / "ckpt")
         result["resumed"] = sc.step(Actor(resumed, cfg), resumed, batch)
         result["resumed_adapters"] = adapters(resumed)
@@ -109,12 +125,36 @@ def worker(rank: int, world: int, init_method: str, paths: tuple[str, str], out_
     torch.set_num_threads(1)
     try:
         out = Path(out_dir)
-        result = {"megatron": record("megatron", world, paths, out, rank, resume=world > 1)}
+        tp = MegatronConfig(tensor_parallel=world)
+        result = {"megatron": record("megatron", tp, paths, out, rank, resume=world > 1)}
         if world == 1:
-            result["fsdp"] = record("fsdp", 1, paths, out, rank)
+            result["fsdp"] = record("fsdp", tp, paths, out, rank)
+        else:
+            result["layouts"] = {}
+            for name, parallel in LAYOUTS.items():
+                _reset_parallel_state(parallel)
+                result["layouts"][name] = record("megatron", parallel, paths, out, rank, name=f"-{name}")
         torch.save(result, out / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()
+
+
+def _reset_parallel_state(parallel: MegatronConfig) -> None:
+    """megatron's parallel state is built once per process (engine/megatron/parallel.py); the next layout's
+    sizes need it built again over the same gloo ranks (no engine of the last layout is used after this)."""
+    import gc
+
+    from megatron.core import parallel_state as ps
+
+    gc.collect()
+    want = (parallel.tensor_parallel, parallel.pipeline_parallel, parallel.virtual_pipeline)
+    have = (
+        ps.get_tensor_model_parallel_world_size(),
+        ps.get_pipeline_model_parallel_world_size(),
+        ps.get_virtual_pipeline_model_parallel_world_size() or 1,
+    )
+    if want != have:
+        ps.destroy_model_parallel()
 
 
 def run(world: int, paths: tuple[str, str], out_dir: Path) -> list[dict]:

@@ -7,7 +7,8 @@ model with B = 0 equals the base model exactly (the adapters add 0) and transfor
 steps the adapters of TP=2 and of FSDP2 are 3e-6 / 2e-6 from TP=1's (asserted 2e-5: Adam's first steps divide
 each gradient element by its own magnitude), log-probs 1e-6 (asserted 1e-5), the merged weights 5e-8 from
 W + (alpha / r) B A (asserted 1e-6); the base weights are bit-equal before and after; a resumed checkpoint takes the
-continuing engine's step exactly.
+continuing engine's step exactly. The same two steps under sequence parallel (TP=2), PP=2 and PP=2 with 2 virtual
+stages (the interleaved schedule) equal TP=1's within the same tolerances.
 """
 
 from __future__ import annotations
@@ -98,6 +99,36 @@ def test_tp2_equals_tp1_and_megatron_equals_fsdp2(runs):
             assert other[step]["loss"] == pytest.approx(m[step]["loss"], rel=TOL)
     # the adapters moved: the comparison above is not of two untrained models
     assert max_diff(m["adapters2"], m["adapters0"]) > 1e-4
+
+
+def test_sequence_parallel_and_pipeline_layouts_equal_tp1(paths, runs):
+    base = load_file(f"{paths[0]}/model.safetensors")
+    m = runs[1]["ranks"][0]["megatron"]
+    built = {"tp2sp": (1, True, [4]), "pp2": (2, False, [2]), "pp2vp2": (2, False, [1, 1])}
+    for name in ls.LAYOUTS:
+        for rank in runs[2]["ranks"]:
+            other = rank["layouts"][name]
+            assert other["built"] == built[name]
+            assert torch.equal(other["logits0"], other["base_logits0"]), name  # B = 0 adds exactly 0
+            assert max_diff(other["adapters0"], m["adapters0"]) == 0, name
+            assert max_diff(other["adapters2"], m["adapters2"]) < 2e-5, name
+            torch.testing.assert_close(
+                other["log_probs2"]["old_log_probs"], m["log_probs2"]["old_log_probs"], rtol=0, atol=TOL
+            )
+            for step in ("step1", "step2"):
+                assert other[step]["grad_norm"] == pytest.approx(m[step]["grad_norm"], rel=TOL), (name, step)
+                assert other[step]["loss"] == pytest.approx(m[step]["loss"], rel=TOL), (name, step)
+            assert all(torch.equal(other["base0"][k], other["base2"][k]) for k in other["base0"])
+        merged, adapters = runs[2]["ranks"][0]["layouts"][name]["merged2"], other["adapters2"]
+        assert merged.keys() == m["merged2"].keys()
+        for key, tensor in merged.items():  # weights out gathers every stage's merged weights
+            module = key.removesuffix(".weight")
+            a = adapters.get(f"base_model.model.{module}.lora_A.weight")
+            b = adapters.get(f"base_model.model.{module}.lora_B.weight")
+            expected = base[key] if a is None else base[key] + SCALE * (b @ a)
+            torch.testing.assert_close(tensor, expected, rtol=0, atol=1e-6, msg=f"{name} {key}")
+        folder = runs[2]["out"] / f"megatron-{name}-adapter0"
+        assert load_file(str(folder / "adapter_model.safetensors")).keys() == m["adapters2"].keys()
 
 
 def test_the_reference_is_the_base_model_after_training(paths, runs):
