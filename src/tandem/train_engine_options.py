@@ -29,7 +29,6 @@ class TrainEngineFacts:
     tensor_parallel_weights: bool  # holds each weight cut over its section's tensor_parallel ranks
     critic_lora: bool  # builds LoRA adapters on the critic (a value head) too, not on the actor alone
     lora_dropout: bool  # dropout on the adapters' input (actor.lora.dropout > 0)
-    expert_lora: bool  # adapters on a mixture-of-experts model's experts
     lora_init_a: str  # how A is drawn with lora.init_a=auto: what verl's LoRA on this engine draws
     dist_checkpoint: bool  # starts from megatron distributed checkpoints (actor.megatron.dist_checkpoint)
     override_config: bool  # applies actor.override_config / critic.override_config to the model's config
@@ -46,7 +45,6 @@ TRAIN_ENGINES: dict[str, TrainEngineFacts] = {
         tensor_parallel_weights=False,
         critic_lora=True,
         lora_dropout=True,
-        expert_lora=True,  # PEFT's fused expert adapters, merged per expert (engine/fsdp/lora.py)
         lora_init_a="kaiming",  # PEFT's default, which verl's FSDP workers keep
         dist_checkpoint=False,
         override_config=True,
@@ -61,7 +59,6 @@ TRAIN_ENGINES: dict[str, TrainEngineFacts] = {
         tensor_parallel_weights=True,
         critic_lora=False,  # adapters inside megatron's linears for a causal LM (engine/megatron/lora.py)
         lora_dropout=False,
-        expert_lora=False,
         lora_init_a="xavier",  # verl's megatron LoRA default (lora_A_init_method: megatron-bridge's xavier-uniform)
         dist_checkpoint=True,
         override_config=False,  # builds from config.json; its own is actor.megatron.override_transformer_config

@@ -42,9 +42,9 @@ def frozen(engine) -> dict[str, torch.Tensor]:
     }
 
 
-def make_engine(strategy: str, model_path: str, parallel: MegatronConfig):
+def make_engine(strategy: str, model_path: str, parallel: MegatronConfig, lora: LoraConfig = LORA, **kwargs):
     """megatron_scenarios' engine with LoRA; FSDP2 in float32 as megatron computes on a CPU (its "auto" may pick
-    bfloat16 on a CPU with fast bf16 matmuls)."""
+    bfloat16 on a CPU with fast bf16 matmuls). `kwargs`: more EngineSpec fields."""
     return build_engine(
         EngineSpec(
             strategy=strategy,
@@ -58,7 +58,8 @@ def make_engine(strategy: str, model_path: str, parallel: MegatronConfig):
             total_training_steps=sc.TOTAL_STEPS,
             packing=True,
             max_tokens_per_micro_batch=sc.BUDGET,
-            lora=LORA,
+            lora=lora,
+            **kwargs,
         )
     )
 
@@ -75,11 +76,16 @@ def record(
     rank: int,
     resume: bool = False,
     name: str = "",
+    lora: LoraConfig = LORA,
+    **kwargs,
 ) -> dict:
+    """Every number the tests compare, for one engine on this rank (its data-parallel share of the rows)."""
     cfg = sc.role_config(*paths)
-    engine = make_engine(strategy, cfg.actor.model_path, parallel)
+    engine = make_engine(strategy, cfg.actor.model_path, parallel, lora, **kwargs)
     actor = Actor(engine, cfg)
-    batch, later = sc.rollout_batch(), sc.rollout_batch(seed=1)
+    batch, later = (
+        rows.chunk(engine.dp_size)[engine.dp_rank] for rows in (sc.rollout_batch(), sc.rollout_batch(seed=1))
+    )
     probe = batch.select(*MODEL_INPUTS)
     logits = sc.full_logits(engine)
     models = engine.chunks if strategy == "megatron" else [engine.model]
@@ -91,6 +97,7 @@ def record(
         "logits0": engine.forward(probe, logits, 2)["logits"],
         "base_logits0": engine.without_adapter().forward(probe, logits, 2)["logits"],
         "adapters0": adapters(engine),
+        "expert_adapters": engine.expert_adapters(),
         "base0": frozen(engine),
     }
     if strategy == "megatron":  # the layout built: (PP, sequence parallel, each chunk's layers)
@@ -111,7 +118,7 @@ def record(
         engine.save(out / "ckpt")
         result["continued"] = sc.step(actor, engine, batch)
         result["continued_adapters"] = adapters(engine)
-        resumed = make_engine(strategy, cfg.actor.model_path, parallel)
+        resumed = make_engine(strategy, cfg.actor.model_path, parallel, lora, **kwargs)
         resumed.load(out / "ckpt")
         result["resumed"] = sc.step(Actor(resumed, cfg), resumed, batch)
         result["resumed_adapters"] = adapters(resumed)

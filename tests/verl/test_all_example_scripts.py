@@ -63,12 +63,6 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
         MISSING,
         ("no multi-token prediction",),
     ),
-    # LoRA on a mixture-of-experts model's experts (verl's megatron LoRA adapts linear_fc1 / linear_fc2 of each
-    # expert; Tandem's adapts the attention and dense MLPs only); the dense megatron LoRA script is accepted
-    "examples/grpo_trainer/run_qwen3moe-30b_megatron_lora.sh": (
-        MISSING,
-        ("which Tandem does not build on megatron",),
-    ),
     # R3: the rollout engine's routing, which no rollout engine here returns (R2, the vLLM script, is accepted);
     # rollout.name=sglang reads as auto (SGLANG_NOTE), and vLLM returns routed experts only from its Model Runner
     # V2, which needs Triton (its CPU backend on vLLM's CPU build): tests/rollout/test_vllm_routed_experts.py
@@ -237,7 +231,7 @@ def test_every_example_script_is_accepted_or_refused_for_its_listed_reason(files
 
 
 ACCEPTED = {
-    "verl.trainer.main_ppo": 110,
+    "verl.trainer.main_ppo": 111,
     "verl.trainer.main_ppo_split": 1,
     "verl.trainer.fsdp_sft_trainer": 9,
     "verl.trainer.sft_trainer": 1,

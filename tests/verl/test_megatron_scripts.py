@@ -45,16 +45,16 @@ ACCEPTED = {
     "gspo_trainer_test_gspo_qwen30b_a3b_ep",
     "sapo_trainer_run_qwen30b_sapo",
     "tuning_32b_qwen2_32b_grpo_8_h20_megatron_vllm",
-    # LoRA on megatron (engine/megatron/lora.py); the MoE one (run_qwen3moe-30b_megatron_lora.sh) is refused:
-    # its target_modules reach the experts, which Tandem's megatron LoRA does not adapt (verl's does)
+    # LoRA on megatron (engine/megatron/lora.py), the MoE one's adapters on every expert
     "grpo_trainer_run_qwen2_7b_math_megatron_lora",
+    "grpo_trainer_run_qwen3moe_30b_megatron_lora",
     # MoE router replay R2 (actor.router_replay), trainer.balance_batch=False (the rollout's order over the ranks)
     "router_replay_run_qwen30_a3b_megatron_vllm",
 }
 # verl keys outside the megatron namespace that Tandem does not read yet (the scripts that name them are
 # refused for them); a megatron key is never among them. None left: the other scripts are refused for a
 # missing feature (a dist checkpoint with no folder named, trtllm, MoE
-# router replay R3, LoRA on experts, training multi-token-prediction layers) or for a layout larger than the 8 GPUs of the placeholder
+# router replay R3, training multi-token-prediction layers) or for a layout larger than the 8 GPUs of the placeholder
 NOT_READ_YET: set[str] = set()
 
 

@@ -221,20 +221,6 @@ def check_model_values(cfg: TandemConfig, problems: Problems) -> None:
                 f"the actor; train the critic whole (critic.lora.rank=0) or use actor.strategy="
                 f"{' or '.join(train_engines_with('critic_lora'))}",
             )
-        elif (
-            engine.expert_parallel
-            and not engine.expert_lora
-            and a.megatron.expert_parallel > 1
-            and _reaches_mlp(lora.target_modules)
-        ):
-            # experts split over ranks: a mixture-of-experts model, whose experts megatron LoRA would adapt
-            problems.add(
-                ("actor.lora.target_modules", "actor.megatron.expert_parallel"),
-                f"actor.lora.target_modules={lora.target_modules} with actor.megatron.expert_parallel="
-                f"{a.megatron.expert_parallel} asks for adapters on a mixture-of-experts model's experts "
-                "(linear_fc1 / linear_fc2), which Tandem does not build on megatron (verl does); set "
-                "actor.lora.target_modules=[linear_qkv,linear_proj] to adapt the attention alone",
-            )
         elif not engine.lora_dropout and lora.dropout > 0:
             problems.add(
                 ("actor.lora.dropout", "actor.strategy"),
@@ -406,10 +392,3 @@ def _check_reward_terms(cfg: TandemConfig, problems: Problems) -> None:
                 "reward.format.pattern",
                 f"reward.format.pattern={fmt.pattern!r} is not a valid regular expression: {err}",
             )
-
-
-def _reaches_mlp(targets: list[str]) -> bool:
-    """Whether LoRA target_modules put adapters on the MLP projections (verl's linear_fc1 / linear_fc2)."""
-    return bool(
-        {"all-linear", "linear_fc1", "linear_fc2", "gate_proj", "up_proj", "down_proj"} & set(targets)
-    )

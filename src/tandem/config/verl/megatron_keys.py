@@ -131,7 +131,7 @@ MEGATRON_KEYS: dict[str, Rule] = {
     "actor_rollout_ref.model.lora.target_modules": maps(
         "actor.lora.target_modules",
         "verl's megatron names (linear_qkv, linear_proj, linear_fc1, linear_fc2) name the Hugging Face projections "
-        "they fuse; a mixture-of-experts model's experts get none (see engine/megatron/lora.py)",
+        "they fuse, a mixture-of-experts model's experts included (engine/megatron/lora.py)",
         as_list,
     ),
     "actor_rollout_ref.model.lora.lora_A_init_method": maps(

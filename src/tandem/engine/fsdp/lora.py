@@ -21,10 +21,9 @@ PEFT (0.21) wraps each such tensor in a ParamWrapper (nested, one per tensor: `m
 gate_up_proj, `mlp.experts` down_proj; a router's `mlp.gate.weight` too) whose A is [E r, in] and B [out, E r]:
 one rank-r adapter per expert. `merged_weights` folds each expert's own update into its slice of the fused tensor
 as PEFT's merge does (`delta_weight`), under the plain names (`model.layers.N.mlp.experts.gate_up_proj`), and the
-adapter folder holds them under PEFT's names, which PEFT loads. Where we differ from verl: verl's megatron LoRA
-adapts each expert's linear_fc1 / linear_fc2; Tandem's megatron engine builds no expert adapters and refuses them
-(`refuse_fused_adapters`), so expert adapters train on FSDP2. The rollout gets them merged: the adapter sync
-(rollout_sync=adapter) refuses them (roles/rollout.py `check_servable_adapters`), as vLLM's serving of PEFT's
+adapter folder holds them under PEFT's names, which PEFT loads. The megatron engine builds the same adapters, one
+per expert (engine/megatron/lora.py `ExpertAdapters`), but none on the routers. The rollout gets them merged:
+the adapter sync (rollout_sync=adapter) refuses them (roles/rollout.py `check_servable_adapters`), as vLLM's serving of PEFT's
 fused expert adapters is not checked here.
 
 Two ways in which the adapters' layout may be given, beyond rank and targets:
@@ -180,21 +179,6 @@ def _xavier_a(layers: dict[str, nn.Module]) -> None:
     for layer in layers.values():
         with torch.no_grad():
             nn.init.xavier_uniform_(layer.lora_A[ADAPTER].weight)
-
-
-def refuse_fused_adapters(model: nn.Module, settings: Any) -> None:
-    """The megatron engine's adapters are per linear (engine/megatron/lora.py) and it builds none on the experts
-    or the routers; adapters PEFT put on the fused expert tensors would train nowhere there and leave the rollout
-    and the export: an error naming them and the settings that work."""
-    fused = fused_adapters(model)
-    if fused:
-        raise ValueError(
-            f"actor.lora.target_modules={list(settings.target_modules)!r} with actor.strategy=megatron puts "
-            f"adapters on a mixture-of-experts model's experts or routers ({fused[0]}, ...; PEFT's fused expert "
-            "tensors); megatron's LoRA builds adapters on the attention and dense MLP linears only: name those "
-            "(e.g. actor.lora.target_modules=[q_proj,k_proj,v_proj,o_proj]) or use actor.strategy=fsdp, whose "
-            "merge folds expert adapters into the fused tensors"
-        )
 
 
 def in_model_name(saved: str) -> str:

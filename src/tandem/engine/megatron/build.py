@@ -87,7 +87,7 @@ class BuiltModel:
     chunk_map: ChunkMap  # each chunk's layers and parameters
     hf_class: type  # the Hugging Face model class (export_hf writes its folder)
     hf_shapes: dict[str, tuple]  # each Hugging Face weight's whole shape
-    adapters: list[dict[str, megatron_lora.LinearAdapters]]  # each chunk's LoRA adapters ([] without LoRA)
+    adapters: list[dict[str, nn.Module]]  # each chunk's LoRA adapters (lora.py; [] without LoRA)
     row_rotaries: list[nn.Module]  # context parallel: each chunk's RowRotary ([] without)
 
 
@@ -205,11 +205,10 @@ def build_model(
     else:  # no weights read from the folder: its architecture's names and shapes only
         hf_model, hf_state = hf_io.build_on_meta(hf_config, head), None
     hf_shapes = {name: tuple(t.shape) for name, t in hf_model.state_dict().items()}
-    adapters: list[dict[str, megatron_lora.LinearAdapters]] = []
+    adapters: list[dict[str, nn.Module]] = []
     row_rotaries: list[nn.Module] = []
     if lora is not None:  # PEFT's adapters on the Hugging Face model, as the FSDP2 engine puts them
         fsdp_lora.inject(hf_model, lora, seed, init_a=lora_init_a("megatron", lora.init_a))
-        fsdp_lora.refuse_fused_adapters(hf_model, lora)  # no expert adapters here: FSDP2 builds them
         fsdp_lora.load_saved_adapter(hf_model, lora)  # actor.lora.adapter_path's weights, if any
     inv_freq = convert.rotary_inv_freq(hf_config)
     chunks = []

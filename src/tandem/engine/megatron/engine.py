@@ -177,6 +177,8 @@ class MegatronEngine(TrainEngine):
             layout.cp_size,
         )
         self.config = config
+        if self.lora is not None:  # a mixture-of-experts model's routers take no adapter here (lora.py)
+            self.lora = megatron_lora.megatron_targets(self.lora, config)
         shapes = convert.shapes_of(config)
         # megatron's uneven split (first / last stage sizes) is checked by its TransformerConfig; an even one here
         uneven = any(megatron.override_transformer_config.get(key) for key in UNEVEN_PIPELINE)
@@ -382,7 +384,13 @@ class MegatronEngine(TrainEngine):
                 self.layout.tp_size,
                 self.layout.pp_group,
                 self.layout.pp_size,
+                self.layout.ep_group,
+                self.layout.ep_size,
             )
+
+    def expert_adapters(self) -> list[str]:
+        """The PEFT layers of the adapters on this rank's experts (lora.py `ExpertAdapters`)."""
+        return megatron_lora.expert_adapters(self._adapters)
 
     def save_adapter(self, path: str | Path) -> int:
         """actor.lora's adapters as a PEFT adapter folder in `path`, written by every rank (collective; give each

@@ -26,9 +26,22 @@ shared by q, k and v. Here q, k and v each keep their own A, PEFT's layout on th
 folder written here loads in PEFT and in vLLM as the FSDP2 engine's does, one folder starts either engine
 (actor.lora.adapter_path), and the rollout's adapter sync is the FSDP2 path's. verl's megatron names in
 target_modules (linear_qkv, linear_proj, linear_fc1, linear_fc2) name those linears (config/lora_names.py).
-A mixture-of-experts model's experts take no adapters: PEFT would adapt the Hugging Face model's fused [E, ...]
-expert tensors, which this engine does not carry (FSDP2's merge does), so build.py refuses them by name
-(engine/fsdp/lora.py `refuse_fused_adapters`); verl's megatron LoRA adapts every expert's linear_fc1 / linear_fc2.
+A mixture-of-experts model's experts (target_modules naming gate_proj / up_proj / down_proj, or verl's
+linear_fc1 / linear_fc2): PEFT (0.21) adapts the Hugging Face model's fused expert tensors (gate_up_proj [E, 2F, H],
+down_proj [E, H, F]) with one ParamWrapper each, A [E r, in] and B [out, r E]: expert e's update is
+(alpha / r) B_e A_e with A_e = A's rows e r .. (e + 1) r and B_e = B's columns e, e + E, ... (PEFT's reshapes in
+`get_delta_weight`; r is the layer's own rank, 2 x lora.rank on gate_up_proj, which PEFT converts from the two
+projections it fuses, alpha doubled with it). That is one LoRA of rank r per expert, so each megatron local
+expert's linear_fc1 / linear_fc2 gets its own (A_e, B_e) (`ExpertAdapters`): the same update, computed as the
+dense adapters are, whole on its expert-parallel rank (experts are not cut by TP). Each expert adapter is reduced,
+counted in the gradient norm and checkpointed as its expert's weight is (megatron's attributes on that weight);
+`adapter_state` gathers the experts of every expert-parallel rank back into PEFT's fused A and B, so the folder
+is the FSDP2 engine's. verl's megatron LoRA adapts each expert's linear_fc1 / linear_fc2 too (its own A per
+linear, drawn per linear; here PEFT's draw of the fused A, so both engines start alike). A router's adapter
+(target_modules=all-linear puts one on `mlp.gate`, PEFT's ParamWrapper over its weight) is refused by name:
+megatron's router computes its logits inside its forward, where no hook reaches, and verl builds none there; so on
+a mixture-of-experts model all-linear names the projections of megatron's four linears (`megatron_targets`), as
+verl's megatron all-linear does.
 
 The base weights are frozen (no gradient, no optimizer state: megatron's DDP and optimizer skip them); the
 adapters are children of the attention / MLP module beside the linear they adapt (`linear_qkv_lora`, ...), so
@@ -39,6 +52,7 @@ layout) and the optimizer's state with them. Weights out (weights.py) fold each 
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -48,11 +62,26 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tandem.config.lora_names import MEGATRON_TARGETS
 from tandem.engine.megatron import convert
 
 ADAPTER = "default"  # PEFT's name for the one adapter
 SUFFIX = "_lora"  # the adapters' module beside the linear they adapt: linear_qkv -> linear_qkv_lora
 ADAPTED_KINDS = ("qkv", "fc1", "row")
+
+
+def megatron_targets(settings: Any, hf_config: Any) -> Any:
+    """`actor.lora` as megatron builds it: on a mixture-of-experts model, target_modules=all-linear as the
+    projections megatron's linears hold (q/k/v/o_proj, gate/up/down_proj: the experts' too), not the routers PEFT's
+    all-linear adapts as well. Unchanged on a dense model and with an adapter folder (its own config places the
+    adapters)."""
+    if convert.num_experts(hf_config) is None or "all-linear" not in settings.target_modules:
+        return settings
+    if getattr(settings, "adapter_path", None) is not None:
+        return settings
+    linears = [name for names in MEGATRON_TARGETS.values() for name in names]
+    rest = [name for name in settings.target_modules if name != "all-linear" and name not in linears]
+    return dataclasses.replace(settings, target_modules=[*linears, *rest])
 
 
 class LinearAdapters(nn.Module):
@@ -156,7 +185,81 @@ class LinearAdapters(nn.Module):
         )
 
 
-def _hook(adapters: LinearAdapters):
+class ExpertAdapters(nn.Module):
+    """The LoRA adapter of one local expert's linear_fc1 or linear_fc2: expert `expert`'s (A_e [r, in], B_e [out, r])
+    of the PEFT layer `hf_module` over the fused tensor of `num_experts` experts (whole: experts are not cut by TP).
+    `weight` is the expert linear's weight: each adapter tensor takes its megatron attributes (expert-parallel
+    gradient reduction, tensor-parallel marks for the gradient norm)."""
+
+    def __init__(
+        self,
+        hf_module: str,
+        expert: int,
+        num_experts: int,
+        lora_a: Tensor,
+        lora_b: Tensor,
+        scale: float,
+        weight: Tensor,
+        tp_group: Any,
+    ) -> None:
+        super().__init__()
+        self.hf_module, self.expert, self.num_experts, self.scale = hf_module, expert, num_experts, scale
+        self.tp_group = tp_group  # the expert linear's (expert tensor parallel, size 1): checkpoint replicas
+        self.enabled = True
+        self.lora_A = nn.Parameter(lora_a)
+        self.lora_B = nn.Parameter(lora_b)
+        for param in (self.lora_A, self.lora_B):
+            for attr in ("allreduce", "tensor_model_parallel", "partition_dim", "partition_stride"):
+                if hasattr(weight, attr):
+                    setattr(param, attr, getattr(weight, attr))
+
+    def forward(self, x: Tensor) -> Tensor:
+        """The adapter's term of the expert linear's output for its tokens `x` [tokens, in]."""
+        return F.linear(F.linear(x, self.lora_A), self.lora_B) * self.scale
+
+    @torch.no_grad()
+    def delta(self) -> Tensor:
+        """(alpha / r) B_e A_e: the update of this expert's weight (megatron's layout, [out, in])."""
+        return self.scale * (self.lora_B @ self.lora_A)
+
+    def sharded_state_dict(
+        self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None
+    ) -> dict[str, Any]:
+        """megatron's distributed-checkpoint entries: replicated over TP (megatron's SequentialMLP places them
+        at the expert's global index, as its expert weights)."""
+        from megatron.core.transformer.utils import (
+            ensure_metadata_has_dp_cp_group,
+            make_sharded_tensors_for_checkpoint,
+        )
+
+        metadata = ensure_metadata_has_dp_cp_group(metadata)
+        return make_sharded_tensors_for_checkpoint(
+            self.state_dict(prefix="", keep_vars=True),
+            prefix,
+            {},
+            sharded_offsets,
+            tp_group=self.tp_group,
+            dp_cp_group=metadata["dp_cp_group"],
+        )
+
+
+def expert_factors(layer: nn.Module, expert: int) -> tuple[Tensor, Tensor]:
+    """Expert `expert`'s (A_e [r, in], B_e [out, r]) of PEFT's ParamWrapper `layer` over a fused [E, out, in]
+    tensor, as PEFT's `get_delta_weight` reshapes them: A [E r, in] -> [E, r, in], B [out, r E] -> [out, r, E]."""
+    a, b = layer.lora_A[ADAPTER].weight.detach(), layer.lora_B[ADAPTER].weight.detach()
+    experts = layer.num_experts
+    return a.reshape(experts, -1, a.shape[-1])[expert], b.reshape(b.shape[0], -1, experts)[:, :, expert]
+
+
+def fuse_experts(factors: list[tuple[Tensor, Tensor]]) -> tuple[Tensor, Tensor]:
+    """PEFT's fused (A [E r, in], B [out, r E]) of every expert's (A_e, B_e), in expert order (`expert_factors`'s
+    inverse)."""
+    a = torch.cat([f[0] for f in factors], dim=0)
+    b = torch.stack([f[1] for f in factors], dim=-1)
+    return a, b.reshape(b.shape[0], -1)
+
+
+def _hook(adapters: nn.Module):
     def add(module: nn.Module, args: tuple, kwargs: dict, output: Any) -> Any:
         if not adapters.enabled:
             return None
@@ -165,6 +268,51 @@ def _hook(adapters: LinearAdapters):
         return out + adapters(x).to(out.dtype), bias
 
     return add
+
+
+def _owners(layers: dict[str, nn.Module]) -> dict[str, str]:
+    """{a Hugging Face tensor's plain name: the PEFT layer that adapts it}: a linear's weight, or the parameter a
+    ParamWrapper adapts (`mlp.experts.base_layer` -> `mlp.experts.gate_up_proj`)."""
+    from peft.tuners.lora.layer import ParamWrapper
+
+    from tandem.engine.fsdp.lora import hf_name
+
+    return {
+        hf_name(f"{name}.{layer.parameter_name}")
+        if isinstance(layer, ParamWrapper)
+        else f"{name}.weight": name
+        for name, layer in layers.items()
+    }
+
+
+def _attach_expert(
+    chunk: nn.Module, slot: convert.Slot, name: str, layer: nn.Module, hf_shape: tuple, dtype: torch.dtype
+) -> ExpertAdapters:
+    """Expert `slot.expert`'s adapter of PEFT layer `layer` (`name`) on the chunk's local expert linear of `slot`."""
+    if (layer.num_experts, layer.out_features, layer.in_features) != tuple(hf_shape):
+        raise ValueError(
+            f"actor.lora: PEFT's adapter {name} is over a [{layer.num_experts}, {layer.out_features}, "
+            f"{layer.in_features}] (experts, out, in) tensor, {slot.hf[0]} is {list(hf_shape)}: megatron's experts "
+            "take a fused tensor stored [experts, out, in] (engine/megatron/convert.py)"
+        )
+    a, b = expert_factors(layer, slot.expert)
+    path = slot.megatron.removesuffix(".weight")
+    linear = chunk.get_submodule(path)
+    weight = chunk.get_parameter(slot.megatron)
+    adapters = ExpertAdapters(
+        name,
+        slot.expert,
+        layer.num_experts,
+        a.to(dtype).clone(),
+        b.to(dtype).clone(),
+        float(layer.scaling[ADAPTER]),
+        weight,
+        getattr(linear, "tp_group", None),
+    ).to(weight.device)
+    parent, leaf = path.rsplit(".", 1)
+    chunk.get_submodule(parent).add_module(leaf + SUFFIX, adapters)
+    linear.register_forward_hook(_hook(adapters), with_kwargs=True)
+    return adapters
 
 
 def attach(
@@ -178,32 +326,38 @@ def attach(
     tp_group: Any,
     sequence_parallel: bool,
     dtype: torch.dtype,
-) -> dict[str, LinearAdapters]:
+) -> dict[str, nn.Module]:
     """Adapters on model `chunk`'s linears from the PEFT layers of `peft_model` (the Hugging Face model with
     PEFT injected: engine/fsdp/lora.py `inject`; `hf_shapes` its weights' shapes by their plain names), cut for
-    TP rank `tp_rank`; every parameter of the chunk
-    frozen but the adapters. Returns {the megatron weight's name: its adapters}.
+    TP rank `tp_rank`; every parameter of the chunk frozen but the adapters. Returns {the megatron weight's name:
+    its adapters} (`LinearAdapters`, or `ExpertAdapters` on a local expert's linear).
 
     A PEFT layer whose weight this chunk holds in a linear megatron has no adapter for (the output layer, a
     router) is an error naming it."""
     from tandem.engine.fsdp.lora import lora_layers
 
     layers = lora_layers(peft_model)
-    owner = {f"{name}.weight": name for name in layers}  # the Hugging Face weight -> its LoRA layer
+    owner = _owners(layers)  # the Hugging Face tensor -> its LoRA layer
     chunk.requires_grad_(False)
     local = convert.local_shapes(shapes, tp_size)
-    found: dict[str, LinearAdapters] = {}
+    found: dict[str, nn.Module] = {}
     for slot in slots:
         held = [owner.get(name) for name in slot.hf]
         if not any(held):
             continue
-        if slot.kind not in ADAPTED_KINDS or slot.expert is not None or not slot.megatron.endswith(".weight"):
+        if slot.kind not in ADAPTED_KINDS or not slot.megatron.endswith(".weight"):
             raise ValueError(
                 f"actor.lora.target_modules puts an adapter on {[n for n in held if n]}, which megatron holds in "
-                f"{slot.megatron}: adapters are built on the attention and MLP projections only (q/k/v/o_proj, "
-                "gate/up/down_proj; verl's linear_qkv, linear_proj, linear_fc1, linear_fc2); leave it out of "
-                "target_modules or add it to actor.lora.exclude_modules"
+                f"{slot.megatron}: adapters are built on the attention and MLP projections and the experts only "
+                "(q/k/v/o_proj, gate/up/down_proj; verl's linear_qkv, linear_proj, linear_fc1, linear_fc2), not on "
+                "a router or the output layer; leave it out of target_modules (all-linear names the projections "
+                "alone on megatron) or, a linear, add it to actor.lora.exclude_modules"
             )
+        if slot.expert is not None:
+            found[slot.megatron] = _attach_expert(
+                chunk, slot, held[0], layers[held[0]], hf_shapes[slot.hf[0]], dtype
+            )
+            continue
         parts, lora_a, lora_b, modules = [], [], [], []
         for i, name in enumerate(held):
             if name is None:
@@ -242,13 +396,28 @@ def attach(
 
 
 def adapter_state(
-    adapters: list[dict[str, LinearAdapters]], tp_group: Any, tp_size: int, pp_group: Any, pp_size: int
+    adapters: list[dict[str, nn.Module]],
+    tp_group: Any,
+    tp_size: int,
+    pp_group: Any,
+    pp_size: int,
+    ep_group: Any = None,
+    ep_size: int = 1,
 ) -> dict[str, Tensor]:
     """Every adapter, whole, under the names of a PEFT adapter file (`base_model.model.<module>.lora_A.weight`),
-    on every rank: the TP cuts gathered, the pipeline stages' adapters exchanged (collective)."""
+    on every rank: the TP cuts gathered, the experts of every expert-parallel rank fused back into PEFT's A and B
+    (`fuse_experts`), the pipeline stages' adapters exchanged (collective)."""
     state: dict[str, Tensor] = {}
+    experts: dict[str, dict[int, tuple[Tensor, Tensor]]] = {}  # PEFT layer -> expert -> (A_e, B_e)
     for chunk in adapters:
         for linear in chunk.values():
+            if isinstance(linear, ExpertAdapters):
+                pair = (
+                    linear.lora_A.detach().to("cpu", copy=True),
+                    linear.lora_B.detach().to("cpu", copy=True),
+                )
+                experts.setdefault(linear.hf_module, {})[linear.expert] = pair
+                continue
             for j, module in enumerate(linear.hf_modules):
                 a, b = linear.lora_A[j].detach(), linear.lora_B[j].detach()
                 if tp_size > 1:
@@ -259,11 +428,29 @@ def adapter_state(
                     )
                 state[f"base_model.model.{module}.lora_A.weight"] = a.to("cpu", copy=True)
                 state[f"base_model.model.{module}.lora_B.weight"] = b.to("cpu", copy=True)
+    if ep_size > 1:  # each expert-parallel rank holds its own experts
+        ranks: list[Any] = [None] * ep_size
+        dist.all_gather_object(ranks, experts, group=ep_group)
+        experts = {}
+        for held in ranks:
+            for module, pairs in held.items():
+                experts.setdefault(module, {}).update(pairs)
+    for module, pairs in experts.items():
+        a, b = fuse_experts([pairs[e] for e in sorted(pairs)])
+        state[f"base_model.model.{module}.lora_A.weight"] = a
+        state[f"base_model.model.{module}.lora_B.weight"] = b
     if pp_size > 1:
         stages: list[Any] = [None] * pp_size
         dist.all_gather_object(stages, state, group=pp_group)
         state = {name: t for stage in stages for name, t in stage.items()}
     return state
+
+
+def expert_adapters(adapters: list[dict[str, nn.Module]]) -> list[str]:
+    """The PEFT layers (Hugging Face names) of this rank's expert adapters, sorted."""
+    return sorted(
+        {a.hf_module for chunk in adapters for a in chunk.values() if isinstance(a, ExpertAdapters)}
+    )
 
 
 def _gather(tensor: Tensor, dim: int, group: Any, size: int) -> Tensor:
@@ -273,7 +460,7 @@ def _gather(tensor: Tensor, dim: int, group: Any, size: int) -> Tensor:
 
 
 @contextmanager
-def disabled(adapters: list[dict[str, LinearAdapters]]) -> Iterator[None]:
+def disabled(adapters: list[dict[str, nn.Module]]) -> Iterator[None]:
     """The base model's forward while open: every adapter's term left out."""
     every = [linear for chunk in adapters for linear in chunk.values()]
     for linear in every:
