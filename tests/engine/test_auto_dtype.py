@@ -5,6 +5,7 @@ and FSDP2 ranks that measured differently agreeing on float32."""
 from __future__ import annotations
 
 import os
+import time
 from datetime import timedelta
 from pathlib import Path
 
@@ -58,6 +59,28 @@ def test_native_bf16_is_chosen_only_when_clearly_faster(unpinned, monkeypatch, b
     assert auto_dtype.cpu_auto_dtype() == expected
     assert auto_dtype.cpu_auto_dtype() == expected  # measured once per process
     assert sorted(map(str, timed)) == ["torch.bfloat16", "torch.float32"]
+
+
+def test_the_probe_makes_the_same_choice_on_a_loaded_host(unpinned, monkeypatch):
+    """The choice decides every number of a run, so the host's load must not move it. A made-up host whose
+    bf16 matmul does a quarter of fp32's work (4x the rate: bfloat16) and whose process the OS deschedules
+    for 0.1 s in each bf16 matmul, as other runs take the cores: by the wall clock bf16 measured slower than
+    fp32 and the probe chose float32 (a seeded run then differed from the one before it); by CPU time it
+    chooses bfloat16, as on an idle host."""
+    monkeypatch.setattr(auto_dtype, "native_bf16", lambda: True)
+    m, k, n = auto_dtype.PROBE_SHAPE
+    quarter, weights, real_mm = torch.ones(m // 4, k), torch.ones(k, n), torch.mm
+
+    def host_mm(a, b):
+        if a.dtype != torch.bfloat16:
+            return real_mm(a, b)
+        time.sleep(0.1)  # off the CPU: wall time passes, this process's CPU time does not
+        return real_mm(quarter, weights)
+
+    monkeypatch.setattr(torch, "mm", host_mm)
+    threads = torch.get_num_threads()
+    assert auto_dtype.cpu_auto_dtype() == torch.bfloat16
+    assert torch.get_num_threads() == threads  # measured on one thread, the process's threads given back
 
 
 def test_pin_overrides_the_probe(monkeypatch):

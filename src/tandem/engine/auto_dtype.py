@@ -7,6 +7,14 @@ no native instruction, float32 without timing anything; with one, `cpu_auto_dtyp
 transformer-like matmul and picks bfloat16 only when it is at least `MARGIN` times faster, since bf16
 training also pays for casting the fp32 master weights every step and keeps reductions in fp32.
 
+The probe times CPU time (`time.process_time`) on one torch thread, not wall time: its choice decides every
+number of a run, so it must not move with the host's load. Timed by the wall clock, a process that the OS
+descheduled during the bf16 matmuls (other runs on the same cores) measured bf16 slower than it is: on a
+2-core AVX-512 BF16 host under load the ratio ranged 1.0-5.1 around its 2.2, a rank chose float32 now and
+then, and a seeded run differed from the run before it from its first step. In CPU time the same host gave
+2.1-2.4 under the same load. One thread: the ratio is a property of the core's instructions, and OpenMP's
+other threads (their waiting included) stay out of the count.
+
 `TANDEM_AUTO_CPU_DTYPE=float32|bfloat16` replaces the probe: the test suite pins float32 (its parity tests
 compare at 1e-5 and must not change dtype on a host with AMX), and a user can pin one choice across hosts.
 """
@@ -17,6 +25,7 @@ import functools
 import logging
 import os
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -34,8 +43,14 @@ def native_bf16() -> bool:
     return any(getattr(torch.cpu, name, lambda: False)() for name in checks)
 
 
-def matmul_rate(dtype: torch.dtype, shape: tuple[int, int, int] = PROBE_SHAPE, repeats: int = 3) -> float:
-    """FLOP/s of `[m, k] @ [k, n]` in `dtype` at torch's current threads: the best of `repeats` after one."""
+def matmul_rate(
+    dtype: torch.dtype,
+    shape: tuple[int, int, int] = PROBE_SHAPE,
+    repeats: int = 3,
+    clock: Callable[[], float] = time.perf_counter,
+) -> float:
+    """FLOP/s of `[m, k] @ [k, n]` in `dtype` at torch's current threads: the best of `repeats` after one,
+    timed by `clock` (wall time: a device's peak for MFU; `time.process_time`: this process's CPU time)."""
     m, k, n = shape
     gen = torch.Generator().manual_seed(0)
     a = torch.randn(m, k, generator=gen).to(dtype)
@@ -43,9 +58,9 @@ def matmul_rate(dtype: torch.dtype, shape: tuple[int, int, int] = PROBE_SHAPE, r
     torch.mm(a, b)  # oneDNN's first call picks and builds its kernel
     best = float("inf")
     for _ in range(repeats):
-        start = time.perf_counter()
+        start = clock()
         torch.mm(a, b)
-        best = min(best, time.perf_counter() - start)
+        best = min(best, clock() - start)
     return 2 * m * k * n / best
 
 
@@ -64,10 +79,17 @@ def _probe() -> torch.dtype:
     if not native_bf16():
         logger.info("param_dtype=auto: float32 (this CPU has no native bf16 matrix instructions)")
         return torch.float32
-    fp32, bf16 = matmul_rate(torch.float32), matmul_rate(torch.bfloat16)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # CPU time on one thread: the host's load does not move it (module docstring)
+    try:
+        fp32, bf16 = (
+            matmul_rate(dtype, clock=time.process_time) for dtype in (torch.float32, torch.bfloat16)
+        )
+    finally:
+        torch.set_num_threads(threads)
     choice = torch.bfloat16 if bf16 >= MARGIN * fp32 else torch.float32
     logger.info(
-        "param_dtype=auto: %s (matmul %s: fp32 %.0f, bf16 %.0f GFLOP/s; bf16 needs %.1fx fp32; %s=float32 "
+        "param_dtype=auto: %s (matmul %s, one thread, CPU time: fp32 %.0f, bf16 %.0f GFLOP/s; bf16 needs %.1fx fp32; %s=float32 "
         "pins float32)",
         str(choice).removeprefix("torch."),
         "x".join(map(str, PROBE_SHAPE)),
