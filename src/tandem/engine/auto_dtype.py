@@ -1,8 +1,10 @@
 """`param_dtype=auto` on a CPU: bfloat16 where this CPU multiplies bf16 matrices clearly faster than float32.
 
 bf16 pays on CPUs with native bf16 matrix instructions (Intel AMX tiles, AVX-512 BF16), where oneDNN runs
-bf16 GEMMs at several times fp32's rate. Elsewhere torch emulates them, hundreds of times slower (the 2-core
-AMD EPYC this project is developed on: 0.3-1 GFLOP/s in bf16 against 156 in fp32, bench/README.md). So:
+bf16 GEMMs at several times fp32's rate. Elsewhere torch emulates them, hundreds of times slower (a 2-core
+AMD EPYC without them: 0.3-1 GFLOP/s in bf16 against 156 in fp32). The hosts this project has run on since
+differ: AVX-512 BF16 from 0.55x fp32 (an Intel Xeon, 2 threads, bench/README.md) to 2.2x (an AMD EPYC, one
+thread), AMX 5.5x. So:
 no native instruction, float32 without timing anything; with one, `cpu_auto_dtype` times both dtypes on a
 transformer-like matmul and picks bfloat16 only when it is at least `MARGIN` times faster, since bf16
 training also pays for casting the fp32 master weights every step and keeps reductions in fp32.
@@ -17,6 +19,12 @@ other threads (their waiting included) stay out of the count.
 
 `TANDEM_AUTO_CPU_DTYPE=float32|bfloat16` replaces the probe: the test suite pins float32 (its parity tests
 compare at 1e-5 and must not change dtype on a host with AMX), and a user can pin one choice across hosts.
+
+One choice per run: the controller probes once (its device line prints the result) and hands its choice to
+every Ray worker through that variable (`worker_env`, roles/layout.py), so the actor's ranks, the reference,
+the critic and a separate rollout pool compute in the dtype the line says. Each process timing for itself
+could disagree with the line and with one another. On a cluster of unlike CPUs the controller's CPU decides
+for all: pin the variable (or set param_dtype) there.
 """
 
 from __future__ import annotations
@@ -62,6 +70,11 @@ def matmul_rate(
         torch.mm(a, b)
         best = min(best, clock() - start)
     return 2 * m * k * n / best
+
+
+def worker_env() -> dict[str, str]:
+    """The environment that gives a CPU run's workers this process's `param_dtype=auto` choice."""
+    return {ENV: str(cpu_auto_dtype()).removeprefix("torch.")}
 
 
 def cpu_auto_dtype() -> torch.dtype:

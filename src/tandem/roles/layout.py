@@ -142,11 +142,13 @@ def build_worker_groups(
     init_ray(address=t.ray_address)
     device = resolve_device(cfg)
     nsight = nsight_options(cfg, device)
-    # every group: its ranks' log files, the key a call's timeout message names, Nsight for tool=nsys
+    # every group: its ranks' log files, the key a call's timeout message names, Nsight for tool=nsys, and on
+    # a CPU this process's param_dtype=auto choice (the one the device line printed: engine/auto_dtype.py)
     logs = {
         "log_dir": None if log_dir is None else str(log_dir),
         "call_timeout_name": "trainer.worker_timeout_s",
         "nsight": nsight,
+        "env": _cpu_dtype_env() if device == "cpu" else None,
     }
     gpus = 1 if device == "cuda" else 0
 
@@ -202,6 +204,12 @@ def build_worker_groups(
         groups.shutdown()  # the groups started so far, then every pool
         raise
     return groups
+
+
+def _cpu_dtype_env() -> dict[str, str]:
+    from tandem.engine.auto_dtype import worker_env  # torch: not imported by the command line's quick paths
+
+    return worker_env()
 
 
 def _separate_rollout(
