@@ -61,3 +61,37 @@ def test_the_key_and_verls_spelling():
     for value in ("kaiming", "xavier"):
         t = translate_overrides([f"actor_rollout_ref.model.lora.lora_A_init_method={value}"])
         assert (t.overrides, t.problems) == ([f"actor.lora.init_a={value}"], [])
+
+
+def test_xavier_draws_each_expert_of_a_fused_adapter_within_its_own_bound():
+    """A mixture-of-experts model's fused expert tensors (PEFT's ParamWrapper, A [E r, in]): each expert's A_e
+    [r, in] within sqrt(6 / (in + r)) (megatron-bridge's draw of every expert's A), not the stack's bound; the
+    routers' adapters (E = 1 there) as a linear's; B 0; the seed alone decides."""
+    from peft.tuners.lora.layer import ParamWrapper
+    from transformers import AutoModelForCausalLM
+
+    from tandem.models.tiny_families import family_config
+
+    def adapters(init_a: str) -> dict[str, torch.nn.Module]:
+        torch.manual_seed(0)
+        model = AutoModelForCausalLM.from_config(family_config("qwen3_moe"))
+        settings = LoraConfig(rank=8, alpha=16.0, target_modules=["all-linear"])
+        return lora_layers(inject(model, settings, seed=0, init_a=init_a))
+
+    xavier, kaiming = adapters("xavier"), adapters("kaiming")
+    fused = {name: layer for name, layer in xavier.items() if isinstance(layer, ParamWrapper)}
+    assert {layer.num_experts for layer in fused.values()} == {1, 4}  # routers and experts
+    for name, layer in fused.items():
+        a, b = layer.lora_A["default"].weight, layer.lora_B["default"].weight
+        per_expert = a.reshape(layer.num_experts, -1, a.shape[-1])  # [E, r, in]
+        rank, fan_in = per_expert.shape[1:]
+        bound = math.sqrt(6 / (fan_in + rank))
+        for e, a_e in enumerate(per_expert):
+            assert a_e.abs().max() <= bound and a_e.abs().max() > 0.8 * bound, (name, e)
+        assert float(a.std()) == pytest.approx(bound / math.sqrt(3), rel=0.15), name
+        assert not torch.equal(a, kaiming[name].lora_A["default"].weight), name
+        assert torch.count_nonzero(b) == 0, name
+    again = adapters("xavier")
+    assert all(
+        torch.equal(again[n].lora_A["default"].weight, xavier[n].lora_A["default"].weight) for n in fused
+    )

@@ -41,6 +41,7 @@ Two ways in which the adapters' layout may be given, beyond rank and targets:
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -166,19 +167,20 @@ def fused_adapters(model: nn.Module) -> list[str]:
 
 
 def _xavier_a(layers: dict[str, nn.Module]) -> None:
-    """Each adapter's A redrawn xavier-uniform (the caller holds the seeded generator)."""
+    """Each adapter's A redrawn xavier-uniform (the caller holds the seeded generator). An adapter on a fused
+    tensor (PEFT's ParamWrapper: a mixture-of-experts model's experts, a router) stacks one A_e [r, in] per expert
+    as [E r, in] (megatron/lora.py `expert_factors`); each A_e takes its own bound sqrt(6 / (in + r)), as
+    megatron-bridge draws every expert's A, not the stack's sqrt(6 / (in + E r))."""
     from peft.tuners.lora.layer import ParamWrapper
 
-    fused = sorted(name for name, layer in layers.items() if isinstance(layer, ParamWrapper))
-    if fused:
-        raise ValueError(
-            f"lora.init_a=xavier with adapters on fused expert tensors ({fused[0]}, ...): Tandem draws those A "
-            "kaiming-uniform only (PEFT's); set actor.lora.init_a=kaiming, or name the projections to adapt "
-            "without the experts' gate_proj / up_proj / down_proj"
-        )
     for layer in layers.values():
+        a = layer.lora_A[ADAPTER].weight
         with torch.no_grad():
-            nn.init.xavier_uniform_(layer.lora_A[ADAPTER].weight)
+            if isinstance(layer, ParamWrapper):
+                bound = math.sqrt(6 / (a.shape[1] + a.shape[0] // layer.num_experts))
+                nn.init.uniform_(a, -bound, bound)
+            else:
+                nn.init.xavier_uniform_(a)
 
 
 def in_model_name(saved: str) -> str:
