@@ -10,7 +10,8 @@ not show).
 One spawn of 2 gloo ranks per family: first FSDP2 (rank 0 holds every row, rank 1 none, so its micro-batches are
 those of one rank: a mixture-of-experts balance term depends on which tokens meet in one micro-batch), then each
 megatron layout in turn (megatron's parallel state rebuilt between them): the weights streamed out, a TP rollout's
-cuts, the logits of every position, one actor update. Each rank writes `rank{r}.pt`.
+cuts, the logits of every position, two actor updates (on two batches) and the response log-probs between them.
+Each rank writes `rank{r}.pt`.
 """
 
 from __future__ import annotations
@@ -94,9 +95,18 @@ def save_family(path: str | Path, family: str, seed: int = 0, **overrides) -> st
     return str(path)
 
 
-def megatron_config(layout: tuple) -> MegatronConfig:
-    tp, pp, sp, ep = (*layout, *(False, 1)[len(layout) - 2 :])
-    return MegatronConfig(tensor_parallel=tp, pipeline_parallel=pp, sequence_parallel=sp, expert_parallel=ep)
+def megatron_config(layout: tuple) -> tuple[MegatronConfig, bool]:
+    """(tensor, pipeline[, sequence parallel[, expert[, context parallel[, activation checkpointing]]]]) ->
+    the engine's settings and its activation_checkpointing."""
+    tp, pp, sp, ep, cp, checkpointing = (*layout, *(False, 1, 1, False)[len(layout) - 2 :])
+    parallel = MegatronConfig(
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+        sequence_parallel=sp,
+        expert_parallel=ep,
+        context_parallel=cp,
+    )
+    return parallel, checkpointing
 
 
 def _step(engine, model_path: str, share) -> dict:
@@ -106,25 +116,37 @@ def _step(engine, model_path: str, share) -> dict:
     return {**step, "update": {name: after[name] - before[name] for name in before}}
 
 
+def _two_steps(engine, model_path: str, shares: tuple) -> dict:
+    """Two actor updates, the first batch's response log-probs between them."""
+    out = {"step": _step(engine, model_path, shares[0])}
+    actor = Actor(engine, sc.role_config(model_path, model_path))
+    out["log_probs1"] = actor.compute_log_probs(shares[0], with_entropy=False)["old_log_probs"]
+    out["step2"] = _step(engine, model_path, shares[1])
+    return out
+
+
 def worker(rank: int, world: int, init_method: str, runs: list, out_dir: str) -> None:
-    """`runs`: (name, (tensor, pipeline[, sequence parallel[, expert]]) or None for FSDP2, model folder)."""
+    """`runs`: (name, a layout for `megatron_config` or None for FSDP2, model folder)."""
     dist.init_process_group(
         "gloo", init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=300)
     )
     torch.set_num_threads(1)
     from megatron.core import parallel_state as ps
 
-    batch = sc.rollout_batch()
+    batches = (sc.rollout_batch(), sc.rollout_batch(seed=1))
     result: dict = {}
     try:
         for name, layout, path in runs:
             if layout is None:  # FSDP2 first: the megatron engine adapts torch.cuda for a CPU process
                 engine = sc.make_engine("fsdp", path, "lm", MegatronConfig())
-                result[name] = {"step": _step(engine, path, batch.split([len(batch), 0])[rank])}
+                shares = tuple(b.split([len(b), 0])[rank] for b in batches)
+                result[name] = _two_steps(engine, path, shares)
                 del engine
                 continue
-            engine = sc.make_engine("megatron", path, "lm", megatron_config(layout))
-            share = batch.chunk(engine.dp_size)[engine.dp_rank]
+            parallel, checkpointing = megatron_config(layout)
+            engine = sc.make_engine("megatron", path, "lm", parallel, activation_checkpointing=checkpointing)
+            shares = tuple(b.chunk(engine.dp_size)[engine.dp_rank] for b in batches)
+            share = shares[0]
             out: dict = {"dispatch_info": engine.dispatch_info(), "state0": sc.weights(engine)}
             if engine.layout.tp_size > 1:  # into a rollout engine of the same TP size
                 cuts = TensorParallelCuts(engine.config, engine.layout.tp_size, world)
@@ -132,9 +154,10 @@ def worker(rank: int, world: int, init_method: str, runs: list, out_dir: str) ->
             out["norms"] = {
                 type(m).__name__ for c in engine.chunks for m in c.modules() if "Norm" in type(m).__name__
             }
-            out["inv_freq"] = engine.chunks[0].rotary_pos_emb.inv_freq.clone()
+            rotary = engine.chunks[0].rotary_pos_emb  # under context parallel: RowRotary around it
+            out["inv_freq"] = getattr(rotary, "rotary", rotary).inv_freq.clone()
             out["logits"] = engine.forward(share.select(*MODEL_INPUTS), sc.full_logits(engine), 2)["logits"]
-            out["step"] = _step(engine, path, share)
+            out.update(_two_steps(engine, path, shares))
             result[name] = out
             del engine
             ps.destroy_model_parallel()

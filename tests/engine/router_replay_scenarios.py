@@ -1,6 +1,6 @@
 """What each rank does in the router-replay role tests (tests/engine/test_router_replay_roles.py): the actor with
 actor.router_replay=R2 on a tiny Mixtral, on FSDP2 (1 rank) or megatron (2 ranks: TP 2 with sequence parallel
-and expert parallel 2), the same sequence of calls on both.
+and expert parallel 2, or context parallel 2 with expert parallel 2), the same sequence of calls on all.
 
 The old-log-prob pass records the routing; a forward that carries it changes no number; two steps of the real
 actor (old-log-prob pass, then its PPO update on 2 mini-batches, which replays the pass's routing); then every
@@ -94,8 +94,10 @@ def worker(
     )
     torch.set_num_threads(1)
     try:
-        tp, sp, ep = layout
-        parallel = MegatronConfig(tensor_parallel=tp, sequence_parallel=sp, expert_parallel=ep)
+        tp, sp, ep, cp = (*layout, 1)[:4]
+        parallel = MegatronConfig(
+            tensor_parallel=tp, sequence_parallel=sp, expert_parallel=ep, context_parallel=cp
+        )
         torch.save(run(strategy, parallel, path), Path(out) / f"rank{rank}.pt")
     finally:
         dist.destroy_process_group()

@@ -1,14 +1,19 @@
 """Llama 3 (rope_type llama3), Qwen3 (per-head q/k norms, head_dim != hidden / heads) and Qwen3-MoE on megatron-core
 (convert.py), against the folder, transformers and FSDP2, on tiny random models (megatron_family_scenarios.py).
 
-One spawn of 2 ranks per family runs FSDP2 and two megatron layouts:
+One spawn of 2 ranks per family runs FSDP2 and the family's megatron layouts:
 
   llama3     tp2 (TP=2)                      pp2 (PP=2)
   qwen3      tp2sp (TP=2, sequence parallel) pp2
   qwen3_moe  tp2ep2 (TP=2 + SP, EP=2)        pp2 (on a folder with norm_topk_prob=false: megatron's pre-softmax)
+             cp2 (context parallel 2: each router sees half of every row's columns; the balance term's sums
+             are summed over the CP ranks), cp2ep2 (the same with the experts split over the two CP ranks),
+             pp2ckpt (PP=2 with activation checkpointing: a recomputed router takes its own micro-batch's term)
 
-Tolerances as tests/engine/test_megatron.py's: weights streamed out equal the folder's exactly; logits 1e-5 from
-transformers'; the actor update's loss and grad norm rel 1e-5 from FSDP2's, its weight change rel 1e-4.
+Each run takes two actor updates on two batches (the balance term at weight 0.5 included in the loss and the
+gradient) and the response log-probs between them. Tolerances as tests/engine/test_megatron.py's: weights
+streamed out equal the folder's exactly; logits 1e-5 from transformers'; each update's loss and grad norm rel
+1e-5 from FSDP2's, its weight change rel 1e-4; the log-probs after the first update 1e-5.
 """
 
 from __future__ import annotations
@@ -29,7 +34,13 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 LAYOUTS = {
     "llama3": {"tp2": ((2, 1), "main"), "pp2": ((1, 2), "main")},
     "qwen3": {"tp2sp": ((2, 1, True), "main"), "pp2": ((1, 2), "main")},
-    "qwen3_moe": {"tp2ep2": ((2, 1, True, 2), "main"), "pp2": ((1, 2), "alt")},
+    "qwen3_moe": {
+        "tp2ep2": ((2, 1, True, 2), "main"),
+        "pp2": ((1, 2), "alt"),
+        "cp2": ((1, 1, False, 1, 2), "main"),
+        "cp2ep2": ((1, 1, False, 2, 2), "main"),
+        "pp2ckpt": ((1, 2, False, 1, 1, True), "main"),
+    },
 }
 VARIANTS = {"qwen3_moe": {"norm_topk_prob": False}}
 
@@ -120,11 +131,14 @@ def test_logits_equal_transformers(family):
             torch.testing.assert_close(actual[real], expected[real], rtol=0, atol=1e-5, msg=layout)
 
 
-def test_actor_update_equals_fsdp(family):
-    for layout, _, _, key in _layouts(family):
-        fsdp = family["ranks"][0][f"fsdp_{key}"]["step"]
+def test_actor_updates_equal_fsdp(family):
+    response = sc.rollout_batch()["response_mask"].bool()
+    for layout, _, _, key, which in (
+        (*where, which) for where in _layouts(family) for which in ("step", "step2")
+    ):
+        fsdp = family["ranks"][0][f"fsdp_{key}"][which]
         for rank in family["ranks"]:
-            step = rank[layout]["step"]
+            step = rank[layout][which]
             loss_rel = abs(step["loss"] / fsdp["loss"] - 1)
             norm_rel = abs(step["grad_norm"] / fsdp["grad_norm"] - 1)
             names = list(fsdp["update"])
@@ -133,7 +147,7 @@ def test_actor_update_equals_fsdp(family):
             ref = torch.cat([fsdp["update"][n].flatten() for n in names])
             update_rel = float((mine - ref).norm() / ref.norm())
             print(
-                f"{family['name']} {layout}: loss rel {loss_rel:.1e}, grad norm rel {norm_rel:.1e}, "
+                f"{family['name']} {layout} {which}: loss rel {loss_rel:.1e}, grad norm rel {norm_rel:.1e}, "
                 f"update rel {update_rel:.1e}"
             )
             assert step["loss"] == pytest.approx(fsdp["loss"], rel=1e-5), layout
@@ -141,6 +155,9 @@ def test_actor_update_equals_fsdp(family):
             assert not step["skipped"] and step["lr"] == fsdp["lr"]
             assert update_rel < 1e-4, layout
             assert float(ref.abs().max()) > 1e-4  # the step moved the weights by far more than the tolerance
+            if which == "step2":  # between the updates: the log-probs of the first batch's responses
+                mine, ref = rank[layout]["log_probs1"], family["ranks"][0][f"fsdp_{key}"]["log_probs1"]
+                torch.testing.assert_close(mine[response], ref[response], rtol=0, atol=1e-5, msg=layout)
 
 
 def test_the_folders_are_what_megatron_is_tested_for(family):

@@ -163,3 +163,18 @@ def test_errors_name_the_setting(mixtral, one_rank):
         eng.forward(batch, response_log_probs, MICRO, record_routing=True)
     with pytest.raises(ValueError, match="not a mixture-of-experts"):
         engine(one_rank)  # the dense tiny Qwen2
+
+
+def test_r2_with_recomputed_layers_under_pipeline_parallel_is_refused_by_the_config():
+    """A layer recomputed in backward would replay the experts of the micro-batch whose forward ran last."""
+    from tandem.config import ConfigError, load_config
+
+    base = ["actor.strategy=megatron", "trainer.workers_per_node=2", "actor.router_replay=R2"]
+    with pytest.raises(
+        ConfigError, match="R2 with actor.activation_checkpointing=true and .*pipeline_parallel=2"
+    ):
+        load_config(
+            "grpo", [*base, "actor.megatron.pipeline_parallel=2", "actor.activation_checkpointing=true"]
+        )
+    load_config("grpo", [*base, "actor.megatron.pipeline_parallel=2"])  # no recomputation
+    load_config("grpo", [*base, "actor.activation_checkpointing=true"])  # one stage: replayed in order

@@ -1,6 +1,7 @@
 """Router replay R2 through the actor (roles/actor.py) on FSDP2 (1 rank) and megatron (2 ranks, TP 2 with
-sequence parallel + expert parallel 2: the routers' rows split over the TP ranks and gathered back), a tiny
-Mixtral (router_replay_scenarios.py).
+sequence parallel + expert parallel 2: the routers' rows split over the TP ranks and gathered back; and context
+parallel 2 + expert parallel 2: each rank routes its two chunks of every row, the record gathered back in column
+order and the target cut the same way), a tiny Mixtral (router_replay_scenarios.py).
 
 Both engines record the same routing in the old-log-prob pass (same weights: the same experts per token) and the
 same log-probs; a forward that replays it changes no number; two steps of the actor's update replaying it give
@@ -40,6 +41,7 @@ def results(tmp_path_factory):
     path = save_tiny(root / "mixtral", num_experts=4, experts_per_token=2)
     fsdp = run("fsdp", (1, False, 1), 1, path, root / "fsdp")[0]
     megatron = run("megatron", (2, True, 2), 2, path, root / "megatron")
+    megatron += run("megatron", (1, False, 2, 2), 2, path, root / "megatron_cp")
     return fsdp, megatron
 
 
@@ -51,7 +53,7 @@ def test_both_engines_record_and_replay_alike(results):
     fsdp, ranks = results
     mask = rs.sc.rollout_batch(seed=3)["attention_mask"]
     response = rs.sc.rollout_batch(seed=3)["response_mask"].bool()
-    for meg in ranks:  # every rank returns the same
+    for meg in ranks:  # every rank of both layouts returns the same
         assert torch.equal(real_sets(meg["routed"], mask), real_sets(fsdp["routed"], mask))
         assert (meg["routed"][~mask.bool()] == -1).all()
         assert torch.allclose(meg["old_log_probs"], fsdp["old_log_probs"], atol=TOL)

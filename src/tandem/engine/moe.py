@@ -91,11 +91,12 @@ def balance_loss(router_logits: tuple[Tensor, ...] | list[Tensor], mask: Tensor,
     return torch.stack(per_layer).mean()
 
 
-def balance_term(logits: Tensor, tokens: Tensor, routing: Routing, group: Any = None) -> Tensor:
-    """One layer's E / k sum_e P_e f_e over the rows of `logits` [rows, E] where `tokens` is True. `group`:
-    the rows are split over its ranks (megatron's sequence parallel); the per-expert sums are summed over
-    them (an all-reduce in forward, identity in backward: every rank computes the same term and sends the
-    gradient to its own rows)."""
+def balance_term(logits: Tensor, tokens: Tensor, routing: Routing, groups: tuple[Any, ...] = ()) -> Tensor:
+    """One layer's E / k sum_e P_e f_e over the rows of `logits` [rows, E] where `tokens` is True. `groups`:
+    process groups the rows are split over (megatron's sequence parallel over the TP ranks, context parallel
+    over the CP ranks); the per-expert sums and the token count are summed over each in turn (an all-reduce in
+    forward, identity in backward: every rank computes the whole rows' term and sends the gradient to its own
+    rows)."""
     logits = logits[tokens]
     probs = torch.softmax(logits, dim=-1)
     chosen = torch.topk(probs, routing.top_k, dim=-1).indices.reshape(-1)
@@ -104,7 +105,7 @@ def balance_term(logits: Tensor, tokens: Tensor, routing: Routing, group: Any = 
     )
     prob_sums = probs.sum(0)
     num = torch.tensor(float(logits.shape[0]), device=logits.device)
-    if group is not None:
+    for group in groups:
         prob_sums = _SumOverGroup.apply(prob_sums, group)
         for value in (counts, num):
             dist.all_reduce(value, group=group)

@@ -177,7 +177,8 @@ def check_router_replay(cfg: TandemConfig, problems: Problems) -> None:
     """actor.router_replay: R3 needs the rollout engine's routing, which no rollout engine here returns (the hf
     engine records none; vLLM 0.32 returns it only from its Model Runner V2, which needs Triton, and on vLLM's
     CPU build Triton's CPU backend, which released triton lacks: tests/rollout/test_vllm_routed_experts.py fails
-    when that changes); R2 records in the old-log-prob pass, which bypass mode does not run."""
+    when that changes); R2 records in the old-log-prob pass, which bypass mode does not run, and is not built
+    with recomputed layers under pipeline parallel (the megatron engine refuses it as well)."""
     mode = cfg.actor.router_replay
     if mode == "R3":
         problems.add(
@@ -193,6 +194,20 @@ def check_router_replay(cfg: TandemConfig, problems: Problems) -> None:
             "actor.router_replay",
             "actor.router_replay=R2 replays the routing of the old-log-prob pass, which "
             "algorithm.rollout_correction.bypass_mode=true does not run: turn one of them off",
+        )
+    stages = cfg.actor.megatron.pipeline_parallel if train_engine(cfg.actor.strategy).pipeline else 1
+    recompute = cfg.actor.megatron.override_transformer_config.get("recompute_granularity")
+    if mode == "R2" and stages > 1 and (cfg.actor.activation_checkpointing or recompute):
+        # a recomputed router (in backward) would replay the experts of the micro-batch whose forward ran last
+        what = (
+            "actor.activation_checkpointing=true"
+            if cfg.actor.activation_checkpointing
+            else f"actor.megatron.override_transformer_config.recompute_granularity={recompute}"
+        )
+        problems.add(
+            "actor.router_replay",
+            f"actor.router_replay=R2 with {what} and actor.megatron.pipeline_parallel={stages} is not built (a "
+            "layer recomputed in backward would replay another micro-batch's experts): turn one of them off",
         )
 
 

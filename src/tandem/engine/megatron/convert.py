@@ -84,7 +84,6 @@ def check_supported(
     pipeline_parallel: int,
     expert_parallel: int = 1,
     sequence_parallel: bool = False,
-    context_parallel: int = 1,
 ) -> None:
     """Errors for what the converter or the parallel layout cannot take, naming the field and the fix: one
     ValueError that lists the architecture's features megatron is not built for (FSDP2 trains them), then the
@@ -137,11 +136,6 @@ def check_supported(
         problems.append(
             f"a mixture-of-experts model with actor.megatron.tensor_parallel={tensor_parallel} needs "
             "actor.megatron.sequence_parallel=true (megatron-core refuses MoE layers under TP without it)"
-        )
-    if experts is not None and context_parallel > 1:
-        problems.append(
-            f"a mixture-of-experts model with actor.megatron.context_parallel={context_parallel} is not built "
-            "(its routers' balance term counts whole rows); set it to 1"
         )
     shapes = shapes_of(hf_config)
     if shapes.num_query_groups % tensor_parallel:

@@ -64,7 +64,7 @@ from tandem.engine.fsdp import lora as fsdp_lora
 from tandem.engine.megatron import convert
 from tandem.engine.megatron import lora as megatron_lora
 from tandem.engine.megatron.build import build_model, build_optimizer
-from tandem.engine.megatron.experts import RouterBalance, RouterTape
+from tandem.engine.megatron.experts import RouterBalance, RouterTape, row_groups
 from tandem.engine.megatron.offload import FORWARD, PARTS, TRAIN, StateOffload
 from tandem.engine.megatron.parallel import megatron_available, parallel_layout
 from tandem.engine.megatron.schedule import PipelineSchedule
@@ -174,7 +174,6 @@ class MegatronEngine(TrainEngine):
             layout.pp_size,
             layout.ep_size,
             layout.sequence_parallel,
-            layout.cp_size,
         )
         self.config = config
         if self.lora is not None:  # a mixture-of-experts model's routers take no adapter here (lora.py)
@@ -248,15 +247,15 @@ class MegatronEngine(TrainEngine):
         # A mixture-of-experts causal LM in training: Tandem's load-balancing term in its routers (experts.py)
         routing = moe.routing_of(config, spec.router_aux_loss_coef) if head == "lm" else None
         recompute = megatron.override_transformer_config.get("recompute_granularity")
-        if routing is not None and (activation_checkpointing or recompute) and layout.pp_size > 1:
-            # Recomputed layers would run their routers' hooks during another micro-batch's turn.
+        if spec.router_replay and (activation_checkpointing or recompute) and layout.pp_size > 1:
+            # A recomputed layer's router would replay the experts of the micro-batch whose forward ran last.
             what = (
                 "actor.activation_checkpointing"
                 if activation_checkpointing
                 else f"actor.megatron.override_transformer_config.recompute_granularity={recompute}"
             )
             raise ValueError(
-                f"{self.model_path}: a mixture-of-experts model with {what} and "
+                f"{self.model_path}: actor.router_replay with {what} and "
                 f"actor.megatron.pipeline_parallel={layout.pp_size} is not built; turn one of them off"
             )
         self._routes = self._route_tape(routing, config) if spec.router_replay else None
@@ -265,8 +264,7 @@ class MegatronEngine(TrainEngine):
                 self.chunks,
                 routing,
                 config.num_hidden_layers,
-                layout.tp_group,
-                layout.sequence_parallel,
+                row_groups(layout.tp_group, layout.sequence_parallel, layout.cp_group),
             )
             if routing is not None and optim is not None
             else None
@@ -296,11 +294,6 @@ class MegatronEngine(TrainEngine):
                 f"actor.router_replay: {self.model_path} is not a mixture-of-experts language model (no routers "
                 "to replay); set actor.router_replay=off"
             )
-        if self.layout.cp_size > 1:
-            raise ValueError(
-                f"actor.router_replay with actor.megatron.context_parallel={self.layout.cp_size}: not built (each "
-                "rank routes a share of every sequence's columns); set context_parallel=1 or router_replay=off"
-            )
         return RouterTape(self.chunks, routing, config.num_hidden_layers)
 
     def _check_routes(self, wanted: bool) -> None:
@@ -326,7 +319,6 @@ class MegatronEngine(TrainEngine):
                 settings.pipeline_parallel,
                 settings.expert_parallel,
                 settings.sequence_parallel,
-                settings.context_parallel,
             )
             chunks = settings.pipeline_parallel * settings.virtual_pipeline
             if config.num_hidden_layers % chunks:

@@ -8,13 +8,22 @@ the stage that computes the loss. A forward hook on every `TopKRouter` computes 
 it to the router's output with `_AttachLoss`: the output passes unchanged, and in backward the term
 receives its weight as its gradient (what megatron's `MoEAuxLossAutoScaler` does for megatron's own
 auxiliary losses, with a weight fixed at forward time, so pipelined schedules that interleave forward and
-backward passes keep each micro-batch's). Under sequence parallel a router sees its TP rank's share of
+backward passes keep each micro-batch's). With activation checkpointing a router runs twice, without
+autograd and again in backward; the recomputation takes the micro-batch of the first pass it repeats (a
+stage's backward passes follow its forwards in order). Under sequence parallel a router sees its TP rank's share of
 the tokens: the per-expert sums are summed over the TP group (forward all-reduce, identity backward; the
 router weight's partial gradients are then summed by megatron, the weight being marked sequence parallel).
+Under context parallel a router sees its CP rank's columns of every row (context_parallel.py): the sums are
+also summed over the CP group, so each layer's term is the whole rows' (as on one rank, not a mean of the
+ranks' terms, which differ: f and P are not linear in the tokens), and megatron's DDP sums the router
+weight's partial gradients over the CP ranks. Its average over data x context ranks is undone as for the
+language-model loss (megatron's schedule scales that by the CP size): the term's weight is multiplied by
+data parallel x CP size.
 """
 
 from __future__ import annotations
 
+from collections import defaultdict, deque
 from typing import Any
 
 import torch
@@ -47,16 +56,17 @@ class RouterBalance:
         chunks: list[nn.Module],
         routing: moe.Routing,
         num_layers: int,
-        tp_group: Any,
-        sequence_parallel: bool,
+        groups: tuple[Any, ...],
     ) -> None:
         self.routing = routing
         self.num_layers = num_layers
-        self.group = tp_group if sequence_parallel else None
+        self.groups = groups  # the process groups a router's rows are split over (`row_groups`)
         self._tokens: Tensor | None = None  # the current micro-batch's real tokens, in the router's row order
         self._weight = 0.0
         self._share = 0.0
         self.total = 0.0  # sum over this rank's layers and micro-batches of share x term / num_layers
+        # recomputed routers (activation checkpointing): what each first pass saw, oldest first
+        self._pending: dict[int, deque[tuple[Tensor, float, float]]] = defaultdict(deque)
         self._handles = [
             module.register_forward_hook(self._hook)
             for chunk in chunks
@@ -72,23 +82,47 @@ class RouterBalance:
         self._weight = self.routing.coef * share * loss_scale / self.num_layers
 
     def _hook(self, module: nn.Module, args: tuple, output: Any) -> Any:
-        if self._tokens is None or not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
+            # A training forward without autograd is activation checkpointing's first pass: megatron runs the
+            # layer again in backward, under pipeline parallel after later micro-batches' forwards. A stage runs
+            # its backward passes in the order of its forwards, so the recomputation takes the oldest.
+            if self._tokens is not None:
+                self._pending[id(module)].append((self._tokens, self._share, self._weight))
+            return None
+        pending = self._pending.get(id(module))
+        if pending:
+            tokens, share, weight = pending.popleft()
+        elif self._tokens is not None:
+            tokens, share, weight = self._tokens, self._share, self._weight
+        else:
             return None
         hidden = args[0]
         logits = F.linear(hidden.reshape(-1, hidden.shape[-1]), module.weight).float()
-        term = moe.balance_term(logits, self._tokens.to(logits.device), self.routing, self.group)
-        self.total += float(term.detach()) * self._share / self.num_layers
+        term = moe.balance_term(logits, tokens.to(logits.device), self.routing, self.groups)
+        self.total += float(term.detach()) * share / self.num_layers
         probs, routing_map = output
-        return _AttachLoss.apply(probs, term, self._weight), routing_map
+        return _AttachLoss.apply(probs, term, weight), routing_map
 
     def take_total(self) -> float:
+        self._pending.clear()
         total, self.total = self.total, 0.0
         return total
 
 
-def router_rows(real: Tensor, tp_rank: int, tp_size: int, sequence_parallel: bool) -> Tensor:
+def row_groups(tp_group: Any, sequence_parallel: bool, cp_group: Any) -> tuple[Any, ...]:
+    """The process groups a router's rows are split over: the TP group under sequence parallel, the CP group
+    under context parallel (None: no context parallel)."""
+    return (*((tp_group,) if sequence_parallel else ()), *((cp_group,) if cp_group is not None else ()))
+
+
+def router_rows(
+    real: Tensor, tp_rank: int, tp_size: int, sequence_parallel: bool, columns: Tensor | None = None
+) -> Tensor:
     """[rows, width] real-token mask of a micro-batch's model inputs -> the routers' row order: megatron's
-    hidden states are [width, rows, H] (this TP rank's width slice under sequence parallel), flattened."""
+    hidden states are [width, rows, H] (this TP rank's width slice under sequence parallel), flattened; under
+    context parallel the width is this CP rank's `columns` [rows, width / CP] of each row (context_parallel.py)."""
+    if columns is not None:
+        real = real.gather(1, columns)
     by_column = real.t()
     if sequence_parallel:
         by_column = by_column.chunk(tp_size, dim=0)[tp_rank]
@@ -113,7 +147,8 @@ class RouterTape:
     index the same [.., L, k] column.
 
     Rows are the routers' order: megatron's hidden states [width, rows, H] flattened (this TP rank's width slice
-    under sequence parallel). A token without a valid record takes experts 0..k-1 (megatron replaces the whole
+    under sequence parallel, this CP rank's columns under context parallel: the schedule cuts the target and
+    gathers the record over both). A token without a valid record takes experts 0..k-1 (megatron replaces the whole
     top-k; such tokens are padding nothing attends to)."""
 
     def __init__(self, chunks: list[nn.Module], routing: moe.Routing, num_layers: int) -> None:

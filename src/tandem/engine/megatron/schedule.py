@@ -105,15 +105,24 @@ class PipelineSchedule:
             micro, inputs, make_output, real = next(data_iterator)
             if self.routes is not None:
                 self.routes.begin(id(micro), inputs["routes"][0], record and micro is not filler)
+            columns_and_order = inputs.get("cp")
             if self.router_balance is not None:
                 train = balance and not forward_only and micro is not filler
                 tokens = (
-                    router_rows(real, self.layout.tp_rank, self.layout.tp_size, self.layout.sequence_parallel)
+                    router_rows(
+                        real,
+                        self.layout.tp_rank,
+                        self.layout.tp_size,
+                        self.layout.sequence_parallel,
+                        columns_and_order[0] if columns_and_order is not None else None,
+                    )
                     if train
                     else None
                 )
-                self.router_balance.begin(tokens, real_token_count(micro) / step_tokens, self.layout.dp_size)
-            columns_and_order = inputs.get("cp")
+                # DDP averages over data x context ranks (experts.py: the term's weight undoes it)
+                self.router_balance.begin(
+                    tokens, real_token_count(micro) / step_tokens, self.layout.dp_size * self.layout.cp_size
+                )
             if columns_and_order is not None:  # the rotary embedding at this rank's columns
                 for rotary in self.row_rotaries:
                     rotary.columns = columns_and_order[0]
@@ -154,33 +163,53 @@ class PipelineSchedule:
         try:
             if not record:
                 return None
-            by_micro = {id(micro): inputs["routes"][1] for micro, inputs, *_ in prepared}
+            by_micro = {id(micro): (*inputs["routes"][1], inputs.get("cp")) for micro, inputs, *_ in prepared}
             return [self._recorded_routing(id(micro), *by_micro[id(micro)]) for micro in real_micros]
         finally:
             self.routes.end()
 
     def _recorded_routing(
-        self, key: int, packing: Any, grid: tuple[int, int], shape: tuple[int, int], real: Tensor | None
+        self,
+        key: int,
+        packing: Any,
+        grid: tuple[int, int],
+        shape: tuple[int, int],
+        real: Tensor | None,
+        cp: tuple[Tensor, Tensor] | None,
     ) -> Tensor:
         """One micro-batch's recorded routing as [b, T, L, k]: this rank's router rows gathered over the TP
-        ranks (sequence parallel) and the pipeline stages (each holds its own layers)."""
-        local_rows = grid[0] * grid[1] // (self.layout.tp_size if self.layout.sequence_parallel else 1)
+        ranks (sequence parallel), the CP ranks (context parallel: `cp`, this rank's columns and every rank's in
+        gathered order) and the pipeline stages (each holds its own layers)."""
+        width = grid[1] // self.layout.cp_size
+        local_rows = grid[0] * width // (self.layout.tp_size if self.layout.sequence_parallel else 1)
         rows = self.routes.take(key, local_rows, self.device)
         if self.layout.sequence_parallel:
             parts = [torch.empty_like(rows) for _ in range(self.layout.tp_size)]
             dist.all_gather(parts, rows.contiguous(), group=self.layout.tp_group)
             rows = torch.cat(parts)
-        placed = rows.view(grid[1], grid[0], *rows.shape[1:]).transpose(0, 1)
+        placed = rows.view(width, grid[0], *rows.shape[1:]).transpose(0, 1)
+        if cp is not None:  # every CP rank's columns, put back in column order
+            parts = [torch.empty_like(placed) for _ in range(self.layout.cp_size)]
+            dist.all_gather(parts, placed.contiguous(), group=self.layout.cp_group)
+            gathered = torch.cat(parts, dim=1)
+            order = cp[1].view(*cp[1].shape, 1, 1).expand_as(gathered)
+            placed = torch.empty_like(gathered).scatter_(1, order, gathered)
         routed = router_replay.from_grid(placed, packing, shape, real).contiguous()
         if self.layout.pp_size > 1:
             dist.all_reduce(routed, op=dist.ReduceOp.MAX, group=self.layout.pp_group)
         return routed
 
-    def _route_target(self, micro: Batch, packing: Any, grid: tuple[int, int]) -> Tensor | None:
-        """The micro-batch's `routed_experts` in this rank's router rows [n, L, k], or None."""
+    def _route_target(
+        self, micro: Batch, packing: Any, grid: tuple[int, int], columns: Tensor | None
+    ) -> Tensor | None:
+        """The micro-batch's `routed_experts` in this rank's router rows [n, L, k], or None; `columns`: this CP
+        rank's columns of each row (context parallel)."""
         if self.routes is None or router_replay.ROUTED_EXPERTS not in micro:
             return None
-        placed = router_replay.to_grid(micro[router_replay.ROUTED_EXPERTS], packing, grid).transpose(0, 1)
+        placed = router_replay.to_grid(micro[router_replay.ROUTED_EXPERTS], packing, grid)
+        if columns is not None:
+            placed = placed.gather(1, columns.view(*columns.shape, 1, 1).expand(-1, -1, *placed.shape[2:]))
+        placed = placed.transpose(0, 1)
         if self.layout.sequence_parallel:
             placed = placed.chunk(self.layout.tp_size, dim=0)[self.layout.tp_rank]
         return placed.reshape(-1, *placed.shape[2:])
@@ -232,7 +261,11 @@ class PipelineSchedule:
         # router replay: the target in the routers' rows, and what maps a record back to [b, T, L, k]
         grid = (to_rows, to_width)
         mask = micro.get("attention_mask")
-        inputs["routes"] = (self._route_target(micro, packing, grid), (packing, grid, padded_shape, mask))
+        columns = inputs["cp"][0] if "cp" in inputs else None
+        inputs["routes"] = (
+            self._route_target(micro, packing, grid, columns),
+            (packing, grid, padded_shape, mask),
+        )
 
         def make_output(logits: Tensor) -> ModelOutput:
             return ModelOutput(
