@@ -117,7 +117,9 @@ def test_verls_keys_map():
         'actor.lora.exclude_modules=["a", "b"]'
     ]
     # verl's megatron adapter checkpoint stays refused, naming Tandem's adapter folder key
-    ((key, message),) = translate_overrides(["actor_rollout_ref.model.lora.adapter_path=/a"]).problems
+    ((key, message),) = translate_overrides(
+        ["actor_rollout_ref.actor.strategy=megatron", "actor_rollout_ref.model.lora.adapter_path=/a"]
+    ).problems
     assert key == "actor_rollout_ref.model.lora.adapter_path" and "actor.lora.adapter_path" in message
     assert "megatron" in message
 
@@ -131,6 +133,7 @@ def test_megatron_lora_is_the_actors_and_reads_verls_megatron_keys():
         load_config("ppo", overrides=["actor.strategy=megatron", "critic.lora.rank=4"])
     t = translate_overrides(
         [
+            "actor_rollout_ref.actor.strategy=megatron",  # verl's megatron workers read the model.lora block
             "actor_rollout_ref.model.lora.rank=16",
             "actor_rollout_ref.model.lora.target_modules=[linear_qkv,linear_fc2]",
             "actor_rollout_ref.model.lora.lora_A_init_method=kaiming",
@@ -139,6 +142,7 @@ def test_megatron_lora_is_the_actors_and_reads_verls_megatron_keys():
     )
     assert t.problems == []
     assert t.overrides == [
+        "actor.strategy=megatron",
         "actor.lora.rank=16",
         'actor.lora.target_modules=["linear_qkv", "linear_fc2"]',
         "actor.lora.init_a=kaiming",
@@ -152,5 +156,7 @@ def test_megatron_lora_is_the_actors_and_reads_verls_megatron_keys():
         "down_proj",
     ]
     for key, value in (("lora_A_init_method", "normal"), ("lora_B_init_method", "kaiming")):
-        ((_, message),) = translate_overrides([f"actor_rollout_ref.model.lora.{key}={value}"]).problems
+        ((_, message),) = translate_overrides(
+            ["actor_rollout_ref.actor.strategy=megatron", f"actor_rollout_ref.model.lora.{key}={value}"]
+        ).problems
         assert f"{key}={value!r}" in message

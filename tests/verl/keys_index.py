@@ -170,7 +170,6 @@ RL_INDEX: dict[str, str] = {
     "critic.model.lora.freeze_vision_projection": "no effect <- glob critic.model.lora.*",
     "critic.model.lora.lora_A_init_method": "no effect <- glob critic.model.lora.*",
     "critic.model.lora.lora_B_init_method": "no effect <- glob critic.model.lora.*",
-    "critic.model.lora.target_modules": "no effect <- glob critic.model.lora.*",
     "critic.model.tiled_mlp.enabled": "no effect <- glob *.tiled_mlp.*",
     "critic.model.tiled_mlp.num_shards": "no effect <- glob *.tiled_mlp.*",
     "critic.profiler.all_ranks": "no effect <- glob *.profiler.*",

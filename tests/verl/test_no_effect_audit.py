@@ -20,6 +20,7 @@ import pytest
 from tests.verl.keys_index import GENERATION_INDEX, RL_INDEX, SFT_INDEX
 
 from tandem.config.verl.defaults import RL_DEFAULTS, SFT_DEFAULTS
+from tandem.config.verl.engine_keys import STRATEGY_KEY, reading_engine
 from tandem.config.verl.generation_keys import GENERATION_KEYS, GENERATION_PATTERNS
 from tandem.config.verl.keys import ENGINE_KWARGS, VERL_KEYS, VERL_PATTERNS, verl_rule
 from tandem.config.verl.sft_keys import SFT_KEYS
@@ -147,6 +148,8 @@ def test_a_built_entry_maps_to_its_tandem_key(name):
     target = AUDIT[name]["target"]
     for key, sft in _covered(name):
         value = _other_value(key, sft)
-        translation = translate_overrides([f"{key}={value}"], sft=sft)
+        # a key one of verl's engines reads alone, read on that engine (config/verl/engine_keys.py)
+        engine = [] if sft else [f"{STRATEGY_KEY}={reading_engine(key)}"] * (reading_engine(key) is not None)
+        translation = translate_overrides([*engine, f"{key}={value}"], sft=sft)
         assert translation.problems == []
-        assert translation.overrides == [f"{target}={value}"]
+        assert translation.overrides[len(engine) :] == [f"{target}={value}"]

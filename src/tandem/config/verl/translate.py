@@ -19,6 +19,13 @@ from typing import Any
 from tandem.config.coerce import type_at
 from tandem.config.verl.defaults import RL_DEFAULTS, SFT_DEFAULTS
 from tandem.config.verl.dist_checkpoint import DIST_KEYS, read_dist_checkpoint
+from tandem.config.verl.engine_keys import (
+    STRATEGY_KEY,
+    ignored_message,
+    ignored_note,
+    reading_engine,
+    run_engine,
+)
 from tandem.config.verl.hints import unknown_verl_key_message
 from tandem.config.verl.keys import SGLANG_NOTE, VERL_KEYS, is_verl_key, verl_rule
 from tandem.config.verl.removed import Trainer, old_defaults, removed_key, removed_note
@@ -126,6 +133,13 @@ def translate_overrides(
         if not sep or key.startswith("~") or not _reads_as_verl(key, sft):
             out.overrides.append(text)
             continue
+        reader = None if sft else reading_engine(key)
+        if reader is not None and reader != (engine := run_engine(sizes)) and engine is not None:
+            if at_verl_default(key, value_text.strip(), _defaults(sft)):
+                out.no_effect.append((text.lstrip("+"), ignored_note(reader, engine)))
+            else:
+                out.problems.append((key, ignored_message(key, value_text.strip(), reader, engine)))
+            continue  # verl's other engine's key (config/verl/engine_keys.py)
         if key in ("trainer.resume_mode", "trainer.resume_from_path") and not sft:
             _resume(out, text, sizes)
             continue
@@ -320,6 +334,7 @@ def _ulysses(given: Mapping[str, str]) -> int:
 
 
 _SIZES = {
+    STRATEGY_KEY,  # which of verl's engines reads its engine-only keys (config/verl/engine_keys.py)
     *_ULYSSES,
     "trainer.nnodes",
     "trainer.n_gpus_per_node",
