@@ -13,6 +13,12 @@ user's `tandem config --config-path=<verl>/verl/trainer/config --config-name=NAM
 script's --config-name, or its entry point's own (ppo_trainer for main_ppo, sft_trainer / sft_trainer_engine
 for the SFT trainers); an example's own YAML (examples/*/config/*.yaml, kept in examples.json) is composed with
 verl's folder on its hydra.searchpath. main_generation command lines go through `tandem generate`'s config.
+
+A script the config accepts that runs the megatron engine is then put through the checks that run before any
+worker starts and read its model folders (`check_available`: megatron's check_buildable, the rollout engine's
+and the vision-language checks), on a tiny folder of the model kind the script trains (megatron_kinds.py: a
+Qwen3-MoE for Qwen3-30B-A3B, a DeepSeek-V3 for Moonlight, ...) sized so that its layout divides it; what they
+refuse is the script's refusal.
 """
 
 from __future__ import annotations
@@ -29,9 +35,12 @@ import yaml
 from tandem.config import ConfigError, load_config
 from tandem.config.generate import load_generate_config
 from tandem.models.tiny import save_tiny
+from tandem.train_engine_options import facts
+from tandem.trainer.start_checks.available import check_available
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the shared verl-format fixtures
 from tools.verl_rows import INTERACTION_YAML, TOOL_YAML, gsm8k_rows, write_parquet
+from verl.megatron_kinds import MEGATRON_KINDS, kind_of_path, save_kind
 
 DATA = Path(__file__).parent / "data"
 VERL_CONFIG = DATA / "verl_config"  # verl's verl/trainer/config, as a user's --config-path names it
@@ -49,6 +58,17 @@ NOT_READ_YET = "not read yet"  # a key or value verl takes that Tandem does not 
 # here that is accepted, fails the test
 # use_dist_checkpointing=True with an empty dist_checkpointing_path, a folder the script leaves to its user
 _DIST_CKPT = ("dist_checkpointing_path=FOLDER, the megatron distributed checkpoint",)
+
+
+def _megatron_builds(model_type: str) -> str:
+    """convert.check_supported's refusal of a model_type megatron does not convert."""
+    return (
+        "actor.strategy=megatron builds qwen2, qwen3, llama, mixtral, qwen3_moe models; this folder's "
+        f"config.json has model_type='{model_type}'"
+    )
+
+
+_AGENT_LOOP_TP = "rollout.tensor_parallel=2 with rollout.mode=async (agent loop) is not available yet"
 REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     # hardware
     "examples/grpo_trainer/run_qwen2_5_7b_grpo_discrete_prof_npu.sh": (HARDWARE, ("no 'npu' hooks",)),
@@ -70,6 +90,33 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
         MISSING,
         ("Tandem's rollout engines do not return them",),
     ),
+    # megatron runs refused by the start-up checks on a model folder of their kind (megatron_kinds.py): the
+    # megatron engine converts qwen2, qwen3, llama, mixtral and qwen3_moe folders only
+    "examples/grpo_trainer/run_deepseek671b_math_megatron_80gb.sh": (
+        MISSING,
+        (_megatron_builds("deepseek_v3"),),
+    ),
+    "examples/grpo_trainer/run_deepseek671b_math_megatron_96gb.sh": (
+        MISSING,
+        (_megatron_builds("deepseek_v3"),),
+    ),
+    "examples/ppo_trainer/run_moonlight16b_a3b_gsm8k_megatron.sh": (
+        MISSING,
+        (_megatron_builds("deepseek_v3"),),
+    ),
+    "examples/ppo_trainer/run_qwen1.5_moe_a2.7b-gsm8k_megatron.sh": (
+        MISSING,
+        (_megatron_builds("qwen2_moe"),),
+    ),
+    "examples/grpo_trainer/run_qwen3_vl-235b-megatron.sh": (MISSING, (_megatron_builds("qwen3_vl_moe"),)),
+    "examples/grpo_trainer/run_qwen3_vl-30b-megatron.sh": (MISSING, (_megatron_builds("qwen3_vl_moe"),)),
+    "examples/grpo_trainer/run_qwen3_vl-8b-megatron.sh": (MISSING, (_megatron_builds("qwen3_vl"),)),
+    # ... and the agent loop's engine over tensor-parallel rollout ranks (rollout_engine.py's start-up check)
+    "examples/sglang_multiturn/geo3k/run_qwen2.5-3b_megatron_geo3k_multiturn.sh": (
+        MISSING,
+        (_megatron_builds("qwen2_5_vl"), _AGENT_LOOP_TP),
+    ),
+    "examples/sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh": (MISSING, (_AGENT_LOOP_TP,)),
     # the script's own error
     "examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.sh": (
         SCRIPT_ERROR,
@@ -135,8 +182,20 @@ def files(tmp_path_factory):
         "data.custom_cls.path": str(dataset),
         "actor_rollout_ref.model.lora_adapter_path": str(adapter_folder(tmp / "adapter")),
         "data.output_path": str(tmp / "out.parquet"),
+        # a megatron distributed checkpoint the script names (an empty one stays empty: the script's error)
+        "dist_checkpoint": str(dist_checkpoint_folder(tmp / "mcore")),
     }
+    for kind in set(MEGATRON_KINDS.values()):  # a megatron script's model, by kind
+        paths[f"model:{kind}"] = save_kind(tmp / "kinds" / kind, kind)
     return tmp, paths
+
+
+def dist_checkpoint_folder(folder: Path) -> Path:
+    """A folder the start-up check takes for a megatron distributed checkpoint (its metadata.json; the weights
+    are read by the engine)."""
+    folder.mkdir()
+    (folder / "metadata.json").write_text("{}")
+    return folder
 
 
 def adapter_folder(folder: Path) -> Path:
@@ -157,6 +216,10 @@ MODEL_KEYS = (
     "model.partial_pretrain",
 )
 DATA_KEYS = ("data.train_files", "data.val_files", "data.path")
+DIST_CHECKPOINT_KEYS = tuple(
+    f"{role}.megatron.dist_checkpointing_path"
+    for role in ("actor_rollout_ref.actor", "actor_rollout_ref.ref", "critic")
+)
 
 
 def with_test_files(overrides: list[str], paths: dict[str, str]) -> list[str]:
@@ -169,6 +232,8 @@ def with_test_files(overrides: list[str], paths: dict[str, str]) -> list[str]:
             value = paths["model"]
         elif bare in DATA_KEYS:
             value = paths["data"]
+        elif bare in DIST_CHECKPOINT_KEYS and value:
+            value = paths["dist_checkpoint"]
         elif bare in paths:
             value = paths[bare]
         out.append(f"{key}={value}")
@@ -176,7 +241,11 @@ def with_test_files(overrides: list[str], paths: dict[str, str]) -> list[str]:
 
 
 def problems(script: dict, tmp: Path, paths: dict[str, str]) -> list[str]:
-    """The problem lines `tandem config` (or `tandem config sft`, `tandem generate`) reports; [] accepted."""
+    """The problem lines `tandem config` (or `tandem config sft`, `tandem generate`) reports, then for a megatron
+    run the start-up checks on a model folder of its kind; [] accepted."""
+    kind = MEGATRON_KINDS.get(script["script"])
+    if kind is not None:
+        paths = {**paths, "model": paths[f"model:{kind}"]}
     overrides = with_test_files(script["overrides"], paths)
     entry = script["entry_point"]
     quiet = {"on_verl": lambda translation: None}
@@ -193,7 +262,15 @@ def problems(script: dict, tmp: Path, paths: dict[str, str]) -> list[str]:
             # torchrun's --nproc_per_node: the scripts' first argument, 8 when extracted
             load_config(str(config), ["trainer.n_gpus_per_node=8", *overrides], sft=True, **quiet)
         else:
-            load_config(str(config), overrides, **quiet)
+            cfg = load_config(str(config), overrides, **quiet)
+            megatron = facts(cfg.actor.strategy).section == "megatron"
+            if megatron != (kind is not None):
+                return [f"runs megatron: {megatron}; in megatron_kinds.MEGATRON_KINDS: {kind is not None}"]
+            if megatron:
+                try:
+                    check_available(cfg)
+                except ConfigError as err:  # its problems, one a line
+                    return str(err).splitlines()
     except ConfigError as err:
         return [line.strip().removeprefix("- ") for line in str(err).splitlines()[1:]] or [str(err)]
     return []
@@ -231,12 +308,25 @@ def test_every_example_script_is_accepted_or_refused_for_its_listed_reason(files
 
 
 ACCEPTED = {
-    "verl.trainer.main_ppo": 111,
+    "verl.trainer.main_ppo": 102,
     "verl.trainer.main_ppo_split": 1,
     "verl.trainer.fsdp_sft_trainer": 9,
     "verl.trainer.sft_trainer": 1,
     "verl.trainer.main_generation": 2,
 }
+
+
+def test_each_megatron_script_s_model_kind_is_the_one_its_model_path_names():
+    named = 0
+    for path, kind in MEGATRON_KINDS.items():
+        model = next(
+            o.partition("=")[2]
+            for o in SCRIPTS[path]["overrides"]
+            if o.lstrip("+").startswith("actor_rollout_ref.model.path=")
+        )
+        assert kind_of_path(model) in (kind, None), (path, model)
+        named += kind_of_path(model) is not None
+    assert (len(MEGATRON_KINDS), named) == (27, 25)  # 2 paths are empty: their kind from the script's name
 
 
 def test_every_refusal_names_its_class():
