@@ -14,6 +14,7 @@ a multiple of 8.
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -62,8 +63,16 @@ KIND_OF_PATH: list[tuple[str, str]] = [
     (r"Qwen3-\d+B-A\d+B", "qwen3_moe"),
     (r"Qwen1\.5-MoE", "qwen2_moe"),
     (r"DeepSeek-V3|dsv3|Moonlight", "deepseek_v3"),
-    (r"deepseek-llm", "llama"),
-    (r"Qwen2(\.5)?-\d+B", "qwen2"),
+    (r"deepseek-(llm|coder)", "llama"),
+    # the FSDP scripts' models too (fsdp_kinds.py)
+    (r"GLM-4\.1V", "glm4v"),
+    (r"MiniCPM-o", "minicpmo"),
+    (r"Mistral", "mistral"),
+    (r"gemma-2-", "gemma2"),
+    (r"gemma-", "gemma"),
+    (r"Seed-OSS", "seed_oss"),
+    (r"(?i)qwen3-\d+b", "qwen3"),
+    (r"Qwen2(\.5)?(-Math|-Coder)?-[\d.]+B", "qwen2"),
 ]
 
 
@@ -95,15 +104,29 @@ EXPERTS = {  # each MoE kind's names for its experts
 }
 
 
+# model types whose code comes with the model's folder (trust_remote_code), config.json's own fields
+REMOTE_CODE = {
+    "minicpmo": {
+        "model_type": "minicpmo",
+        "architectures": ["MiniCPMO"],
+        "auto_map": {"AutoConfig": "configuration_minicpm.MiniCPMOConfig"},
+    },
+}
+
+
 def save_kind(folder: Path, kind: str) -> str:
     """A folder of `kind` (a config.json and the tiny tokenizer) sized for every script's layout."""
-    vision = {"qwen3_vl_moe": "qwen3_vl_moe", "qwen3_vl": "qwen3_vl", "qwen2_5_vl": "qwen2_5_vl"}
-    if kind in vision:
+    folder.mkdir(parents=True, exist_ok=True)
+    save_tokenizer(build_tokenizer(), folder)
+    if (
+        kind in REMOTE_CODE
+    ):  # a model_type transformers does not know: its config.json as the release writes it
+        (folder / "config.json").write_text(json.dumps({**SIZES, **REMOTE_CODE[kind]}))
+        return str(folder)
+    if kind in ("qwen3_vl_moe", "qwen3_vl", "qwen2_5_vl", "glm4v"):
         text = {**SIZES, **({"num_experts": 16, "num_experts_per_tok": 2} if kind.endswith("moe") else {})}
         config = AutoConfig.for_model(kind, text_config=text)
     else:
         config = AutoConfig.for_model(kind, **SIZES, **EXPERTS.get(kind, {}))
-    folder.mkdir(parents=True, exist_ok=True)
     config.save_pretrained(folder)
-    save_tokenizer(build_tokenizer(), folder)
     return str(folder)

@@ -18,7 +18,8 @@ A script the config accepts that runs the megatron engine is then put through th
 worker starts and read its model folders (`check_available`: megatron's check_buildable, the rollout engine's
 and the vision-language checks), on a tiny folder of the model kind the script trains (megatron_kinds.py: a
 Qwen3-MoE for Qwen3-30B-A3B, a DeepSeek-V3 for Moonlight, ...) sized so that its layout divides it; what they
-refuse is the script's refusal.
+refuse is the script's refusal. So is every FSDP run of main_ppo / main_ppo_split and every SFT run (its "sft"
+checks: the trainer runs them too), on a folder of its kind (fsdp_kinds.py); main_generation runs none.
 """
 
 from __future__ import annotations
@@ -34,12 +35,15 @@ import yaml
 
 from tandem.config import ConfigError, load_config
 from tandem.config.generate import load_generate_config
+from tandem.engine.hf_io import auto_class
+from tandem.engine.hf_io import load_config as load_hf_config
 from tandem.models.tiny import save_tiny
 from tandem.train_engine_options import facts
 from tandem.trainer.start_checks.available import check_available
 
 sys.path.insert(0, str(Path(__file__).parents[1]))  # tests/: the shared verl-format fixtures
 from tools.verl_rows import INTERACTION_YAML, TOOL_YAML, gsm8k_rows, write_parquet
+from verl.fsdp_kinds import FSDP_KINDS
 from verl.megatron_kinds import MEGATRON_KINDS, kind_of_path, save_kind
 
 DATA = Path(__file__).parent / "data"
@@ -68,7 +72,12 @@ def _megatron_builds(model_type: str) -> str:
     )
 
 
-_AGENT_LOOP_TP = "rollout.tensor_parallel=2 with rollout.mode=async (agent loop) is not available yet"
+def _agent_loop_tp(tp: int = 2) -> str:
+    """rollout_engine.py's refusal of the agent loop's engine over `tp` tensor-parallel rollout ranks."""
+    return f"rollout.tensor_parallel={tp} with rollout.mode=async (agent loop) is not available yet"
+
+
+_AGENT_LOOP_TP = _agent_loop_tp()
 REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
     # hardware
     "examples/grpo_trainer/run_qwen2_5_7b_grpo_discrete_prof_npu.sh": (HARDWARE, ("no 'npu' hooks",)),
@@ -117,6 +126,26 @@ REFUSED: dict[str, tuple[str, tuple[str, ...]]] = {
         (_megatron_builds("qwen2_5_vl"), _AGENT_LOOP_TP),
     ),
     "examples/sglang_multiturn/run_qwen2.5-3b_megatron_gsm8k_multiturn.sh": (MISSING, (_AGENT_LOOP_TP,)),
+    # FSDP runs refused by the same start-up checks (fsdp_kinds.py): the agent loop over tensor-parallel rollout
+    # ranks
+    "examples/sglang_multiturn/geo3k/run_qwen2.5-3b_geo3k_multiturn.sh": (MISSING, (_AGENT_LOOP_TP,)),
+    "examples/sglang_multiturn/geo3k/run_qwen2.5-3b_geo3k_multiturn_4xgpu.sh": (MISSING, (_AGENT_LOOP_TP,)),
+    "examples/sglang_multiturn/gsm8k_toolcall_shaping/run_gsm8k_grpo_toolcall_shaping.sh": (
+        MISSING,
+        (_AGENT_LOOP_TP,),
+    ),
+    "examples/sglang_multiturn/run_qwen0.5b_gsm8k_multiturn_curriculum.sh": (MISSING, (_AGENT_LOOP_TP,)),
+    "examples/sglang_multiturn/run_qwen2.5-0.5b_gsm8k_multiturn_w_interaction.sh": (
+        MISSING,
+        (_AGENT_LOOP_TP,),
+    ),
+    "examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_4xgpu.sh": (MISSING, (_AGENT_LOOP_TP,)),
+    "examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_4xgpu_server.sh": (
+        MISSING,
+        (_agent_loop_tp(4),),
+    ),
+    "examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_tool_agent_mlflow.sh": (MISSING, (_AGENT_LOOP_TP,)),
+    "examples/sglang_multiturn/run_qwen3-4b_gsm8k_multiturn.sh": (MISSING, (_AGENT_LOOP_TP,)),
     # the script's own error
     "examples/sglang_multiturn/run_qwen2.5-3b_gsm8k_multiturn_vllm_fsdp.sh": (
         SCRIPT_ERROR,
@@ -185,7 +214,7 @@ def files(tmp_path_factory):
         # a megatron distributed checkpoint the script names (an empty one stays empty: the script's error)
         "dist_checkpoint": str(dist_checkpoint_folder(tmp / "mcore")),
     }
-    for kind in set(MEGATRON_KINDS.values()):  # a megatron script's model, by kind
+    for kind in {*MEGATRON_KINDS.values(), *FSDP_KINDS.values()}:  # a script's model, by kind
         paths[f"model:{kind}"] = save_kind(tmp / "kinds" / kind, kind)
     return tmp, paths
 
@@ -228,7 +257,9 @@ def with_test_files(overrides: list[str], paths: dict[str, str]) -> list[str]:
     for text in overrides:
         key, _, value = text.partition("=")
         bare = key.lstrip("+")
-        if bare in MODEL_KEYS:
+        if bare == "reward_model.model.path" and f"model:{kind_of_path(value)}" in paths:
+            value = paths[f"model:{kind_of_path(value)}"]  # a reward model of the kind its path names
+        elif bare in MODEL_KEYS:
             value = paths["model"]
         elif bare in DATA_KEYS:
             value = paths["data"]
@@ -243,7 +274,7 @@ def with_test_files(overrides: list[str], paths: dict[str, str]) -> list[str]:
 def problems(script: dict, tmp: Path, paths: dict[str, str]) -> list[str]:
     """The problem lines `tandem config` (or `tandem config sft`, `tandem generate`) reports, then for a megatron
     run the start-up checks on a model folder of its kind; [] accepted."""
-    kind = MEGATRON_KINDS.get(script["script"])
+    kind = MEGATRON_KINDS.get(script["script"], FSDP_KINDS.get(script["script"]))
     if kind is not None:
         paths = {**paths, "model": paths[f"model:{kind}"]}
     overrides = with_test_files(script["overrides"], paths)
@@ -260,19 +291,27 @@ def problems(script: dict, tmp: Path, paths: dict[str, str]) -> list[str]:
             load_generate_config(None, overrides, **quiet)
         elif entry in ("verl.trainer.fsdp_sft_trainer", "verl.trainer.sft_trainer"):
             # torchrun's --nproc_per_node: the scripts' first argument, 8 when extracted
-            load_config(str(config), ["trainer.n_gpus_per_node=8", *overrides], sft=True, **quiet)
+            cfg = load_config(str(config), ["trainer.n_gpus_per_node=8", *overrides], sft=True, **quiet)
+            return available_problems(cfg, script, "sft")
         else:
             cfg = load_config(str(config), overrides, **quiet)
-            megatron = facts(cfg.actor.strategy).section == "megatron"
-            if megatron != (kind is not None):
-                return [f"runs megatron: {megatron}; in megatron_kinds.MEGATRON_KINDS: {kind is not None}"]
-            if megatron:
-                try:
-                    check_available(cfg)
-                except ConfigError as err:  # its problems, one a line
-                    return str(err).splitlines()
+            return available_problems(cfg, script, "rl")
     except ConfigError as err:
         return [line.strip().removeprefix("- ") for line in str(err).splitlines()[1:]] or [str(err)]
+    return []
+
+
+def available_problems(cfg, script: dict, purpose: str) -> list[str]:
+    """The start-up checks' problems (`check_available`), one a line, of a run the config accepts, on the model
+    folder of its kind; [] accepted."""
+    megatron = facts(cfg.actor.strategy).section == "megatron"
+    table = MEGATRON_KINDS if megatron else FSDP_KINDS
+    if script["script"] not in table:
+        return [f"runs megatron: {megatron}; not in {'megatron' if megatron else 'fsdp'}_kinds"]
+    try:
+        check_available(cfg, purpose)
+    except ConfigError as err:
+        return str(err).splitlines()
     return []
 
 
@@ -308,7 +347,7 @@ def test_every_example_script_is_accepted_or_refused_for_its_listed_reason(files
 
 
 ACCEPTED = {
-    "verl.trainer.main_ppo": 102,
+    "verl.trainer.main_ppo": 93,
     "verl.trainer.main_ppo_split": 1,
     "verl.trainer.fsdp_sft_trainer": 9,
     "verl.trainer.sft_trainer": 1,
@@ -327,6 +366,50 @@ def test_each_megatron_script_s_model_kind_is_the_one_its_model_path_names():
         assert kind_of_path(model) in (kind, None), (path, model)
         named += kind_of_path(model) is not None
     assert (len(MEGATRON_KINDS), named) == (27, 25)  # 2 paths are empty: their kind from the script's name
+
+
+MODEL_PATH_KEYS = ("actor_rollout_ref.model.path=", "model.partial_pretrain=", "model.path=")
+
+
+def test_each_fsdp_script_s_model_kind_is_the_one_its_model_path_names():
+    named = 0
+    for path, kind in FSDP_KINDS.items():
+        overrides = SCRIPTS[path]["overrides"]
+        model = next(
+            (o.partition("=")[2] for o in overrides if o.lstrip("+").startswith(MODEL_PATH_KEYS)), ""
+        )
+        assert kind_of_path(model) in (kind, None), (path, model)
+        named += kind_of_path(model) is not None
+    # 95 = 84 main_ppo + 1 main_ppo_split + 10 SFT the config accepts; 2 name no model (pfppo: ppo_trainer.yaml's
+    # deepseek-llm-7b-chat; tuning/70b h20: model_path), their kind from the script's name
+    assert (len(FSDP_KINDS), named) == (95, 93)
+
+
+# the FSDP scripts whose model the start-up checks accept and the FSDP engine does not build: it loads a model
+# through transformers' AutoModelForCausalLM (AutoModelForImageTextToText for qwen2_vl alone, hf_io.auto_class),
+# which has no class for these vision-language types, and without trust_remote_code for MiniCPM-o's own code.
+# check_available reads no model_type outside VISION_LANGUAGE_TYPES, so they fail only in the workers. A Tandem
+# gap (reported), kept here rather than in REFUSED: when the start-up check refuses them, this test fails.
+NOT_BUILT_KINDS = {"qwen2_5_vl", "glm4v", "qwen3_vl", "minicpmo"}
+
+
+def _fsdp_engine_builds(folder: str) -> bool:
+    """Whether the FSDP engine's loader has a model class for the folder's config (hf_io.load_config/auto_class)."""
+    try:
+        config = load_hf_config(folder, "lm")
+    except ValueError:  # transformers does not know the model_type (its code is the folder's own)
+        return False
+    return type(config) in auto_class("lm", config)._model_mapping
+
+
+def test_the_start_up_check_accepts_vision_language_folders_the_fsdp_engine_does_not_build(files):
+    tmp, paths = files
+    not_built = {kind for kind in set(FSDP_KINDS.values()) if not _fsdp_engine_builds(paths[f"model:{kind}"])}
+    assert not_built == NOT_BUILT_KINDS
+    accepted = [p for p, kind in FSDP_KINDS.items() if kind in not_built and p not in REFUSED]
+    for path in accepted:  # the start-up checks let them through
+        assert problems(SCRIPTS[path], tmp, paths) == [], path
+    assert len(accepted) == 11  # 8 Qwen2.5-VL, GLM-4.1V, MiniCPM-o (main_ppo); Qwen3-VL (sft_trainer)
 
 
 def test_every_refusal_names_its_class():
