@@ -6,6 +6,7 @@ engine builds, unsharded, and compare with it.
 
 from __future__ import annotations
 
+import json
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +21,7 @@ from transformers import (
     PreTrainedModel,
 )
 
-from tandem.models.model_type import is_vision_language
+from tandem.models.model_type import VISION_LANGUAGE_TYPES, is_vision_language
 
 # Files of a Hugging Face folder that hold weights or the model config: written by `save_pretrained`,
 # never copied from the source folder. Everything else (tokenizer, chat template, generation config) is.
@@ -128,6 +129,48 @@ def config_problems(folders: dict[str, str], check: Callable[[PretrainedConfig],
             check(load_config(folder, "lm"))
         except ValueError as err:
             problems.append(f"{key}={folder}: {err}")
+    return problems
+
+
+def unloadable_folders(folders: dict[str, str]) -> list[str]:
+    """The model folders of `folders` (what to call each -> the folder) that `auto_class` cannot load, read from
+    config.json alone, as "<key>=<folder>: <why>": a kind transformers has no class of for the role's head (a
+    critic's or reward model's key: a token classifier; else a causal LM, or an image-text model of
+    VISION_LANGUAGE_TYPES), or a folder that names its own code (`auto_map`: Tandem passes no trust_remote_code).
+    A folder without config.json is passed over (it is reported where it is read)."""
+    from transformers.models.auto import modeling_auto
+
+    heads = {
+        "lm": ("causal LM", modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES),
+        "value": (
+            "a token classifier (a critic's or reward model's head)",
+            modeling_auto.MODEL_FOR_TOKEN_CLASSIFICATION_MAPPING_NAMES,
+        ),
+    }
+    problems = []
+    for key, folder in folders.items():
+        path = Path(folder or "") / "config.json"
+        if not folder or not path.is_file():
+            continue
+        config = json.loads(path.read_text())
+        kind = config.get("model_type")
+        head = "value" if key.startswith(("critic.", "reward.")) else "lm"
+        what, names = heads[head]
+        if "auto_map" in config:
+            why = (
+                f"its config.json names code of its own (auto_map, model_type {kind!r}), which Tandem does not run "
+                "(no trust_remote_code); use a model transformers builds"
+            )
+        elif kind in names or (head == "lm" and kind in VISION_LANGUAGE_TYPES):
+            continue
+        elif kind in modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+            why = (
+                f"a {kind!r} vision-language model; the FSDP2 engine builds {', '.join(VISION_LANGUAGE_TYPES)} "
+                "(as the policy)"
+            )
+        else:
+            why = f"model_type {kind!r}: transformers has no {what} of this kind"
+        problems.append(f"{key}={folder}: {why}")
     return problems
 
 

@@ -420,11 +420,15 @@ class FSDPEngine(TrainEngine):
     # ------------------------------------------------------------------ pre-flight, LoRA's reference policy
     @staticmethod
     def check_buildable(settings: FSDPConfig, folders: dict[str, str]) -> list[str]:
-        """The models of `folders` whose attention heads actor.fsdp.sequence_parallel (`settings`) does not split
-        (engine/fsdp/ulysses.py), read from their config.json alone."""
-        if settings.sequence_parallel <= 1:
-            return []
-        return hf_io.config_problems(folders, lambda config: check_heads(config, settings.sequence_parallel))
+        """The models of `folders` this engine cannot load (hf_io.unloadable_folders: no transformers class of
+        their kind for the role's head, or code of their own) and, with actor.fsdp.sequence_parallel (`settings`),
+        those whose attention heads it does not split (engine/fsdp/ulysses.py); read from config.json alone."""
+        problems = hf_io.unloadable_folders(folders)
+        if settings.sequence_parallel > 1:
+            problems += hf_io.config_problems(
+                folders, lambda config: check_heads(config, settings.sequence_parallel)
+            )
+        return problems
 
     def without_adapter(self) -> TrainEngine:
         """This engine with its LoRA adapters off, frozen: a LoRA actor's reference policy (engine/fsdp/lora.py)."""
