@@ -58,9 +58,20 @@ def test_the_key_and_verls_spelling():
     )
     with pytest.raises(ConfigError, match="actor.lora.init_a"):
         load_config(overrides=["actor.lora.rank=4", "actor.lora.init_a=normal"])
+    megatron = (
+        "actor_rollout_ref.actor.strategy=megatron"  # verl's megatron workers read the model.lora block
+    )
     for value in ("kaiming", "xavier"):
-        t = translate_overrides([f"actor_rollout_ref.model.lora.lora_A_init_method={value}"])
-        assert (t.overrides, t.problems) == ([f"actor.lora.init_a={value}"], [])
+        t = translate_overrides([megatron, f"actor_rollout_ref.model.lora.lora_A_init_method={value}"])
+        assert (t.overrides, t.problems) == (["actor.strategy=megatron", f"actor.lora.init_a={value}"], [])
+    # verl's FSDP workers do not read it (config/verl/engine_keys.py): its default has no effect, another is refused
+    assert translate_overrides(["actor_rollout_ref.model.lora.lora_A_init_method=xavier"]).overrides == []
+    ((key, message),) = translate_overrides(
+        ["actor_rollout_ref.model.lora.lora_A_init_method=kaiming"]
+    ).problems
+    assert (
+        key == "actor_rollout_ref.model.lora.lora_A_init_method" and "verl's megatron workers read" in message
+    )
 
 
 def test_xavier_draws_each_expert_of_a_fused_adapter_within_its_own_bound():
