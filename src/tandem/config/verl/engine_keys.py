@@ -32,6 +32,7 @@ FSDP_ONLY = {
     "critic.model.lora_alpha": "critic.model.lora.alpha",
     "critic.model.target_modules": "critic.model.lora.target_modules",
 }
+MEGATRON_TO_FSDP = {megatron: fsdp for fsdp, megatron in FSDP_ONLY.items()}
 MEGATRON_BLOCKS = ("actor_rollout_ref.model.lora.", "critic.model.lora.")
 
 
@@ -59,8 +60,7 @@ def ignored_note(reader: str, engine: str) -> str:
 
 def ignored_message(key: str, value_text: str, reader: str, engine: str) -> str:
     """Why `key=value_text`, read by verl's `reader` engine only, is refused in a run on `engine`."""
-    by_megatron = {megatron: fsdp for fsdp, megatron in FSDP_ONLY.items()}
-    same = FSDP_ONLY.get(key) or by_megatron.get(key)
+    same = FSDP_ONLY.get(key) or MEGATRON_TO_FSDP.get(key)
     instead = (
         f"on {engine} verl reads {same}: give that, or drop this key"
         if same

@@ -124,6 +124,9 @@ def translate_overrides(
     overrides = [str(o) for o in overrides]
     # the GPU counts and Ulysses sizes verl's older global micro-batch keys are divided by
     sizes = {**verl_sizes(None, overrides), **(sizes or {})}
+    engine = (
+        None if sft else run_engine(sizes)
+    )  # the verl engine whose own LoRA keys are read (engine_keys.py)
     for text in overrides:
         key, sep, value_text = text.partition("=")
         key = key.strip().lstrip("+")
@@ -133,8 +136,8 @@ def translate_overrides(
         if not sep or key.startswith("~") or not _reads_as_verl(key, sft):
             out.overrides.append(text)
             continue
-        reader = None if sft else reading_engine(key)
-        if reader is not None and reader != (engine := run_engine(sizes)) and engine is not None:
+        reader = reading_engine(key)
+        if engine is not None and reader is not None and reader != engine:
             if at_verl_default(key, value_text.strip(), _defaults(sft)):
                 out.no_effect.append((text.lstrip("+"), ignored_note(reader, engine)))
             else:
