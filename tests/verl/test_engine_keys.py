@@ -64,6 +64,16 @@ def test_the_other_engine_s_key_is_no_effect_at_verls_default_and_refused_otherw
     assert all("workers read this key" not in text for _, text in own.problems)
 
 
+def _load(yaml: str, *given: str):
+    """verl's real `yaml` with the command line's `given` keys, as `tandem train verl` loads it."""
+    return load_config(
+        str(VERL_CONFIG / yaml),
+        ["data.train_files=/x.parquet", *given],
+        require_data=False,
+        on_verl=lambda t: None,
+    )
+
+
 @pytest.mark.parametrize(
     ("yaml", "given", "rank"),
     [
@@ -83,12 +93,7 @@ def test_the_other_engine_s_key_is_no_effect_at_verls_default_and_refused_otherw
     ],
 )
 def test_verls_real_config_reads_the_engine_s_own_lora_keys(yaml, given, rank):
-    cfg = load_config(
-        str(VERL_CONFIG / yaml),
-        ["data.train_files=/x.parquet", *given],
-        require_data=False,
-        on_verl=lambda t: None,
-    )
+    cfg = _load(yaml, *given)
     assert cfg.actor.lora.rank == rank
     assert cfg.actor.lora.alpha == (32 if "megatron" in yaml else 16)  # each engine's verl default alpha
 
@@ -106,9 +111,4 @@ def test_verls_real_config_reads_the_engine_s_own_lora_keys(yaml, given, rank):
 )
 def test_verls_real_config_refuses_the_other_engine_s_lora(yaml, given, named):
     with pytest.raises(ConfigError, match=f"{given}: verl's .* workers read this key.*verl reads {named}"):
-        load_config(
-            str(VERL_CONFIG / yaml),
-            ["data.train_files=/x.parquet", given],
-            require_data=False,
-            on_verl=lambda t: None,
-        )
+        _load(yaml, given)
